@@ -1,0 +1,197 @@
+//! Configuration: environment variables with the `TCPX_P2P_` prefix (and the
+//! names UCCL users already set), read once into a typed [`Config`].
+
+use std::time::Duration;
+
+use crate::error::{Error, Result};
+
+/// Which transport carries the data.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NetKind {
+    /// Our multi-stream TCP transport.
+    Socket,
+    /// An ncclNet plugin loaded from [`Config::plugin_path`].
+    Plugin,
+}
+
+/// Every setting of the engine. [`Config::from_env`] documents the variables.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub net: NetKind,
+    /// Interface whose address is advertised and listened on.
+    pub ifname: Option<String>,
+    /// Port of the control listener (0 = any free port).
+    pub port: u16,
+    /// TCP streams per socket-net comm.
+    pub streams: usize,
+    /// Largest piece of a message posted to the net as one request.
+    pub chunk: usize,
+    /// Smallest piece a socket-net message is split into across streams.
+    pub min_part: usize,
+    /// Channels (send/receive comm pairs) per set, per connection.
+    pub channels: usize,
+    /// Requests in flight per send comm / receive comm.
+    pub send_window: usize,
+    pub recv_window: usize,
+    /// Size of one pinned staging slice for GPU memory over the socket net.
+    pub staging_slice: usize,
+    /// Pinned staging slices per stream (pipelining depth).
+    pub staging_depth: usize,
+    /// Kernel socket buffer size (0 = leave the kernel's default).
+    pub sockbuf: usize,
+    /// How long a connect (TCP connect + handshake) may take.
+    pub connect_timeout: Duration,
+    /// Shared secret peers must present (None = anyone may connect).
+    pub auth_token: Option<String>,
+    /// Path of the ncclNet plugin for [`NetKind::Plugin`].
+    pub plugin_path: String,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            net: NetKind::Socket,
+            ifname: None,
+            port: 0,
+            streams: 4,
+            chunk: 8 << 20,
+            min_part: 128 << 10,
+            channels: 1,
+            send_window: 16,
+            recv_window: 16,
+            staging_slice: 1 << 20,
+            staging_depth: 4,
+            sockbuf: 0,
+            connect_timeout: Duration::from_secs(20),
+            auth_token: None,
+            plugin_path: "/usr/local/tcpx/lib64/libnccl-net-tcpx.so".into(),
+        }
+    }
+}
+
+/// Parses sizes such as `4096`, `64K`, `4M`, `1G` (powers of 1024).
+pub fn parse_size(s: &str) -> Option<usize> {
+    let s = s.trim();
+    let (num, mult) = match s.char_indices().last()? {
+        (i, 'k' | 'K') => (&s[..i], 1usize << 10),
+        (i, 'm' | 'M') => (&s[..i], 1 << 20),
+        (i, 'g' | 'G') => (&s[..i], 1 << 30),
+        _ => (s, 1),
+    };
+    num.trim().parse::<usize>().ok()?.checked_mul(mult)
+}
+
+fn var(names: &[&str]) -> Option<(String, String)> {
+    names.iter().find_map(|n| {
+        std::env::var(n)
+            .ok()
+            .filter(|v| !v.trim().is_empty())
+            .map(|v| (n.to_string(), v))
+    })
+}
+
+fn size_var(names: &[&str], min: usize, max: usize) -> Result<Option<usize>> {
+    match var(names) {
+        None => Ok(None),
+        Some((name, v)) => match parse_size(&v) {
+            Some(n) if (min..=max).contains(&n) => Ok(Some(n)),
+            _ => Err(Error::Config(format!(
+                "{name}={v:?}: expected a size between {min} and {max} (e.g. 4M)"
+            ))),
+        },
+    }
+}
+
+impl Config {
+    /// Reads the environment:
+    ///
+    /// | variable | meaning | default |
+    /// |---|---|---|
+    /// | `TCPX_P2P_NET` | `socket` or `plugin` | `socket` |
+    /// | `TCPX_P2P_IFNAME`, `UCCL_SOCKET_IFNAME`, `NCCL_SOCKET_IFNAME` | interface to advertise | first non-loopback up |
+    /// | `TCPX_P2P_PORT` | control listener port | 0 (any) |
+    /// | `TCPX_P2P_STREAMS` | TCP streams per socket comm | 4 |
+    /// | `TCPX_P2P_CHUNK` | request size posted to the net | 8M |
+    /// | `TCPX_P2P_MIN_PART` | smallest per-stream piece | 128K |
+    /// | `TCPX_P2P_CHANNELS`, `UCCL_TCPX_NUM_CHANNELS` | channels per connection | 1 |
+    /// | `TCPX_P2P_SEND_WINDOW`, `TCPX_P2P_RECV_WINDOW` | requests in flight per comm | 16 |
+    /// | `TCPX_P2P_STAGING_SLICE`, `TCPX_P2P_STAGING_DEPTH` | pinned staging for GPU memory | 1M, 4 |
+    /// | `TCPX_P2P_SOCKBUF` | SO_SNDBUF/SO_RCVBUF | kernel default |
+    /// | `TCPX_P2P_CONNECT_TIMEOUT_MS` | connect + handshake deadline | 20000 |
+    /// | `TCPX_P2P_AUTH_TOKEN` | shared secret peers must present | none |
+    /// | `TCPX_P2P_PLUGIN_PATH`, `UCCL_TCPX_PLUGIN_PATH` | ncclNet plugin | GCP path |
+    pub fn from_env() -> Result<Self> {
+        let mut c = Config::default();
+        if let Some((name, v)) = var(&["TCPX_P2P_NET"]) {
+            c.net = match v.to_ascii_lowercase().as_str() {
+                "socket" | "tcp" => NetKind::Socket,
+                "plugin" | "tcpx" => NetKind::Plugin,
+                _ => {
+                    return Err(Error::Config(format!(
+                        "{name}={v:?}: expected `socket` or `plugin`"
+                    )))
+                }
+            };
+        }
+        c.ifname = var(&[
+            "TCPX_P2P_IFNAME",
+            "UCCL_SOCKET_IFNAME",
+            "NCCL_SOCKET_IFNAME",
+        ])
+        .map(|(_, v)| v.split(',').next().unwrap_or("").trim().to_string());
+        if let Some(p) = size_var(&["TCPX_P2P_PORT"], 0, 65535)? {
+            c.port = p as u16;
+        }
+        if let Some(n) = size_var(&["TCPX_P2P_STREAMS"], 1, 64)? {
+            c.streams = n;
+        }
+        if let Some(n) = size_var(&["TCPX_P2P_CHUNK"], 4096, 1 << 30)? {
+            c.chunk = n;
+        }
+        if let Some(n) = size_var(&["TCPX_P2P_MIN_PART"], 1024, 1 << 30)? {
+            c.min_part = n;
+        }
+        if let Some(n) = size_var(&["TCPX_P2P_CHANNELS", "UCCL_TCPX_NUM_CHANNELS"], 1, 32)? {
+            c.channels = n;
+        }
+        if let Some(n) = size_var(&["TCPX_P2P_SEND_WINDOW"], 1, 16)? {
+            c.send_window = n;
+        }
+        if let Some(n) = size_var(&["TCPX_P2P_RECV_WINDOW"], 1, 16)? {
+            c.recv_window = n;
+        }
+        if let Some(n) = size_var(&["TCPX_P2P_STAGING_SLICE"], 4096, 256 << 20)? {
+            c.staging_slice = n;
+        }
+        if let Some(n) = size_var(&["TCPX_P2P_STAGING_DEPTH"], 2, 64)? {
+            c.staging_depth = n;
+        }
+        if let Some(n) = size_var(&["TCPX_P2P_SOCKBUF"], 0, 1 << 30)? {
+            c.sockbuf = n;
+        }
+        if let Some(n) = size_var(&["TCPX_P2P_CONNECT_TIMEOUT_MS"], 1, 3_600_000)? {
+            c.connect_timeout = Duration::from_millis(n as u64);
+        }
+        c.auth_token = var(&["TCPX_P2P_AUTH_TOKEN"]).map(|(_, v)| v);
+        if let Some((_, v)) = var(&["TCPX_P2P_PLUGIN_PATH", "UCCL_TCPX_PLUGIN_PATH"]) {
+            c.plugin_path = v;
+        }
+        Ok(c)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("4096"), Some(4096));
+        assert_eq!(parse_size("64K"), Some(65536));
+        assert_eq!(parse_size("4m"), Some(4 << 20));
+        assert_eq!(parse_size("1G"), Some(1 << 30));
+        assert_eq!(parse_size("x"), None);
+        assert_eq!(parse_size(""), None);
+        assert_eq!(parse_size("99999999999999999999G"), None);
+    }
+}

@@ -1,0 +1,653 @@
+//! One peer: a control connection (handshake, then control messages) and
+//! two sets of channels, each channel a send comm and a receive comm of the
+//! net. Two-sided messages use the `Msg` set and match in posting order.
+//! One-sided data uses the `Rma` set, whose order on each direction the
+//! data's receiver decides: it posts its receives and tells the sender (a
+//! `WriteCts` for a write, the `ReadReq` itself for a read) while holding
+//! the control-connection lock, and the sender posts in arrival order.
+
+use std::collections::HashMap;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock, Weak};
+use std::thread::{JoinHandle, Thread};
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::Sender;
+use parking_lot::Mutex;
+
+use crate::error::{Error, Result};
+use crate::memory::{MemKind, Registry};
+use crate::net::{MemRef, Net, NetHandle, RecvComm, SendComm, Waker};
+use crate::progress::{ChunkOp, Cmd, Progress, Set};
+use crate::transfer::{chunks, Failure, Transfer};
+use crate::wire::{self, Control, Hello, RmaItem};
+
+/// Writes one length-prefixed frame.
+pub(crate) fn write_frame(s: &mut impl Write, body: &[u8]) -> std::io::Result<()> {
+    let mut v = Vec::with_capacity(4 + body.len());
+    v.extend_from_slice(&(body.len() as u32).to_le_bytes());
+    v.extend_from_slice(body);
+    s.write_all(&v)
+}
+
+/// Reads one length-prefixed frame of at most `max` bytes.
+pub(crate) fn read_frame(s: &mut impl Read, max: usize) -> std::io::Result<Vec<u8>> {
+    let mut len = [0u8; 4];
+    s.read_exact(&mut len)?;
+    let n = u32::from_le_bytes(len) as usize;
+    if n > max {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("control frame of {n} bytes exceeds the limit of {max}"),
+        ));
+    }
+    let mut b = vec![0u8; n];
+    s.read_exact(&mut b)?;
+    Ok(b)
+}
+
+/// FNV-1a digest of the shared secret, so that it is not sent as is.
+pub(crate) fn auth_digest(token: Option<&str>) -> u64 {
+    let Some(t) = token else { return 0 };
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in b"tcpx-p2p-auth:".iter().chain(t.as_bytes()) {
+        h ^= *b as u64;
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    h | 1
+}
+
+/// What the endpoint gives every connection.
+#[derive(Clone)]
+pub(crate) struct ConnParams {
+    pub net: Arc<dyn Net>,
+    pub registry: Arc<Registry>,
+    pub gpu_index: i32,
+    pub gpu_bdf: String,
+    pub channels: usize,
+    pub chunk: usize,
+    pub windows: (usize, usize),
+    pub auth: u64,
+    pub timeout: Duration,
+}
+
+pub struct Conn {
+    pub id: u64,
+    pub peer: SocketAddr,
+    pub remote_gpu: i32,
+    pub remote_bdf: String,
+    pub chunk: usize,
+    oob: Mutex<TcpStream>,
+    cmds: Sender<Cmd>,
+    progress: Arc<OnceLock<Thread>>,
+    registry: Arc<Registry>,
+    failed: Mutex<Option<String>>,
+    closed: AtomicBool,
+    /// User transfers of this connection, failed together if it breaks.
+    live: Mutex<HashMap<u64, Arc<Transfer>>>,
+    /// Writes waiting for the target's clear-to-send.
+    pending_writes: Mutex<HashMap<u64, Vec<ChunkOp>>>,
+    threads: Mutex<Vec<JoinHandle<()>>>,
+}
+
+impl Conn {
+    /// Runs the handshake on a fresh control connection and starts the
+    /// connection's threads. `initiator` is the side that called connect.
+    pub(crate) fn establish(
+        id: u64,
+        mut oob: TcpStream,
+        initiator: bool,
+        p: &ConnParams,
+    ) -> Result<Arc<Conn>> {
+        let peer = oob
+            .peer_addr()
+            .map_err(|e| Error::io("control connection", e))?;
+        let cerr = |reason: String| Error::Connect {
+            peer: peer.to_string(),
+            reason,
+        };
+        oob.set_nodelay(true)
+            .map_err(|e| Error::io("control connection", e))?;
+        oob.set_read_timeout(Some(p.timeout))
+            .map_err(|e| Error::io("control connection", e))?;
+        let net = &p.net;
+        let listen_all = |n: usize| -> Result<Vec<Box<dyn crate::net::ListenComm>>> {
+            (0..2 * n)
+                .map(|_| net.listen(0).map_err(|e| cerr(format!("net listen: {e}"))))
+                .collect()
+        };
+        let hello = |channels: usize, chunk: usize, handles: Vec<NetHandle>| Hello {
+            version: wire::VERSION,
+            gpu_index: p.gpu_index,
+            gpu_bdf: p.gpu_bdf.clone(),
+            net: net.name().to_string(),
+            channels: channels as u8,
+            chunk: chunk as u64,
+            auth: p.auth,
+            handles,
+        };
+        let send_hello = |oob: &mut TcpStream, h: &Hello| -> Result<()> {
+            let mut v = Vec::new();
+            h.encode(&mut v);
+            write_frame(oob, &v).map_err(|e| cerr(format!("sending handshake: {e}")))
+        };
+        let recv_hello = |oob: &mut TcpStream| -> Result<Hello> {
+            let b =
+                read_frame(oob, 64 << 10).map_err(|e| cerr(format!("reading handshake: {e}")))?;
+            if b.len() == 1 {
+                return Err(cerr("the peer refused the handshake (version, net or auth token mismatch; see the peer's log)".into()));
+            }
+            let h = Hello::decode(&b).map_err(|e| {
+                let _ = write_frame(oob, &[0]);
+                cerr(format!("bad handshake: {e}"))
+            })?;
+            if h.auth != p.auth {
+                let _ = write_frame(oob, &[0]);
+                return Err(cerr(
+                    "authentication failed: the peer's TCPX_P2P_AUTH_TOKEN differs from ours"
+                        .into(),
+                ));
+            }
+            if h.net != net.name() {
+                let _ = write_frame(oob, &[0]);
+                return Err(cerr(format!(
+                    "net mismatch: we use {:?}, the peer uses {:?}",
+                    net.name(),
+                    h.net
+                )));
+            }
+            Ok(h)
+        };
+        let (mine, theirs, listens) = if initiator {
+            let listens = listen_all(p.channels)?;
+            let mine = hello(
+                p.channels,
+                p.chunk,
+                listens.iter().map(|l| l.handle()).collect(),
+            );
+            send_hello(&mut oob, &mine)?;
+            let theirs = recv_hello(&mut oob)?;
+            if theirs.channels != mine.channels || theirs.chunk != mine.chunk {
+                return Err(cerr("the peer answered with other channel settings".into()));
+            }
+            (mine, theirs, listens)
+        } else {
+            let theirs = recv_hello(&mut oob)?;
+            let listens = listen_all(theirs.channels as usize)?;
+            let mine = hello(
+                theirs.channels as usize,
+                theirs.chunk as usize,
+                listens.iter().map(|l| l.handle()).collect(),
+            );
+            send_hello(&mut oob, &mine)?;
+            (mine, theirs, listens)
+        };
+        let channels = mine.channels as usize;
+        let chunk = mine.chunk as usize;
+
+        // Connect our send comms to their listeners, accept ours; both may
+        // need to be called again (resumable, as in ncclNet).
+        let progress_thread: Arc<OnceLock<Thread>> = Arc::new(OnceLock::new());
+        let pt = progress_thread.clone();
+        let waker: Waker = Arc::new(move || {
+            if let Some(t) = pt.get() {
+                t.unpark();
+            }
+        });
+        let mut sends: Vec<Option<Box<dyn SendComm>>> = (0..2 * channels).map(|_| None).collect();
+        let mut recvs: Vec<Option<Box<dyn RecvComm>>> = (0..2 * channels).map(|_| None).collect();
+        let mut listens = listens;
+        let deadline = Instant::now() + p.timeout;
+        loop {
+            let mut all = true;
+            for (i, slot) in sends.iter_mut().enumerate() {
+                if slot.is_none() {
+                    *slot = net
+                        .connect(0, &theirs.handles[i], waker.clone())
+                        .map_err(|e| cerr(format!("net connect (channel {i}): {e}")))?;
+                    all &= slot.is_some();
+                }
+            }
+            for (i, slot) in recvs.iter_mut().enumerate() {
+                if slot.is_none() {
+                    *slot = listens[i]
+                        .accept(waker.clone())
+                        .map_err(|e| cerr(format!("net accept (channel {i}): {e}")))?;
+                    all &= slot.is_some();
+                }
+            }
+            if all {
+                break;
+            }
+            if Instant::now() > deadline {
+                return Err(cerr(format!(
+                    "net channels not established within {:?}",
+                    p.timeout
+                )));
+            }
+            std::thread::sleep(Duration::from_micros(200));
+        }
+        drop(listens);
+        let mut sends: Vec<Box<dyn SendComm>> = sends.into_iter().flatten().collect();
+        let mut recvs: Vec<Box<dyn RecvComm>> = recvs.into_iter().flatten().collect();
+        let sends_rma = sends.split_off(channels);
+        let recvs_rma = recvs.split_off(channels);
+        oob.set_read_timeout(None)
+            .map_err(|e| Error::io("control connection", e))?;
+
+        let (tx, rx) = crossbeam_channel::unbounded();
+        let progress = Progress::new(
+            id,
+            [sends, sends_rma],
+            [recvs, recvs_rma],
+            p.windows,
+            rx,
+            net.needs_polling(),
+        );
+        let reader = oob
+            .try_clone()
+            .map_err(|e| Error::io("control connection", e))?;
+        let conn = Arc::new(Conn {
+            id,
+            peer,
+            remote_gpu: theirs.gpu_index,
+            remote_bdf: theirs.gpu_bdf.clone(),
+            chunk,
+            oob: Mutex::new(oob),
+            cmds: tx,
+            progress: progress_thread.clone(),
+            registry: p.registry.clone(),
+            failed: Mutex::new(None),
+            closed: AtomicBool::new(false),
+            live: Mutex::new(HashMap::new()),
+            pending_writes: Mutex::new(HashMap::new()),
+            threads: Mutex::new(Vec::new()),
+        });
+        let weak = Arc::downgrade(&conn);
+        let pthread = std::thread::Builder::new()
+            .name(format!("tcpx-progress{id}"))
+            .spawn(move || {
+                let why = progress.run();
+                if let Some(c) = weak.upgrade() {
+                    c.fail(why);
+                }
+            })
+            .map_err(|e| Error::io("spawning progress thread", e))?;
+        let _ = progress_thread.set(pthread.thread().clone());
+        let weak = Arc::downgrade(&conn);
+        let rthread = std::thread::Builder::new()
+            .name(format!("tcpx-oob{id}"))
+            .spawn(move || oob_loop(weak, reader))
+            .map_err(|e| Error::io("spawning control thread", e))?;
+        conn.threads.lock().extend([pthread, rthread]);
+        tracing::debug!(conn = id, %peer, channels, chunk, "connection established");
+        Ok(conn)
+    }
+
+    fn submit(&self, cmd: Cmd) {
+        if self.cmds.send(cmd).is_err() {
+            // The progress thread is gone; the connection has failed already
+            // and the transfers are failed by `fail`.
+        }
+        if let Some(t) = self.progress.get() {
+            t.unpark();
+        }
+    }
+
+    /// The reason this connection is unusable, if it is.
+    pub fn failure(&self) -> Option<String> {
+        self.failed.lock().clone()
+    }
+
+    fn check_alive(&self) -> Result<()> {
+        match self.failure() {
+            Some(r) => Err(Error::ConnectionLost {
+                conn: self.id,
+                reason: r,
+            }),
+            None => Ok(()),
+        }
+    }
+
+    /// Marks the connection failed and fails everything in flight.
+    pub(crate) fn fail(&self, why: String) {
+        {
+            let mut f = self.failed.lock();
+            if f.is_some() {
+                return;
+            }
+            *f = Some(why.clone());
+        }
+        tracing::warn!(conn = self.id, peer = %self.peer, "connection failed: {why}");
+        let _ = self.cmds.send(Cmd::Shutdown(why.clone()));
+        if let Some(t) = self.progress.get() {
+            t.unpark();
+        }
+        let _ = self.oob.lock().shutdown(std::net::Shutdown::Both);
+        let fl = Failure::Lost(format!("connection {}: {why}", self.id));
+        let live: Vec<_> = self.live.lock().drain().map(|(_, t)| t).collect();
+        for t in live {
+            t.fail(fl.clone());
+        }
+        for (_, ops) in self.pending_writes.lock().drain() {
+            for op in ops {
+                op.xfer.fail(fl.clone());
+            }
+        }
+        self.registry.forget_conn(self.id);
+    }
+
+    /// Orderly close: tells the peer, fails what is still in flight, joins threads.
+    pub(crate) fn close(&self) {
+        if self.closed.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        if self.failure().is_none() {
+            let mut v = Vec::new();
+            Control::Close.encode(&mut v);
+            let _ = write_frame(&mut *self.oob.lock(), &v);
+        }
+        self.fail("closed locally".into());
+        let me = std::thread::current().id();
+        for t in self.threads.lock().drain(..) {
+            if t.thread().id() != me {
+                let _ = t.join();
+            }
+        }
+    }
+
+    fn track(self: &Arc<Self>, t: &Arc<Transfer>) {
+        self.live.lock().insert(t.id, t.clone());
+        let weak: Weak<Conn> = Arc::downgrade(self);
+        let id = t.id;
+        t.on_end(move |_| {
+            if let Some(c) = weak.upgrade() {
+                c.live.lock().remove(&id);
+            }
+        });
+        // The connection may have failed while we were registering.
+        if let Some(r) = self.failure() {
+            t.fail(Failure::Lost(format!("connection {}: {r}", self.id)));
+        }
+    }
+
+    fn ops_for(
+        &self,
+        xfer: &Arc<Transfer>,
+        items: &[(MemRef, Option<Arc<crate::memory::Region>>)],
+        exact: bool,
+    ) -> Vec<ChunkOp> {
+        let mut ops = Vec::new();
+        for (m, region) in items {
+            let n = m.len.div_ceil(self.chunk).max(1);
+            for (addr, len) in chunks(m.addr, m.len, self.chunk) {
+                ops.push(ChunkOp {
+                    mem: MemRef {
+                        addr,
+                        len,
+                        kind: m.kind,
+                    },
+                    region: region.clone(),
+                    xfer: xfer.clone(),
+                    // A one-chunk message may be shorter than the receive
+                    // buffer; longer messages must match exactly.
+                    expect: (exact || n > 1).then_some(len),
+                });
+            }
+        }
+        ops
+    }
+
+    /// Number of chunk requests `len` bytes take.
+    pub fn chunk_count(&self, len: usize) -> usize {
+        len.div_ceil(self.chunk).max(1)
+    }
+
+    /// Two-sided send or receive of a list of buffers.
+    pub(crate) fn post_msg(
+        self: &Arc<Self>,
+        xfer_id: u64,
+        send: bool,
+        items: Vec<(MemRef, Arc<crate::memory::Region>)>,
+    ) -> Result<Arc<Transfer>> {
+        self.check_alive()?;
+        let regions: Vec<_> = items.iter().map(|(_, r)| r.clone()).collect();
+        let total: usize = items.iter().map(|(m, _)| self.chunk_count(m.len)).sum();
+        let xfer = Transfer::new(xfer_id, self.id, total, regions);
+        self.track(&xfer);
+        let items: Vec<_> = items.into_iter().map(|(m, r)| (m, Some(r))).collect();
+        let ops = self.ops_for(&xfer, &items, false);
+        self.submit(if send {
+            Cmd::Send(Set::Msg, ops)
+        } else {
+            Cmd::Recv(Set::Msg, ops)
+        });
+        Ok(xfer)
+    }
+
+    /// One-sided write (`read == false`) or read of local buffers into/from
+    /// the remote items.
+    pub(crate) fn post_rma(
+        self: &Arc<Self>,
+        xfer_id: u64,
+        read: bool,
+        local: Vec<(MemRef, Arc<crate::memory::Region>)>,
+        remote: Vec<RmaItem>,
+    ) -> Result<Arc<Transfer>> {
+        self.check_alive()?;
+        let regions: Vec<_> = local.iter().map(|(_, r)| r.clone()).collect();
+        let total: usize = local.iter().map(|(m, _)| self.chunk_count(m.len)).sum();
+        // +1: the target's WriteDone / ReadAck.
+        let xfer = Transfer::new(xfer_id, self.id, total + 1, regions);
+        self.track(&xfer);
+        let local: Vec<_> = local.into_iter().map(|(m, r)| (m, Some(r))).collect();
+        let mut ops = Some(self.ops_for(&xfer, &local, true));
+        let msg = if read {
+            Control::ReadReq {
+                xfer: xfer_id,
+                items: remote,
+            }
+        } else {
+            self.pending_writes
+                .lock()
+                .insert(xfer_id, ops.take().unwrap_or_default());
+            Control::WriteReq {
+                xfer: xfer_id,
+                items: remote,
+            }
+        };
+        let mut body = Vec::new();
+        msg.encode(&mut body);
+        let mut oob = self.oob.lock();
+        if let Some(ops) = ops {
+            // A read: receives first, then the request. The target posts its
+            // sends in the order our requests arrive: our receives' order.
+            self.submit(Cmd::Recv(Set::Rma, ops));
+        }
+        if let Err(e) = write_frame(&mut *oob, &body) {
+            drop(oob);
+            self.fail(format!("control connection write failed: {e}"));
+        }
+        Ok(xfer)
+    }
+
+    fn send_control(&self, m: &Control) -> std::io::Result<()> {
+        let mut body = Vec::new();
+        m.encode(&mut body);
+        write_frame(&mut *self.oob.lock(), &body)
+    }
+
+    /// Target side: checks every item of a request against our own records.
+    fn resolve_items(
+        &self,
+        items: &[RmaItem],
+    ) -> std::result::Result<Vec<(MemRef, Arc<crate::memory::Region>)>, String> {
+        items
+            .iter()
+            .enumerate()
+            .map(|(i, it)| {
+                let r = self
+                    .registry
+                    .resolve(it.token, it.addr, it.len, self.id)
+                    .map_err(|e| format!("item {i}: {e}"))?;
+                let kind = r.kind;
+                Ok((
+                    MemRef {
+                        addr: it.addr,
+                        len: it.len as usize,
+                        kind,
+                    },
+                    r,
+                ))
+            })
+            .collect()
+    }
+
+    fn on_control(self: &Arc<Self>, m: Control) -> std::result::Result<(), String> {
+        match m {
+            Control::KeepAlive => {}
+            Control::WriteReq { xfer, items } => match self.resolve_items(&items) {
+                Err(reason) => {
+                    tracing::warn!(
+                        conn = self.id,
+                        "refused a write from {}: {reason}",
+                        self.peer
+                    );
+                    self.send_control(&Control::Refused { xfer, reason })
+                        .map_err(|e| e.to_string())?;
+                }
+                Ok(local) => {
+                    let total = local.iter().map(|(m, _)| self.chunk_count(m.len)).sum();
+                    let regions = local.iter().map(|(_, r)| r.clone()).collect();
+                    let inner = Transfer::new(0, self.id, total, regions);
+                    let weak = Arc::downgrade(self);
+                    inner.on_end(move |s| {
+                        if let Some(c) = weak.upgrade() {
+                            let m = match s {
+                                crate::transfer::Status::Done => Control::WriteDone { xfer },
+                                crate::transfer::Status::Failed(f) => Control::Refused {
+                                    xfer,
+                                    reason: f.to_string(),
+                                },
+                                crate::transfer::Status::Pending => return,
+                            };
+                            let _ = c.send_control(&m);
+                        }
+                    });
+                    let local: Vec<_> = local.into_iter().map(|(m, r)| (m, Some(r))).collect();
+                    let ops = self.ops_for(&inner, &local, true);
+                    let mut body = Vec::new();
+                    Control::WriteCts { xfer }.encode(&mut body);
+                    let mut oob = self.oob.lock();
+                    self.submit(Cmd::Recv(Set::Rma, ops));
+                    write_frame(&mut *oob, &body).map_err(|e| e.to_string())?;
+                }
+            },
+            Control::WriteCts { xfer } => {
+                let ops = self.pending_writes.lock().remove(&xfer);
+                match ops {
+                    Some(ops) => self.submit(Cmd::Send(Set::Rma, ops)),
+                    None => return Err(format!("clear-to-send for unknown write {xfer}")),
+                }
+            }
+            Control::WriteDone { xfer } | Control::ReadAck { xfer } => {
+                let t = self.live.lock().get(&xfer).cloned();
+                if let Some(t) = t {
+                    t.complete_one();
+                }
+            }
+            Control::ReadReq { xfer, items } => {
+                let resolved = self.resolve_items(&items);
+                let inner_total: usize = items
+                    .iter()
+                    .map(|it| self.chunk_count(it.len as usize))
+                    .sum();
+                let (reply, local, regions) = match resolved {
+                    Ok(l) => {
+                        let regions = l.iter().map(|(_, r)| r.clone()).collect();
+                        (
+                            Control::ReadAck { xfer },
+                            l.into_iter().map(|(m, r)| (m, Some(r))).collect(),
+                            regions,
+                        )
+                    }
+                    Err(reason) => {
+                        tracing::warn!(
+                            conn = self.id,
+                            "refused a read from {}: {reason}",
+                            self.peer
+                        );
+                        // The reader has posted its receives: fill each with
+                        // an empty message so both sides stay in step.
+                        let empty = MemRef {
+                            addr: 0,
+                            len: 0,
+                            kind: MemKind::Host,
+                        };
+                        (
+                            Control::Refused { xfer, reason },
+                            vec![(empty, None); inner_total],
+                            vec![],
+                        )
+                    }
+                };
+                let inner = Transfer::new(0, self.id, inner_total, regions);
+                let ops = if matches!(reply, Control::ReadAck { .. }) {
+                    self.ops_for(&inner, &local, true)
+                } else {
+                    local
+                        .into_iter()
+                        .map(|(mem, region)| ChunkOp {
+                            mem,
+                            region,
+                            xfer: inner.clone(),
+                            expect: None,
+                        })
+                        .collect()
+                };
+                self.send_control(&reply).map_err(|e| e.to_string())?;
+                self.submit(Cmd::Send(Set::Rma, ops));
+            }
+            Control::Refused { xfer, reason } => {
+                self.pending_writes.lock().remove(&xfer);
+                let t = self.live.lock().get(&xfer).cloned();
+                if let Some(t) = t {
+                    t.fail(Failure::Refused(reason));
+                }
+            }
+            Control::Close => return Err("peer closed the connection".into()),
+        }
+        Ok(())
+    }
+
+    /// Tells the progress thread a region is gone.
+    pub(crate) fn drop_region(&self, id: u64) {
+        self.submit(Cmd::DropRegion(id));
+    }
+}
+
+fn oob_loop(conn: Weak<Conn>, mut s: TcpStream) {
+    loop {
+        let r = read_frame(&mut s, wire::MAX_FRAME);
+        let Some(c) = conn.upgrade() else { return };
+        let res = match r {
+            Err(e) => {
+                if e.kind() == std::io::ErrorKind::UnexpectedEof {
+                    Err("peer went away (control connection closed)".to_string())
+                } else {
+                    Err(format!("control connection: {e}"))
+                }
+            }
+            Ok(b) => match Control::decode(&b) {
+                Err(e) => Err(format!("peer sent a malformed control message: {e}")),
+                Ok(m) => c.on_control(m),
+            },
+        };
+        if let Err(why) = res {
+            c.fail(why);
+            return;
+        }
+    }
+}

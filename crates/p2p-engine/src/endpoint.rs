@@ -1,0 +1,587 @@
+//! The endpoint: one GPU (or none), a net, a control listener, the memory
+//! registry and the connections. Every call is thread-safe; every async call
+//! returns a transfer id at once.
+
+use std::collections::{HashMap, VecDeque};
+use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
+
+use parking_lot::{Condvar, Mutex, RwLock};
+
+use crate::config::{Config, NetKind};
+use crate::conn::{auth_digest, Conn, ConnParams};
+use crate::error::{Error, Result};
+use crate::memory::Registry;
+use crate::net::socket::{SocketConfig, SocketNet};
+use crate::net::{MemRef, Net};
+use crate::transfer::{Failure, Status, Transfer};
+use crate::wire::{DescEntry, FifoItem, GpuId, Metadata, RmaItem, Token};
+use crate::{gpu, topo};
+
+/// A buffer of a transfer: `len` bytes at `ptr` inside registered region `mr`.
+#[derive(Debug, Clone, Copy)]
+pub struct Buf {
+    pub mr: u64,
+    pub ptr: u64,
+    pub len: usize,
+}
+
+/// Which GPU of the peer a connect is meant for.
+#[derive(Debug, Clone)]
+pub enum RemoteGpu {
+    Index(i32),
+    Bdf(String),
+}
+
+/// A connection accepted from a peer.
+#[derive(Debug, Clone)]
+pub struct Accepted {
+    pub conn: u64,
+    pub ip: IpAddr,
+    pub gpu_index: i32,
+}
+
+struct Inner {
+    cfg: Config,
+    gpu_index: i32,
+    gpu_bdf: String,
+    params: ConnParams,
+    addr: SocketAddr,
+    registry: Arc<Registry>,
+    conns: RwLock<HashMap<u64, Arc<Conn>>>,
+    accepted: Mutex<VecDeque<u64>>,
+    accepted_cv: Condvar,
+    transfers: Mutex<HashMap<u64, Arc<Transfer>>>,
+    by_metadata: Mutex<HashMap<Vec<u8>, u64>>,
+    next_conn: AtomicU64,
+    next_xfer: AtomicU64,
+    stopping: AtomicBool,
+}
+
+/// A transfer engine endpoint.
+pub struct Endpoint {
+    inner: Arc<Inner>,
+    acceptor: Option<std::thread::JoinHandle<()>>,
+}
+
+fn make_net(cfg: &Config, ip: IpAddr) -> Result<Arc<dyn Net>> {
+    match cfg.net {
+        NetKind::Socket => Ok(Arc::new(SocketNet::new(SocketConfig {
+            addr: ip,
+            streams: cfg.streams,
+            min_part: cfg.min_part,
+            sockbuf: cfg.sockbuf,
+            staging_slice: cfg.staging_slice,
+            staging_depth: cfg.staging_depth,
+            connect_timeout: cfg.connect_timeout,
+        }))),
+        NetKind::Plugin => Err(Error::Config(format!(
+            "TCPX_P2P_NET=plugin: the ncclNet plugin net is not built into this version (plugin path {})",
+            cfg.plugin_path
+        ))),
+    }
+}
+
+impl Endpoint {
+    /// An endpoint on GPU `gpu` (None: no GPU; host memory only). Where CUDA
+    /// is absent the index is kept as a label and host memory is used.
+    pub fn new(gpu: Option<i32>, cfg: Config) -> Result<Self> {
+        let (gpu_index, gpu_bdf) = match gpu {
+            Some(i) if gpu::available() => {
+                let d = gpu::Device::get(i)?;
+                d.bind()?;
+                (i, d.bdf.clone())
+            }
+            Some(i) => (i, String::new()),
+            None => (-1, String::new()),
+        };
+        let ip = topo::oob_ip(cfg.ifname.as_deref()).map_err(Error::Config)?;
+        let port = if cfg.port == 0 {
+            0
+        } else {
+            cfg.port.saturating_add(gpu_index.max(0) as u16)
+        };
+        let listener = TcpListener::bind(SocketAddr::new(ip, port))
+            .map_err(|e| Error::io(format!("binding the control listener on {ip}:{port}"), e))?;
+        let addr = listener
+            .local_addr()
+            .map_err(|e| Error::io("control listener", e))?;
+        let registry = Arc::new(Registry::new());
+        let net = make_net(&cfg, ip)?;
+        let params = ConnParams {
+            net,
+            registry: registry.clone(),
+            gpu_index,
+            gpu_bdf: gpu_bdf.clone(),
+            channels: cfg.channels,
+            chunk: cfg.chunk,
+            windows: (cfg.send_window, cfg.recv_window),
+            auth: auth_digest(cfg.auth_token.as_deref()),
+            timeout: cfg.connect_timeout,
+        };
+        let inner = Arc::new(Inner {
+            cfg,
+            gpu_index,
+            gpu_bdf,
+            params,
+            addr,
+            registry,
+            conns: RwLock::new(HashMap::new()),
+            accepted: Mutex::new(VecDeque::new()),
+            accepted_cv: Condvar::new(),
+            transfers: Mutex::new(HashMap::new()),
+            by_metadata: Mutex::new(HashMap::new()),
+            next_conn: AtomicU64::new(0),
+            next_xfer: AtomicU64::new(1),
+            stopping: AtomicBool::new(false),
+        });
+        let weak = Arc::downgrade(&inner);
+        let acceptor = std::thread::Builder::new()
+            .name("tcpx-accept".into())
+            .spawn(move || accept_loop(weak, listener))
+            .map_err(|e| Error::io("spawning acceptor", e))?;
+        tracing::info!(%addr, gpu = gpu_index, net = inner.params.net.name(), "endpoint ready");
+        Ok(Endpoint {
+            inner,
+            acceptor: Some(acceptor),
+        })
+    }
+
+    pub fn config(&self) -> &Config {
+        &self.inner.cfg
+    }
+    pub fn gpu_index(&self) -> i32 {
+        self.inner.gpu_index
+    }
+    /// The advertised control address.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.inner.addr
+    }
+    pub fn net_name(&self) -> String {
+        self.inner.params.net.name().to_string()
+    }
+
+    /// `ip | port | bdf_len | bdf` (see [`Metadata`]).
+    pub fn metadata(&self) -> Vec<u8> {
+        let mut v = Vec::new();
+        Metadata {
+            ip: self.inner.addr.ip(),
+            port: self.inner.addr.port(),
+            gpu: if self.inner.gpu_bdf.is_empty() {
+                GpuId::Bdf(String::new())
+            } else {
+                GpuId::Bdf(self.inner.gpu_bdf.clone())
+            },
+        }
+        .encode(&mut v);
+        v
+    }
+
+    /// Connects to the endpoint listening at `ip:port`.
+    pub fn connect(&self, ip: &str, port: u16, remote_gpu: Option<RemoteGpu>) -> Result<u64> {
+        let ip: IpAddr = ip
+            .trim()
+            .parse()
+            .map_err(|_| Error::invalid(format!("connect: {ip:?} is not an IP address")))?;
+        let addr = SocketAddr::new(ip, port);
+        if port == 0 {
+            return Err(Error::invalid(
+                "connect: port 0 (give the peer's port, or set TCPX_P2P_PORT on both sides)",
+            ));
+        }
+        let cerr = |reason: String| Error::Connect {
+            peer: addr.to_string(),
+            reason,
+        };
+        let s = TcpStream::connect_timeout(&addr, self.inner.cfg.connect_timeout).map_err(|e| {
+            cerr(match e.kind() {
+                std::io::ErrorKind::ConnectionRefused => "connection refused: nobody listens there (is the peer endpoint running, and is the port right?)".into(),
+                _ => e.to_string(),
+            })
+        })?;
+        let id = self.inner.next_conn.fetch_add(1, Ordering::Relaxed);
+        let conn = Conn::establish(id, s, true, &self.inner.params)?;
+        if let Some(want) = remote_gpu {
+            let ok = match &want {
+                RemoteGpu::Index(i) => *i < 0 || conn.remote_gpu < 0 || *i == conn.remote_gpu,
+                RemoteGpu::Bdf(b) => {
+                    b.is_empty()
+                        || conn.remote_bdf.is_empty()
+                        || conn.remote_bdf.ends_with(&b.to_lowercase())
+                }
+            };
+            if !ok {
+                tracing::warn!(
+                    conn = id,
+                    "connected to GPU {} ({}) at {addr}, not the {want:?} asked for",
+                    conn.remote_gpu,
+                    conn.remote_bdf
+                );
+            }
+        }
+        self.inner.conns.write().insert(id, conn);
+        Ok(id)
+    }
+
+    /// Waits for the next connection from a peer (None: forever).
+    pub fn accept(&self, timeout: Option<Duration>) -> Result<Accepted> {
+        let deadline = timeout.map(|t| Instant::now() + t);
+        let mut q = self.inner.accepted.lock();
+        loop {
+            if let Some(id) = q.pop_front() {
+                drop(q);
+                let conn = self.conn(id)?;
+                return Ok(Accepted {
+                    conn: id,
+                    ip: conn.peer.ip(),
+                    gpu_index: conn.remote_gpu,
+                });
+            }
+            match deadline {
+                Some(d) => {
+                    if self.inner.accepted_cv.wait_until(&mut q, d).timed_out() && q.is_empty() {
+                        return Err(Error::invalid("accept: no peer connected in time"));
+                    }
+                }
+                None => self.inner.accepted_cv.wait(&mut q),
+            }
+        }
+    }
+
+    /// Connects by metadata, once per peer: a second call returns the same id.
+    pub fn add_remote_endpoint(&self, metadata: &[u8]) -> Result<u64> {
+        let m = Metadata::decode(metadata)?;
+        if let Some(&id) = self.inner.by_metadata.lock().get(metadata) {
+            if self.conn(id).is_ok_and(|c| c.failure().is_none()) {
+                return Ok(id);
+            }
+        }
+        let gpu = match m.gpu {
+            GpuId::Bdf(b) => RemoteGpu::Bdf(b),
+            GpuId::Index(i) => RemoteGpu::Index(i),
+        };
+        let id = self.connect(&m.ip.to_string(), m.port, Some(gpu))?;
+        self.inner.by_metadata.lock().insert(metadata.to_vec(), id);
+        Ok(id)
+    }
+
+    fn conn(&self, id: u64) -> Result<Arc<Conn>> {
+        self.inner
+            .conns
+            .read()
+            .get(&id)
+            .cloned()
+            .ok_or_else(|| Error::invalid(format!("unknown connection id {id}")))
+    }
+
+    /// Closes a connection: what is in flight on it fails.
+    pub fn remove_conn(&self, id: u64) -> Result<()> {
+        let c = self
+            .inner
+            .conns
+            .write()
+            .remove(&id)
+            .ok_or_else(|| Error::invalid(format!("unknown connection id {id}")))?;
+        self.inner.by_metadata.lock().retain(|_, v| *v != id);
+        c.close();
+        Ok(())
+    }
+
+    /// Connection ids, oldest first.
+    pub fn conn_ids(&self) -> Vec<u64> {
+        let mut v: Vec<u64> = self.inner.conns.read().keys().copied().collect();
+        v.sort_unstable();
+        v
+    }
+
+    /// Why a connection failed, if it did.
+    pub fn conn_failure(&self, id: u64) -> Result<Option<String>> {
+        Ok(self.conn(id)?.failure())
+    }
+
+    pub fn reg(&self, ptr: u64, len: usize) -> Result<u64> {
+        Ok(self.inner.registry.register(ptr, len)?.id)
+    }
+
+    /// Deregisters a region: its advertisements stop working at once; waits
+    /// (up to 10 s) for transfers still using it.
+    pub fn dereg(&self, mr: u64) -> Result<()> {
+        self.inner
+            .registry
+            .deregister(mr, Duration::from_secs(10))?;
+        for c in self.inner.conns.read().values() {
+            c.drop_region(mr);
+        }
+        Ok(())
+    }
+
+    /// The 64-byte descriptor offering `[ptr, ptr+len)` to the peer of `conn`.
+    pub fn advertise(&self, conn: u64, mr: u64, ptr: u64, len: usize) -> Result<[u8; 64]> {
+        self.conn(conn)?;
+        if len > u32::MAX as usize {
+            return Err(Error::invalid(format!(
+                "advertise: {len} bytes exceed the descriptor's 4 GiB size field; advertise smaller pieces"
+            )));
+        }
+        let token = self.inner.registry.advertise(mr, ptr, len, Some(conn))?;
+        Ok(FifoItem {
+            addr: ptr,
+            size: len as u32,
+            rkey: mr as u32,
+            nmsgs: 1,
+            rid: 0,
+            idx: token.id,
+            token,
+        }
+        .to_bytes())
+    }
+
+    /// A descriptor of the whole region usable by any connected peer (what
+    /// `register_memory` / `get_serialized_descs` hand out).
+    pub fn export_region(&self, mr: u64) -> Result<DescEntry> {
+        let r = self.inner.registry.get(mr)?;
+        let token = self.inner.registry.advertise(mr, r.addr, r.len, None)?;
+        Ok(DescEntry {
+            addr: r.addr,
+            size: r.len as u64,
+            mr_id: mr,
+            token,
+        })
+    }
+
+    fn resolve_local(&self, bufs: &[Buf]) -> Result<Vec<(MemRef, Arc<crate::memory::Region>)>> {
+        if bufs.is_empty() {
+            return Err(Error::invalid("no buffers given"));
+        }
+        bufs.iter()
+            .map(|b| {
+                let r = self.inner.registry.check(b.mr, b.ptr, b.len)?;
+                Ok((
+                    MemRef {
+                        addr: b.ptr,
+                        len: b.len,
+                        kind: r.kind,
+                    },
+                    r,
+                ))
+            })
+            .collect()
+    }
+
+    fn publish(&self, t: Arc<Transfer>) -> u64 {
+        let id = t.id;
+        self.inner.transfers.lock().insert(id, t);
+        id
+    }
+
+    fn next_xfer(&self) -> u64 {
+        self.inner.next_xfer.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Two-sided send of one or more buffers; matched in posting order by the
+    /// peer's receives of the same sizes.
+    pub fn send_async(&self, conn: u64, bufs: &[Buf]) -> Result<u64> {
+        let c = self.conn(conn)?;
+        let local = self.resolve_local(bufs)?;
+        Ok(self.publish(c.post_msg(self.next_xfer(), true, local)?))
+    }
+
+    pub fn recv_async(&self, conn: u64, bufs: &[Buf]) -> Result<u64> {
+        let c = self.conn(conn)?;
+        let local = self.resolve_local(bufs)?;
+        Ok(self.publish(c.post_msg(self.next_xfer(), false, local)?))
+    }
+
+    fn rma(&self, conn: u64, read: bool, bufs: &[Buf], remote: Vec<RmaItem>) -> Result<u64> {
+        let c = self.conn(conn)?;
+        let local = self.resolve_local(bufs)?;
+        if remote.len() != local.len() {
+            return Err(Error::invalid(format!(
+                "{} local buffers but {} remote descriptors",
+                local.len(),
+                remote.len()
+            )));
+        }
+        Ok(self.publish(c.post_rma(self.next_xfer(), read, local, remote)?))
+    }
+
+    fn items_from_fifo(bufs: &[Buf], metas: &[FifoItem]) -> Result<Vec<RmaItem>> {
+        bufs.iter()
+            .zip(metas)
+            .map(|(b, m)| {
+                if b.len > m.size as usize {
+                    return Err(Error::invalid(format!(
+                        "{} bytes do not fit the {} bytes the peer advertised",
+                        b.len, m.size
+                    )));
+                }
+                Ok(RmaItem {
+                    token: m.token,
+                    addr: m.addr,
+                    len: b.len as u64,
+                })
+            })
+            .collect()
+    }
+
+    /// One-sided write of local buffers into the regions the peer advertised.
+    pub fn write_async(&self, conn: u64, bufs: &[Buf], metas: &[FifoItem]) -> Result<u64> {
+        let items = Self::items_from_fifo(bufs, metas)?;
+        self.rma(conn, false, bufs, items)
+    }
+
+    /// One-sided read from the regions the peer advertised into local buffers.
+    pub fn read_async(&self, conn: u64, bufs: &[Buf], metas: &[FifoItem]) -> Result<u64> {
+        let items = Self::items_from_fifo(bufs, metas)?;
+        self.rma(conn, true, bufs, items)
+    }
+
+    /// Descriptor-based transfer (`register_memory` descriptors of the peer):
+    /// local buffer i ↔ the start of remote descriptor i.
+    pub fn transfer(
+        &self,
+        conn: u64,
+        read: bool,
+        bufs: &[Buf],
+        remote: &[DescEntry],
+    ) -> Result<u64> {
+        let items = bufs
+            .iter()
+            .zip(remote)
+            .map(|(b, d)| {
+                if b.len as u64 > d.size {
+                    return Err(Error::invalid(format!(
+                        "{} bytes do not fit the peer's {}-byte descriptor",
+                        b.len, d.size
+                    )));
+                }
+                Ok(RmaItem {
+                    token: d.token,
+                    addr: d.addr,
+                    len: b.len as u64,
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        self.rma(conn, read, bufs, items)
+    }
+
+    fn status_of(&self, xfer: u64) -> Result<Arc<Transfer>> {
+        self.inner
+            .transfers
+            .lock()
+            .get(&xfer)
+            .cloned()
+            .ok_or_else(|| {
+                Error::invalid(format!(
+                    "unknown transfer id {xfer} (already completed and polled?)"
+                ))
+            })
+    }
+
+    fn finish(&self, t: &Transfer, s: Status) -> Result<bool> {
+        match s {
+            Status::Pending => Ok(false),
+            Status::Done => {
+                self.inner.transfers.lock().remove(&t.id);
+                Ok(true)
+            }
+            Status::Failed(f) => {
+                self.inner.transfers.lock().remove(&t.id);
+                Err(match f {
+                    Failure::Refused(reason) => Error::Refused {
+                        conn: t.conn,
+                        reason,
+                    },
+                    Failure::Lost(reason) => Error::ConnectionLost {
+                        conn: t.conn,
+                        reason,
+                    },
+                })
+            }
+        }
+    }
+
+    /// True once the transfer is done (it is then forgotten); an error if it failed.
+    pub fn poll(&self, xfer: u64) -> Result<bool> {
+        let t = self.status_of(xfer)?;
+        self.finish(&t, t.status())
+    }
+
+    /// Waits for the transfer to end (None: no limit).
+    pub fn wait(&self, xfer: u64, timeout: Option<Duration>) -> Result<bool> {
+        let t = self.status_of(xfer)?;
+        let s = t.wait(timeout);
+        self.finish(&t, s)
+    }
+
+    /// Blocks on a transfer and returns its outcome (no id lookups).
+    pub fn wait_transfer(&self, xfer: u64) -> Result<()> {
+        self.wait(xfer, None).map(|_| ())
+    }
+}
+
+impl Drop for Endpoint {
+    fn drop(&mut self) {
+        self.inner.stopping.store(true, Ordering::Release);
+        // Wake the acceptor.
+        let _ = TcpStream::connect_timeout(&self.inner.addr, Duration::from_millis(200));
+        if let Some(t) = self.acceptor.take() {
+            let _ = t.join();
+        }
+        let conns: Vec<_> = self.inner.conns.write().drain().map(|(_, c)| c).collect();
+        for c in conns {
+            c.close();
+        }
+    }
+}
+
+fn accept_loop(inner: Weak<Inner>, listener: TcpListener) {
+    for s in listener.incoming() {
+        let Some(ep) = inner.upgrade() else { return };
+        if ep.stopping.load(Ordering::Acquire) {
+            return;
+        }
+        let Ok(s) = s else { continue };
+        let weak = Arc::downgrade(&ep);
+        let params = ep.params.clone();
+        let id = ep.next_conn.fetch_add(1, Ordering::Relaxed);
+        drop(ep);
+        let spawned = std::thread::Builder::new()
+            .name("tcpx-handshake".into())
+            .spawn(move || {
+                let peer = s.peer_addr().map(|a| a.to_string()).unwrap_or_default();
+                match Conn::establish(id, s, false, &params) {
+                    Ok(conn) => {
+                        let Some(ep) = weak.upgrade() else {
+                            conn.close();
+                            return;
+                        };
+                        if ep.stopping.load(Ordering::Acquire) {
+                            conn.close();
+                            return;
+                        }
+                        ep.conns.write().insert(id, conn);
+                        ep.accepted.lock().push_back(id);
+                        ep.accepted_cv.notify_all();
+                    }
+                    Err(e) => tracing::warn!("refused a connection from {peer}: {e}"),
+                }
+            });
+        if let Err(e) = spawned {
+            tracing::warn!("cannot spawn a handshake thread: {e}");
+        }
+    }
+}
+
+/// Parses a token list of the older `(id, secret)` form for descriptors.
+pub fn token_from_keys(keys: &[u64]) -> Option<Token> {
+    match keys {
+        [id, secret, ..] => Some(Token {
+            id: *id,
+            secret: *secret,
+        }),
+        _ => None,
+    }
+}

@@ -1,0 +1,121 @@
+//! Error families, kept apart as the design asks: malformed input, a peer that
+//! broke the protocol or went away, the caller's misuse, and local CUDA/OS
+//! failures.
+
+use std::io;
+
+/// A malformed byte string: what was being read and what was wrong.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum WireError {
+    #[error("{what}: truncated, needed {needed} more bytes")]
+    Truncated { what: &'static str, needed: usize },
+    #[error("{what}: {left} trailing bytes")]
+    Trailing { what: &'static str, left: usize },
+    #[error("{what}: bad value {value}")]
+    BadValue { what: &'static str, value: u64 },
+    #[error("{what}: bad length {len}")]
+    BadLength { what: &'static str, len: usize },
+    #[error("{what}: not valid UTF-8")]
+    BadUtf8 { what: &'static str },
+}
+
+/// Errors of a network transport (one implementation of [`crate::net::Net`]).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum NetError {
+    #[error("{net}: {call} failed: {source}")]
+    Io {
+        net: &'static str,
+        call: &'static str,
+        #[source]
+        source: io::Error,
+    },
+    #[error("{net}: peer broke the protocol: {reason}")]
+    Protocol { net: &'static str, reason: String },
+    #[error("{net}: connection closed by peer")]
+    Closed { net: &'static str },
+    #[error("{net}: {call} returned error code {code} ({meaning})")]
+    Plugin {
+        net: &'static str,
+        call: &'static str,
+        code: i32,
+        meaning: &'static str,
+    },
+    #[error("{net}: {reason}")]
+    Misuse { net: &'static str, reason: String },
+    #[error("cuda: {0}")]
+    Cuda(#[from] CudaError),
+    #[error("{net}: cannot load: {reason}")]
+    Load { net: &'static str, reason: String },
+}
+
+impl NetError {
+    pub(crate) fn io(net: &'static str, call: &'static str, source: io::Error) -> Self {
+        NetError::Io { net, call, source }
+    }
+}
+
+/// A failure of the local CUDA driver, or CUDA missing where it is needed.
+#[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
+pub enum CudaError {
+    #[error("CUDA is not available on this machine (no libcuda found)")]
+    Unavailable,
+    #[error("{call}: {msg}")]
+    Driver { call: &'static str, msg: String },
+    #[error("NVRTC: {0}")]
+    Nvrtc(String),
+}
+
+/// The engine's error: everything a caller of [`crate::Endpoint`] can see.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The caller's mistake: unknown ids, bad pointers, out-of-range sizes.
+    #[error("{0}")]
+    Invalid(String),
+    /// Malformed bytes given by the caller (metadata, descriptors).
+    #[error("malformed input: {0}")]
+    Wire(#[from] WireError),
+    /// A connection could not be made.
+    #[error("cannot connect to {peer}: {reason}")]
+    Connect { peer: String, reason: String },
+    /// The peer refused a request or broke the protocol.
+    #[error("connection {conn}: peer refused: {reason}")]
+    Refused { conn: u64, reason: String },
+    /// The connection is gone (peer closed, crashed, timed out, or it was removed).
+    #[error("connection {conn}: {reason}")]
+    ConnectionLost { conn: u64, reason: String },
+    /// The transport failed.
+    #[error("connection {conn}: transport error: {source}")]
+    Net {
+        conn: u64,
+        #[source]
+        source: NetError,
+    },
+    #[error("cuda: {0}")]
+    Cuda(#[from] CudaError),
+    #[error("{what}: {source}")]
+    Io {
+        what: String,
+        #[source]
+        source: io::Error,
+    },
+    #[error("configuration: {0}")]
+    Config(String),
+}
+
+impl Error {
+    pub(crate) fn invalid(msg: impl Into<String>) -> Self {
+        Error::Invalid(msg.into())
+    }
+    pub(crate) fn io(what: impl Into<String>, source: io::Error) -> Self {
+        Error::Io {
+            what: what.into(),
+            source,
+        }
+    }
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -1,0 +1,353 @@
+//! CUDA through `cudarc` with dynamic loading: the library builds and runs on
+//! machines without CUDA, where [`available`] is false and only host memory
+//! is used. This module is one of the raw-memory/FFI edges where `unsafe` is
+//! allowed; each block says why it holds.
+#![allow(unsafe_code)]
+
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::sync::{Arc, OnceLock};
+
+use cudarc::driver::result as cu;
+use cudarc::driver::sys;
+use parking_lot::Mutex;
+
+use crate::error::CudaError;
+
+fn drv(call: &'static str, r: Result<(), cu::DriverError>) -> Result<(), CudaError> {
+    r.map_err(|e| CudaError::Driver {
+        call,
+        msg: format!("{e:?}"),
+    })
+}
+
+fn check(call: &'static str, r: sys::CUresult) -> Result<(), CudaError> {
+    drv(call, r.result())
+}
+
+/// True when libcuda is present, initialises, and reports at least one GPU.
+pub fn available() -> bool {
+    static AVAILABLE: OnceLock<bool> = OnceLock::new();
+    *AVAILABLE.get_or_init(|| {
+        if std::env::var("TCPX_P2P_DISABLE_CUDA").is_ok_and(|v| v == "1") {
+            return false;
+        }
+        // SAFETY: only probes whether the library can be opened.
+        if !unsafe { sys::is_culib_present() } {
+            return false;
+        }
+        cu::init().is_ok() && cu::device::get_count().map(|n| n > 0).unwrap_or(false)
+    })
+}
+
+/// Number of GPUs (0 without CUDA).
+pub fn device_count() -> usize {
+    if !available() {
+        return 0;
+    }
+    cu::device::get_count().map(|n| n as usize).unwrap_or(0)
+}
+
+/// One GPU: its primary context, kept retained for the life of the process.
+pub struct Device {
+    pub ordinal: i32,
+    ctx: sys::CUcontext,
+    pub bdf: String,
+}
+
+// SAFETY: a CUcontext handle may be used from any thread (the driver API is thread-safe).
+unsafe impl Send for Device {}
+// SAFETY: as above; the handle is never mutated after creation.
+unsafe impl Sync for Device {}
+
+impl Device {
+    /// The device with this ordinal (cached: one retain per process).
+    pub fn get(ordinal: i32) -> Result<Arc<Device>, CudaError> {
+        static DEVICES: OnceLock<Mutex<HashMap<i32, Arc<Device>>>> = OnceLock::new();
+        if !available() {
+            return Err(CudaError::Unavailable);
+        }
+        let map = DEVICES.get_or_init(Default::default);
+        let mut map = map.lock();
+        if let Some(d) = map.get(&ordinal) {
+            return Ok(d.clone());
+        }
+        let n = device_count();
+        if ordinal < 0 || ordinal as usize >= n {
+            return Err(CudaError::Driver {
+                call: "cuDeviceGet",
+                msg: format!("GPU {ordinal} does not exist ({n} GPUs present)"),
+            });
+        }
+        let dev = cu::device::get(ordinal).map_err(|e| CudaError::Driver {
+            call: "cuDeviceGet",
+            msg: format!("{e:?}"),
+        })?;
+        // SAFETY: `dev` is a valid device handle returned just above.
+        let ctx = unsafe { cu::primary_ctx::retain(dev) }.map_err(|e| CudaError::Driver {
+            call: "cuDevicePrimaryCtxRetain",
+            msg: format!("{e:?}"),
+        })?;
+        let mut buf = [0 as std::ffi::c_char; 32];
+        // SAFETY: the buffer is 32 bytes and its length is passed.
+        let r = unsafe { sys::cuDeviceGetPCIBusId(buf.as_mut_ptr(), buf.len() as i32, dev) };
+        let bdf = if r == sys::CUresult::CUDA_SUCCESS {
+            // SAFETY: the driver wrote a NUL-terminated string into `buf`.
+            unsafe { std::ffi::CStr::from_ptr(buf.as_ptr()) }
+                .to_string_lossy()
+                .to_lowercase()
+        } else {
+            String::new()
+        };
+        let d = Arc::new(Device { ordinal, ctx, bdf });
+        map.insert(ordinal, d.clone());
+        Ok(d)
+    }
+
+    /// Makes this GPU's context current on the calling thread.
+    pub fn bind(&self) -> Result<(), CudaError> {
+        // SAFETY: the context is retained for the life of the process.
+        drv("cuCtxSetCurrent", unsafe { cu::ctx::set_current(self.ctx) })
+    }
+}
+
+/// Finds the index of the GPU with this PCI bus id (case-insensitive, with or
+/// without the domain).
+pub fn device_by_bdf(bdf: &str) -> Option<i32> {
+    let want = bdf.trim().to_lowercase();
+    (0..device_count() as i32).find(|&i| {
+        Device::get(i)
+            .map(|d| {
+                d.bdf == want || d.bdf.ends_with(&format!(":{want}")) || d.bdf.ends_with(&want)
+            })
+            .unwrap_or(false)
+    })
+}
+
+/// The GPU that owns `ptr`, or None for host memory (or without CUDA).
+pub fn pointer_device(ptr: u64) -> Option<i32> {
+    if !available() || ptr == 0 {
+        return None;
+    }
+    let mut mem_type: u32 = 0;
+    // SAFETY: the attribute query writes one u32 into `mem_type`; an unknown
+    // pointer only returns an error code.
+    let r = unsafe {
+        sys::cuPointerGetAttribute(
+            &mut mem_type as *mut u32 as *mut c_void,
+            sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+            ptr,
+        )
+    };
+    if r != sys::CUresult::CUDA_SUCCESS
+        || mem_type != sys::CUmemorytype::CU_MEMORYTYPE_DEVICE as u32
+    {
+        return None;
+    }
+    let mut ordinal: i32 = -1;
+    // SAFETY: as above, writes one int.
+    let r = unsafe {
+        sys::cuPointerGetAttribute(
+            &mut ordinal as *mut i32 as *mut c_void,
+            sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+            ptr,
+        )
+    };
+    (r == sys::CUresult::CUDA_SUCCESS).then_some(ordinal)
+}
+
+/// The allocation containing device pointer `ptr`: (base, size).
+pub fn allocation_range(ptr: u64) -> Result<(u64, usize), CudaError> {
+    let mut base: sys::CUdeviceptr = 0;
+    let mut size: usize = 0;
+    // SAFETY: writes one pointer and one size; bad pointers return an error.
+    check("cuMemGetAddressRange", unsafe {
+        sys::cuMemGetAddressRange_v2(&mut base, &mut size, ptr)
+    })?;
+    Ok((base, size))
+}
+
+/// Page-locked host memory, freed on drop. The owning device's context must
+/// be current on the thread that creates it.
+pub struct PinnedBuf {
+    ptr: *mut u8,
+    len: usize,
+}
+
+// SAFETY: plain memory; access is coordinated by the owner.
+unsafe impl Send for PinnedBuf {}
+
+impl PinnedBuf {
+    pub fn new(len: usize) -> Result<Self, CudaError> {
+        // SAFETY: allocates `len` bytes of portable pinned memory.
+        let p = unsafe { cu::malloc_host(len, sys::CU_MEMHOSTALLOC_PORTABLE) }.map_err(|e| {
+            CudaError::Driver {
+                call: "cuMemHostAlloc",
+                msg: format!("{len} bytes: {e:?}"),
+            }
+        })?;
+        Ok(PinnedBuf {
+            ptr: p as *mut u8,
+            len,
+        })
+    }
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.ptr
+    }
+    pub fn len(&self) -> usize {
+        self.len
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+    pub fn as_slice(&self, len: usize) -> &[u8] {
+        // SAFETY: `len` is clamped to the allocation, which lives as long as self.
+        unsafe { std::slice::from_raw_parts(self.ptr, len.min(self.len)) }
+    }
+    pub fn as_mut_slice(&mut self, len: usize) -> &mut [u8] {
+        // SAFETY: as above, and `&mut self` gives exclusive access.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, len.min(self.len)) }
+    }
+}
+
+impl Drop for PinnedBuf {
+    fn drop(&mut self) {
+        // SAFETY: `ptr` came from cuMemHostAlloc and is freed once.
+        if let Err(e) = unsafe { cu::free_host(self.ptr as *mut c_void) } {
+            tracing::warn!("cuMemFreeHost failed: {e:?}");
+        }
+    }
+}
+
+/// A non-blocking CUDA stream, destroyed on drop.
+pub struct Stream(sys::CUstream);
+// SAFETY: stream handles may be used from any thread.
+unsafe impl Send for Stream {}
+
+impl Stream {
+    pub fn new() -> Result<Self, CudaError> {
+        cu::stream::create(cu::stream::StreamKind::NonBlocking)
+            .map(Stream)
+            .map_err(|e| CudaError::Driver {
+                call: "cuStreamCreate",
+                msg: format!("{e:?}"),
+            })
+    }
+    pub fn raw(&self) -> sys::CUstream {
+        self.0
+    }
+    pub fn synchronize(&self) -> Result<(), CudaError> {
+        // SAFETY: the stream is live until drop.
+        drv("cuStreamSynchronize", unsafe {
+            cu::stream::synchronize(self.0)
+        })
+    }
+    /// Queues a device → host copy of `len` bytes.
+    ///
+    /// # Safety
+    /// `dst` must be pinned host memory of at least `len` bytes and `src` a
+    /// device range of `len` bytes, both left alone until the copy is done.
+    pub unsafe fn copy_dtoh(&self, dst: *mut u8, src: u64, len: usize) -> Result<(), CudaError> {
+        check(
+            "cuMemcpyDtoHAsync",
+            sys::cuMemcpyDtoHAsync_v2(dst as *mut c_void, src, len, self.0),
+        )
+    }
+    /// Queues a host → device copy of `len` bytes.
+    ///
+    /// # Safety
+    /// As [`Stream::copy_dtoh`], the other way round.
+    pub unsafe fn copy_htod(&self, dst: u64, src: *const u8, len: usize) -> Result<(), CudaError> {
+        check(
+            "cuMemcpyHtoDAsync",
+            sys::cuMemcpyHtoDAsync_v2(dst, src as *const c_void, len, self.0),
+        )
+    }
+}
+
+impl Drop for Stream {
+    fn drop(&mut self) {
+        // SAFETY: the stream is destroyed once; queued work still completes.
+        let _ = unsafe { cu::stream::destroy(self.0) };
+    }
+}
+
+/// A CUDA event without timing, destroyed on drop.
+pub struct Event(sys::CUevent);
+// SAFETY: event handles may be used from any thread.
+unsafe impl Send for Event {}
+
+impl Event {
+    pub fn new() -> Result<Self, CudaError> {
+        cu::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)
+            .map(Event)
+            .map_err(|e| CudaError::Driver {
+                call: "cuEventCreate",
+                msg: format!("{e:?}"),
+            })
+    }
+    pub fn record(&self, s: &Stream) -> Result<(), CudaError> {
+        // SAFETY: both handles are live.
+        drv("cuEventRecord", unsafe { cu::event::record(self.0, s.0) })
+    }
+    pub fn synchronize(&self) -> Result<(), CudaError> {
+        // SAFETY: the event is live.
+        drv("cuEventSynchronize", unsafe {
+            cu::event::synchronize(self.0)
+        })
+    }
+}
+
+impl Drop for Event {
+    fn drop(&mut self) {
+        // SAFETY: destroyed once.
+        let _ = unsafe { cu::event::destroy(self.0) };
+    }
+}
+
+/// Blocking copies for tests and tools: host ↔ device of `len` bytes.
+///
+/// # Safety
+/// The ranges must be valid for `len` bytes.
+pub unsafe fn copy_sync(dst: u64, src: u64, len: usize) -> Result<(), CudaError> {
+    check("cuMemcpy", sys::cuMemcpy(dst, src, len))
+}
+
+/// Device memory, freed on drop (for tools and tests).
+pub struct DeviceBuf {
+    pub ptr: u64,
+    pub len: usize,
+}
+
+impl DeviceBuf {
+    pub fn new(dev: &Device, len: usize) -> Result<Self, CudaError> {
+        dev.bind()?;
+        let mut p: sys::CUdeviceptr = 0;
+        // SAFETY: allocates `len` bytes on the current context's device.
+        check("cuMemAlloc", unsafe {
+            sys::cuMemAlloc_v2(&mut p, len.max(1))
+        })?;
+        Ok(DeviceBuf { ptr: p, len })
+    }
+}
+
+impl Drop for DeviceBuf {
+    fn drop(&mut self) {
+        // SAFETY: freed once.
+        let _ = unsafe { sys::cuMemFree_v2(self.ptr) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn no_cuda_is_a_normal_state() {
+        // Must not panic whether or not CUDA is here.
+        let n = super::device_count();
+        if !super::available() {
+            assert_eq!(n, 0);
+            assert!(super::Device::get(0).is_err());
+            assert_eq!(super::pointer_device(0x1000), None);
+        }
+    }
+}

@@ -1,0 +1,267 @@
+//! The memory registry: regions by id (host or CUDA, found by asking CUDA
+//! about the pointer), and advertisements: the exact byte ranges a peer has
+//! been given and may read or write.
+
+use std::collections::HashMap;
+use std::hash::{BuildHasher, Hasher};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+use parking_lot::RwLock;
+
+use crate::error::{Error, Result};
+use crate::gpu;
+use crate::wire::Token;
+
+/// Where a region's bytes live.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum MemKind {
+    Host,
+    /// Device memory of the GPU with this ordinal.
+    Cuda(i32),
+}
+
+/// A registered range of memory.
+#[derive(Debug)]
+pub struct Region {
+    pub id: u64,
+    pub addr: u64,
+    pub len: usize,
+    pub kind: MemKind,
+}
+
+impl Region {
+    /// Whether `[addr, addr+len)` lies inside this region.
+    pub fn contains(&self, addr: u64, len: usize) -> bool {
+        addr >= self.addr
+            && (addr - self.addr)
+                .checked_add(len as u64)
+                .is_some_and(|end| end <= self.len as u64)
+    }
+}
+
+/// One advertisement: a byte range of a region offered to peers.
+#[derive(Debug, Clone)]
+struct Advert {
+    secret: u64,
+    region: u64,
+    addr: u64,
+    len: usize,
+    /// The only connection that may use it (None: any connected peer, as for
+    /// descriptors handed out with `get_serialized_descs`).
+    conn: Option<u64>,
+}
+
+/// An unpredictable 64-bit value: SipHash with the process's random keys.
+pub fn random_u64() -> u64 {
+    static STATE: OnceLock<std::collections::hash_map::RandomState> = OnceLock::new();
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let mut h = STATE.get_or_init(Default::default).build_hasher();
+    h.write_u64(COUNTER.fetch_add(1, Ordering::Relaxed));
+    h.write_u128(Instant::now().elapsed().as_nanos());
+    h.finish()
+}
+
+/// Regions and advertisements of one endpoint.
+#[derive(Default)]
+pub struct Registry {
+    next_id: AtomicU64,
+    regions: RwLock<HashMap<u64, Arc<Region>>>,
+    adverts: RwLock<HashMap<u64, Advert>>,
+}
+
+impl Registry {
+    pub fn new() -> Self {
+        Registry {
+            next_id: AtomicU64::new(1),
+            ..Default::default()
+        }
+    }
+
+    /// Registers `[addr, addr+len)`; CUDA is asked whether it is device memory.
+    pub fn register(&self, addr: u64, len: usize) -> Result<Arc<Region>> {
+        if addr == 0 {
+            return Err(Error::invalid("reg: null pointer"));
+        }
+        if len == 0 {
+            return Err(Error::invalid("reg: size is 0"));
+        }
+        if addr.checked_add(len as u64).is_none() {
+            return Err(Error::invalid(format!(
+                "reg: range {addr:#x}+{len} wraps around the address space"
+            )));
+        }
+        let kind = match gpu::pointer_device(addr) {
+            Some(d) => {
+                let (base, size) = gpu::allocation_range(addr)?;
+                if addr + len as u64 > base + size as u64 {
+                    return Err(Error::invalid(format!(
+                        "reg: {len} bytes at {addr:#x} run past the end of their GPU allocation ({size} bytes at {base:#x})"
+                    )));
+                }
+                MemKind::Cuda(d)
+            }
+            None => MemKind::Host,
+        };
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let r = Arc::new(Region {
+            id,
+            addr,
+            len,
+            kind,
+        });
+        self.regions.write().insert(id, r.clone());
+        Ok(r)
+    }
+
+    pub fn get(&self, id: u64) -> Result<Arc<Region>> {
+        self.regions
+            .read()
+            .get(&id)
+            .cloned()
+            .ok_or_else(|| Error::invalid(format!("unknown memory region id {id}")))
+    }
+
+    /// The region `id` if `[ptr, ptr+len)` lies inside it.
+    pub fn check(&self, id: u64, ptr: u64, len: usize) -> Result<Arc<Region>> {
+        let r = self.get(id)?;
+        if ptr == 0 {
+            return Err(Error::invalid(format!("region {id}: null pointer")));
+        }
+        if !r.contains(ptr, len) {
+            return Err(Error::invalid(format!(
+                "region {id}: {len} bytes at {ptr:#x} lie outside the registered {} bytes at {:#x}",
+                r.len, r.addr
+            )));
+        }
+        Ok(r)
+    }
+
+    /// Removes the region and every advertisement of it, then waits (up to
+    /// `wait`) for transfers still using it to finish.
+    pub fn deregister(&self, id: u64, wait: Duration) -> Result<()> {
+        let r = self
+            .regions
+            .write()
+            .remove(&id)
+            .ok_or_else(|| Error::invalid(format!("dereg: unknown memory region id {id}")))?;
+        self.adverts.write().retain(|_, a| a.region != id);
+        let deadline = Instant::now() + wait;
+        while Arc::strong_count(&r) > 1 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        Ok(())
+    }
+
+    /// Offers `[addr, addr+len)` of region `id` to `conn` (or to any peer).
+    pub fn advertise(&self, id: u64, addr: u64, len: usize, conn: Option<u64>) -> Result<Token> {
+        self.check(id, addr, len)?;
+        let tid = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let secret = random_u64();
+        self.adverts.write().insert(
+            tid,
+            Advert {
+                secret,
+                region: id,
+                addr,
+                len,
+                conn,
+            },
+        );
+        Ok(Token { id: tid, secret })
+    }
+
+    /// The region a peer on `conn` may touch at `[addr, addr+len)` under
+    /// `token`, or why not. Never trusts anything but the local record.
+    pub fn resolve(
+        &self,
+        token: Token,
+        addr: u64,
+        len: u64,
+        conn: u64,
+    ) -> std::result::Result<Arc<Region>, String> {
+        let adverts = self.adverts.read();
+        let a = adverts
+            .get(&token.id)
+            .filter(|a| a.secret == token.secret)
+            .ok_or_else(|| format!("unknown or stale descriptor (token {})", token.id))?;
+        if a.conn.is_some_and(|c| c != conn) {
+            return Err(format!(
+                "descriptor {} was advertised to another connection",
+                token.id
+            ));
+        }
+        let in_range = addr >= a.addr
+            && (addr - a.addr)
+                .checked_add(len)
+                .is_some_and(|end| end <= a.len as u64);
+        if !in_range {
+            return Err(format!(
+                "{len} bytes at {addr:#x} lie outside the advertised {} bytes at {:#x}",
+                a.len, a.addr
+            ));
+        }
+        let region = self
+            .regions
+            .read()
+            .get(&a.region)
+            .cloned()
+            .ok_or_else(|| format!("region of descriptor {} is gone", token.id))?;
+        Ok(region)
+    }
+
+    /// Forgets the advertisements made for one connection (when it closes).
+    pub fn forget_conn(&self, conn: u64) {
+        self.adverts.write().retain(|_, a| a.conn != Some(conn));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bounds_and_tokens() {
+        let reg = Registry::new();
+        let buf = vec![0u8; 4096];
+        let base = buf.as_ptr() as u64;
+        let r = reg.register(base, 4096).unwrap();
+        assert_eq!(r.kind, MemKind::Host);
+        assert!(reg.check(r.id, base, 4096).is_ok());
+        assert!(reg.check(r.id, base + 1, 4096).is_err());
+        assert!(reg.check(r.id, base - 1, 1).is_err());
+        assert!(reg.check(r.id, base + 4096, 0).is_ok());
+        assert!(reg.check(r.id, u64::MAX, 2).is_err());
+        assert!(reg.check(999, base, 1).is_err());
+        assert!(reg.register(0, 10).is_err());
+        assert!(reg.register(base, 0).is_err());
+        assert!(reg.register(u64::MAX - 1, 10).is_err());
+
+        let t = reg.advertise(r.id, base + 100, 200, Some(7)).unwrap();
+        assert!(reg.resolve(t, base + 100, 200, 7).is_ok());
+        assert!(reg.resolve(t, base + 150, 150, 7).is_ok());
+        assert!(reg.resolve(t, base + 100, 201, 7).is_err());
+        assert!(reg.resolve(t, base + 99, 1, 7).is_err());
+        assert!(reg.resolve(t, base + 100, u64::MAX, 7).is_err());
+        assert!(reg.resolve(t, base + 100, 10, 8).is_err(), "other conn");
+        let forged = Token {
+            id: t.id,
+            secret: t.secret ^ 1,
+        };
+        assert!(reg.resolve(forged, base + 100, 10, 7).is_err());
+        assert!(reg.advertise(r.id, base + 4000, 200, None).is_err());
+
+        let any = reg.advertise(r.id, base, 4096, None).unwrap();
+        assert!(reg.resolve(any, base, 4096, 12345).is_ok());
+        reg.deregister(r.id, Duration::from_millis(10)).unwrap();
+        assert!(reg.resolve(t, base + 100, 200, 7).is_err(), "stale");
+        assert!(reg.resolve(any, base, 1, 1).is_err(), "stale");
+        assert!(reg.deregister(r.id, Duration::ZERO).is_err());
+    }
+
+    #[test]
+    fn random_values_differ() {
+        assert_ne!(random_u64(), random_u64());
+    }
+}

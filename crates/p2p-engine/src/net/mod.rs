@@ -1,0 +1,93 @@
+//! The seam between the engine and a transport, in ncclNet's terms: devices
+//! with properties, listen / connect / accept (resumable), memory
+//! registration per comm, posted sends and receives completed by `test`.
+//! The engine above is written once over [`Net`]; [`socket`] is our own
+//! multi-stream TCP transport.
+
+use std::sync::Arc;
+
+use crate::error::NetError;
+use crate::memory::MemKind;
+pub use crate::wire::NET_HANDLE_LEN;
+
+pub mod socket;
+
+/// The opaque handle `listen` writes and the peer passes to `connect`.
+pub type NetHandle = [u8; NET_HANDLE_LEN];
+
+/// Called by a transport's own threads when a request may have completed, so
+/// that the engine's progress thread wakes without polling.
+pub type Waker = Arc<dyn Fn() + Send + Sync>;
+
+/// What a network device offers.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DeviceProps {
+    pub name: String,
+    pub pci_path: Option<String>,
+    pub speed_mbps: u32,
+    pub host_mem: bool,
+    pub cuda_mem: bool,
+    pub max_comms: u32,
+}
+
+/// Memory a request reads or writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MemRef {
+    pub addr: u64,
+    pub len: usize,
+    pub kind: MemKind,
+}
+
+/// A registration of memory with one comm (opaque to the engine).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MrHandle(pub usize);
+
+/// A posted request (opaque to the engine).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct ReqId(pub u64);
+
+/// A transport.
+pub trait Net: Send + Sync {
+    /// Short name, e.g. `socket` or the plugin's name.
+    fn name(&self) -> &str;
+    fn devices(&self) -> Vec<DeviceProps>;
+    /// Starts listening on device `dev`; the handle goes to the peer.
+    fn listen(&self, dev: usize) -> Result<Box<dyn ListenComm>, NetError>;
+    /// Connects to a peer's listen handle. May return `Ok(None)`: call again
+    /// with the same handle until it returns a comm.
+    fn connect(
+        &self,
+        dev: usize,
+        handle: &NetHandle,
+        waker: Waker,
+    ) -> Result<Option<Box<dyn SendComm>>, NetError>;
+    /// True when requests progress only inside `test` (the engine then polls
+    /// continuously); false when the transport calls the [`Waker`].
+    fn needs_polling(&self) -> bool;
+}
+
+pub trait ListenComm: Send {
+    fn handle(&self) -> NetHandle;
+    /// Accepts the peer's connection. May return `Ok(None)`: call again.
+    fn accept(&mut self, waker: Waker) -> Result<Option<Box<dyn RecvComm>>, NetError>;
+}
+
+pub trait SendComm: Send {
+    fn reg_mr(&mut self, mem: MemRef) -> Result<MrHandle, NetError>;
+    fn dereg_mr(&mut self, mr: MrHandle) -> Result<(), NetError>;
+    /// Posts a send. `Ok(None)`: the transport cannot take it now; retry later.
+    fn isend(&mut self, mem: MemRef, mr: MrHandle) -> Result<Option<ReqId>, NetError>;
+    /// `Some(bytes)` once the request is done. Call only on the oldest
+    /// request not yet completed on this comm.
+    fn test(&mut self, req: ReqId) -> Result<Option<usize>, NetError>;
+}
+
+pub trait RecvComm: Send {
+    fn reg_mr(&mut self, mem: MemRef) -> Result<MrHandle, NetError>;
+    fn dereg_mr(&mut self, mr: MrHandle) -> Result<(), NetError>;
+    /// Posts a receive of at most `mem.len` bytes into `mem`.
+    fn irecv(&mut self, mem: MemRef, mr: MrHandle) -> Result<Option<ReqId>, NetError>;
+    /// `Some(bytes received)` once the data is in place (unpacked, where the
+    /// transport needs that). Oldest request only.
+    fn test(&mut self, req: ReqId) -> Result<Option<usize>, NetError>;
+}

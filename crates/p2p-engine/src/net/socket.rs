@@ -1,0 +1,988 @@
+//! Our own TCP transport. Each comm is several TCP streams, each driven by
+//! its own I/O thread with blocking I/O. A message is cut into parts dealt
+//! round-robin across the streams; every part carries a small header
+//! (message sequence number, offset, length, total, part count) so the
+//! receiver places it without knowing the split. GPU memory is staged
+//! through pinned host slices, the CUDA copies of one slice overlapped with
+//! the network I/O of the others.
+//!
+//! This module reads and writes raw user memory (the engine has checked the
+//! ranges against registered regions), so `unsafe` is allowed here.
+#![allow(unsafe_code)]
+
+use std::collections::HashMap;
+use std::io::{self, IoSlice, Read, Write};
+use std::net::{IpAddr, Ipv6Addr, SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{Receiver, Sender};
+use parking_lot::{Condvar, Mutex};
+
+use super::{
+    DeviceProps, ListenComm, MemRef, MrHandle, Net, NetHandle, RecvComm, ReqId, SendComm, Waker,
+};
+use crate::error::NetError;
+use crate::gpu;
+use crate::memory::MemKind;
+
+const NET: &str = "socket";
+const HANDLE_MAGIC: u32 = 0x4b43_4f53; // "SOCK"
+const HELLO_MAGIC: u64 = 0x4f4c_4c45_484b_4353; // "SCKHELLO"
+const HDR_LEN: usize = 40;
+
+/// Settings of the socket transport.
+#[derive(Debug, Clone)]
+pub struct SocketConfig {
+    pub addr: IpAddr,
+    pub streams: usize,
+    pub min_part: usize,
+    pub sockbuf: usize,
+    pub staging_slice: usize,
+    pub staging_depth: usize,
+    pub connect_timeout: Duration,
+}
+
+/// The transport: stateless apart from its settings.
+pub struct SocketNet {
+    cfg: SocketConfig,
+}
+
+impl SocketNet {
+    pub fn new(cfg: SocketConfig) -> Self {
+        SocketNet { cfg }
+    }
+}
+
+/// How a message of `len` bytes is cut: `(offset, len)` of each part.
+pub fn split_parts(len: usize, streams: usize, min_part: usize) -> Vec<(usize, usize)> {
+    let nparts = len.div_ceil(min_part.max(1)).clamp(1, streams.max(1));
+    // Parts are multiples of 4 KiB except the last, so copies stay aligned.
+    let per = len.div_ceil(nparts).next_multiple_of(4096).max(1);
+    let mut v = Vec::with_capacity(nparts);
+    let mut off = 0;
+    while v.len() < nparts {
+        let l = per.min(len - off);
+        v.push((off, l));
+        off += l;
+        if off == len {
+            break;
+        }
+    }
+    v
+}
+
+fn encode_handle(addr: SocketAddr, streams: usize, nonce: u64) -> NetHandle {
+    let mut h = [0u8; super::NET_HANDLE_LEN];
+    h[0..4].copy_from_slice(&HANDLE_MAGIC.to_le_bytes());
+    let v6 = match addr.ip() {
+        IpAddr::V4(a) => a.to_ipv6_mapped(),
+        IpAddr::V6(a) => a,
+    };
+    h[4..20].copy_from_slice(&v6.octets());
+    h[20..22].copy_from_slice(&addr.port().to_le_bytes());
+    h[22] = streams as u8;
+    h[24..32].copy_from_slice(&nonce.to_le_bytes());
+    h
+}
+
+fn decode_handle(h: &NetHandle) -> Result<(SocketAddr, usize, u64), NetError> {
+    let bad = |r: &str| NetError::Protocol {
+        net: NET,
+        reason: format!("bad listen handle: {r}"),
+    };
+    if u32::from_le_bytes(h[0..4].try_into().unwrap_or_default()) != HANDLE_MAGIC {
+        return Err(bad("magic"));
+    }
+    let mut ip = [0u8; 16];
+    ip.copy_from_slice(&h[4..20]);
+    let v6 = Ipv6Addr::from(ip);
+    let ip = v6
+        .to_ipv4_mapped()
+        .map(IpAddr::V4)
+        .unwrap_or(IpAddr::V6(v6));
+    let port = u16::from_le_bytes([h[20], h[21]]);
+    let streams = h[22] as usize;
+    if streams == 0 || streams > 64 {
+        return Err(bad("stream count"));
+    }
+    let nonce = u64::from_le_bytes(h[24..32].try_into().unwrap_or_default());
+    Ok((SocketAddr::new(ip, port), streams, nonce))
+}
+
+fn tune(s: &TcpStream, sockbuf: usize) -> io::Result<()> {
+    s.set_nodelay(true)?;
+    if sockbuf > 0 {
+        let s2 = socket2::SockRef::from(s);
+        s2.set_send_buffer_size(sockbuf)?;
+        s2.set_recv_buffer_size(sockbuf)?;
+    }
+    Ok(())
+}
+
+impl Net for SocketNet {
+    fn name(&self) -> &str {
+        NET
+    }
+
+    fn devices(&self) -> Vec<DeviceProps> {
+        vec![DeviceProps {
+            name: format!("tcp:{}", self.cfg.addr),
+            pci_path: None,
+            speed_mbps: 100_000,
+            host_mem: true,
+            cuda_mem: gpu::available(),
+            max_comms: 65536,
+        }]
+    }
+
+    fn listen(&self, _dev: usize) -> Result<Box<dyn ListenComm>, NetError> {
+        let l = TcpListener::bind(SocketAddr::new(self.cfg.addr, 0))
+            .map_err(|e| NetError::io(NET, "bind", e))?;
+        l.set_nonblocking(true)
+            .map_err(|e| NetError::io(NET, "listen", e))?;
+        let addr = l.local_addr().map_err(|e| NetError::io(NET, "listen", e))?;
+        let nonce = crate::memory::random_u64();
+        Ok(Box::new(SocketListen {
+            listener: l,
+            handle: encode_handle(addr, self.cfg.streams, nonce),
+            nonce,
+            streams: vec![None; self.cfg.streams],
+            cfg: self.cfg.clone(),
+        }))
+    }
+
+    fn connect(
+        &self,
+        _dev: usize,
+        handle: &NetHandle,
+        waker: Waker,
+    ) -> Result<Option<Box<dyn SendComm>>, NetError> {
+        let (addr, streams, nonce) = decode_handle(handle)?;
+        let mut socks = Vec::with_capacity(streams);
+        for i in 0..streams {
+            let mut s = TcpStream::connect_timeout(&addr, self.cfg.connect_timeout)
+                .map_err(|e| NetError::io(NET, "connect", e))?;
+            tune(&s, self.cfg.sockbuf).map_err(|e| NetError::io(NET, "setsockopt", e))?;
+            let mut hello = [0u8; 24];
+            hello[0..8].copy_from_slice(&HELLO_MAGIC.to_le_bytes());
+            hello[8..16].copy_from_slice(&nonce.to_le_bytes());
+            hello[16..24].copy_from_slice(&(i as u64).to_le_bytes());
+            s.write_all(&hello)
+                .map_err(|e| NetError::io(NET, "connect", e))?;
+            socks.push(s);
+        }
+        Ok(Some(Box::new(SocketSend::start(socks, &self.cfg, waker))))
+    }
+
+    fn needs_polling(&self) -> bool {
+        false
+    }
+}
+
+// -------------------------------------------------------------- listening
+
+struct SocketListen {
+    listener: TcpListener,
+    handle: NetHandle,
+    nonce: u64,
+    streams: Vec<Option<Arc<TcpStream>>>,
+    cfg: SocketConfig,
+}
+
+impl ListenComm for SocketListen {
+    fn handle(&self) -> NetHandle {
+        self.handle
+    }
+
+    fn accept(&mut self, waker: Waker) -> Result<Option<Box<dyn RecvComm>>, NetError> {
+        loop {
+            match self.listener.accept() {
+                Ok((mut s, _)) => {
+                    s.set_nonblocking(false)
+                        .map_err(|e| NetError::io(NET, "accept", e))?;
+                    s.set_read_timeout(Some(Duration::from_secs(10)))
+                        .map_err(|e| NetError::io(NET, "accept", e))?;
+                    let mut hello = [0u8; 24];
+                    if s.read_exact(&mut hello).is_err() {
+                        continue; // a stray connection: ignore it
+                    }
+                    let magic = u64::from_le_bytes(hello[0..8].try_into().unwrap_or_default());
+                    let nonce = u64::from_le_bytes(hello[8..16].try_into().unwrap_or_default());
+                    let idx =
+                        u64::from_le_bytes(hello[16..24].try_into().unwrap_or_default()) as usize;
+                    if magic != HELLO_MAGIC
+                        || nonce != self.nonce
+                        || idx >= self.streams.len()
+                        || self.streams[idx].is_some()
+                    {
+                        tracing::warn!("socket net: refused a stream with a bad hello");
+                        continue;
+                    }
+                    s.set_read_timeout(None)
+                        .map_err(|e| NetError::io(NET, "accept", e))?;
+                    tune(&s, self.cfg.sockbuf).map_err(|e| NetError::io(NET, "setsockopt", e))?;
+                    self.streams[idx] = Some(Arc::new(s));
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(NetError::io(NET, "accept", e)),
+            }
+        }
+        if self.streams.iter().all(Option::is_some) {
+            let socks: Vec<Arc<TcpStream>> =
+                self.streams.iter_mut().filter_map(Option::take).collect();
+            Ok(Some(Box::new(SocketRecv::start(socks, &self.cfg, waker))))
+        } else {
+            Ok(None)
+        }
+    }
+}
+
+// --------------------------------------------------------- GPU staging
+
+/// Pinned slices and a CUDA stream owned by one I/O thread.
+struct Staging {
+    device: i32,
+    stream: gpu::Stream,
+    slots: Vec<(gpu::PinnedBuf, gpu::Event, bool)>,
+}
+
+impl Staging {
+    fn get(
+        st: &mut Option<Staging>,
+        device: i32,
+        slice: usize,
+        depth: usize,
+    ) -> Result<&mut Staging, String> {
+        if st.as_ref().is_some_and(|s| s.device != device) {
+            *st = None;
+        }
+        if st.is_none() {
+            let dev = gpu::Device::get(device).map_err(|e| e.to_string())?;
+            dev.bind().map_err(|e| e.to_string())?;
+            let stream = gpu::Stream::new().map_err(|e| e.to_string())?;
+            let mut slots = Vec::with_capacity(depth);
+            for _ in 0..depth {
+                slots.push((
+                    gpu::PinnedBuf::new(slice).map_err(|e| e.to_string())?,
+                    gpu::Event::new().map_err(|e| e.to_string())?,
+                    false,
+                ));
+            }
+            *st = Some(Staging {
+                device,
+                stream,
+                slots,
+            });
+        }
+        st.as_mut().ok_or_else(|| "staging".to_string())
+    }
+}
+
+// ---------------------------------------------------------------- sending
+
+struct SendReq {
+    parts_left: AtomicUsize,
+    size: usize,
+    error: Mutex<Option<String>>,
+}
+
+struct TxOp {
+    hdr: [u8; HDR_LEN],
+    mem: MemRef,
+    req: Arc<SendReq>,
+}
+
+struct SendShared {
+    failed: Mutex<Option<String>>,
+    waker: Waker,
+}
+
+struct SocketSend {
+    txs: Vec<Sender<TxOp>>,
+    socks: Vec<Arc<TcpStream>>,
+    threads: Vec<JoinHandle<()>>,
+    shared: Arc<SendShared>,
+    reqs: HashMap<u64, Arc<SendReq>>,
+    next_seq: u64,
+    cursor: usize,
+    min_part: usize,
+}
+
+impl SocketSend {
+    fn start(socks: Vec<TcpStream>, cfg: &SocketConfig, waker: Waker) -> Self {
+        let shared = Arc::new(SendShared {
+            failed: Mutex::new(None),
+            waker,
+        });
+        let socks: Vec<Arc<TcpStream>> = socks.into_iter().map(Arc::new).collect();
+        let mut txs = Vec::new();
+        let mut threads = Vec::new();
+        for (i, s) in socks.iter().enumerate() {
+            let (tx, rx) = crossbeam_channel::unbounded::<TxOp>();
+            let s = s.clone();
+            let shared = shared.clone();
+            let (slice, depth) = (cfg.staging_slice, cfg.staging_depth);
+            threads.push(
+                std::thread::Builder::new()
+                    .name(format!("tcpx-tx{i}"))
+                    .spawn(move || tx_loop(s, rx, shared, slice, depth))
+                    .expect("spawn I/O thread"),
+            );
+            txs.push(tx);
+        }
+        SocketSend {
+            txs,
+            socks,
+            threads,
+            shared,
+            reqs: HashMap::new(),
+            next_seq: 0,
+            cursor: 0,
+            min_part: cfg.min_part,
+        }
+    }
+}
+
+fn write_all_vectored(s: &mut &TcpStream, mut a: &[u8], mut b: &[u8]) -> io::Result<()> {
+    while !a.is_empty() || !b.is_empty() {
+        let n = if a.is_empty() {
+            s.write(b)?
+        } else {
+            s.write_vectored(&[IoSlice::new(a), IoSlice::new(b)])?
+        };
+        if n == 0 {
+            return Err(io::ErrorKind::WriteZero.into());
+        }
+        let from_a = n.min(a.len());
+        a = &a[from_a..];
+        b = &b[n - from_a..];
+    }
+    Ok(())
+}
+
+fn tx_part(
+    s: &TcpStream,
+    op: &TxOp,
+    staging: &mut Option<Staging>,
+    slice: usize,
+    depth: usize,
+) -> Result<(), String> {
+    let mut w = s;
+    match op.mem.kind {
+        MemKind::Host => {
+            // SAFETY: the engine checked `[addr, addr+len)` against a registered
+            // region that stays registered until this request completes.
+            let data: &[u8] = if op.mem.len == 0 {
+                &[]
+            } else {
+                unsafe { std::slice::from_raw_parts(op.mem.addr as *const u8, op.mem.len) }
+            };
+            write_all_vectored(&mut w, &op.hdr, data).map_err(|e| e.to_string())
+        }
+        MemKind::Cuda(dev) => {
+            write_all_vectored(&mut w, &op.hdr, &[]).map_err(|e| e.to_string())?;
+            let st = Staging::get(staging, dev, slice, depth)?;
+            let n = op.mem.len.div_ceil(slice);
+            let issue = |st: &mut Staging, i: usize| -> Result<(), String> {
+                let off = i * slice;
+                let l = slice.min(op.mem.len - off);
+                let k = i % st.slots.len();
+                // SAFETY: the slot holds `slice` ≥ l bytes and is idle (its
+                // previous copy was waited for); the device range was checked.
+                unsafe {
+                    st.stream
+                        .copy_dtoh(st.slots[k].0.as_ptr(), op.mem.addr + off as u64, l)
+                }
+                .map_err(|e| e.to_string())?;
+                st.slots[k].1.record(&st.stream).map_err(|e| e.to_string())
+            };
+            for i in 0..n.min(st.slots.len()) {
+                issue(st, i)?;
+            }
+            for i in 0..n {
+                let k = i % st.slots.len();
+                let l = slice.min(op.mem.len - i * slice);
+                st.slots[k].1.synchronize().map_err(|e| e.to_string())?;
+                w.write_all(st.slots[k].0.as_slice(l))
+                    .map_err(|e| e.to_string())?;
+                if i + st.slots.len() < n {
+                    issue(st, i + st.slots.len())?;
+                }
+            }
+            Ok(())
+        }
+    }
+}
+
+fn tx_loop(
+    s: Arc<TcpStream>,
+    rx: Receiver<TxOp>,
+    shared: Arc<SendShared>,
+    slice: usize,
+    depth: usize,
+) {
+    let mut staging = None;
+    while let Ok(op) = rx.recv() {
+        if let Some(f) = shared.failed.lock().clone() {
+            *op.req.error.lock() = Some(f);
+            (shared.waker)();
+            continue;
+        }
+        match tx_part(&s, &op, &mut staging, slice, depth) {
+            Ok(()) => {
+                if op.req.parts_left.fetch_sub(1, Ordering::AcqRel) == 1 {
+                    (shared.waker)();
+                }
+            }
+            Err(e) => {
+                let msg = format!(
+                    "send stream to {}: {e}",
+                    s.peer_addr().map(|a| a.to_string()).unwrap_or_default()
+                );
+                *op.req.error.lock() = Some(msg.clone());
+                shared.failed.lock().get_or_insert(msg);
+                let _ = s.shutdown(std::net::Shutdown::Both);
+                (shared.waker)();
+            }
+        }
+    }
+}
+
+impl SendComm for SocketSend {
+    fn reg_mr(&mut self, _mem: MemRef) -> Result<MrHandle, NetError> {
+        Ok(MrHandle(0))
+    }
+    fn dereg_mr(&mut self, _mr: MrHandle) -> Result<(), NetError> {
+        Ok(())
+    }
+
+    fn isend(&mut self, mem: MemRef, _mr: MrHandle) -> Result<Option<ReqId>, NetError> {
+        if let Some(f) = self.shared.failed.lock().clone() {
+            return Err(NetError::Protocol {
+                net: NET,
+                reason: f,
+            });
+        }
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        let parts = split_parts(mem.len, self.txs.len(), self.min_part);
+        let req = Arc::new(SendReq {
+            parts_left: AtomicUsize::new(parts.len()),
+            size: mem.len,
+            error: Mutex::new(None),
+        });
+        for &(off, len) in &parts {
+            let mut hdr = [0u8; HDR_LEN];
+            hdr[0..8].copy_from_slice(&seq.to_le_bytes());
+            hdr[8..16].copy_from_slice(&(off as u64).to_le_bytes());
+            hdr[16..24].copy_from_slice(&(len as u64).to_le_bytes());
+            hdr[24..32].copy_from_slice(&(mem.len as u64).to_le_bytes());
+            hdr[32..40].copy_from_slice(&(parts.len() as u64).to_le_bytes());
+            let op = TxOp {
+                hdr,
+                mem: MemRef {
+                    addr: mem.addr + off as u64,
+                    len,
+                    kind: mem.kind,
+                },
+                req: req.clone(),
+            };
+            let k = self.cursor % self.txs.len();
+            self.cursor += 1;
+            self.txs[k]
+                .send(op)
+                .map_err(|_| NetError::Closed { net: NET })?;
+        }
+        self.reqs.insert(seq, req);
+        Ok(Some(ReqId(seq)))
+    }
+
+    fn test(&mut self, req: ReqId) -> Result<Option<usize>, NetError> {
+        let r = self
+            .reqs
+            .get(&req.0)
+            .cloned()
+            .ok_or_else(|| NetError::Misuse {
+                net: NET,
+                reason: format!("test of unknown send request {}", req.0),
+            })?;
+        if let Some(e) = r.error.lock().clone() {
+            self.reqs.remove(&req.0);
+            return Err(NetError::Protocol {
+                net: NET,
+                reason: e,
+            });
+        }
+        if r.parts_left.load(Ordering::Acquire) == 0 {
+            let size = r.size;
+            self.reqs.remove(&req.0);
+            return Ok(Some(size));
+        }
+        Ok(None)
+    }
+}
+
+impl Drop for SocketSend {
+    fn drop(&mut self) {
+        self.txs.clear();
+        for s in &self.socks {
+            let _ = s.shutdown(std::net::Shutdown::Both);
+        }
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+// -------------------------------------------------------------- receiving
+
+struct RecvReq {
+    mem: MemRef,
+    parts_done: AtomicUsize,
+    /// (total bytes, parts) once the first header has been seen.
+    shape: Mutex<Option<(usize, usize)>>,
+    error: Mutex<Option<String>>,
+    done: AtomicBool,
+}
+
+struct RecvShared {
+    posted: Mutex<HashMap<u64, Arc<RecvReq>>>,
+    posted_cv: Condvar,
+    closing: AtomicBool,
+    failed: Mutex<Option<String>>,
+    waker: Waker,
+}
+
+struct SocketRecv {
+    shared: Arc<RecvShared>,
+    socks: Vec<Arc<TcpStream>>,
+    threads: Vec<JoinHandle<()>>,
+    reqs: HashMap<u64, Arc<RecvReq>>,
+    next_seq: u64,
+}
+
+impl SocketRecv {
+    fn start(socks: Vec<Arc<TcpStream>>, cfg: &SocketConfig, waker: Waker) -> Self {
+        let shared = Arc::new(RecvShared {
+            posted: Mutex::new(HashMap::new()),
+            posted_cv: Condvar::new(),
+            closing: AtomicBool::new(false),
+            failed: Mutex::new(None),
+            waker,
+        });
+        let mut threads = Vec::new();
+        for (i, s) in socks.iter().enumerate() {
+            let s = s.clone();
+            let shared = shared.clone();
+            let (slice, depth) = (cfg.staging_slice, cfg.staging_depth);
+            threads.push(
+                std::thread::Builder::new()
+                    .name(format!("tcpx-rx{i}"))
+                    .spawn(move || rx_loop(s, shared, slice, depth))
+                    .expect("spawn I/O thread"),
+            );
+        }
+        SocketRecv {
+            shared,
+            socks,
+            threads,
+            reqs: HashMap::new(),
+            next_seq: 0,
+        }
+    }
+}
+
+fn rx_part(
+    s: &TcpStream,
+    dst: MemRef,
+    staging: &mut Option<Staging>,
+    slice: usize,
+    depth: usize,
+) -> Result<(), String> {
+    let mut r = s;
+    match dst.kind {
+        _ if dst.len == 0 => Ok(()),
+        MemKind::Host => {
+            // SAFETY: the range lies inside the posted receive buffer, which the
+            // engine checked against a registered region held until completion.
+            let buf = unsafe { std::slice::from_raw_parts_mut(dst.addr as *mut u8, dst.len) };
+            r.read_exact(buf).map_err(|e| e.to_string())
+        }
+        MemKind::Cuda(dev) => {
+            let st = Staging::get(staging, dev, slice, depth)?;
+            let n = dst.len.div_ceil(slice);
+            let depth = st.slots.len();
+            for i in 0..n {
+                let k = i % depth;
+                let off = i * slice;
+                let l = slice.min(dst.len - off);
+                if st.slots[k].2 {
+                    st.slots[k].1.synchronize().map_err(|e| e.to_string())?;
+                }
+                r.read_exact(st.slots[k].0.as_mut_slice(l))
+                    .map_err(|e| e.to_string())?;
+                // SAFETY: the slot holds the `l` bytes just read and is not
+                // touched again until its event completes; the device range
+                // lies inside the posted buffer.
+                unsafe {
+                    st.stream
+                        .copy_htod(dst.addr + off as u64, st.slots[k].0.as_ptr(), l)
+                }
+                .map_err(|e| e.to_string())?;
+                st.slots[k]
+                    .1
+                    .record(&st.stream)
+                    .map_err(|e| e.to_string())?;
+                st.slots[k].2 = true;
+            }
+            for slot in st.slots.iter_mut().filter(|s| s.2) {
+                slot.1.synchronize().map_err(|e| e.to_string())?;
+                slot.2 = false;
+            }
+            Ok(())
+        }
+    }
+}
+
+fn rx_loop(s: Arc<TcpStream>, shared: Arc<RecvShared>, slice: usize, depth: usize) {
+    let mut staging = None;
+    let peer = s.peer_addr().map(|a| a.to_string()).unwrap_or_default();
+    let fail = |msg: String| {
+        shared.failed.lock().get_or_insert(msg);
+        shared.closing.store(true, Ordering::Release);
+        let posted = shared.posted.lock();
+        for r in posted.values() {
+            r.error
+                .lock()
+                .get_or_insert_with(|| format!("receive stream from {peer} failed"));
+        }
+        drop(posted);
+        shared.posted_cv.notify_all();
+        (shared.waker)();
+    };
+    loop {
+        let mut hdr = [0u8; HDR_LEN];
+        let mut r = &*s;
+        if let Err(e) = r.read_exact(&mut hdr) {
+            if !shared.closing.load(Ordering::Acquire) {
+                let why = if e.kind() == io::ErrorKind::UnexpectedEof {
+                    "peer closed the stream".to_string()
+                } else {
+                    e.to_string()
+                };
+                fail(format!("receive stream from {peer}: {why}"));
+            }
+            return;
+        }
+        let field =
+            |i: usize| u64::from_le_bytes(hdr[i * 8..i * 8 + 8].try_into().unwrap_or_default());
+        let (seq, off, len, total, nparts) = (field(0), field(1), field(2), field(3), field(4));
+        // Wait until the matching receive is posted.
+        let req = {
+            let mut posted = shared.posted.lock();
+            loop {
+                if shared.closing.load(Ordering::Acquire) {
+                    return;
+                }
+                if let Some(r) = posted.get(&seq) {
+                    break r.clone();
+                }
+                shared
+                    .posted_cv
+                    .wait_for(&mut posted, Duration::from_millis(100));
+            }
+        };
+        let bad = off.checked_add(len).is_none_or(|end| end > total)
+            || total > req.mem.len as u64
+            || nparts == 0
+            || nparts > 64;
+        if bad {
+            fail(format!(
+                "receive stream from {peer}: message {seq} of {total} bytes (part {off}+{len}) does not fit the posted {} bytes",
+                req.mem.len
+            ));
+            return;
+        }
+        {
+            let mut shape = req.shape.lock();
+            match *shape {
+                None => *shape = Some((total as usize, nparts as usize)),
+                Some(sh) if sh != (total as usize, nparts as usize) => {
+                    drop(shape);
+                    fail(format!(
+                        "receive stream from {peer}: inconsistent part headers for message {seq}"
+                    ));
+                    return;
+                }
+                _ => {}
+            }
+        }
+        let dst = MemRef {
+            addr: req.mem.addr + off,
+            len: len as usize,
+            kind: req.mem.kind,
+        };
+        if let Err(e) = rx_part(&s, dst, &mut staging, slice, depth) {
+            if !shared.closing.load(Ordering::Acquire) {
+                fail(format!("receive stream from {peer}: {e}"));
+            }
+            return;
+        }
+        if req.parts_done.fetch_add(1, Ordering::AcqRel) + 1 == nparts as usize {
+            req.done.store(true, Ordering::Release);
+            shared.posted.lock().remove(&seq);
+            (shared.waker)();
+        }
+    }
+}
+
+impl RecvComm for SocketRecv {
+    fn reg_mr(&mut self, _mem: MemRef) -> Result<MrHandle, NetError> {
+        Ok(MrHandle(0))
+    }
+    fn dereg_mr(&mut self, _mr: MrHandle) -> Result<(), NetError> {
+        Ok(())
+    }
+
+    fn irecv(&mut self, mem: MemRef, _mr: MrHandle) -> Result<Option<ReqId>, NetError> {
+        if let Some(f) = self.shared.failed.lock().clone() {
+            return Err(NetError::Protocol {
+                net: NET,
+                reason: f,
+            });
+        }
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        let req = Arc::new(RecvReq {
+            mem,
+            parts_done: AtomicUsize::new(0),
+            shape: Mutex::new(None),
+            error: Mutex::new(None),
+            done: AtomicBool::new(false),
+        });
+        self.shared.posted.lock().insert(seq, req.clone());
+        self.shared.posted_cv.notify_all();
+        self.reqs.insert(seq, req);
+        Ok(Some(ReqId(seq)))
+    }
+
+    fn test(&mut self, req: ReqId) -> Result<Option<usize>, NetError> {
+        let r = self
+            .reqs
+            .get(&req.0)
+            .cloned()
+            .ok_or_else(|| NetError::Misuse {
+                net: NET,
+                reason: format!("test of unknown receive request {}", req.0),
+            })?;
+        if r.done.load(Ordering::Acquire) {
+            let size = r.shape.lock().map(|s| s.0).unwrap_or(0);
+            self.reqs.remove(&req.0);
+            return Ok(Some(size));
+        }
+        if let Some(e) = r.error.lock().clone() {
+            self.reqs.remove(&req.0);
+            return Err(NetError::Protocol {
+                net: NET,
+                reason: e,
+            });
+        }
+        Ok(None)
+    }
+}
+
+impl Drop for SocketRecv {
+    fn drop(&mut self) {
+        self.shared.closing.store(true, Ordering::Release);
+        self.shared.posted_cv.notify_all();
+        for s in &self.socks {
+            let _ = s.shutdown(std::net::Shutdown::Both);
+        }
+        let deadline = Instant::now() + Duration::from_secs(5);
+        for t in self.threads.drain(..) {
+            while !t.is_finished() && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            if t.is_finished() {
+                let _ = t.join();
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg(streams: usize) -> SocketConfig {
+        SocketConfig {
+            addr: "127.0.0.1".parse().unwrap(),
+            streams,
+            min_part: 4096,
+            sockbuf: 0,
+            staging_slice: 1 << 20,
+            staging_depth: 2,
+            connect_timeout: Duration::from_secs(5),
+        }
+    }
+
+    #[test]
+    fn split_covers_every_byte_once() {
+        for &(len, s, m) in &[
+            (0, 4, 4096),
+            (1, 4, 4096),
+            (4096, 4, 4096),
+            (10_000_000, 8, 131072),
+            (12345, 3, 1024),
+            (1 << 30, 64, 1),
+        ] {
+            let p = split_parts(len, s, m);
+            assert!(!p.is_empty() && p.len() <= s);
+            let mut off = 0;
+            for &(o, l) in &p {
+                assert_eq!(o, off);
+                off += l;
+            }
+            assert_eq!(off, len);
+        }
+        assert_eq!(split_parts(100, 8, 4096).len(), 1);
+        assert_eq!(split_parts(1 << 20, 4, 4096).len(), 4);
+    }
+
+    #[test]
+    fn handle_round_trip_and_rejects_garbage() {
+        let a: SocketAddr = "127.0.0.1:4242".parse().unwrap();
+        let h = encode_handle(a, 4, 99);
+        assert_eq!(decode_handle(&h).unwrap(), (a, 4, 99));
+        assert!(decode_handle(&[0u8; 128]).is_err());
+    }
+
+    fn pair(streams: usize) -> (Box<dyn SendComm>, Box<dyn RecvComm>) {
+        let net = SocketNet::new(cfg(streams));
+        let waker: Waker = Arc::new(|| {});
+        let mut l = net.listen(0).unwrap();
+        let s = net.connect(0, &l.handle(), waker.clone()).unwrap().unwrap();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            if let Some(r) = l.accept(waker.clone()).unwrap() {
+                return (s, r);
+            }
+            assert!(Instant::now() < deadline);
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    fn wait<F: FnMut() -> Result<Option<usize>, NetError>>(mut f: F) -> usize {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Some(n) = f().unwrap() {
+                return n;
+            }
+            assert!(Instant::now() < deadline, "request did not complete");
+            std::thread::yield_now();
+        }
+    }
+
+    #[test]
+    fn messages_match_in_order_and_arrive_whole() {
+        let (mut s, mut r) = pair(3);
+        let sizes = [0usize, 1, 4096, 100_000, 3 << 20];
+        let srcs: Vec<Vec<u8>> = sizes
+            .iter()
+            .map(|&n| (0..n).map(|i| (i * 7 + n) as u8).collect())
+            .collect();
+        let mut dsts: Vec<Vec<u8>> = sizes.iter().map(|&n| vec![0u8; n + 10]).collect();
+        let mut rreqs = Vec::new();
+        for d in dsts.iter_mut() {
+            let m = MemRef {
+                addr: d.as_mut_ptr() as u64,
+                len: d.len(),
+                kind: MemKind::Host,
+            };
+            rreqs.push(r.irecv(m, MrHandle(0)).unwrap().unwrap());
+        }
+        let mut sreqs = Vec::new();
+        for src in &srcs {
+            let m = MemRef {
+                addr: src.as_ptr() as u64,
+                len: src.len(),
+                kind: MemKind::Host,
+            };
+            sreqs.push(s.isend(m, MrHandle(0)).unwrap().unwrap());
+        }
+        for (i, q) in sreqs.into_iter().enumerate() {
+            assert_eq!(wait(|| s.test(q)), sizes[i]);
+        }
+        for (i, q) in rreqs.into_iter().enumerate() {
+            assert_eq!(wait(|| r.test(q)), sizes[i]);
+            assert_eq!(&dsts[i][..sizes[i]], &srcs[i][..]);
+        }
+    }
+
+    #[test]
+    fn oversized_message_fails_the_receive() {
+        let (mut s, mut r) = pair(2);
+        let src = vec![1u8; 10_000];
+        let mut dst = vec![0u8; 100];
+        let q = r
+            .irecv(
+                MemRef {
+                    addr: dst.as_mut_ptr() as u64,
+                    len: 100,
+                    kind: MemKind::Host,
+                },
+                MrHandle(0),
+            )
+            .unwrap()
+            .unwrap();
+        s.isend(
+            MemRef {
+                addr: src.as_ptr() as u64,
+                len: src.len(),
+                kind: MemKind::Host,
+            },
+            MrHandle(0),
+        )
+        .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            match r.test(q) {
+                Err(_) => break,
+                Ok(Some(_)) => panic!("an oversized message must not complete"),
+                Ok(None) => assert!(Instant::now() < deadline),
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert!(dst.iter().all(|&b| b == 0), "nothing written");
+    }
+
+    #[test]
+    fn peer_drop_fails_pending_receive() {
+        let (s, mut r) = pair(2);
+        let mut dst = vec![0u8; 100];
+        let q = r
+            .irecv(
+                MemRef {
+                    addr: dst.as_mut_ptr() as u64,
+                    len: 100,
+                    kind: MemKind::Host,
+                },
+                MrHandle(0),
+            )
+            .unwrap()
+            .unwrap();
+        drop(s);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while r.test(q).is_ok() {
+            assert!(
+                Instant::now() < deadline,
+                "receive should fail when the sender goes away"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+}

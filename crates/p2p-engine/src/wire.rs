@@ -1,0 +1,715 @@
+//! Every byte format that crosses a process boundary, as pure functions over
+//! one checked reader: endpoint metadata, the 64-byte advertised-region
+//! descriptor, serialized descriptor lists, the handshake and the control
+//! messages. Decoders never panic and reject trailing bytes.
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+use crate::error::WireError;
+
+/// A cursor over borrowed bytes where every take is checked.
+pub struct Reader<'a> {
+    buf: &'a [u8],
+    what: &'static str,
+}
+
+impl<'a> Reader<'a> {
+    pub fn new(buf: &'a [u8], what: &'static str) -> Self {
+        Reader { buf, what }
+    }
+    pub fn take(&mut self, n: usize) -> Result<&'a [u8], WireError> {
+        if self.buf.len() < n {
+            return Err(WireError::Truncated {
+                what: self.what,
+                needed: n - self.buf.len(),
+            });
+        }
+        let (head, rest) = self.buf.split_at(n);
+        self.buf = rest;
+        Ok(head)
+    }
+    fn array<const N: usize>(&mut self) -> Result<[u8; N], WireError> {
+        let mut a = [0u8; N];
+        a.copy_from_slice(self.take(N)?);
+        Ok(a)
+    }
+    pub fn u8(&mut self) -> Result<u8, WireError> {
+        Ok(self.take(1)?[0])
+    }
+    pub fn u16_le(&mut self) -> Result<u16, WireError> {
+        Ok(u16::from_le_bytes(self.array()?))
+    }
+    pub fn u32_le(&mut self) -> Result<u32, WireError> {
+        Ok(u32::from_le_bytes(self.array()?))
+    }
+    pub fn u64_le(&mut self) -> Result<u64, WireError> {
+        Ok(u64::from_le_bytes(self.array()?))
+    }
+    pub fn i32_le(&mut self) -> Result<i32, WireError> {
+        Ok(i32::from_le_bytes(self.array()?))
+    }
+    /// A string of at most `max` bytes, prefixed by its u16 length.
+    pub fn string(&mut self, max: usize) -> Result<String, WireError> {
+        let n = self.u16_le()? as usize;
+        if n > max {
+            return Err(WireError::BadLength {
+                what: self.what,
+                len: n,
+            });
+        }
+        let b = self.take(n)?;
+        String::from_utf8(b.to_vec()).map_err(|_| WireError::BadUtf8 { what: self.what })
+    }
+    pub fn remaining(&self) -> usize {
+        self.buf.len()
+    }
+    /// Succeeds only when every byte was read.
+    pub fn finish(self) -> Result<(), WireError> {
+        if self.buf.is_empty() {
+            Ok(())
+        } else {
+            Err(WireError::Trailing {
+                what: self.what,
+                left: self.buf.len(),
+            })
+        }
+    }
+}
+
+fn put_string(out: &mut Vec<u8>, s: &str) {
+    let b = &s.as_bytes()[..s.len().min(u16::MAX as usize)];
+    out.extend_from_slice(&(b.len() as u16).to_le_bytes());
+    out.extend_from_slice(b);
+}
+
+// ---------------------------------------------------------------- metadata
+
+/// Which GPU an endpoint owns, as the metadata names it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum GpuId {
+    /// The PCI bus id (current form), e.g. `0000:4a:00.0`; empty for no GPU.
+    Bdf(String),
+    /// A device index (older form).
+    Index(i32),
+}
+
+/// What a peer needs to connect: `ip | port (u16 BE) | bdf_len u8 | bdf`, or
+/// the older `ip | port | i32 index (host order)`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Metadata {
+    pub ip: IpAddr,
+    pub port: u16,
+    pub gpu: GpuId,
+}
+
+impl Metadata {
+    pub fn encode(&self, out: &mut Vec<u8>) {
+        match self.ip {
+            IpAddr::V4(a) => out.extend_from_slice(&a.octets()),
+            IpAddr::V6(a) => out.extend_from_slice(&a.octets()),
+        }
+        out.extend_from_slice(&self.port.to_be_bytes());
+        match &self.gpu {
+            GpuId::Bdf(s) => {
+                let b = &s.as_bytes()[..s.len().min(255)];
+                out.push(b.len() as u8);
+                out.extend_from_slice(b);
+            }
+            GpuId::Index(i) => out.extend_from_slice(&i.to_ne_bytes()),
+        }
+    }
+
+    /// Tells the forms apart by length: 10 or 22 bytes is the older index form.
+    pub fn decode(b: &[u8]) -> Result<Self, WireError> {
+        const WHAT: &str = "metadata";
+        let (iplen, legacy) = match b.len() {
+            10 => (4, true),
+            22 => (16, true),
+            n if n >= 7 && 4 + 2 + 1 + b[6] as usize == n => (4, false),
+            n if n >= 19 && 16 + 2 + 1 + b[18] as usize == n => (16, false),
+            n => return Err(WireError::BadLength { what: WHAT, len: n }),
+        };
+        let mut r = Reader::new(b, WHAT);
+        let ip = if iplen == 4 {
+            IpAddr::V4(Ipv4Addr::from(r.array::<4>()?))
+        } else {
+            IpAddr::V6(Ipv6Addr::from(r.array::<16>()?))
+        };
+        let port = u16::from_be_bytes(r.array()?);
+        let gpu = if legacy {
+            GpuId::Index(i32::from_ne_bytes(r.array()?))
+        } else {
+            let n = r.u8()? as usize;
+            let s = r.take(n)?;
+            GpuId::Bdf(
+                String::from_utf8(s.to_vec()).map_err(|_| WireError::BadUtf8 { what: WHAT })?,
+            )
+        };
+        r.finish()?;
+        Ok(Metadata { ip, port, gpu })
+    }
+}
+
+// ------------------------------------------------------- advertised regions
+
+/// The 64-byte descriptor a peer gets from `advertise` ("FifoItem"):
+/// `u64 addr; u32 size; u32 rkey; u32 nmsgs; u32 rid; u64 idx; u8 pad[32]`.
+/// We keep the advertisement's id and secret in the pad.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FifoItem {
+    pub addr: u64,
+    pub size: u32,
+    pub rkey: u32,
+    pub nmsgs: u32,
+    pub rid: u32,
+    pub idx: u64,
+    pub token: Token,
+}
+
+/// Names one advertisement: its id and a random secret the peer must echo.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct Token {
+    pub id: u64,
+    pub secret: u64,
+}
+
+pub const FIFO_ITEM_LEN: usize = 64;
+const TOKEN_MAGIC: u64 = 0x5450_5850_3250_4144; // "TPXP2PAD"
+
+impl FifoItem {
+    pub fn encode(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(&self.addr.to_le_bytes());
+        out.extend_from_slice(&self.size.to_le_bytes());
+        out.extend_from_slice(&self.rkey.to_le_bytes());
+        out.extend_from_slice(&self.nmsgs.to_le_bytes());
+        out.extend_from_slice(&self.rid.to_le_bytes());
+        out.extend_from_slice(&self.idx.to_le_bytes());
+        out.extend_from_slice(&TOKEN_MAGIC.to_le_bytes());
+        out.extend_from_slice(&self.token.id.to_le_bytes());
+        out.extend_from_slice(&self.token.secret.to_le_bytes());
+        out.extend_from_slice(&[0u8; 8]);
+    }
+    pub fn to_bytes(&self) -> [u8; FIFO_ITEM_LEN] {
+        let mut v = Vec::with_capacity(FIFO_ITEM_LEN);
+        self.encode(&mut v);
+        let mut a = [0u8; FIFO_ITEM_LEN];
+        a.copy_from_slice(&v);
+        a
+    }
+    pub fn decode(b: &[u8]) -> Result<Self, WireError> {
+        const WHAT: &str = "advertised descriptor";
+        if b.len() != FIFO_ITEM_LEN {
+            return Err(WireError::BadLength {
+                what: WHAT,
+                len: b.len(),
+            });
+        }
+        let mut r = Reader::new(b, WHAT);
+        let addr = r.u64_le()?;
+        let size = r.u32_le()?;
+        let rkey = r.u32_le()?;
+        let nmsgs = r.u32_le()?;
+        let rid = r.u32_le()?;
+        let idx = r.u64_le()?;
+        let magic = r.u64_le()?;
+        if magic != TOKEN_MAGIC {
+            return Err(WireError::BadValue {
+                what: "advertised descriptor magic",
+                value: magic,
+            });
+        }
+        let token = Token {
+            id: r.u64_le()?,
+            secret: r.u64_le()?,
+        };
+        r.take(8)?;
+        r.finish()?;
+        Ok(FifoItem {
+            addr,
+            size,
+            rkey,
+            nmsgs,
+            rid,
+            idx,
+            token,
+        })
+    }
+}
+
+// ------------------------------------------------- serialized descriptors
+
+/// One entry of `get_serialized_descs`: a registered region a peer may use
+/// through `transfer`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DescEntry {
+    pub addr: u64,
+    pub size: u64,
+    pub mr_id: u64,
+    pub token: Token,
+}
+
+const DESCS_MAGIC: u32 = 0x5844_5343; // "XDSC"
+/// Most descriptors one serialized list may hold.
+pub const MAX_DESCS: usize = 1 << 20;
+
+pub fn encode_descs(list: &[DescEntry], out: &mut Vec<u8>) {
+    out.extend_from_slice(&DESCS_MAGIC.to_le_bytes());
+    out.extend_from_slice(&(list.len() as u32).to_le_bytes());
+    for d in list {
+        out.extend_from_slice(&d.addr.to_le_bytes());
+        out.extend_from_slice(&d.size.to_le_bytes());
+        out.extend_from_slice(&d.mr_id.to_le_bytes());
+        out.extend_from_slice(&d.token.id.to_le_bytes());
+        out.extend_from_slice(&d.token.secret.to_le_bytes());
+    }
+}
+
+pub fn decode_descs(b: &[u8]) -> Result<Vec<DescEntry>, WireError> {
+    const WHAT: &str = "serialized descriptors";
+    let mut r = Reader::new(b, WHAT);
+    let magic = r.u32_le()?;
+    if magic != DESCS_MAGIC {
+        return Err(WireError::BadValue {
+            what: "serialized descriptors magic",
+            value: magic as u64,
+        });
+    }
+    let n = r.u32_le()? as usize;
+    if n > MAX_DESCS || n * 40 != r.remaining() {
+        return Err(WireError::BadLength { what: WHAT, len: n });
+    }
+    let mut v = Vec::with_capacity(n);
+    for _ in 0..n {
+        v.push(DescEntry {
+            addr: r.u64_le()?,
+            size: r.u64_le()?,
+            mr_id: r.u64_le()?,
+            token: Token {
+                id: r.u64_le()?,
+                secret: r.u64_le()?,
+            },
+        });
+    }
+    r.finish()?;
+    Ok(v)
+}
+
+// --------------------------------------------------------------- handshake
+
+pub const MAGIC: u64 = 0x3150_3250_5850_4354; // "TCPXP2P1"
+pub const VERSION: u16 = 1;
+/// An ncclNet listen handle is at most this long.
+pub const NET_HANDLE_LEN: usize = 128;
+/// Most channels per set a connection may have.
+pub const MAX_CHANNELS: u8 = 32;
+
+/// The first message on a new control connection, each side sends one.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Hello {
+    pub version: u16,
+    pub gpu_index: i32,
+    pub gpu_bdf: String,
+    pub net: String,
+    /// Channels per set (two-sided, one-sided) proposed by the connector;
+    /// the acceptor answers with the value both will use.
+    pub channels: u8,
+    pub chunk: u64,
+    /// Keyed digest of the shared secret (0 when none is set).
+    pub auth: u64,
+    /// The listen handles of this side's receive comms: `2 * channels` of them
+    /// (two-sided set first, then one-sided).
+    pub handles: Vec<[u8; NET_HANDLE_LEN]>,
+}
+
+impl Hello {
+    pub fn encode(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(&MAGIC.to_le_bytes());
+        out.extend_from_slice(&self.version.to_le_bytes());
+        out.extend_from_slice(&self.gpu_index.to_le_bytes());
+        put_string(out, &self.gpu_bdf);
+        put_string(out, &self.net);
+        out.push(self.channels);
+        out.extend_from_slice(&self.chunk.to_le_bytes());
+        out.extend_from_slice(&self.auth.to_le_bytes());
+        out.push(self.handles.len() as u8);
+        for h in &self.handles {
+            out.extend_from_slice(h);
+        }
+    }
+    pub fn decode(b: &[u8]) -> Result<Self, WireError> {
+        let mut r = Reader::new(b, "handshake");
+        let magic = r.u64_le()?;
+        if magic != MAGIC {
+            return Err(WireError::BadValue {
+                what: "handshake magic",
+                value: magic,
+            });
+        }
+        let version = r.u16_le()?;
+        if version != VERSION {
+            return Err(WireError::BadValue {
+                what: "handshake version",
+                value: version as u64,
+            });
+        }
+        let gpu_index = r.i32_le()?;
+        let gpu_bdf = r.string(64)?;
+        let net = r.string(64)?;
+        let channels = r.u8()?;
+        if channels == 0 || channels > MAX_CHANNELS {
+            return Err(WireError::BadValue {
+                what: "handshake channels",
+                value: channels as u64,
+            });
+        }
+        let chunk = r.u64_le()?;
+        if chunk < 4096 || chunk > (1 << 30) {
+            return Err(WireError::BadValue {
+                what: "handshake chunk",
+                value: chunk,
+            });
+        }
+        let auth = r.u64_le()?;
+        let n = r.u8()? as usize;
+        if n != 2 * channels as usize {
+            return Err(WireError::BadLength {
+                what: "handshake handles",
+                len: n,
+            });
+        }
+        let mut handles = Vec::with_capacity(n);
+        for _ in 0..n {
+            let mut h = [0u8; NET_HANDLE_LEN];
+            h.copy_from_slice(r.take(NET_HANDLE_LEN)?);
+            handles.push(h);
+        }
+        r.finish()?;
+        Ok(Hello {
+            version,
+            gpu_index,
+            gpu_bdf,
+            net,
+            channels,
+            chunk,
+            auth,
+            handles,
+        })
+    }
+}
+
+// -------------------------------------------------------- control messages
+
+/// One piece of a one-sided request: `len` bytes at `addr` inside the
+/// advertisement `token` names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RmaItem {
+    pub token: Token,
+    pub addr: u64,
+    pub len: u64,
+}
+
+/// Most items one request may carry.
+pub const MAX_RMA_ITEMS: usize = 65_536;
+/// Longest reason string carried in a refusal.
+pub const MAX_REASON: usize = 1024;
+
+/// Messages on the control connection once the handshake is done.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Control {
+    /// Liveness; carries nothing.
+    KeepAlive,
+    /// Initiator → target: I want to write these items.
+    WriteReq { xfer: u64, items: Vec<RmaItem> },
+    /// Target → initiator: receives are posted, send the data.
+    WriteCts { xfer: u64 },
+    /// Target → initiator: every byte of the write has landed.
+    WriteDone { xfer: u64 },
+    /// Initiator → target: I posted receives; send me these items.
+    ReadReq { xfer: u64, items: Vec<RmaItem> },
+    /// Target → initiator: the read was accepted and its data is coming.
+    ReadAck { xfer: u64 },
+    /// Either way: the request was refused; nothing was written.
+    Refused { xfer: u64, reason: String },
+    /// Orderly close.
+    Close,
+}
+
+const T_KEEPALIVE: u8 = 1;
+const T_WRITE_REQ: u8 = 2;
+const T_WRITE_CTS: u8 = 3;
+const T_WRITE_DONE: u8 = 4;
+const T_READ_REQ: u8 = 5;
+const T_READ_ACK: u8 = 6;
+const T_REFUSED: u8 = 7;
+const T_CLOSE: u8 = 8;
+
+fn put_items(out: &mut Vec<u8>, items: &[RmaItem]) {
+    out.extend_from_slice(&(items.len() as u32).to_le_bytes());
+    for it in items {
+        out.extend_from_slice(&it.token.id.to_le_bytes());
+        out.extend_from_slice(&it.token.secret.to_le_bytes());
+        out.extend_from_slice(&it.addr.to_le_bytes());
+        out.extend_from_slice(&it.len.to_le_bytes());
+    }
+}
+
+fn get_items(r: &mut Reader<'_>) -> Result<Vec<RmaItem>, WireError> {
+    let n = r.u32_le()? as usize;
+    if n == 0 || n > MAX_RMA_ITEMS || n * 32 > r.remaining() {
+        return Err(WireError::BadLength {
+            what: "request items",
+            len: n,
+        });
+    }
+    let mut v = Vec::with_capacity(n);
+    for _ in 0..n {
+        v.push(RmaItem {
+            token: Token {
+                id: r.u64_le()?,
+                secret: r.u64_le()?,
+            },
+            addr: r.u64_le()?,
+            len: r.u64_le()?,
+        });
+    }
+    Ok(v)
+}
+
+impl Control {
+    /// The message body (without the frame's length prefix).
+    pub fn encode(&self, out: &mut Vec<u8>) {
+        match self {
+            Control::KeepAlive => out.push(T_KEEPALIVE),
+            Control::WriteReq { xfer, items } => {
+                out.push(T_WRITE_REQ);
+                out.extend_from_slice(&xfer.to_le_bytes());
+                put_items(out, items);
+            }
+            Control::WriteCts { xfer } => {
+                out.push(T_WRITE_CTS);
+                out.extend_from_slice(&xfer.to_le_bytes());
+            }
+            Control::WriteDone { xfer } => {
+                out.push(T_WRITE_DONE);
+                out.extend_from_slice(&xfer.to_le_bytes());
+            }
+            Control::ReadReq { xfer, items } => {
+                out.push(T_READ_REQ);
+                out.extend_from_slice(&xfer.to_le_bytes());
+                put_items(out, items);
+            }
+            Control::ReadAck { xfer } => {
+                out.push(T_READ_ACK);
+                out.extend_from_slice(&xfer.to_le_bytes());
+            }
+            Control::Refused { xfer, reason } => {
+                out.push(T_REFUSED);
+                out.extend_from_slice(&xfer.to_le_bytes());
+                let r = &reason[..floor_char_boundary(reason, MAX_REASON)];
+                put_string(out, r);
+            }
+            Control::Close => out.push(T_CLOSE),
+        }
+    }
+
+    pub fn decode(b: &[u8]) -> Result<Self, WireError> {
+        let mut r = Reader::new(b, "control message");
+        let t = r.u8()?;
+        let m = match t {
+            T_KEEPALIVE => Control::KeepAlive,
+            T_WRITE_REQ => Control::WriteReq {
+                xfer: r.u64_le()?,
+                items: get_items(&mut r)?,
+            },
+            T_WRITE_CTS => Control::WriteCts { xfer: r.u64_le()? },
+            T_WRITE_DONE => Control::WriteDone { xfer: r.u64_le()? },
+            T_READ_REQ => Control::ReadReq {
+                xfer: r.u64_le()?,
+                items: get_items(&mut r)?,
+            },
+            T_READ_ACK => Control::ReadAck { xfer: r.u64_le()? },
+            T_REFUSED => Control::Refused {
+                xfer: r.u64_le()?,
+                reason: r.string(MAX_REASON)?,
+            },
+            T_CLOSE => Control::Close,
+            other => {
+                return Err(WireError::BadValue {
+                    what: "control message type",
+                    value: other as u64,
+                })
+            }
+        };
+        r.finish()?;
+        Ok(m)
+    }
+}
+
+fn floor_char_boundary(s: &str, max: usize) -> usize {
+    if s.len() <= max {
+        return s.len();
+    }
+    let mut i = max;
+    while !s.is_char_boundary(i) {
+        i -= 1;
+    }
+    i
+}
+
+/// Longest control frame accepted from a peer.
+pub const MAX_FRAME: usize = 16 + 4 + MAX_RMA_ITEMS * 32;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn metadata_both_forms() {
+        let m = Metadata {
+            ip: "10.1.2.3".parse().unwrap(),
+            port: 0x1234,
+            gpu: GpuId::Bdf("0000:4a:00.0".into()),
+        };
+        let mut v = Vec::new();
+        m.encode(&mut v);
+        assert_eq!(&v[..7], &[10, 1, 2, 3, 0x12, 0x34, 12]);
+        assert_eq!(Metadata::decode(&v).unwrap(), m);
+
+        let old = Metadata {
+            ip: "::1".parse().unwrap(),
+            port: 7,
+            gpu: GpuId::Index(3),
+        };
+        let mut v = Vec::new();
+        old.encode(&mut v);
+        assert_eq!(v.len(), 22);
+        assert_eq!(Metadata::decode(&v).unwrap(), old);
+        let mut v4 = vec![127, 0, 0, 1, 0, 80];
+        v4.extend_from_slice(&5i32.to_ne_bytes());
+        assert_eq!(Metadata::decode(&v4).unwrap().gpu, GpuId::Index(5));
+        assert!(Metadata::decode(&[1, 2, 3]).is_err());
+        assert!(Metadata::decode(&[127, 0, 0, 1, 0, 80, 9, b'x']).is_err());
+    }
+
+    #[test]
+    fn fifo_item_fixed_bytes() {
+        let f = FifoItem {
+            addr: 0x1122334455667788,
+            size: 4096,
+            rkey: 9,
+            nmsgs: 1,
+            rid: 2,
+            idx: 3,
+            token: Token { id: 5, secret: 6 },
+        };
+        let b = f.to_bytes();
+        assert_eq!(&b[..8], &0x1122334455667788u64.to_le_bytes());
+        assert_eq!(&b[8..12], &4096u32.to_le_bytes());
+        assert_eq!(FifoItem::decode(&b).unwrap(), f);
+        let mut bad = b;
+        bad[32] ^= 1;
+        assert!(FifoItem::decode(&bad).is_err());
+        assert!(FifoItem::decode(&b[..63]).is_err());
+    }
+
+    #[test]
+    fn descs_round_trip_and_reject() {
+        let l = vec![
+            DescEntry {
+                addr: 1,
+                size: 2,
+                mr_id: 3,
+                token: Token { id: 4, secret: 5 },
+            };
+            3
+        ];
+        let mut v = Vec::new();
+        encode_descs(&l, &mut v);
+        assert_eq!(decode_descs(&v).unwrap(), l);
+        v.push(0);
+        assert!(decode_descs(&v).is_err());
+        assert!(decode_descs(&v[..10]).is_err());
+    }
+
+    #[test]
+    fn hello_round_trip_and_version() {
+        let h = Hello {
+            version: VERSION,
+            gpu_index: 1,
+            gpu_bdf: "0000:01:00.0".into(),
+            net: "socket".into(),
+            channels: 2,
+            chunk: 1 << 20,
+            auth: 42,
+            handles: vec![[7u8; NET_HANDLE_LEN]; 4],
+        };
+        let mut v = Vec::new();
+        h.encode(&mut v);
+        assert_eq!(Hello::decode(&v).unwrap(), h);
+        let mut bad = v.clone();
+        bad[8] = 99; // version
+        assert!(matches!(
+            Hello::decode(&bad),
+            Err(WireError::BadValue {
+                what: "handshake version",
+                ..
+            })
+        ));
+        assert!(Hello::decode(&v[..v.len() - 1]).is_err());
+    }
+
+    #[test]
+    fn control_round_trip() {
+        let item = RmaItem {
+            token: Token { id: 1, secret: 2 },
+            addr: 3,
+            len: 4,
+        };
+        for m in [
+            Control::KeepAlive,
+            Control::WriteReq {
+                xfer: 1,
+                items: vec![item; 3],
+            },
+            Control::WriteCts { xfer: 2 },
+            Control::WriteDone { xfer: 3 },
+            Control::ReadReq {
+                xfer: 4,
+                items: vec![item],
+            },
+            Control::ReadAck { xfer: 5 },
+            Control::Refused {
+                xfer: 6,
+                reason: "no".into(),
+            },
+            Control::Close,
+        ] {
+            let mut v = Vec::new();
+            m.encode(&mut v);
+            assert_eq!(Control::decode(&v).unwrap(), m);
+            assert!(Control::decode(&v[..v.len() - 1]).is_err() || v.len() == 1);
+        }
+        assert!(Control::decode(&[200]).is_err());
+        assert!(Control::decode(&[]).is_err());
+        // an item count larger than the bytes that follow
+        let mut v = vec![T_WRITE_REQ];
+        v.extend_from_slice(&1u64.to_le_bytes());
+        v.extend_from_slice(&1000u32.to_le_bytes());
+        assert!(Control::decode(&v).is_err());
+    }
+
+    #[test]
+    fn random_bytes_never_panic() {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+        for _ in 0..20_000 {
+            let n = rng.random_range(0..300);
+            let b: Vec<u8> = (0..n).map(|_| rng.random()).collect();
+            let _ = Metadata::decode(&b);
+            let _ = FifoItem::decode(&b);
+            let _ = decode_descs(&b);
+            let _ = Hello::decode(&b);
+            let _ = Control::decode(&b);
+        }
+    }
+}

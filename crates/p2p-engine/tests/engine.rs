@@ -1,0 +1,130 @@
+//! Two endpoints in one process over loopback: every kind of transfer, with
+//! the bytes checked.
+
+use std::time::Duration;
+
+use tcpx_p2p::wire::FifoItem;
+use tcpx_p2p::{Buf, Config, Endpoint, Error};
+
+fn cfg() -> Config {
+    Config {
+        ifname: Some("lo".into()),
+        streams: 3,
+        chunk: 256 << 10,
+        min_part: 16 << 10,
+        ..Config::default()
+    }
+}
+
+fn pair() -> (Endpoint, Endpoint, u64, u64) {
+    let a = Endpoint::new(None, cfg()).unwrap();
+    let b = Endpoint::new(None, cfg()).unwrap();
+    let addr = b.local_addr();
+    let ca = a
+        .connect(&addr.ip().to_string(), addr.port(), None)
+        .unwrap();
+    let cb = b.accept(Some(Duration::from_secs(10))).unwrap().conn;
+    (a, b, ca, cb)
+}
+
+fn pattern(n: usize, seed: u8) -> Vec<u8> {
+    (0..n)
+        .map(|i| (i as u32).wrapping_mul(2654435761).to_le_bytes()[0] ^ seed)
+        .collect()
+}
+
+fn buf(ep: &Endpoint, v: &mut [u8]) -> Buf {
+    let mr = ep.reg(v.as_mut_ptr() as u64, v.len()).unwrap();
+    Buf {
+        mr,
+        ptr: v.as_mut_ptr() as u64,
+        len: v.len(),
+    }
+}
+
+#[test]
+fn send_recv_many_sizes() {
+    let (a, b, ca, cb) = pair();
+    for &n in &[1usize, 4096, 1 << 20, 3 * (256 << 10) + 17] {
+        let mut src = pattern(n, 1);
+        let mut dst = vec![0u8; n];
+        let sb = buf(&a, &mut src);
+        let rb = buf(&b, &mut dst);
+        let r = b.recv_async(cb, &[rb]).unwrap();
+        let s = a.send_async(ca, &[sb]).unwrap();
+        assert!(a.wait(s, Some(Duration::from_secs(20))).unwrap());
+        assert!(b.wait(r, Some(Duration::from_secs(20))).unwrap());
+        assert_eq!(src, dst, "size {n}");
+    }
+}
+
+#[test]
+fn write_read_and_refusals() {
+    let (a, b, ca, cb) = pair();
+    let n = 1 << 20;
+    let mut target = vec![0u8; n];
+    let tb = buf(&b, &mut target);
+    let desc = b.advertise(cb, tb.mr, tb.ptr + 4096, n - 8192).unwrap();
+    let meta = FifoItem::decode(&desc).unwrap();
+
+    let mut src = pattern(n - 8192, 7);
+    let sb = buf(&a, &mut src);
+    let w = a.write_async(ca, &[sb], &[meta]).unwrap();
+    assert!(a.wait(w, Some(Duration::from_secs(20))).unwrap());
+    assert_eq!(&target[4096..n - 4096], &src[..], "write landed");
+    assert!(
+        target[..4096].iter().all(|&x| x == 0),
+        "nothing before the advertised range"
+    );
+
+    let mut back = vec![0u8; n - 8192];
+    let bb = buf(&a, &mut back);
+    let r = a.read_async(ca, &[bb], &[meta]).unwrap();
+    assert!(a.wait(r, Some(Duration::from_secs(20))).unwrap());
+    assert_eq!(back, src);
+
+    // A forged descriptor: a larger size and an address before the range.
+    let mut forged = meta;
+    forged.addr -= 4096;
+    let mut big = vec![9u8; n - 8192];
+    let gb = buf(&a, &mut big);
+    let w = a.write_async(ca, &[gb], &[forged]).unwrap();
+    match a.wait(w, Some(Duration::from_secs(20))) {
+        Err(Error::Refused { .. }) => {}
+        other => panic!("forged write must be refused, got {other:?}"),
+    }
+    assert!(
+        target[..4096].iter().all(|&x| x == 0),
+        "forged write wrote nothing"
+    );
+    let r = a.read_async(ca, &[gb], &[forged]).unwrap();
+    assert!(matches!(
+        a.wait(r, Some(Duration::from_secs(20))),
+        Err(Error::Refused { .. })
+    ));
+
+    // The connection still works afterwards.
+    let w = a.write_async(ca, &[sb], &[meta]).unwrap();
+    assert!(a.wait(w, Some(Duration::from_secs(20))).unwrap());
+
+    // Stale after dereg.
+    b.dereg(tb.mr).unwrap();
+    let w = a.write_async(ca, &[sb], &[meta]).unwrap();
+    assert!(matches!(
+        a.wait(w, Some(Duration::from_secs(20))),
+        Err(Error::Refused { .. })
+    ));
+}
+
+#[test]
+fn peer_drop_fails_pending() {
+    let (a, b, ca, _cb) = pair();
+    let mut dst = vec![0u8; 1000];
+    let rb = buf(&a, &mut dst);
+    let r = a.recv_async(ca, &[rb]).unwrap();
+    drop(b);
+    assert!(matches!(
+        a.wait(r, Some(Duration::from_secs(20))),
+        Err(Error::ConnectionLost { .. })
+    ));
+}
