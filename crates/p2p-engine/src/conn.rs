@@ -24,6 +24,8 @@ use crate::progress::{ChunkOp, Cmd, Progress, Set};
 use crate::transfer::{chunks, Failure, Transfer};
 use crate::wire::{self, Control, Hello, RmaItem};
 
+const PEER_CLOSED: &str = "peer closed the connection";
+
 /// Writes one length-prefixed frame.
 pub(crate) fn write_frame(s: &mut impl Write, body: &[u8]) -> std::io::Result<()> {
     let mut v = Vec::with_capacity(4 + body.len());
@@ -320,7 +322,11 @@ impl Conn {
             }
             *f = Some(why.clone());
         }
-        tracing::warn!(conn = self.id, peer = %self.peer, "connection failed: {why}");
+        if self.closed.load(Ordering::Acquire) || why == PEER_CLOSED {
+            tracing::debug!(conn = self.id, peer = %self.peer, "connection closed: {why}");
+        } else {
+            tracing::warn!(conn = self.id, peer = %self.peer, "connection failed: {why}");
+        }
         let _ = self.cmds.send(Cmd::Shutdown(why.clone()));
         if let Some(t) = self.progress.get() {
             t.unpark();
@@ -617,7 +623,7 @@ impl Conn {
                     t.fail(Failure::Refused(reason));
                 }
             }
-            Control::Close => return Err("peer closed the connection".into()),
+            Control::Close => return Err(PEER_CLOSED.into()),
         }
         Ok(())
     }

@@ -1,0 +1,86 @@
+//! Engine errors in Python: one exception hierarchy under `TcpxP2PError`,
+//! and the UCCL-compatible `False` returns whose reason is logged to the
+//! `tcpx_p2p` logger and kept for `Endpoint.last_error()`.
+
+use pyo3::create_exception;
+use pyo3::exceptions::PyException;
+use pyo3::prelude::*;
+use tcpx_p2p::Error;
+
+create_exception!(
+    _native,
+    TcpxP2PError,
+    PyException,
+    "Base of every tcpx_p2p error."
+);
+create_exception!(
+    _native,
+    InvalidArgumentError,
+    TcpxP2PError,
+    "A bad id, pointer, size or descriptor."
+);
+create_exception!(
+    _native,
+    ConnectError,
+    TcpxP2PError,
+    "A connection could not be made."
+);
+create_exception!(
+    _native,
+    ConnectionLostError,
+    TcpxP2PError,
+    "The connection broke or was closed."
+);
+create_exception!(
+    _native,
+    RefusedError,
+    TcpxP2PError,
+    "The peer refused the request."
+);
+create_exception!(_native, CudaError, TcpxP2PError, "A CUDA failure.");
+create_exception!(
+    _native,
+    ConfigError,
+    TcpxP2PError,
+    "Bad configuration (environment variables)."
+);
+
+/// The one mapping from engine errors to Python exceptions.
+pub fn to_py(e: &Error) -> PyErr {
+    let msg = e.to_string();
+    match e {
+        Error::Invalid(_) | Error::Wire(_) => InvalidArgumentError::new_err(msg),
+        Error::Connect { .. } => ConnectError::new_err(msg),
+        Error::ConnectionLost { .. } | Error::Net { .. } => ConnectionLostError::new_err(msg),
+        Error::Refused { .. } => RefusedError::new_err(msg),
+        Error::Cuda(_) => CudaError::new_err(msg),
+        Error::Config(_) => ConfigError::new_err(msg),
+        _ => TcpxP2PError::new_err(msg),
+    }
+}
+
+/// Sends `msg` to Python's `logging.getLogger("tcpx_p2p")` at WARNING.
+pub fn log_warning(py: Python<'_>, msg: &str) {
+    let r = py
+        .import("logging")
+        .and_then(|l| l.call_method1("getLogger", ("tcpx_p2p",)))
+        .and_then(|lg| lg.call_method1("warning", (msg,)));
+    if let Err(e) = r {
+        e.print(py);
+    }
+}
+
+pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    let py = m.py();
+    m.add("TcpxP2PError", py.get_type::<TcpxP2PError>())?;
+    m.add(
+        "InvalidArgumentError",
+        py.get_type::<InvalidArgumentError>(),
+    )?;
+    m.add("ConnectError", py.get_type::<ConnectError>())?;
+    m.add("ConnectionLostError", py.get_type::<ConnectionLostError>())?;
+    m.add("RefusedError", py.get_type::<RefusedError>())?;
+    m.add("CudaError", py.get_type::<CudaError>())?;
+    m.add("ConfigError", py.get_type::<ConfigError>())?;
+    Ok(())
+}

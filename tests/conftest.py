@@ -1,0 +1,114 @@
+"""Fixtures for the end-to-end tests: peers in other processes, buffers in
+host or GPU memory. Every test runs over the net named by TCPX_P2P_NET
+(socket by default; the suite is run once per net)."""
+
+import multiprocessing as mp
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(__file__))
+import peer_ops  # noqa: E402
+
+os.environ.setdefault("TCPX_P2P_IFNAME", "lo")
+
+
+def _gpus():
+    try:
+        from tcpx_p2p import cuda_device_count
+
+        if cuda_device_count() < 2:
+            return 0
+        import torch  # noqa: F401
+
+        return cuda_device_count()
+    except ImportError:
+        return 0
+
+
+GPUS = _gpus()
+DEVICES = ["cpu"] + (["cuda"] if GPUS >= 2 else [])
+
+
+class Peer:
+    """An endpoint in another process, driven by RPC."""
+
+    def __init__(self, device, gpu, env=None):
+        ctx = mp.get_context("spawn")
+        self.pipe, child = ctx.Pipe()
+        e = {k: v for k, v in os.environ.items() if k.startswith("TCPX_P2P_")}
+        e.update(env or {})
+        self.proc = ctx.Process(target=peer_ops.serve, args=(child, device, gpu, e), daemon=True)
+        self.proc.start()
+        self.metadata = self._reply(60)
+
+    def _reply(self, timeout=120):
+        if not self.pipe.poll(timeout):
+            raise TimeoutError("peer did not answer")
+        status, res = self.pipe.recv()
+        if status != "ok":
+            raise RuntimeError(f"peer failed:\n{res}")
+        return res
+
+    def call(self, op, *args, timeout=120):
+        self.pipe.send((op, args))
+        return self._reply(timeout)
+
+    def ep(self, name, *args, timeout=120):
+        return self.call("ep", name, args, timeout=timeout)
+
+    def kill(self):
+        self.proc.kill()
+        self.proc.join(10)
+
+    def close(self):
+        if self.proc.is_alive():
+            try:
+                self.pipe.send(None)
+            except (BrokenPipeError, OSError):
+                pass
+            self.proc.join(10)
+            if self.proc.is_alive():
+                self.proc.kill()
+                self.proc.join(10)
+
+
+@pytest.fixture(params=DEVICES)
+def device(request):
+    return request.param
+
+
+@pytest.fixture
+def local(device):
+    """This process's endpoint (GPU 0 on a GPU machine) and its buffers."""
+    from tcpx_p2p import p2p
+
+    ep = p2p.Endpoint(0)
+    return ep, peer_ops.Buffers(device, 0)
+
+
+@pytest.fixture
+def peers(device):
+    """Factory of peer processes (GPU 1 on a GPU machine); all closed at the end."""
+    made = []
+
+    def make(env=None):
+        p = Peer(device, 1, env)
+        made.append(p)
+        return p
+
+    yield make
+    for p in made:
+        p.close()
+
+
+def connect(ep, peer):
+    """Connects `ep` to `peer`; returns (our conn id, the peer's conn id)."""
+    ip, port, _ = ep.parse_metadata(peer.metadata)
+    peer.pipe.send(("ep", ("accept", ())))
+    ok, cid = ep.connect(ip, 1, port)
+    assert ok, ep.last_error()
+    ok2, _ip, _gpu, pcid = peer._reply()
+    assert ok2
+    return cid, pcid

@@ -1,0 +1,98 @@
+"""What a peer process does for the end-to-end tests: a small RPC server
+around one tcpx_p2p Endpoint, driven by the test process over a
+multiprocessing pipe. Buffers live in host memory (ctypes) or, on a GPU
+machine, in CUDA memory (torch)."""
+
+import ctypes
+import functools
+import hashlib
+import os
+import random
+import traceback
+
+
+@functools.lru_cache(maxsize=4)
+def pattern(n, seed):
+    """Deterministic bytes for buffer contents (1 MiB random blocks)."""
+    blk = 1 << 20
+    return b"".join(
+        random.Random(seed * 1_000_003 + i).randbytes(min(blk, n - i * blk)) for i in range((n + blk - 1) // blk)
+    )
+
+
+class Buffers:
+    def __init__(self, device, gpu):
+        self.device = device
+        self.gpu = gpu
+        self.bufs = {}
+        self.next = 0
+
+    def alloc(self, n, seed=None):
+        if self.device == "cuda":
+            import torch
+
+            t = torch.zeros(max(n, 1), dtype=torch.uint8, device=f"cuda:{self.gpu}")
+            if seed is not None and n:
+                t[:n].copy_(torch.frombuffer(bytearray(pattern(n, seed)), dtype=torch.uint8))
+            torch.cuda.synchronize(self.gpu)
+            obj, ptr = t, t.data_ptr()
+        else:
+            obj = (ctypes.c_char * max(n, 1))()
+            ptr = ctypes.addressof(obj)
+            if seed is not None and n:
+                ctypes.memmove(ptr, pattern(n, seed), n)
+        self.next += 1
+        self.bufs[self.next] = (obj, ptr, n)
+        return self.next, ptr
+
+    def data(self, bid, off=0, n=None):
+        obj, ptr, size = self.bufs[bid]
+        n = size - off if n is None else n
+        if self.device == "cuda":
+            import torch
+
+            torch.cuda.synchronize(self.gpu)
+            return obj[off : off + n].cpu().numpy().tobytes()
+        return ctypes.string_at(ptr + off, n)
+
+    def digest(self, bid, off=0, n=None):
+        return hashlib.sha256(self.data(bid, off, n)).hexdigest()
+
+    def free(self, bid):
+        self.bufs.pop(bid, None)
+
+
+def serve(pipe, device, gpu, env):
+    os.environ.update(env)
+    from tcpx_p2p import p2p
+
+    ep = p2p.Endpoint(gpu)
+    bufs = Buffers(device, gpu)
+    pipe.send(("ok", ep.get_metadata()))
+    while True:
+        try:
+            msg = pipe.recv()
+        except EOFError:
+            return
+        if msg is None:
+            return
+        op, args = msg
+        try:
+            if op == "ep":
+                name, a = args
+                res = getattr(ep, name)(*a)
+            elif op == "alloc":
+                res = bufs.alloc(*args)
+            elif op == "digest":
+                res = bufs.digest(*args)
+            elif op == "data":
+                res = bufs.data(*args)
+            elif op == "free":
+                res = bufs.free(*args)
+            elif op == "exit":
+                os._exit(args[0] if args else 0)
+            else:
+                raise ValueError(f"unknown op {op}")
+            pipe.send(("ok", res))
+        except Exception:
+            pipe.send(("err", traceback.format_exc()))

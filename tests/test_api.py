@@ -1,0 +1,458 @@
+"""End-to-end tests of the UCCL-compatible API: two (or more) processes,
+real sockets on loopback, bytes checked by SHA-256."""
+
+import hashlib
+import socket
+import time
+
+import pytest
+from conftest import connect
+from peer_ops import pattern
+
+from tcpx_p2p import p2p
+
+SIZES = [1, 4096, 1 << 20, 256 << 20]
+
+
+def digest(b):
+    return hashlib.sha256(b).hexdigest()
+
+
+# ------------------------------------------------------------------ module
+
+
+def test_module_surface():
+    for name in ["Endpoint", "XferDesc", "FloatType", "get_oob_ip"]:
+        assert hasattr(p2p, name)
+    assert p2p.get_oob_ip() == "127.0.0.1"  # TCPX_P2P_IFNAME=lo in conftest
+    assert p2p.FloatType.kBFloat16 != p2p.FloatType.kFloat16
+    d = p2p.XferDesc(1, 2, 3)
+    assert (d.addr, d.size, d.mr_id, d.lkeys, d.rkeys) == (1, 2, 3, [], [])
+
+
+def test_metadata_forms():
+    ep = p2p.Endpoint(0)
+    md = ep.get_metadata()
+    ip, port, gpu = p2p.Endpoint.parse_metadata(md)
+    assert ip == "127.0.0.1" and port > 0 and isinstance(gpu, str)
+    assert md[:4] == bytes([127, 0, 0, 1]) and int.from_bytes(md[4:6], "big") == port
+    # The older form ends with an i32 GPU index (10 bytes for IPv4, 22 for IPv6).
+    old = bytes([10, 0, 0, 7]) + (4242).to_bytes(2, "big") + (3).to_bytes(4, "little")
+    assert p2p.Endpoint.parse_metadata(old) == ("10.0.0.7", 4242, 3)
+    old6 = bytes(15) + b"\x01" + (80).to_bytes(2, "big") + (1).to_bytes(4, "little")
+    assert p2p.Endpoint.parse_metadata(old6) == ("::1", 80, 1)
+    for bad in [b"", b"\x01\x02", md + b"x", md[:-1]]:
+        with pytest.raises(p2p.InvalidArgumentError):
+            p2p.Endpoint.parse_metadata(bad)
+
+
+# --------------------------------------------------------------- two-sided
+
+
+def test_send_recv_sizes(local, peers):
+    ep, bufs = local
+    peer = peers()
+    cid, pcid = connect(ep, peer)
+    for i, n in enumerate(SIZES):
+        sb, sptr = bufs.alloc(n, seed=i)
+        ok, smr = ep.reg(sptr, n)
+        assert ok
+        rb, rptr = peer.call("alloc", n)
+        ok, rmr = peer.ep("reg", rptr, n)
+        assert ok
+        ok, rx = peer.ep("recv_async", pcid, rmr, rptr, n)
+        assert ok
+        assert ep.send(cid, smr, sptr, n), ep.last_error()
+        assert peer.ep("wait", rx), "receive failed"
+        assert peer.call("digest", rb) == digest(pattern(n, i)), f"size {n}"
+        assert ep.dereg(smr) and peer.ep("dereg", rmr)
+        bufs.free(sb)
+        peer.call("free", rb)
+
+
+def test_recv_blocking_and_send_async(local, peers):
+    ep, bufs = local
+    peer = peers()
+    cid, pcid = connect(ep, peer)
+    n = 1 << 20
+    sb, sptr = peer.call("alloc", n, 5)
+    ok, smr = peer.ep("reg", sptr, n)
+    rb, rptr = bufs.alloc(n)
+    ok, rmr = ep.reg(rptr, n)
+    ok, tx = peer.ep("send_async", pcid, smr, sptr, n)
+    assert ok
+    assert ep.recv(cid, rmr, rptr, n), ep.last_error()
+    assert bufs.digest(rb) == digest(pattern(n, 5))
+    deadline = time.time() + 30
+    while True:
+        ok, done = peer.ep("poll_async", tx)
+        assert ok
+        if done:
+            break
+        assert time.time() < deadline
+        time.sleep(0.01)
+    # Once reported done, the id is forgotten.
+    assert peer.ep("poll_async", tx) == (False, False)
+
+
+def test_kv_blocks_sendv_recvv(local, peers):
+    ep, bufs = local
+    peer = peers()
+    cid, pcid = connect(ep, peer)
+    nblk, bs = 64, 32 << 10
+    sb, sptr = bufs.alloc(nblk * bs, seed=11)
+    ok, smr = ep.reg(sptr, nblk * bs)
+    rb, rptr = peer.call("alloc", nblk * bs)
+    ok, rmr = peer.ep("reg", rptr, nblk * bs)
+    # Blocks scattered: the receiver puts block i at slot (i*7) % nblk.
+    sptrs = [sptr + i * bs for i in range(nblk)]
+    rptrs = [rptr + ((i * 7) % nblk) * bs for i in range(nblk)]
+    ok, rx = peer.ep("recvv_async", pcid, [rmr] * nblk, rptrs, [bs] * nblk, nblk)
+    assert ok
+    assert ep.sendv(cid, [smr] * nblk, sptrs, [bs] * nblk, nblk), ep.last_error()
+    assert peer.ep("wait", rx)
+    src = pattern(nblk * bs, 11)
+    got = peer.call("data", rb)
+    for i in range(nblk):
+        j = (i * 7) % nblk
+        assert got[j * bs : (j + 1) * bs] == src[i * bs : (i + 1) * bs], f"block {i}"
+    # The async vector forms too.
+    ok, tx = ep.sendv_async(cid, [smr] * 2, sptrs[:2], [bs] * 2, 2)
+    assert ok
+    assert peer.ep("recvv", pcid, [rmr] * 2, rptrs[:2], [bs] * 2, 2)
+    assert ep.wait(tx)
+
+
+# --------------------------------------------------------------- one-sided
+
+
+def test_write_read_advertised(local, peers):
+    ep, bufs = local
+    peer = peers()
+    cid, pcid = connect(ep, peer)
+    n = 1 << 20
+    tb, tptr = peer.call("alloc", n + 8192)
+    ok, tmr = peer.ep("reg", tptr, n + 8192)
+    ok, meta = peer.ep("advertise", pcid, tmr, tptr + 4096, n)
+    assert ok and len(meta) == 64
+    sb, sptr = bufs.alloc(n, seed=3)
+    ok, smr = ep.reg(sptr, n)
+    # write completes only once the bytes are in the target's region
+    assert ep.write(cid, smr, sptr, n, meta), ep.last_error()
+    assert peer.call("digest", tb, 4096, n) == digest(pattern(n, 3))
+    assert peer.call("data", tb, 0, 4096) == bytes(4096), "nothing outside the advertised range"
+    assert peer.call("data", tb, 4096 + n, 4096) == bytes(4096)
+    rb, rptr = bufs.alloc(n)
+    ok, rmr = ep.reg(rptr, n)
+    assert ep.read(cid, rmr, rptr, n, meta), ep.last_error()
+    assert bufs.digest(rb) == digest(pattern(n, 3))
+    # async forms, many transfers through the same advertisement
+    ids = []
+    for _ in range(4):
+        ok, x = ep.write_async(cid, smr, sptr, n, meta)
+        assert ok
+        ids.append(x)
+        ok, x = ep.read_async(cid, rmr, rptr, n, meta)
+        assert ok
+        ids.append(x)
+    for x in ids:
+        assert ep.wait(x), ep.last_error()
+    # a part of the advertised range is fine
+    assert ep.write(cid, smr, sptr, 1000, meta)
+
+
+def test_kv_blocks_writev_readv(local, peers):
+    ep, bufs = local
+    peer = peers()
+    cid, pcid = connect(ep, peer)
+    nblk, bs = 64, 32 << 10
+    tb, tptr = peer.call("alloc", nblk * bs)
+    ok, tmr = peer.ep("reg", tptr, nblk * bs)
+    tptrs = [tptr + i * bs for i in range(nblk)]
+    ok, metas = peer.ep("advertisev", pcid, [tmr] * nblk, tptrs, [bs] * nblk, nblk)
+    assert ok and len(metas) == nblk
+    sb, sptr = bufs.alloc(nblk * bs, seed=21)
+    ok, smr = ep.reg(sptr, nblk * bs)
+    sptrs = [sptr + i * bs for i in range(nblk)]
+    # write block i into remote slot nblk-1-i
+    assert ep.writev(cid, [smr] * nblk, sptrs, [bs] * nblk, metas[::-1], nblk), ep.last_error()
+    src = pattern(nblk * bs, 21)
+    got = peer.call("data", tb)
+    for i in range(nblk):
+        j = nblk - 1 - i
+        assert got[j * bs : (j + 1) * bs] == src[i * bs : (i + 1) * bs]
+    rb, rptr = bufs.alloc(nblk * bs)
+    ok, rmr = ep.reg(rptr, nblk * bs)
+    rptrs = [rptr + i * bs for i in range(nblk)]
+    ok, x = ep.readv_async(cid, [rmr] * nblk, rptrs, [bs] * nblk, metas[::-1], nblk)
+    assert ok
+    assert ep.wait(x), ep.last_error()
+    assert bufs.data(rb) == src
+    ok, x = ep.writev_async(cid, [smr] * 2, sptrs[:2], [bs] * 2, metas[:2], 2)
+    assert ok and ep.wait(x)
+    assert ep.readv(cid, [rmr] * 2, rptrs[:2], [bs] * 2, metas[:2], 2)
+
+
+class FakeTensor:
+    """Anything with data_ptr/numel/element_size registers like a tensor."""
+
+    def __init__(self, ptr, numel, esize):
+        self.ptr, self.n, self.es = ptr, numel, esize
+
+    def data_ptr(self):
+        return self.ptr
+
+    def numel(self):
+        return self.n
+
+    def element_size(self):
+        return self.es
+
+
+def test_register_memory_and_transfer(local, peers, device):
+    ep, bufs = local
+    peer = peers()
+    cid, pcid = connect(ep, peer)
+    n = 256 << 10
+    if device == "cuda":
+        import torch
+
+        t = torch.zeros(n // 4, dtype=torch.float32, device="cuda:0")
+        tensors = [t]
+        lb = None
+    else:
+        lb, lptr = bufs.alloc(n, seed=9)
+        tensors = [FakeTensor(lptr, n // 4, 4)]
+    descs = ep.register_memory(tensors)
+    assert len(descs) == 1 and descs[0].size == n
+    # The peer registers its buffer and hands us its serialized descriptors.
+    pb, pptr = peer.call("alloc", n, 13)
+    ok, pmr = peer.ep("reg", pptr, n)
+    # (the peer exports through register_memory in real use; here the same
+    # through the wire format it produces)
+    blob = ep.get_serialized_descs(descs)
+    back = p2p.Endpoint.deserialize_descs(blob)
+    assert [(d.addr, d.size, d.mr_id, d.rkeys) for d in back] == [
+        (d.addr, d.size, d.mr_id, d.rkeys) for d in descs
+    ]
+    # Now the other way: we read and write the peer's exported region.
+    remote = peer_export(peer, pptr, n)
+    ok, x = ep.transfer(cid, "read", descs, remote)
+    assert ok, ep.last_error()
+    assert ep.wait(x), ep.last_error()
+    if lb is not None:
+        assert bufs.digest(lb) == digest(pattern(n, 13))
+    ok, x = ep.transfer(cid, "write", descs, remote)
+    assert ok and ep.wait(x)
+    assert peer.call("digest", pb) == digest(pattern(n, 13))
+    ok, _ = ep.transfer(cid, "fetch", descs, remote)
+    assert not ok and "op_name" in ep.last_error()
+    ep.deregister_memory(descs)
+
+
+def peer_export(peer, ptr, n):
+    """The peer registers `ptr` as a tensor and serializes its descriptors."""
+    peer.pipe.send(("ep", ("register_memory", ([FakeTensor(ptr, n, 1)],))))
+    descs = peer._reply()
+    peer.pipe.send(("ep", ("get_serialized_descs", (descs,))))
+    return p2p.Endpoint.deserialize_descs(peer._reply())
+
+
+# ------------------------------------------------------------ concurrency
+
+
+def test_many_async_one_connection(local, peers):
+    ep, bufs = local
+    peer = peers()
+    cid, pcid = connect(ep, peer)
+    k, n = 32, 300_000
+    rb, rptr = peer.call("alloc", k * n)
+    ok, rmr = peer.ep("reg", rptr, k * n)
+    rx = []
+    for i in range(k):
+        ok, x = peer.ep("recv_async", pcid, rmr, rptr + i * n, n)
+        assert ok
+        rx.append(x)
+    sb, sptr = bufs.alloc(k * n, seed=4)
+    ok, smr = ep.reg(sptr, k * n)
+    tx = []
+    for i in range(k):
+        ok, x = ep.send_async(cid, smr, sptr + i * n, n)
+        assert ok
+        tx.append(x)
+    for x in tx:
+        assert ep.wait(x)
+    for x in rx:
+        assert peer.ep("wait", x)
+    assert peer.call("digest", rb) == digest(pattern(k * n, 4))
+
+
+def test_many_connections(local, peers):
+    ep, bufs = local
+    ps = [peers() for _ in range(3)]
+    n = 2 << 20
+    conns = [connect(ep, p) for p in ps]
+    work = []
+    for i, (p, (cid, pcid)) in enumerate(zip(ps, conns)):
+        rb, rptr = p.call("alloc", n)
+        ok, rmr = p.ep("reg", rptr, n)
+        ok, rx = p.ep("recv_async", pcid, rmr, rptr, n)
+        sb, sptr = bufs.alloc(n, seed=100 + i)
+        ok, smr = ep.reg(sptr, n)
+        ok, tx = ep.send_async(cid, smr, sptr, n)
+        assert ok
+        work.append((p, rb, rx, tx, i))
+    for p, rb, rx, tx, i in work:
+        assert ep.wait(tx)
+        assert p.ep("wait", rx)
+        assert p.call("digest", rb) == digest(pattern(n, 100 + i))
+    assert ep.conn_id_of_rank(0) == conns[0][0]
+    assert ep.conn_id_of_rank(99) == -1
+
+
+def test_add_remove_remote_endpoint(local, peers):
+    ep, bufs = local
+    peer = peers()
+    ok, c1 = ep.add_remote_endpoint(peer.metadata)
+    assert ok, ep.last_error()
+    ok, c2 = ep.add_remote_endpoint(peer.metadata)
+    assert ok and c1 == c2, "cached per peer"
+    assert ep.remove_remote_endpoint(c1)
+    assert not ep.remove_remote_endpoint(c1)
+    ok, c3 = ep.add_remote_endpoint(peer.metadata)
+    assert ok and c3 != c1
+    # connect by PCI bus id string works as well as by index
+    ip, port, gpu = ep.parse_metadata(peer.metadata)
+    ok, c4 = ep.connect(ip, gpu, port)
+    assert ok
+
+
+# -------------------------------------------------------------- bad input
+
+
+def test_bad_input_is_refused_clearly(local, peers):
+    ep, bufs = local
+    peer = peers()
+    cid, pcid = connect(ep, peer)
+    b, ptr = bufs.alloc(4096, seed=1)
+    ok, mr = ep.reg(ptr, 4096)
+    assert ok
+
+    def refused(ret, words):
+        ok = ret if isinstance(ret, bool) else ret[0]
+        assert not ok
+        err = ep.last_error().lower()
+        assert any(w in err for w in words), err
+
+    refused(ep.send(999, mr, ptr, 10), ["unknown connection"])
+    refused(ep.send_async(cid, 12345, ptr, 10), ["unknown memory region"])
+    refused(ep.send(cid, mr, 0, 10), ["null pointer"])
+    refused(ep.send(cid, mr, ptr + 4000, 200), ["outside"])
+    refused(ep.recv_async(cid, mr, ptr - 10, 20), ["outside"])
+    refused(ep.reg(0, 100), ["null"])
+    refused(ep.reg(ptr, 0), ["size is 0"])
+    refused(ep.dereg(987654), ["unknown memory region"])
+    refused(ep.advertise(cid, 777, ptr, 10), ["unknown memory region"])
+    refused(ep.advertise(cid, mr, ptr, 5000), ["outside"])
+    refused(ep.write(cid, mr, ptr, 10, b"short"), ["advertised descriptor"])
+    refused(ep.sendv(cid, [mr], [ptr], [10], 2), ["num_iovs"])
+    refused(ep.add_remote_endpoint(b"garbage!"), ["metadata"])
+    refused(ep.poll_async(424242), ["unknown transfer"])
+    refused(ep.regv([ptr, 0], [10, 10]), ["null"])
+    # nobody listens on this port
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    t = time.time()
+    refused(ep.connect("127.0.0.1", 0, port), ["refused", "nobody listens"])
+    assert time.time() - t < 5
+    refused(ep.connect("not-an-ip", 0, 1234), ["not an ip"])
+    # the connection still works after all that
+    rb, rptr = peer.call("alloc", 4096)
+    ok, rmr = peer.ep("reg", rptr, 4096)
+    ok, rx = peer.ep("recv_async", pcid, rmr, rptr, 4096)
+    assert ep.send(cid, mr, ptr, 4096)
+    assert peer.ep("wait", rx)
+    assert peer.call("digest", rb) == digest(pattern(4096, 1))
+
+
+def test_forged_and_stale_descriptors(local, peers):
+    ep, bufs = local
+    peer = peers()
+    cid, pcid = connect(ep, peer)
+    n = 64 << 10
+    tb, tptr = peer.call("alloc", 3 * n)
+    ok, tmr = peer.ep("reg", tptr, 3 * n)
+    ok, meta = peer.ep("advertise", pcid, tmr, tptr + n, n)
+    sb, sptr = bufs.alloc(3 * n, seed=8)
+    ok, smr = ep.reg(sptr, 3 * n)
+
+    def forge(addr=None, size=None, secret_flip=False):
+        m = bytearray(meta)
+        if addr is not None:
+            m[0:8] = addr.to_bytes(8, "little")
+        if size is not None:
+            m[8:12] = size.to_bytes(4, "little")
+        if secret_flip:
+            m[48] ^= 0xFF
+        return bytes(m)
+
+    # a larger size claimed: refused by the target, nothing written
+    assert not ep.write(cid, smr, sptr, 2 * n, forge(size=2 * n))
+    assert "outside" in ep.last_error()
+    # an address before the range
+    assert not ep.write(cid, smr, sptr, n, forge(addr=tptr))
+    # a forged secret
+    assert not ep.write(cid, smr, sptr, n, forge(secret_flip=True))
+    assert not ep.read(cid, smr, sptr, n, forge(secret_flip=True))
+    assert "unknown or stale" in ep.last_error()
+    assert peer.call("data", tb) == bytes(3 * n), "no forged write landed"
+    # a descriptor advertised to another connection
+    other = peers()
+    ocid, _ = connect(ep, other)
+    # `meta` belongs to the peer's connection pcid; a third party cannot use it
+    ob, optr = other.call("alloc", n, 2)
+    ok, omr = other.ep("reg", optr, n)
+    ocid2, pcid2 = connect_peer_to_peer(other, peer)
+    assert not other.ep("write", ocid2, omr, optr, n, meta)
+    assert peer.call("data", tb) == bytes(3 * n)
+    # stale after dereg
+    assert ep.write(cid, smr, sptr, n, meta)
+    assert peer.ep("dereg", tmr)
+    assert not ep.write(cid, smr, sptr, n, meta)
+    assert "unknown or stale" in ep.last_error()
+
+
+def connect_peer_to_peer(a, b):
+    ip, port, _ = p2p.Endpoint.parse_metadata(b.metadata)
+    b.pipe.send(("ep", ("accept", ())))
+    ok, cid = a.ep("connect", ip, 1, port)
+    assert ok
+    ok2, _ip, _g, bcid = b._reply()
+    return cid, bcid
+
+
+def test_peer_killed_fails_transfers(local, peers):
+    ep, bufs = local
+    peer = peers()
+    cid, pcid = connect(ep, peer)
+    n = 1 << 20
+    rb, rptr = bufs.alloc(n)
+    ok, rmr = ep.reg(rptr, n)
+    ok, rx = ep.recv_async(cid, rmr, rptr, n)
+    assert ok
+    t = time.time()
+    peer.kill()
+    assert not ep.wait(rx, 30)
+    assert time.time() - t < 10
+    assert "connection" in ep.last_error()
+    # further calls on that connection fail at once; the endpoint still serves others
+    assert not ep.send(cid, rmr, rptr, 10)
+    other = peers()
+    ocid, opcid = connect(ep, other)
+    sb, sptr = other.call("alloc", n, 77)
+    ok, smr = other.ep("reg", sptr, n)
+    ok, tx = other.ep("send_async", opcid, smr, sptr, n)
+    assert ep.recv(ocid, rmr, rptr, n)
+    assert bufs.digest(rb) == digest(pattern(n, 77))
