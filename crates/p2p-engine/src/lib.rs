@@ -12,6 +12,7 @@ pub mod gpu;
 pub mod memory;
 pub mod net;
 pub mod progress;
+pub mod rawtcp;
 pub mod topo;
 pub mod transfer;
 pub mod wire;

@@ -363,7 +363,7 @@ impl Hello {
             });
         }
         let chunk = r.u64_le()?;
-        if chunk < 4096 || chunk > (1 << 30) {
+        if !(4096..=(1 << 30)).contains(&chunk) {
             return Err(WireError::BadValue {
                 what: "handshake chunk",
                 value: chunk,

@@ -837,6 +837,61 @@ fn cuda_device_count() -> usize {
     tcpx_p2p::gpu::device_count()
 }
 
+/// Starts the raw-TCP reference server on `ip:port` (0 = any) in the
+/// background; returns the port.
+#[pyfunction]
+#[pyo3(signature = (ip, port=0))]
+fn rawtcp_serve(ip: &str, port: u16) -> PyResult<u16> {
+    let l = std::net::TcpListener::bind((ip, port)).map_err(|e| {
+        to_py(&Error::Io {
+            what: format!("raw TCP reference: bind {ip}:{port}"),
+            source: e,
+        })
+    })?;
+    let port = l.local_addr().map(|a| a.port()).unwrap_or(0);
+    std::thread::Builder::new()
+        .name("tcpx-rawtcp".into())
+        .spawn(move || {
+            if let Err(e) = tcpx_p2p::rawtcp::serve(l) {
+                tracing::warn!("raw TCP reference server stopped: {e}");
+            }
+        })
+        .map_err(|e| {
+            to_py(&Error::Io {
+                what: "spawning raw TCP server".into(),
+                source: e,
+            })
+        })?;
+    Ok(port)
+}
+
+/// Runs the raw-TCP reference: seconds of the whole run (throughput) or of
+/// each round trip (`pingpong`).
+#[pyfunction]
+#[pyo3(signature = (ip, port, streams, size, iters, pingpong=false))]
+fn rawtcp_run(
+    py: Python<'_>,
+    ip: &str,
+    port: u16,
+    streams: usize,
+    size: usize,
+    iters: usize,
+    pingpong: bool,
+) -> PyResult<Vec<f64>> {
+    let addr: std::net::SocketAddr = format!("{ip}:{port}")
+        .parse()
+        .map_err(|_| to_py(&Error::Invalid(format!("bad address {ip}:{port}"))))?;
+    let run = tcpx_p2p::rawtcp::RawRun {
+        streams,
+        size,
+        iters,
+        pingpong,
+    };
+    py.detach(|| tcpx_p2p::rawtcp::run(addr, run))
+        .map(|v| v.iter().map(|d| d.as_secs_f64()).collect())
+        .map_err(|e| to_py(&e))
+}
+
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Endpoint>()?;
@@ -844,6 +899,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<FloatType>()?;
     m.add_function(wrap_pyfunction!(get_oob_ip, m)?)?;
     m.add_function(wrap_pyfunction!(cuda_device_count, m)?)?;
+    m.add_function(wrap_pyfunction!(rawtcp_serve, m)?)?;
+    m.add_function(wrap_pyfunction!(rawtcp_run, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     errors::register(m)?;
     Ok(())

@@ -1,0 +1,490 @@
+"""tcpx-p2p-bench: throughput and latency of the engine, beside references
+measured in the same run.
+
+    tcpx-p2p-bench pair   [options]          both sides on this host (two processes)
+    tcpx-p2p-bench server [options]          the passive side of a two-host run
+    tcpx-p2p-bench client HOST [options]     the active side (it sends / writes / reads)
+
+References (--reference): raw TCP with the same number of streams (host
+memory, our Rust reference client/server), and with GPU memory on a
+machine with two GPUs, NCCL's socket transport through PyTorch at its
+default and at its best thread × socket setting.
+"""
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import socket
+import statistics
+import sys
+import time
+
+from ._buffers import Buffer, fmt_size, parse_size
+
+DEFAULT_SIZES = "64K,1M,16M,256M"
+CTL_PORT = 18515
+
+
+# ----------------------------------------------------------------- helpers
+
+
+class Ctl:
+    """JSON lines over the benchmark's control socket."""
+
+    def __init__(self, sock):
+        self.sock = sock
+        self.f = sock.makefile("rwb")
+
+    def send(self, **msg):
+        self.f.write(json.dumps(msg).encode() + b"\n")
+        self.f.flush()
+
+    def recv(self):
+        line = self.f.readline()
+        if not line:
+            raise ConnectionError("benchmark peer went away")
+        msg = json.loads(line)
+        if "error" in msg:
+            raise RuntimeError(f"peer: {msg['error']}")
+        return msg
+
+
+class Progress:
+    """A one-line progress bar on stderr."""
+
+    def __init__(self, total, label=""):
+        self.total, self.done, self.label = max(total, 1), 0, label
+        self.tty = sys.stderr.isatty()
+
+    def step(self, what=""):
+        self.done += 1
+        w = 30
+        k = int(w * self.done / self.total)
+        line = f"\r{self.label} [{'#' * k}{'.' * (w - k)}] {self.done}/{self.total} {what:<24}"
+        if self.tty:
+            sys.stderr.write(line)
+            sys.stderr.flush()
+        elif self.done == self.total or self.done == 1:
+            sys.stderr.write(line.strip() + "\n")
+
+    def close(self):
+        if self.tty:
+            sys.stderr.write("\n")
+
+
+def pct(v, p):
+    v = sorted(v)
+    return v[min(len(v) - 1, int(round(p / 100 * (len(v) - 1))))]
+
+
+def set_env(opts):
+    """Engine settings travel as environment variables (read at Endpoint creation)."""
+    for k, env in (("streams", "TCPX_P2P_STREAMS"), ("chunk", "TCPX_P2P_CHUNK"), ("channels", "TCPX_P2P_CHANNELS"), ("net", "TCPX_P2P_NET")):
+        if opts.get(k):
+            os.environ[env] = str(opts[k])
+
+
+def auto_iters(total, op):
+    budget = 2 << 30 if total >= (1 << 20) else 256 << 20
+    return int(max(5, min(2000, budget // max(total, 1))))
+
+
+# ------------------------------------------------------------------ server
+
+
+def serve_session(ctl, gpu, bind_ip):
+    from tcpx_p2p import _native, p2p
+
+    plan = ctl.recv()
+    set_env(plan)
+    ep = p2p.Endpoint(gpu if gpu is not None else 0)
+    raw_port = _native.rawtcp_serve(bind_ip)
+    ctl.send(metadata=ep.get_metadata().hex(), raw_port=raw_port, net=ep.net_name())
+    ok, _ip, _g, conn = ep.accept(60.0)
+    if not ok:
+        ctl.send(error=ep.last_error())
+        return
+    buf, mr, blocks = None, None, []
+    while True:
+        m = ctl.recv()
+        cmd = m["cmd"]
+        try:
+            if cmd == "prepare":
+                nblk, bs = m["nblk"], m["block"]
+                if mr is not None:
+                    ep.dereg(mr)
+                buf = Buffer(nblk * bs, gpu)
+                ok, mr = ep.reg(buf.ptr, nblk * bs)
+                blocks = [buf.ptr + i * bs for i in range(nblk)]
+                ok, metas = ep.advertisev(conn, [mr] * nblk, blocks, [bs] * nblk, nblk)
+                if not ok:
+                    raise RuntimeError(ep.last_error())
+                ctl.send(metas=[x.hex() for x in metas])
+            elif cmd == "fill":
+                buf.fill(m["seed"]) if m["seed"] is not None else buf.clear()
+                ctl.send(ok=True)
+            elif cmd == "digest":
+                ctl.send(digest=buf.digest())
+            elif cmd == "recv":
+                nblk, bs = len(blocks), buf.n // max(len(blocks), 1)
+                ids = []
+                for _ in range(m["iters"]):
+                    ok, x = ep.recvv_async(conn, [mr] * nblk, blocks, [bs] * nblk, nblk)
+                    if not ok:
+                        raise RuntimeError(ep.last_error())
+                    ids.append(x)
+                ctl.send(posted=True)
+                for x in ids:
+                    if not ep.wait(x):
+                        raise RuntimeError(ep.last_error())
+                ctl.send(done=True)
+            elif cmd == "pingpong":
+                for _ in range(m["iters"]):
+                    if not ep.recv(conn, mr, buf.ptr, buf.n) or not ep.send(conn, mr, buf.ptr, buf.n):
+                        raise RuntimeError(ep.last_error())
+                ctl.send(done=True)
+            elif cmd == "bye":
+                ctl.send(ok=True)
+                return
+        except Exception as e:  # report to the client, which prints it
+            ctl.send(error=f"{type(e).__name__}: {e}")
+            return
+
+
+def server_main(port, gpu, bind_ip, once=False, ready=None):
+    ls = socket.socket()
+    ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    ls.bind((bind_ip, port))
+    ls.listen(4)
+    if ready is not None:
+        ready.put(ls.getsockname()[1])
+    else:
+        print(f"tcpx-p2p-bench server listening on {bind_ip}:{ls.getsockname()[1]}", file=sys.stderr)
+    while True:
+        s, _ = ls.accept()
+        serve_session(Ctl(s), gpu, bind_ip)
+        s.close()
+        if once:
+            return
+
+
+def _pair_server(ready, gpu, env):
+    os.environ.update(env)
+    server_main(0, gpu, "127.0.0.1", once=True, ready=ready)
+
+
+# ------------------------------------------------------------------ client
+
+
+def measure(ep, ctl, conn, a, gpu, size, nblk, raw):
+    """One row: verify once, then time throughput and latency."""
+    op = a.op
+    bs = size
+    total = bs * nblk
+    iters = a.iters or auto_iters(total, op)
+    ctl.send(cmd="prepare", nblk=nblk, block=bs)
+    metas = [bytes.fromhex(x) for x in ctl.recv()["metas"]]
+    src = Buffer(total, gpu)
+    ok, mr = ep.reg(src.ptr, total)
+    blocks = [src.ptr + i * bs for i in range(nblk)]
+    mrs, sizes = [mr] * nblk, [bs] * nblk
+
+    def once():
+        if op == "send":
+            ctl.send(cmd="recv", iters=1)
+            ctl.recv()
+            ok = ep.sendv(conn, mrs, blocks, sizes, nblk)
+            ctl.recv()
+        elif op == "write":
+            ok = ep.writev(conn, mrs, blocks, sizes, metas, nblk)
+        else:
+            ok = ep.readv(conn, mrs, blocks, sizes, metas, nblk)
+        if not ok:
+            raise RuntimeError(ep.last_error())
+
+    # Verify the bytes once.
+    if op == "read":
+        ctl.send(cmd="fill", seed=7)
+        ctl.recv()
+        src.clear()
+        once()
+        ctl.send(cmd="digest")
+        verified = ctl.recv()["digest"] == src.digest()
+    else:
+        src.fill(7)
+        ctl.send(cmd="fill", seed=None)
+        ctl.recv()
+        once()
+        ctl.send(cmd="digest")
+        verified = ctl.recv()["digest"] == src.digest()
+    if not verified:
+        raise RuntimeError(f"{op} of {fmt_size(bs)} x {nblk}: the bytes that arrived differ from those sent")
+
+    # Throughput: all iterations posted at once; the engine keeps the windows.
+    once()  # warm-up
+    t0 = time.perf_counter()
+    ids = []
+    if op == "send":
+        ctl.send(cmd="recv", iters=iters)
+        ctl.recv()
+        t0 = time.perf_counter()
+    for _ in range(iters):
+        if op == "send":
+            ok, x = ep.sendv_async(conn, mrs, blocks, sizes, nblk)
+        elif op == "write":
+            ok, x = ep.writev_async(conn, mrs, blocks, sizes, metas, nblk)
+        else:
+            ok, x = ep.readv_async(conn, mrs, blocks, sizes, metas, nblk)
+        if not ok:
+            raise RuntimeError(ep.last_error())
+        ids.append(x)
+    for x in ids:
+        if not ep.wait(x):
+            raise RuntimeError(ep.last_error())
+    if op == "send":
+        ctl.recv()
+    dt = time.perf_counter() - t0
+    gbps = total * iters / dt / 1e9
+
+    # Latency: one at a time (two-sided: half a round trip).
+    lat_iters = min(iters, 200)
+    lats = []
+    if op == "send" and nblk == 1:
+        ctl.send(cmd="pingpong", iters=lat_iters)
+        for _ in range(lat_iters):
+            t = time.perf_counter()
+            if not ep.send(conn, mr, src.ptr, bs) or not ep.recv(conn, mr, src.ptr, bs):
+                raise RuntimeError(ep.last_error())
+            lats.append((time.perf_counter() - t) / 2)
+        ctl.recv()
+    elif op != "send":
+        for _ in range(lat_iters):
+            t = time.perf_counter()
+            once()
+            lats.append(time.perf_counter() - t)
+    ep.dereg(mr)
+
+    row = {
+        "op": op,
+        "size": bs,
+        "batch": nblk,
+        "iters": iters,
+        "GBps": round(gbps, 3),
+        "Gbps": round(gbps * 8, 2),
+        "lat_avg_us": round(statistics.mean(lats) * 1e6, 1) if lats else None,
+        "lat_p50_us": round(pct(lats, 50) * 1e6, 1) if lats else None,
+        "lat_p99_us": round(pct(lats, 99) * 1e6, 1) if lats else None,
+        "verified": verified,
+    }
+    if raw is not None:
+        from tcpx_p2p import _native
+
+        ip, port, streams = raw
+        rt = _native.rawtcp_run(ip, port, streams, total, iters, False)[0]
+        row["raw_tcp_GBps"] = round(total * iters / rt / 1e9, 3)
+        row["ratio_vs_raw_tcp"] = round(gbps / row["raw_tcp_GBps"], 3)
+        if nblk == 1 and op == "send":
+            pp = _native.rawtcp_run(ip, port, 1, total, min(iters, 200), True)
+            row["raw_tcp_pingpong_half_rtt_p50_us"] = round(pct(pp, 50) / 2 * 1e6, 1)
+    return row
+
+
+def client_main(a, host, port, gpu):
+    from tcpx_p2p import p2p
+
+    s = socket.create_connection((host, port), timeout=60)
+    s.settimeout(None)
+    ctl = Ctl(s)
+    opts = {"streams": a.streams, "chunk": a.chunk, "channels": a.channels, "net": a.net}
+    set_env(opts)
+    ctl.send(**opts)
+    hello = ctl.recv()
+    ep = p2p.Endpoint(gpu if gpu is not None else 0)
+    ok, conn = ep.add_remote_endpoint(bytes.fromhex(hello["metadata"]))
+    if not ok:
+        raise RuntimeError(f"connect: {ep.last_error()}")
+    streams = int(os.environ.get("TCPX_P2P_STREAMS", ep_streams_default()))
+    raw = (host, hello["raw_port"], streams) if a.reference else None
+    sizes = [parse_size(x) for x in a.sizes.split(",")] if not a.kv_blocks else [parse_size(a.block_size)]
+    nblk = a.kv_blocks or 1
+    rows = []
+    bar = Progress(len(sizes), f"{a.op} {'gpu' if gpu is not None else 'host'}")
+    for size in sizes:
+        rows.append(measure(ep, ctl, conn, a, gpu, size, nblk, raw))
+        bar.step(fmt_size(size))
+    bar.close()
+    ctl.send(cmd="bye")
+    ctl.recv()
+    return rows, ep.net_name(), streams
+
+
+def ep_streams_default():
+    return 4
+
+
+# ---------------------------------------------------------- NCCL reference
+
+
+def _nccl_rank(rank, port, gpus, sizes, iters, env, q):
+    os.environ.update(env)
+    import torch
+    import torch.distributed as dist
+
+    torch.cuda.set_device(gpus[rank])
+    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    out = {}
+    for size in sizes:
+        t = torch.ones(size, dtype=torch.uint8, device=f"cuda:{gpus[rank]}")
+        n = iters[size]
+        for _ in range(2):  # warm-up
+            dist.send(t, 1) if rank == 0 else dist.recv(t, 0)
+        torch.cuda.synchronize()
+        dist.barrier()
+        t0 = time.perf_counter()
+        for _ in range(n):
+            dist.send(t, 1) if rank == 0 else dist.recv(t, 0)
+        torch.cuda.synchronize()
+        dist.barrier()
+        out[size] = size * n / (time.perf_counter() - t0) / 1e9
+    if rank == 0:
+        q.put(out)
+    dist.destroy_process_group()
+
+
+def nccl_reference(sizes, iters, gpus, nthreads, nsocks):
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {
+        "NCCL_NET": "Socket",
+        "NCCL_P2P_DISABLE": "1",
+        "NCCL_SHM_DISABLE": "1",
+        "NCCL_SOCKET_IFNAME": "lo",
+        "NCCL_IB_DISABLE": "1",
+    }
+    if nthreads:
+        env["NCCL_SOCKET_NTHREADS"] = str(nthreads)
+        env["NCCL_NSOCKS_PERTHREAD"] = str(nsocks)
+    ps = [ctx.Process(target=_nccl_rank, args=(r, port, gpus, sizes, iters, env, q)) for r in range(2)]
+    for p in ps:
+        p.start()
+    try:
+        res = q.get(timeout=600)
+    finally:
+        for p in ps:
+            p.join(60)
+    return res
+
+
+# -------------------------------------------------------------------- main
+
+
+def print_table(rows, title):
+    print(title)
+    hdr = f"{'op':<6}{'size':>8}{'batch':>7}{'GB/s':>9}{'Gbps':>9}{'lat avg':>10}{'p50':>9}{'p99':>9}"
+    extra = any("raw_tcp_GBps" in r for r in rows)
+    nccl = any("nccl_default_GBps" in r for r in rows)
+    if extra:
+        hdr += f"{'rawTCP':>9}{'ratio':>7}"
+    if nccl:
+        hdr += f"{'NCCLdef':>9}{'NCCLbest':>9}{'x best':>8}"
+    print(hdr)
+    for r in rows:
+        f = lambda v: "-" if v is None else f"{v:.1f}"  # noqa: E731
+        line = f"{r['op']:<6}{fmt_size(r['size']):>8}{r['batch']:>7}{r['GBps']:>9.2f}{r['Gbps']:>9.1f}{f(r['lat_avg_us']):>10}{f(r['lat_p50_us']):>9}{f(r['lat_p99_us']):>9}"
+        if extra:
+            line += f"{r.get('raw_tcp_GBps', 0):>9.2f}{r.get('ratio_vs_raw_tcp', 0):>7.2f}"
+        if nccl:
+            line += f"{r.get('nccl_default_GBps', 0):>9.2f}{r.get('nccl_best_GBps', 0):>9.2f}{r.get('ratio_vs_nccl_best', 0):>8.2f}"
+        print(line)
+    print("(latency in microseconds: half a round trip for send, one blocking call for write/read)")
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(prog="tcpx-p2p-bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("mode", choices=["pair", "server", "client"])
+    ap.add_argument("host", nargs="?", help="server host (client mode)")
+    ap.add_argument("--port", type=int, default=CTL_PORT, help="control port of the server")
+    ap.add_argument("--net", choices=["socket", "plugin"], default=None)
+    ap.add_argument("--memory", choices=["host", "gpu"], default="host")
+    ap.add_argument("--gpus", default="0,1", help="GPU of each side (pair mode), e.g. 0,1")
+    ap.add_argument("--sizes", default=DEFAULT_SIZES)
+    ap.add_argument("--iters", type=int, default=0, help="iterations per size (0 = auto)")
+    ap.add_argument("--op", choices=["send", "write", "read"], default="send")
+    ap.add_argument("--kv-blocks", type=int, default=0, help="vector of N KV blocks per transfer")
+    ap.add_argument("--block-size", default="32K")
+    ap.add_argument("--streams", type=int, default=None)
+    ap.add_argument("--channels", type=int, default=None)
+    ap.add_argument("--chunk", default=None)
+    ap.add_argument("--reference", action="store_true", help="also measure raw TCP (and NCCL on GPUs)")
+    ap.add_argument("--json", default=None, help="write results to this file")
+    a = ap.parse_args(argv)
+    os.environ.setdefault("TCPX_P2P_IFNAME", "lo")
+    gpus = [int(x) for x in a.gpus.split(",")]
+    if a.memory == "gpu":
+        from tcpx_p2p import cuda_device_count
+
+        if cuda_device_count() == 0:
+            sys.exit("--memory gpu: no GPU found")
+        if len(gpus) == 1 or cuda_device_count() < 2:
+            gpus = [gpus[0], gpus[0]]
+    mine, theirs = (gpus[0], gpus[1]) if a.memory == "gpu" else (None, None)
+
+    if a.mode == "server":
+        server_main(a.port, theirs if a.memory == "gpu" else None, "0.0.0.0")
+        return 0
+    try:
+        if a.mode == "client":
+            if not a.host:
+                sys.exit("client mode needs the server's host")
+            rows, net, streams = client_main(a, a.host, a.port, mine)
+        else:
+            ctx = mp.get_context("spawn")
+            ready = ctx.Queue()
+            env = {k: v for k, v in os.environ.items() if k.startswith("TCPX_P2P_")}
+            srv = ctx.Process(target=_pair_server, args=(ready, theirs, env), daemon=True)
+            srv.start()
+            port = ready.get(timeout=60)
+            rows, net, streams = client_main(a, "127.0.0.1", port, mine)
+            srv.join(30)
+    except (RuntimeError, ConnectionError, OSError) as e:
+        print(f"tcpx-p2p-bench: {e}", file=sys.stderr)
+        return 1
+    if a.reference and a.memory == "gpu" and a.mode == "pair" and a.op == "send" and not a.kv_blocks:
+        sizes = [r["size"] for r in rows]
+        iters = {r["size"]: r["iters"] for r in rows}
+        try:
+            d = nccl_reference(sizes, iters, gpus, 0, 0)
+            b = nccl_reference(sizes, iters, gpus, 4, 4)
+            for r in rows:
+                r["nccl_default_GBps"] = round(d[r["size"]], 3)
+                r["nccl_best_GBps"] = round(b[r["size"]], 3)
+                r["ratio_vs_nccl_best"] = round(r["GBps"] / b[r["size"]], 3)
+                r["ratio_vs_nccl_default"] = round(r["GBps"] / d[r["size"]], 3)
+        except Exception as e:  # the reference is optional; say why it is missing
+            print(f"NCCL reference skipped: {type(e).__name__}: {e}", file=sys.stderr)
+    title = f"tcpx-p2p-bench {a.mode}: net={net} memory={a.memory} streams={streams} op={a.op}"
+    print_table(rows, title)
+    if a.json:
+        import platform
+
+        doc = {
+            "tool": "tcpx-p2p-bench",
+            "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+            "host": platform.node(),
+            "args": vars(a),
+            "net": net,
+            "streams": streams,
+            "rows": rows,
+        }
+        os.makedirs(os.path.dirname(os.path.abspath(a.json)), exist_ok=True)
+        with open(a.json, "w") as f:
+            json.dump(doc, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
