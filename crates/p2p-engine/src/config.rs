@@ -39,6 +39,9 @@ pub struct Config {
     pub staging_depth: usize,
     /// Kernel socket buffer size (0 = leave the kernel's default).
     pub sockbuf: usize,
+    /// How long idle threads spin before sleeping while work is in flight
+    /// (a thread wake-up costs tens of microseconds in a VM).
+    pub spin: Duration,
     /// How long a connect (TCP connect + handshake) may take.
     pub connect_timeout: Duration,
     /// Shared secret peers must present (None = anyone may connect).
@@ -62,6 +65,7 @@ impl Default for Config {
             staging_slice: 1 << 20,
             staging_depth: 4,
             sockbuf: 0,
+            spin: Duration::from_micros(50),
             connect_timeout: Duration::from_secs(20),
             auth_token: None,
             plugin_path: "/usr/local/tcpx/lib64/libnccl-net-tcpx.so".into(),
@@ -117,6 +121,7 @@ impl Config {
     /// | `TCPX_P2P_SEND_WINDOW`, `TCPX_P2P_RECV_WINDOW` | requests in flight per comm | 16 |
     /// | `TCPX_P2P_STAGING_SLICE`, `TCPX_P2P_STAGING_DEPTH` | pinned staging for GPU memory | 1M, 4 |
     /// | `TCPX_P2P_SOCKBUF` | SO_SNDBUF/SO_RCVBUF | kernel default |
+    /// | `TCPX_P2P_SPIN_US` | busy-wait before sleeping, µs | 50 |
     /// | `TCPX_P2P_CONNECT_TIMEOUT_MS` | connect + handshake deadline | 20000 |
     /// | `TCPX_P2P_AUTH_TOKEN` | shared secret peers must present | none |
     /// | `TCPX_P2P_PLUGIN_PATH`, `UCCL_TCPX_PLUGIN_PATH` | ncclNet plugin | GCP path |
@@ -168,6 +173,9 @@ impl Config {
         }
         if let Some(n) = size_var(&["TCPX_P2P_SOCKBUF"], 0, 1 << 30)? {
             c.sockbuf = n;
+        }
+        if let Some(n) = size_var(&["TCPX_P2P_SPIN_US"], 0, 1_000_000)? {
+            c.spin = Duration::from_micros(n as u64);
         }
         if let Some(n) = size_var(&["TCPX_P2P_CONNECT_TIMEOUT_MS"], 1, 3_600_000)? {
             c.connect_timeout = Duration::from_millis(n as u64);

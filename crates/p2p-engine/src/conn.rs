@@ -73,6 +73,7 @@ pub(crate) struct ConnParams {
     pub windows: (usize, usize),
     pub auth: u64,
     pub timeout: Duration,
+    pub spin: Duration,
 }
 
 pub struct Conn {
@@ -247,6 +248,7 @@ impl Conn {
             p.windows,
             rx,
             net.needs_polling(),
+            p.spin,
         );
         let reader = oob
             .try_clone()

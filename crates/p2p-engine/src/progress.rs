@@ -6,7 +6,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, TryRecvError};
 
@@ -65,6 +65,7 @@ pub struct Progress {
     recv_cursor: [usize; 2],
     cmds: Receiver<Cmd>,
     polling: bool,
+    spin: Duration,
     conn: u64,
 }
 
@@ -187,6 +188,7 @@ impl Progress {
         windows: (usize, usize),
         cmds: Receiver<Cmd>,
         polling: bool,
+        spin: Duration,
     ) -> Self {
         let [s0, s1] = sends;
         let [r0, r1] = recvs;
@@ -207,6 +209,7 @@ impl Progress {
             recv_cursor: [0; 2],
             cmds,
             polling,
+            spin,
             conn,
         }
     }
@@ -247,6 +250,7 @@ impl Progress {
 
     /// Runs until shutdown or failure; returns the reason it stopped.
     pub fn run(mut self) -> String {
+        let mut last_busy = Instant::now();
         let why = loop {
             let mut busy = false;
             let mut stop = None;
@@ -282,9 +286,11 @@ impl Progress {
             if let Some(e) = err {
                 break format!("transport failed: {e}");
             }
-            if !busy {
+            if busy {
+                last_busy = Instant::now();
+            } else {
                 let outstanding = self.all().any(|c| !c.inflight.is_empty());
-                if self.polling && outstanding {
+                if outstanding && (self.polling || last_busy.elapsed() < self.spin) {
                     std::thread::yield_now();
                 } else {
                     // Woken by the transport's waker or by a new command.

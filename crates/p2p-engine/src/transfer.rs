@@ -2,7 +2,7 @@
 //! done, the peer's acknowledgement) and ends exactly once, done or failed
 //! with a reason.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -42,6 +42,7 @@ pub struct Transfer {
     pub id: u64,
     pub conn: u64,
     remaining: AtomicUsize,
+    ended: AtomicBool,
     status: Mutex<Status>,
     cv: Condvar,
     on_end: Mutex<Option<OnEnd>>,
@@ -56,6 +57,7 @@ impl Transfer {
             id,
             conn,
             remaining: AtomicUsize::new(events),
+            ended: AtomicBool::new(false),
             status: Mutex::new(Status::Pending),
             cv: Condvar::new(),
             on_end: Mutex::new(None),
@@ -91,6 +93,7 @@ impl Transfer {
                 return false;
             }
             *st = s.clone();
+            self.ended.store(true, Ordering::Release);
         }
         self.cv.notify_all();
         if let Some(f) = self.on_end.lock().take() {
@@ -114,6 +117,19 @@ impl Transfer {
 
     pub fn status(&self) -> Status {
         self.status.lock().clone()
+    }
+
+    /// Waits until the transfer ends or `timeout` passes (None = forever),
+    /// busy-checking for up to `spin` first.
+    pub fn wait_spin(&self, timeout: Option<Duration>, spin: Duration) -> Status {
+        if !spin.is_zero() {
+            let start = Instant::now();
+            let limit = timeout.map_or(spin, |t| t.min(spin));
+            while !self.ended.load(Ordering::Acquire) && start.elapsed() < limit {
+                std::hint::spin_loop();
+            }
+        }
+        self.wait(timeout)
     }
 
     /// Waits until the transfer ends or `timeout` passes (None = forever).
@@ -148,7 +164,6 @@ pub fn chunks(addr: u64, len: usize, chunk: usize) -> impl Iterator<Item = (u64,
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::atomic::AtomicBool;
 
     #[test]
     fn ends_exactly_once() {

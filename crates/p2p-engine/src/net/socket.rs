@@ -43,6 +43,8 @@ pub struct SocketConfig {
     pub staging_slice: usize,
     pub staging_depth: usize,
     pub connect_timeout: Duration,
+    /// Idle I/O threads spin this long before sleeping.
+    pub spin: Duration,
 }
 
 /// The transport: stateless apart from its settings.
@@ -174,7 +176,7 @@ impl Net for SocketNet {
                 .map_err(|e| NetError::io(NET, "connect", e))?;
             socks.push(s);
         }
-        Ok(Some(Box::new(SocketSend::start(socks, &self.cfg, waker))))
+        Ok(Some(Box::new(SocketSend::start(socks, &self.cfg, waker)?)))
     }
 
     fn needs_polling(&self) -> bool {
@@ -234,7 +236,7 @@ impl ListenComm for SocketListen {
         if self.streams.iter().all(Option::is_some) {
             let socks: Vec<Arc<TcpStream>> =
                 self.streams.iter_mut().filter_map(Option::take).collect();
-            Ok(Some(Box::new(SocketRecv::start(socks, &self.cfg, waker))))
+            Ok(Some(Box::new(SocketRecv::start(socks, &self.cfg, waker)?)))
         } else {
             Ok(None)
         }
@@ -313,7 +315,7 @@ struct SocketSend {
 }
 
 impl SocketSend {
-    fn start(socks: Vec<TcpStream>, cfg: &SocketConfig, waker: Waker) -> Self {
+    fn start(socks: Vec<TcpStream>, cfg: &SocketConfig, waker: Waker) -> Result<Self, NetError> {
         let shared = Arc::new(SendShared {
             failed: Mutex::new(None),
             waker,
@@ -325,16 +327,16 @@ impl SocketSend {
             let (tx, rx) = crossbeam_channel::unbounded::<TxOp>();
             let s = s.clone();
             let shared = shared.clone();
-            let (slice, depth) = (cfg.staging_slice, cfg.staging_depth);
+            let (slice, depth, spin) = (cfg.staging_slice, cfg.staging_depth, cfg.spin);
             threads.push(
                 std::thread::Builder::new()
                     .name(format!("tcpx-tx{i}"))
-                    .spawn(move || tx_loop(s, rx, shared, slice, depth))
-                    .expect("spawn I/O thread"),
+                    .spawn(move || tx_loop(s, rx, shared, slice, depth, spin))
+                    .map_err(|e| NetError::io(NET, "spawning an I/O thread", e))?,
             );
             txs.push(tx);
         }
-        SocketSend {
+        Ok(SocketSend {
             txs,
             socks,
             threads,
@@ -343,7 +345,7 @@ impl SocketSend {
             next_seq: 0,
             cursor: 0,
             min_part: cfg.min_part,
-        }
+        })
     }
 }
 
@@ -418,15 +420,31 @@ fn tx_part(
     }
 }
 
+/// The next op: spins for `spin` after the last one before blocking.
+fn next_op(rx: &Receiver<TxOp>, spin: Duration) -> Option<TxOp> {
+    let start = Instant::now();
+    loop {
+        match rx.try_recv() {
+            Ok(op) => return Some(op),
+            Err(crossbeam_channel::TryRecvError::Disconnected) => return None,
+            Err(crossbeam_channel::TryRecvError::Empty) if start.elapsed() < spin => {
+                std::hint::spin_loop()
+            }
+            Err(crossbeam_channel::TryRecvError::Empty) => return rx.recv().ok(),
+        }
+    }
+}
+
 fn tx_loop(
     s: Arc<TcpStream>,
     rx: Receiver<TxOp>,
     shared: Arc<SendShared>,
     slice: usize,
     depth: usize,
+    spin: Duration,
 ) {
     let mut staging = None;
-    while let Ok(op) = rx.recv() {
+    while let Some(op) = next_op(&rx, spin) {
         if let Some(f) = shared.failed.lock().clone() {
             *op.req.error.lock() = Some(f);
             (shared.waker)();
@@ -566,7 +584,11 @@ struct SocketRecv {
 }
 
 impl SocketRecv {
-    fn start(socks: Vec<Arc<TcpStream>>, cfg: &SocketConfig, waker: Waker) -> Self {
+    fn start(
+        socks: Vec<Arc<TcpStream>>,
+        cfg: &SocketConfig,
+        waker: Waker,
+    ) -> Result<Self, NetError> {
         let shared = Arc::new(RecvShared {
             posted: Mutex::new(HashMap::new()),
             posted_cv: Condvar::new(),
@@ -583,16 +605,16 @@ impl SocketRecv {
                 std::thread::Builder::new()
                     .name(format!("tcpx-rx{i}"))
                     .spawn(move || rx_loop(s, shared, slice, depth))
-                    .expect("spawn I/O thread"),
+                    .map_err(|e| NetError::io(NET, "spawning an I/O thread", e))?,
             );
         }
-        SocketRecv {
+        Ok(SocketRecv {
             shared,
             socks,
             threads,
             reqs: HashMap::new(),
             next_seq: 0,
-        }
+        })
     }
 }
 
@@ -827,6 +849,7 @@ mod tests {
             staging_slice: 1 << 20,
             staging_depth: 2,
             connect_timeout: Duration::from_secs(5),
+            spin: Duration::from_micros(20),
         }
     }
 
