@@ -76,6 +76,7 @@ fn make_net(cfg: &Config, ip: IpAddr) -> Result<Arc<dyn Net>> {
             staging_slice: cfg.staging_slice,
             staging_depth: cfg.staging_depth,
             connect_timeout: cfg.connect_timeout,
+            spin: cfg.spin,
         }))),
         NetKind::Plugin => Err(Error::Config(format!(
             "TCPX_P2P_NET=plugin: the ncclNet plugin net is not built into this version (plugin path {})",
@@ -120,6 +121,7 @@ impl Endpoint {
             windows: (cfg.send_window, cfg.recv_window),
             auth: auth_digest(cfg.auth_token.as_deref()),
             timeout: cfg.connect_timeout,
+            spin: cfg.spin,
         };
         let inner = Arc::new(Inner {
             cfg,
@@ -512,7 +514,7 @@ impl Endpoint {
     /// Waits for the transfer to end (None: no limit).
     pub fn wait(&self, xfer: u64, timeout: Option<Duration>) -> Result<bool> {
         let t = self.status_of(xfer)?;
-        let s = t.wait(timeout);
+        let s = t.wait_spin(timeout, self.inner.cfg.spin);
         self.finish(&t, s)
     }
 
