@@ -42,6 +42,10 @@ pub struct Config {
     /// How long idle threads spin before sleeping while work is in flight
     /// (a thread wake-up costs tens of microseconds in a VM).
     pub spin: Duration,
+    /// Keep-alive interval on an idle control connection.
+    pub keepalive: Duration,
+    /// A connection whose peer has been silent this long fails.
+    pub deadline: Duration,
     /// How long a connect (TCP connect + handshake) may take.
     pub connect_timeout: Duration,
     /// Shared secret peers must present (None = anyone may connect).
@@ -66,6 +70,8 @@ impl Default for Config {
             staging_depth: 4,
             sockbuf: 0,
             spin: Duration::from_micros(50),
+            keepalive: Duration::from_millis(1000),
+            deadline: Duration::from_millis(10_000),
             connect_timeout: Duration::from_secs(20),
             auth_token: None,
             plugin_path: "/usr/local/tcpx/lib64/libnccl-net-tcpx.so".into(),
@@ -122,6 +128,7 @@ impl Config {
     /// | `TCPX_P2P_STAGING_SLICE`, `TCPX_P2P_STAGING_DEPTH` | pinned staging for GPU memory | 1M, 4 |
     /// | `TCPX_P2P_SOCKBUF` | SO_SNDBUF/SO_RCVBUF | kernel default |
     /// | `TCPX_P2P_SPIN_US` | busy-wait before sleeping, µs | 50 |
+    /// | `TCPX_P2P_KEEPALIVE_MS`, `TCPX_P2P_DEADLINE_MS` | keep-alive interval; silence after which a connection fails | 1000, 10000 |
     /// | `TCPX_P2P_CONNECT_TIMEOUT_MS` | connect + handshake deadline | 20000 |
     /// | `TCPX_P2P_AUTH_TOKEN` | shared secret peers must present | none |
     /// | `TCPX_P2P_PLUGIN_PATH`, `UCCL_TCPX_PLUGIN_PATH` | ncclNet plugin | GCP path |
@@ -176,6 +183,19 @@ impl Config {
         }
         if let Some(n) = size_var(&["TCPX_P2P_SPIN_US"], 0, 1_000_000)? {
             c.spin = Duration::from_micros(n as u64);
+        }
+        if let Some(n) = size_var(&["TCPX_P2P_KEEPALIVE_MS"], 10, 3_600_000)? {
+            c.keepalive = Duration::from_millis(n as u64);
+        }
+        if let Some(n) = size_var(&["TCPX_P2P_DEADLINE_MS"], 100, 86_400_000)? {
+            c.deadline = Duration::from_millis(n as u64);
+        }
+        if c.deadline <= c.keepalive {
+            return Err(Error::Config(format!(
+                "TCPX_P2P_DEADLINE_MS ({} ms) must be longer than TCPX_P2P_KEEPALIVE_MS ({} ms)",
+                c.deadline.as_millis(),
+                c.keepalive.as_millis()
+            )));
         }
         if let Some(n) = size_var(&["TCPX_P2P_CONNECT_TIMEOUT_MS"], 1, 3_600_000)? {
             c.connect_timeout = Duration::from_millis(n as u64);

@@ -9,7 +9,7 @@
 use std::collections::HashMap;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
 use std::thread::{JoinHandle, Thread};
 use std::time::{Duration, Instant};
@@ -23,6 +23,12 @@ use crate::net::{MemRef, Net, NetHandle, RecvComm, SendComm, Waker};
 use crate::progress::{ChunkOp, Cmd, Progress, Set};
 use crate::transfer::{chunks, Failure, Transfer};
 use crate::wire::{self, Control, Hello, RmaItem};
+
+/// Milliseconds on a process-wide monotonic clock.
+pub(crate) fn now_ms() -> u64 {
+    static EPOCH: OnceLock<Instant> = OnceLock::new();
+    EPOCH.get_or_init(Instant::now).elapsed().as_millis() as u64
+}
 
 const PEER_CLOSED: &str = "peer closed the connection";
 
@@ -74,6 +80,7 @@ pub(crate) struct ConnParams {
     pub auth: u64,
     pub timeout: Duration,
     pub spin: Duration,
+    pub deadline: Duration,
 }
 
 pub struct Conn {
@@ -88,6 +95,9 @@ pub struct Conn {
     registry: Arc<Registry>,
     failed: Mutex<Option<String>>,
     closed: AtomicBool,
+    /// When we last heard from / wrote to the peer (ms on [`now_ms`]'s clock).
+    last_rx: AtomicU64,
+    last_tx: AtomicU64,
     /// User transfers of this connection, failed together if it breaks.
     live: Mutex<HashMap<u64, Arc<Transfer>>>,
     /// Writes waiting for the target's clear-to-send.
@@ -239,6 +249,9 @@ impl Conn {
         let recvs_rma = recvs.split_off(channels);
         oob.set_read_timeout(None)
             .map_err(|e| Error::io("control connection", e))?;
+        // A peer that stops reading must not block our writers forever.
+        oob.set_write_timeout(Some(p.deadline))
+            .map_err(|e| Error::io("control connection", e))?;
 
         let (tx, rx) = crossbeam_channel::unbounded();
         let progress = Progress::new(
@@ -265,6 +278,8 @@ impl Conn {
             registry: p.registry.clone(),
             failed: Mutex::new(None),
             closed: AtomicBool::new(false),
+            last_rx: AtomicU64::new(now_ms()),
+            last_tx: AtomicU64::new(now_ms()),
             live: Mutex::new(HashMap::new()),
             pending_writes: Mutex::new(HashMap::new()),
             threads: Mutex::new(Vec::new()),
@@ -474,7 +489,7 @@ impl Conn {
             // sends in the order our requests arrive: our receives' order.
             self.submit(Cmd::Recv(Set::Rma, ops));
         }
-        if let Err(e) = write_frame(&mut *oob, &body) {
+        if let Err(e) = self.write_locked(&mut oob, &body) {
             drop(oob);
             self.fail(format!("control connection write failed: {e}"));
         }
@@ -484,7 +499,45 @@ impl Conn {
     fn send_control(&self, m: &Control) -> std::io::Result<()> {
         let mut body = Vec::new();
         m.encode(&mut body);
-        write_frame(&mut *self.oob.lock(), &body)
+        self.write_locked(&mut self.oob.lock(), &body)
+    }
+
+    /// Writes a frame on the control connection (its lock held by the caller).
+    fn write_locked(&self, oob: &mut TcpStream, body: &[u8]) -> std::io::Result<()> {
+        write_frame(oob, body)?;
+        self.last_tx.store(now_ms(), Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Liveness, called periodically: sends a keep-alive when we have been
+    /// quiet for `keepalive`, and fails the connection when the peer has
+    /// been silent for `deadline`.
+    pub(crate) fn tick(&self, keepalive: Duration, deadline: Duration) {
+        if self.failure().is_some() {
+            return;
+        }
+        let now = now_ms();
+        let silent = now.saturating_sub(self.last_rx.load(Ordering::Relaxed));
+        if silent > deadline.as_millis() as u64 {
+            self.fail(format!(
+                "peer unresponsive: nothing heard for {:.1} s (deadline {:.1} s, TCPX_P2P_DEADLINE_MS)",
+                silent as f64 / 1e3,
+                deadline.as_secs_f64()
+            ));
+            return;
+        }
+        if now.saturating_sub(self.last_tx.load(Ordering::Relaxed)) >= keepalive.as_millis() as u64
+        {
+            // Never block the watchdog: if someone is writing, that is traffic too.
+            if let Some(mut oob) = self.oob.try_lock() {
+                let mut body = Vec::new();
+                Control::KeepAlive.encode(&mut body);
+                if let Err(e) = self.write_locked(&mut oob, &body) {
+                    drop(oob);
+                    self.fail(format!("control connection write failed: {e}"));
+                }
+            }
+        }
     }
 
     /// Target side: checks every item of a request against our own records.
@@ -550,7 +603,8 @@ impl Conn {
                     Control::WriteCts { xfer }.encode(&mut body);
                     let mut oob = self.oob.lock();
                     self.submit(Cmd::Recv(Set::Rma, ops));
-                    write_frame(&mut *oob, &body).map_err(|e| e.to_string())?;
+                    self.write_locked(&mut oob, &body)
+                        .map_err(|e| e.to_string())?;
                 }
             },
             Control::WriteCts { xfer } => {
@@ -640,6 +694,9 @@ fn oob_loop(conn: Weak<Conn>, mut s: TcpStream) {
     loop {
         let r = read_frame(&mut s, wire::MAX_FRAME);
         let Some(c) = conn.upgrade() else { return };
+        if r.is_ok() {
+            c.last_rx.store(now_ms(), Ordering::Relaxed);
+        }
         let res = match r {
             Err(e) => {
                 if e.kind() == std::io::ErrorKind::UnexpectedEof {

@@ -51,6 +51,8 @@ struct Inner {
     addr: SocketAddr,
     registry: Arc<Registry>,
     conns: RwLock<HashMap<u64, Arc<Conn>>>,
+    /// Connections that failed or closed, newest last: why (bounded).
+    gone: Mutex<VecDeque<(u64, String)>>,
     accepted: Mutex<VecDeque<u64>>,
     accepted_cv: Condvar,
     transfers: Mutex<HashMap<u64, Arc<Transfer>>>,
@@ -64,6 +66,7 @@ struct Inner {
 pub struct Endpoint {
     inner: Arc<Inner>,
     acceptor: Option<std::thread::JoinHandle<()>>,
+    watchdog: Option<std::thread::JoinHandle<()>>,
 }
 
 fn make_net(cfg: &Config, ip: IpAddr) -> Result<Arc<dyn Net>> {
@@ -122,6 +125,7 @@ impl Endpoint {
             auth: auth_digest(cfg.auth_token.as_deref()),
             timeout: cfg.connect_timeout,
             spin: cfg.spin,
+            deadline: cfg.deadline,
         };
         let inner = Arc::new(Inner {
             cfg,
@@ -131,6 +135,7 @@ impl Endpoint {
             addr,
             registry,
             conns: RwLock::new(HashMap::new()),
+            gone: Mutex::new(VecDeque::new()),
             accepted: Mutex::new(VecDeque::new()),
             accepted_cv: Condvar::new(),
             transfers: Mutex::new(HashMap::new()),
@@ -144,10 +149,16 @@ impl Endpoint {
             .name("tcpx-accept".into())
             .spawn(move || accept_loop(weak, listener))
             .map_err(|e| Error::io("spawning acceptor", e))?;
+        let weak = Arc::downgrade(&inner);
+        let watchdog = std::thread::Builder::new()
+            .name("tcpx-watchdog".into())
+            .spawn(move || watchdog_loop(weak))
+            .map_err(|e| Error::io("spawning watchdog", e))?;
         tracing::info!(%addr, gpu = gpu_index, net = inner.params.net.name(), "endpoint ready");
         Ok(Endpoint {
             inner,
             acceptor: Some(acceptor),
+            watchdog: Some(watchdog),
         })
     }
 
@@ -270,12 +281,16 @@ impl Endpoint {
     }
 
     fn conn(&self, id: u64) -> Result<Arc<Conn>> {
-        self.inner
-            .conns
-            .read()
-            .get(&id)
-            .cloned()
-            .ok_or_else(|| Error::invalid(format!("unknown connection id {id}")))
+        if let Some(c) = self.inner.conns.read().get(&id) {
+            return Ok(c.clone());
+        }
+        match self.inner.gone.lock().iter().find(|(g, _)| *g == id) {
+            Some((_, why)) => Err(Error::ConnectionLost {
+                conn: id,
+                reason: why.clone(),
+            }),
+            None => Err(Error::invalid(format!("unknown connection id {id}"))),
+        }
     }
 
     /// Closes a connection: what is in flight on it fails.
@@ -532,10 +547,44 @@ impl Drop for Endpoint {
         if let Some(t) = self.acceptor.take() {
             let _ = t.join();
         }
+        if let Some(t) = self.watchdog.take() {
+            t.thread().unpark();
+            let _ = t.join();
+        }
         let conns: Vec<_> = self.inner.conns.write().drain().map(|(_, c)| c).collect();
         for c in conns {
             c.close();
         }
+    }
+}
+
+/// Keep-alives and liveness deadlines of every connection.
+fn watchdog_loop(inner: Weak<Inner>) {
+    loop {
+        let Some(ep) = inner.upgrade() else { return };
+        if ep.stopping.load(Ordering::Acquire) {
+            return;
+        }
+        let (keepalive, deadline) = (ep.cfg.keepalive, ep.cfg.deadline);
+        let conns: Vec<Arc<Conn>> = ep.conns.read().values().cloned().collect();
+        for c in conns {
+            c.tick(keepalive, deadline);
+            // A failed connection releases its threads, sockets and buffers;
+            // its id keeps answering with the reason.
+            if let Some(why) = c.failure() {
+                ep.conns.write().remove(&c.id);
+                ep.by_metadata.lock().retain(|_, v| *v != c.id);
+                let mut gone = ep.gone.lock();
+                gone.push_back((c.id, why));
+                if gone.len() > 4096 {
+                    gone.pop_front();
+                }
+                drop(gone);
+                c.close();
+            }
+        }
+        drop(ep);
+        std::thread::park_timeout((keepalive / 4).min(Duration::from_millis(250)));
     }
 }
 
