@@ -30,7 +30,8 @@ pub struct Config {
     pub min_part: usize,
     /// Channels (send/receive comm pairs) per set, per connection.
     pub channels: usize,
-    /// Requests in flight per send comm / receive comm.
+    /// Requests in flight per send comm / receive comm (0: the net's most;
+    /// never more than it allows).
     pub send_window: usize,
     pub recv_window: usize,
     /// Size of one pinned staging slice for GPU memory over the socket net.
@@ -64,8 +65,8 @@ impl Default for Config {
             chunk: 8 << 20,
             min_part: 128 << 10,
             channels: 1,
-            send_window: 16,
-            recv_window: 16,
+            send_window: 0,
+            recv_window: 0,
             staging_slice: 1 << 20,
             staging_depth: 4,
             sockbuf: 0,
@@ -124,7 +125,7 @@ impl Config {
     /// | `TCPX_P2P_CHUNK` | request size posted to the net | 8M |
     /// | `TCPX_P2P_MIN_PART` | smallest per-stream piece | 128K |
     /// | `TCPX_P2P_CHANNELS`, `UCCL_TCPX_NUM_CHANNELS` | channels per connection | 1 |
-    /// | `TCPX_P2P_SEND_WINDOW`, `TCPX_P2P_RECV_WINDOW` | requests in flight per comm | 16 |
+    /// | `TCPX_P2P_SEND_WINDOW`, `TCPX_P2P_RECV_WINDOW` | requests in flight per comm (capped by the net: 16 for plugins) | the net's most |
     /// | `TCPX_P2P_STAGING_SLICE`, `TCPX_P2P_STAGING_DEPTH` | pinned staging for GPU memory | 1M, 4 |
     /// | `TCPX_P2P_SOCKBUF` | SO_SNDBUF/SO_RCVBUF | kernel default |
     /// | `TCPX_P2P_SPIN_US` | busy-wait before sleeping, µs | 50 |
@@ -166,10 +167,10 @@ impl Config {
         if let Some(n) = size_var(&["TCPX_P2P_CHANNELS", "UCCL_TCPX_NUM_CHANNELS"], 1, 32)? {
             c.channels = n;
         }
-        if let Some(n) = size_var(&["TCPX_P2P_SEND_WINDOW"], 1, 16)? {
+        if let Some(n) = size_var(&["TCPX_P2P_SEND_WINDOW"], 1, 4096)? {
             c.send_window = n;
         }
-        if let Some(n) = size_var(&["TCPX_P2P_RECV_WINDOW"], 1, 16)? {
+        if let Some(n) = size_var(&["TCPX_P2P_RECV_WINDOW"], 1, 4096)? {
             c.recv_window = n;
         }
         if let Some(n) = size_var(&["TCPX_P2P_STAGING_SLICE"], 4096, 256 << 20)? {

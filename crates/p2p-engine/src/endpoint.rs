@@ -114,6 +114,9 @@ impl Endpoint {
             .map_err(|e| Error::io("control listener", e))?;
         let registry = Arc::new(Registry::new());
         let net = make_net(&cfg, ip)?;
+        let most = net.max_requests();
+        let window = |v: usize| if v == 0 { most } else { v.min(most) };
+        let windows = (window(cfg.send_window), window(cfg.recv_window));
         let params = ConnParams {
             net,
             registry: registry.clone(),
@@ -121,7 +124,7 @@ impl Endpoint {
             gpu_bdf: gpu_bdf.clone(),
             channels: cfg.channels,
             chunk: cfg.chunk,
-            windows: (cfg.send_window, cfg.recv_window),
+            windows,
             auth: auth_digest(cfg.auth_token.as_deref()),
             timeout: cfg.connect_timeout,
             spin: cfg.spin,

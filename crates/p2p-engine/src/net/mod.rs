@@ -64,6 +64,10 @@ pub trait Net: Send + Sync {
     /// True when requests progress only inside `test` (the engine then polls
     /// continuously); false when the transport calls the [`Waker`].
     fn needs_polling(&self) -> bool;
+    /// Most requests one comm may have in flight (ncclNet plugins: 16).
+    fn max_requests(&self) -> usize {
+        16
+    }
 }
 
 pub trait ListenComm: Send {

@@ -182,6 +182,10 @@ impl Net for SocketNet {
     fn needs_polling(&self) -> bool {
         false
     }
+
+    fn max_requests(&self) -> usize {
+        256
+    }
 }
 
 // -------------------------------------------------------------- listening
@@ -349,21 +353,45 @@ impl SocketSend {
     }
 }
 
-fn write_all_vectored(s: &mut &TcpStream, mut a: &[u8], mut b: &[u8]) -> io::Result<()> {
-    while !a.is_empty() || !b.is_empty() {
-        let n = if a.is_empty() {
-            s.write(b)?
-        } else {
-            s.write_vectored(&[IoSlice::new(a), IoSlice::new(b)])?
-        };
+/// Writes every byte of `parts` with as few system calls as it takes.
+fn write_all_slices(s: &TcpStream, parts: &[&[u8]]) -> io::Result<()> {
+    let (mut idx, mut off) = (0, 0);
+    while idx < parts.len() {
+        if off == parts[idx].len() {
+            idx += 1;
+            off = 0;
+            continue;
+        }
+        let iov: Vec<IoSlice<'_>> = std::iter::once(IoSlice::new(&parts[idx][off..]))
+            .chain(parts[idx + 1..].iter().take(255).map(|p| IoSlice::new(p)))
+            .collect();
+        let mut n = (&*s).write_vectored(&iov)?;
         if n == 0 {
             return Err(io::ErrorKind::WriteZero.into());
         }
-        let from_a = n.min(a.len());
-        a = &a[from_a..];
-        b = &b[n - from_a..];
+        while n > 0 && idx < parts.len() {
+            let rem = parts[idx].len() - off;
+            if n >= rem {
+                n -= rem;
+                idx += 1;
+                off = 0;
+            } else {
+                off += n;
+                n = 0;
+            }
+        }
     }
     Ok(())
+}
+
+/// The payload of a host-memory op.
+fn host_bytes(op: &TxOp) -> &[u8] {
+    if op.mem.len == 0 {
+        return &[];
+    }
+    // SAFETY: the engine checked `[addr, addr+len)` against a registered
+    // region that stays registered until this request completes.
+    unsafe { std::slice::from_raw_parts(op.mem.addr as *const u8, op.mem.len) }
 }
 
 fn tx_part(
@@ -375,18 +403,9 @@ fn tx_part(
 ) -> Result<(), String> {
     let mut w = s;
     match op.mem.kind {
-        MemKind::Host => {
-            // SAFETY: the engine checked `[addr, addr+len)` against a registered
-            // region that stays registered until this request completes.
-            let data: &[u8] = if op.mem.len == 0 {
-                &[]
-            } else {
-                unsafe { std::slice::from_raw_parts(op.mem.addr as *const u8, op.mem.len) }
-            };
-            write_all_vectored(&mut w, &op.hdr, data).map_err(|e| e.to_string())
-        }
+        MemKind::Host => write_all_slices(s, &[&op.hdr, host_bytes(op)]).map_err(|e| e.to_string()),
         MemKind::Cuda(dev) => {
-            write_all_vectored(&mut w, &op.hdr, &[]).map_err(|e| e.to_string())?;
+            write_all_slices(s, &[&op.hdr]).map_err(|e| e.to_string())?;
             let st = Staging::get(staging, dev, slice, depth)?;
             let n = op.mem.len.div_ceil(slice);
             let issue = |st: &mut Staging, i: usize| -> Result<(), String> {
@@ -435,6 +454,14 @@ fn next_op(rx: &Receiver<TxOp>, spin: Duration) -> Option<TxOp> {
     }
 }
 
+/// Small host-memory parts queued together go out in one system call.
+const BATCH_PART: usize = 256 << 10;
+const BATCH_BYTES: usize = 1 << 20;
+
+fn batchable(op: &TxOp) -> bool {
+    op.mem.kind == MemKind::Host && op.mem.len <= BATCH_PART
+}
+
 fn tx_loop(
     s: Arc<TcpStream>,
     rx: Receiver<TxOp>,
@@ -444,28 +471,60 @@ fn tx_loop(
     spin: Duration,
 ) {
     let mut staging = None;
-    while let Some(op) = next_op(&rx, spin) {
+    let mut held: Option<TxOp> = None;
+    let finish = |op: &TxOp, r: &Result<(), String>| match r {
+        Ok(()) => {
+            if op.req.parts_left.fetch_sub(1, Ordering::AcqRel) == 1 {
+                (shared.waker)();
+            }
+        }
+        Err(e) => {
+            let msg = format!(
+                "send stream to {}: {e}",
+                s.peer_addr().map(|a| a.to_string()).unwrap_or_default()
+            );
+            *op.req.error.lock() = Some(msg.clone());
+            shared.failed.lock().get_or_insert(msg);
+            let _ = s.shutdown(std::net::Shutdown::Both);
+            (shared.waker)();
+        }
+    };
+    loop {
+        let Some(op) = held.take().or_else(|| next_op(&rx, spin)) else {
+            return;
+        };
         if let Some(f) = shared.failed.lock().clone() {
             *op.req.error.lock() = Some(f);
             (shared.waker)();
             continue;
         }
-        match tx_part(&s, &op, &mut staging, slice, depth) {
-            Ok(()) => {
-                if op.req.parts_left.fetch_sub(1, Ordering::AcqRel) == 1 {
-                    (shared.waker)();
+        if !batchable(&op) {
+            let r = tx_part(&s, &op, &mut staging, slice, depth);
+            finish(&op, &r);
+            continue;
+        }
+        let mut batch = vec![op];
+        let mut bytes = batch[0].mem.len;
+        while batch.len() < 128 && bytes < BATCH_BYTES {
+            match rx.try_recv() {
+                Ok(o) if batchable(&o) => {
+                    bytes += o.mem.len;
+                    batch.push(o);
                 }
+                Ok(o) => {
+                    held = Some(o);
+                    break;
+                }
+                Err(_) => break,
             }
-            Err(e) => {
-                let msg = format!(
-                    "send stream to {}: {e}",
-                    s.peer_addr().map(|a| a.to_string()).unwrap_or_default()
-                );
-                *op.req.error.lock() = Some(msg.clone());
-                shared.failed.lock().get_or_insert(msg);
-                let _ = s.shutdown(std::net::Shutdown::Both);
-                (shared.waker)();
-            }
+        }
+        let slices: Vec<&[u8]> = batch
+            .iter()
+            .flat_map(|o| [&o.hdr[..], host_bytes(o)])
+            .collect();
+        let r = write_all_slices(&s, &slices).map_err(|e| e.to_string());
+        for o in &batch {
+            finish(o, &r);
         }
     }
 }
@@ -618,14 +677,56 @@ impl SocketRecv {
     }
 }
 
+/// Reads a stream through a buffer, so that headers and small payloads
+/// cost one system call for many; large payloads are read in place.
+struct StreamReader {
+    s: Arc<TcpStream>,
+    buf: Box<[u8]>,
+    pos: usize,
+    end: usize,
+}
+
+const READ_BUF: usize = 256 << 10;
+
+impl StreamReader {
+    fn new(s: Arc<TcpStream>) -> Self {
+        StreamReader {
+            s,
+            buf: vec![0u8; READ_BUF].into_boxed_slice(),
+            pos: 0,
+            end: 0,
+        }
+    }
+
+    fn read_exact(&mut self, mut dst: &mut [u8]) -> io::Result<()> {
+        while !dst.is_empty() {
+            if self.pos < self.end {
+                let n = dst.len().min(self.end - self.pos);
+                dst[..n].copy_from_slice(&self.buf[self.pos..self.pos + n]);
+                self.pos += n;
+                dst = &mut dst[n..];
+            } else if dst.len() >= READ_BUF / 4 {
+                return (&*self.s).read_exact(dst);
+            } else {
+                let n = (&*self.s).read(&mut self.buf)?;
+                if n == 0 {
+                    return Err(io::ErrorKind::UnexpectedEof.into());
+                }
+                self.pos = 0;
+                self.end = n;
+            }
+        }
+        Ok(())
+    }
+}
+
 fn rx_part(
-    s: &TcpStream,
+    r: &mut StreamReader,
     dst: MemRef,
     staging: &mut Option<Staging>,
     slice: usize,
     depth: usize,
 ) -> Result<(), String> {
-    let mut r = s;
     match dst.kind {
         _ if dst.len == 0 => Ok(()),
         MemKind::Host => {
@@ -673,6 +774,7 @@ fn rx_part(
 fn rx_loop(s: Arc<TcpStream>, shared: Arc<RecvShared>, slice: usize, depth: usize) {
     let mut staging = None;
     let peer = s.peer_addr().map(|a| a.to_string()).unwrap_or_default();
+    let mut r = StreamReader::new(s);
     let fail = |msg: String| {
         shared.failed.lock().get_or_insert(msg);
         shared.closing.store(true, Ordering::Release);
@@ -688,7 +790,6 @@ fn rx_loop(s: Arc<TcpStream>, shared: Arc<RecvShared>, slice: usize, depth: usiz
     };
     loop {
         let mut hdr = [0u8; HDR_LEN];
-        let mut r = &*s;
         if let Err(e) = r.read_exact(&mut hdr) {
             if !shared.closing.load(Ordering::Acquire) {
                 let why = if e.kind() == io::ErrorKind::UnexpectedEof {
@@ -748,7 +849,7 @@ fn rx_loop(s: Arc<TcpStream>, shared: Arc<RecvShared>, slice: usize, depth: usiz
             len: len as usize,
             kind: req.mem.kind,
         };
-        if let Err(e) = rx_part(&s, dst, &mut staging, slice, depth) {
+        if let Err(e) = rx_part(&mut r, dst, &mut staging, slice, depth) {
             if !shared.closing.load(Ordering::Acquire) {
                 fail(format!("receive stream from {peer}: {e}"));
             }
