@@ -20,7 +20,7 @@ use parking_lot::Mutex;
 use crate::error::{Error, Result};
 use crate::memory::{MemKind, Registry};
 use crate::net::{MemRef, Net, NetHandle, RecvComm, SendComm, Waker};
-use crate::progress::{ChunkOp, Cmd, Progress, Set};
+use crate::progress::{ChunkOp, Cmd, Engine, Progress, Set};
 use crate::transfer::{chunks, Failure, Transfer};
 use crate::wire::{self, Control, Hello, RmaItem};
 
@@ -92,6 +92,7 @@ pub struct Conn {
     oob: Mutex<TcpStream>,
     cmds: Sender<Cmd>,
     progress: Arc<OnceLock<Thread>>,
+    engine: Arc<Engine>,
     registry: Arc<Registry>,
     failed: Mutex<Option<String>>,
     closed: AtomicBool,
@@ -254,7 +255,7 @@ impl Conn {
             .map_err(|e| Error::io("control connection", e))?;
 
         let (tx, rx) = crossbeam_channel::unbounded();
-        let progress = Progress::new(
+        let engine = Arc::new(Engine::new(Progress::new(
             id,
             [sends, sends_rma],
             [recvs, recvs_rma],
@@ -262,7 +263,7 @@ impl Conn {
             rx,
             net.needs_polling(),
             p.spin,
-        );
+        )));
         let reader = oob
             .try_clone()
             .map_err(|e| Error::io("control connection", e))?;
@@ -275,6 +276,7 @@ impl Conn {
             oob: Mutex::new(oob),
             cmds: tx,
             progress: progress_thread.clone(),
+            engine: engine.clone(),
             registry: p.registry.clone(),
             failed: Mutex::new(None),
             closed: AtomicBool::new(false),
@@ -288,7 +290,7 @@ impl Conn {
         let pthread = std::thread::Builder::new()
             .name(format!("tcpx-progress{id}"))
             .spawn(move || {
-                let why = progress.run();
+                let why = engine.run();
                 if let Some(c) = weak.upgrade() {
                     c.fail(why);
                 }
@@ -310,8 +312,18 @@ impl Conn {
             // The progress thread is gone; the connection has failed already
             // and the transfers are failed by `fail`.
         }
+        // Post at once from this thread when the engine is free; the
+        // progress thread takes over what remains.
+        self.poke();
         if let Some(t) = self.progress.get() {
             t.unpark();
+        }
+    }
+
+    /// Runs a round of progress on this thread if no other thread is.
+    pub(crate) fn poke(&self) {
+        if let Err(why) = self.engine.try_step() {
+            self.fail(why);
         }
     }
 

@@ -532,7 +532,20 @@ impl Endpoint {
     /// Waits for the transfer to end (None: no limit).
     pub fn wait(&self, xfer: u64, timeout: Option<Duration>) -> Result<bool> {
         let t = self.status_of(xfer)?;
-        let s = t.wait_spin(timeout, self.inner.cfg.spin);
+        // Busy phase: drive the connection's progress from this thread (no
+        // hand-off to wait for), then sleep on the transfer.
+        let spin = timeout.map_or(self.inner.cfg.spin, |d| d.min(self.inner.cfg.spin));
+        if !spin.is_zero() && !t.ended() {
+            let conn = self.inner.conns.read().get(&t.conn).cloned();
+            let start = Instant::now();
+            while !t.ended() && start.elapsed() < spin {
+                match &conn {
+                    Some(c) => c.poke(),
+                    None => std::hint::spin_loop(),
+                }
+            }
+        }
+        let s = t.wait(timeout);
         self.finish(&t, s)
     }
 

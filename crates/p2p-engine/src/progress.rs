@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, TryRecvError};
+use parking_lot::Mutex;
 
 use crate::memory::Region;
 use crate::net::{MemRef, MrHandle, RecvComm, ReqId, SendComm};
@@ -248,65 +249,41 @@ impl Progress {
         Ok(())
     }
 
-    /// Runs until shutdown or failure; returns the reason it stopped.
-    pub fn run(mut self) -> String {
-        let mut last_busy = Instant::now();
-        let why = loop {
-            let mut busy = false;
-            let mut stop = None;
-            loop {
-                match self.cmds.try_recv() {
-                    Ok(c) => {
-                        busy = true;
-                        if let Err(w) = self.command(c) {
-                            stop = Some(w);
-                            break;
-                        }
-                    }
-                    Err(TryRecvError::Empty) => break,
-                    Err(TryRecvError::Disconnected) => {
-                        stop = Some("connection closed".to_string());
-                        break;
-                    }
+    /// One round: takes new commands, posts what the windows allow, tests
+    /// the oldest request of every comm. Ok(true) if anything happened;
+    /// Err(reason) when the connection must stop.
+    pub fn step(&mut self) -> Result<bool, String> {
+        let mut busy = false;
+        loop {
+            match self.cmds.try_recv() {
+                Ok(c) => {
+                    busy = true;
+                    self.command(c)?;
                 }
+                Err(TryRecvError::Empty) => break,
+                Err(TryRecvError::Disconnected) => return Err("connection closed".into()),
             }
-            if let Some(w) = stop {
-                break w;
-            }
-            let mut err = None;
-            for c in self.all() {
-                match c.post().and_then(|p| c.test().map(|t| p || t)) {
-                    Ok(p) => busy |= p,
-                    Err(e) => {
-                        err = Some(e);
-                        break;
-                    }
-                }
-            }
-            if let Some(e) = err {
-                break format!("transport failed: {e}");
-            }
-            if busy {
-                last_busy = Instant::now();
-            } else {
-                let outstanding = self.all().any(|c| !c.inflight.is_empty());
-                if outstanding && (self.polling || last_busy.elapsed() < self.spin) {
-                    std::thread::yield_now();
-                } else {
-                    // Woken by the transport's waker or by a new command.
-                    std::thread::park_timeout(Duration::from_millis(if outstanding {
-                        1
-                    } else {
-                        50
-                    }));
-                }
-            }
-        };
+        }
+        for c in self.all() {
+            let p = c.post().map_err(|e| format!("transport failed: {e}"))?;
+            let t = c.test().map_err(|e| format!("transport failed: {e}"))?;
+            busy |= p || t;
+        }
+        Ok(busy)
+    }
+
+    /// Whether requests are in flight.
+    pub fn outstanding(&mut self) -> bool {
+        self.all().any(|c| !c.inflight.is_empty())
+    }
+
+    /// Fails every transfer still queued or in flight.
+    pub fn fail_all(&mut self, why: &str) {
         let f = Failure::Lost(format!("connection {}: {why}", self.conn));
         for c in self.all() {
             c.fail_all(&f);
         }
-        // Drain commands that raced with the shutdown.
+        // Commands that raced with the shutdown.
         while let Ok(c) = self.cmds.try_recv() {
             if let Cmd::Send(_, ops) | Cmd::Recv(_, ops) = c {
                 for op in ops {
@@ -314,6 +291,71 @@ impl Progress {
                 }
             }
         }
+    }
+}
+
+/// A connection's progress engine, shared: its own thread drives it, and so
+/// do callers that post work or wait for it when they find it free (which
+/// saves the thread hand-offs that dominate small-message latency).
+pub struct Engine {
+    state: Mutex<Option<Progress>>,
+    polling: bool,
+    spin: Duration,
+}
+
+impl Engine {
+    pub fn new(p: Progress) -> Self {
+        Engine {
+            polling: p.polling,
+            spin: p.spin,
+            state: Mutex::new(Some(p)),
+        }
+    }
+
+    fn stop(slot: &mut Option<Progress>, why: String) -> String {
+        if let Some(mut p) = slot.take() {
+            p.fail_all(&why);
+        }
         why
+    }
+
+    /// Runs one round if no other thread is running one. Err(reason) when
+    /// the connection stopped in this round.
+    pub fn try_step(&self) -> Result<bool, String> {
+        let Some(mut g) = self.state.try_lock() else {
+            return Ok(false);
+        };
+        let Some(p) = g.as_mut() else {
+            return Ok(false);
+        };
+        match p.step() {
+            Ok(b) => Ok(b),
+            Err(why) => Err(Self::stop(&mut g, why)),
+        }
+    }
+
+    /// The progress thread: runs until shutdown or failure; returns why it stopped.
+    pub fn run(&self) -> String {
+        let mut last_busy = Instant::now();
+        loop {
+            let (busy, outstanding) = {
+                let mut g = self.state.lock();
+                let Some(p) = g.as_mut() else {
+                    return "stopped".into();
+                };
+                match p.step() {
+                    Ok(b) => (b, p.outstanding()),
+                    Err(why) => return Self::stop(&mut g, why),
+                }
+            };
+            if busy {
+                last_busy = Instant::now();
+            } else if outstanding && (self.polling || last_busy.elapsed() < self.spin) {
+                std::thread::yield_now();
+            } else {
+                // Woken by the transport's waker or by a new command.
+                std::thread::park_timeout(Duration::from_millis(if outstanding { 1 } else { 50 }));
+            }
+        }
     }
 }

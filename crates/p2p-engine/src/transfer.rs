@@ -115,21 +115,13 @@ impl Transfer {
         self.end(Status::Failed(why))
     }
 
-    pub fn status(&self) -> Status {
-        self.status.lock().clone()
+    /// True once the transfer has ended (lock-free).
+    pub fn ended(&self) -> bool {
+        self.ended.load(Ordering::Acquire)
     }
 
-    /// Waits until the transfer ends or `timeout` passes (None = forever),
-    /// busy-checking for up to `spin` first.
-    pub fn wait_spin(&self, timeout: Option<Duration>, spin: Duration) -> Status {
-        if !spin.is_zero() {
-            let start = Instant::now();
-            let limit = timeout.map_or(spin, |t| t.min(spin));
-            while !self.ended.load(Ordering::Acquire) && start.elapsed() < limit {
-                std::hint::spin_loop();
-            }
-        }
-        self.wait(timeout)
+    pub fn status(&self) -> Status {
+        self.status.lock().clone()
     }
 
     /// Waits until the transfer ends or `timeout` passes (None = forever).

@@ -300,7 +300,13 @@ struct TxOp {
     hdr: [u8; HDR_LEN],
     mem: MemRef,
     req: Arc<SendReq>,
+    /// Bytes of header + payload already written by the posting thread.
+    skip: usize,
 }
+
+/// Parts up to this size are written by the posting thread when their
+/// stream is idle, without waking the stream's I/O thread.
+const INLINE_MAX: usize = 64 << 10;
 
 struct SendShared {
     failed: Mutex<Option<String>>,
@@ -316,6 +322,8 @@ struct SocketSend {
     next_seq: u64,
     cursor: usize,
     min_part: usize,
+    /// Ops queued to (and not yet finished by) each stream's I/O thread.
+    queued: Vec<Arc<AtomicUsize>>,
 }
 
 impl SocketSend {
@@ -327,15 +335,18 @@ impl SocketSend {
         let socks: Vec<Arc<TcpStream>> = socks.into_iter().map(Arc::new).collect();
         let mut txs = Vec::new();
         let mut threads = Vec::new();
+        let mut queued = Vec::new();
         for (i, s) in socks.iter().enumerate() {
             let (tx, rx) = crossbeam_channel::unbounded::<TxOp>();
             let s = s.clone();
             let shared = shared.clone();
+            let q = Arc::new(AtomicUsize::new(0));
+            queued.push(q.clone());
             let (slice, depth, spin) = (cfg.staging_slice, cfg.staging_depth, cfg.spin);
             threads.push(
                 std::thread::Builder::new()
                     .name(format!("tcpx-tx{i}"))
-                    .spawn(move || tx_loop(s, rx, shared, slice, depth, spin))
+                    .spawn(move || tx_loop(s, rx, shared, q, slice, depth, spin))
                     .map_err(|e| NetError::io(NET, "spawning an I/O thread", e))?,
             );
             txs.push(tx);
@@ -349,6 +360,7 @@ impl SocketSend {
             next_seq: 0,
             cursor: 0,
             min_part: cfg.min_part,
+            queued,
         })
     }
 }
@@ -403,7 +415,16 @@ fn tx_part(
 ) -> Result<(), String> {
     let mut w = s;
     match op.mem.kind {
-        MemKind::Host => write_all_slices(s, &[&op.hdr, host_bytes(op)]).map_err(|e| e.to_string()),
+        MemKind::Host => {
+            // Skip what the posting thread already wrote.
+            let (h, d) = (&op.hdr[..], host_bytes(op));
+            let (h, d) = if op.skip <= h.len() {
+                (&h[op.skip..], d)
+            } else {
+                (&h[h.len()..], &d[op.skip - h.len()..])
+            };
+            write_all_slices(s, &[h, d]).map_err(|e| e.to_string())
+        }
         MemKind::Cuda(dev) => {
             write_all_slices(s, &[&op.hdr]).map_err(|e| e.to_string())?;
             let st = Staging::get(staging, dev, slice, depth)?;
@@ -459,20 +480,11 @@ const BATCH_PART: usize = 256 << 10;
 const BATCH_BYTES: usize = 1 << 20;
 
 fn batchable(op: &TxOp) -> bool {
-    op.mem.kind == MemKind::Host && op.mem.len <= BATCH_PART
+    op.mem.kind == MemKind::Host && op.mem.len <= BATCH_PART && op.skip == 0
 }
 
-fn tx_loop(
-    s: Arc<TcpStream>,
-    rx: Receiver<TxOp>,
-    shared: Arc<SendShared>,
-    slice: usize,
-    depth: usize,
-    spin: Duration,
-) {
-    let mut staging = None;
-    let mut held: Option<TxOp> = None;
-    let finish = |op: &TxOp, r: &Result<(), String>| match r {
+fn finish_op(s: &TcpStream, shared: &SendShared, op: &TxOp, r: &Result<(), String>) {
+    match r {
         Ok(()) => {
             if op.req.parts_left.fetch_sub(1, Ordering::AcqRel) == 1 {
                 (shared.waker)();
@@ -488,12 +500,30 @@ fn tx_loop(
             let _ = s.shutdown(std::net::Shutdown::Both);
             (shared.waker)();
         }
+    }
+}
+
+fn tx_loop(
+    s: Arc<TcpStream>,
+    rx: Receiver<TxOp>,
+    shared: Arc<SendShared>,
+    queued: Arc<AtomicUsize>,
+    slice: usize,
+    depth: usize,
+    spin: Duration,
+) {
+    let mut staging = None;
+    let mut held: Option<TxOp> = None;
+    let finish = |op: &TxOp, r: &Result<(), String>| {
+        queued.fetch_sub(1, Ordering::AcqRel);
+        finish_op(&s, &shared, op, r)
     };
     loop {
         let Some(op) = held.take().or_else(|| next_op(&rx, spin)) else {
             return;
         };
         if let Some(f) = shared.failed.lock().clone() {
+            queued.fetch_sub(1, Ordering::AcqRel);
             *op.req.error.lock() = Some(f);
             (shared.waker)();
             continue;
@@ -567,9 +597,30 @@ impl SendComm for SocketSend {
                     kind: mem.kind,
                 },
                 req: req.clone(),
+                skip: 0,
             };
             let k = self.cursor % self.txs.len();
             self.cursor += 1;
+            let mut op = op;
+            if op.mem.kind == MemKind::Host
+                && len <= INLINE_MAX
+                && self.queued[k].load(Ordering::Acquire) == 0
+            {
+                // The stream is idle: write now, without blocking.
+                let data = host_bytes(&op);
+                let iov = [IoSlice::new(&op.hdr), IoSlice::new(data)];
+                let sent = socket2::SockRef::from(&*self.socks[k])
+                    .send_vectored_with_flags(&iov, libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL);
+                match sent {
+                    Ok(n) if n == HDR_LEN + len => {
+                        req.parts_left.fetch_sub(1, Ordering::AcqRel);
+                        continue;
+                    }
+                    Ok(n) => op.skip = n,
+                    Err(_) => {} // would block, or an error the I/O thread reports
+                }
+            }
+            self.queued[k].fetch_add(1, Ordering::AcqRel);
             self.txs[k]
                 .send(op)
                 .map_err(|_| NetError::Closed { net: NET })?;
