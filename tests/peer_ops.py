@@ -62,8 +62,21 @@ class Buffers:
         self.bufs.pop(bid, None)
 
 
+def enter_netns(name):
+    """Moves this process into network namespace `name` (a test host)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    fd = os.open(f"/var/run/netns/{name}", os.O_RDONLY)
+    try:
+        if libc.setns(fd, 0x40000000) != 0:  # CLONE_NEWNET
+            raise OSError(ctypes.get_errno(), f"setns into {name}")
+    finally:
+        os.close(fd)
+
+
 def serve(pipe, device, gpu, env):
     os.environ.update(env)
+    if env.get("TEST_NETNS"):
+        enter_netns(env["TEST_NETNS"])
     from tcpx_p2p import p2p
 
     ep = p2p.Endpoint(gpu)

@@ -361,7 +361,7 @@ impl Conn {
             t.unpark();
         }
         let _ = self.oob.lock().shutdown(std::net::Shutdown::Both);
-        let fl = Failure::Lost(format!("connection {}: {why}", self.id));
+        let fl = Failure::Lost(why.clone());
         let live: Vec<_> = self.live.lock().drain().map(|(_, t)| t).collect();
         for t in live {
             t.fail(fl.clone());
@@ -404,7 +404,7 @@ impl Conn {
         });
         // The connection may have failed while we were registering.
         if let Some(r) = self.failure() {
-            t.fail(Failure::Lost(format!("connection {}: {r}", self.id)));
+            t.fail(Failure::Lost(r));
         }
     }
 

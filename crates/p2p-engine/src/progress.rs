@@ -279,7 +279,8 @@ impl Progress {
 
     /// Fails every transfer still queued or in flight.
     pub fn fail_all(&mut self, why: &str) {
-        let f = Failure::Lost(format!("connection {}: {why}", self.conn));
+        tracing::debug!(conn = self.conn, "failing what is in flight: {why}");
+        let f = Failure::Lost(why.to_string());
         for c in self.all() {
             c.fail_all(&f);
         }
