@@ -8,6 +8,7 @@ import functools
 import hashlib
 import os
 import random
+import time
 import traceback
 
 
@@ -102,6 +103,8 @@ def serve(pipe, device, gpu, env):
                 res = bufs.data(*args)
             elif op == "free":
                 res = bufs.free(*args)
+            elif op == "soak":
+                res = soak(ep, bufs, *args)
             elif op == "exit":
                 os._exit(args[0] if args else 0)
             else:
@@ -109,3 +112,38 @@ def serve(pipe, device, gpu, env):
             pipe.send(("ok", res))
         except Exception:
             pipe.send(("err", traceback.format_exc()))
+
+
+def soak(ep, bufs, conn, metas, slot, seconds, seed):
+    """Load: rounds of len(metas) concurrent one-sided writes of random sizes
+    into the peer's advertised slots, then reads back and compares every
+    byte. Returns (bytes moved, rounds, errors)."""
+    rng = random.Random(seed)
+    k = len(metas)
+    src_id, src = bufs.alloc(k * slot, seed)
+    dst_id, dst = bufs.alloc(k * slot)
+    ok, smr = ep.reg(src, k * slot)
+    ok, dmr = ep.reg(dst, k * slot)
+    metas = [bytes.fromhex(m) for m in metas]
+    moved = rounds = errors = 0
+    end = time.time() + seconds
+    while time.time() < end:
+        sizes = [rng.randint(1, slot) for _ in range(k)]
+        ids = []
+        for i in range(k):
+            ok, x = ep.write_async(conn, smr, src + i * slot, sizes[i], metas[i])
+            ids.append(x if ok else None)
+        errors += sum(1 for x in ids if x is None or not ep.wait(x, 60))
+        ids = []
+        for i in range(k):
+            ok, x = ep.read_async(conn, dmr, dst + i * slot, sizes[i], metas[i])
+            ids.append(x if ok else None)
+        errors += sum(1 for x in ids if x is None or not ep.wait(x, 60))
+        for i in range(k):
+            if bufs.data(dst_id, i * slot, sizes[i]) != bufs.data(src_id, i * slot, sizes[i]):
+                errors += 1
+        moved += 2 * sum(sizes)
+        rounds += 1
+    ep.dereg(smr)
+    ep.dereg(dmr)
+    return moved, rounds, errors

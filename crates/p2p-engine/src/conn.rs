@@ -308,12 +308,23 @@ impl Conn {
     }
 
     fn submit(&self, cmd: Cmd) {
+        self.enqueue(cmd);
+        self.kick();
+    }
+
+    /// Queues a command in order; safe under the control-connection lock.
+    fn enqueue(&self, cmd: Cmd) {
         if self.cmds.send(cmd).is_err() {
             // The progress thread is gone; the connection has failed already
             // and the transfers are failed by `fail`.
         }
-        // Post at once from this thread when the engine is free; the
-        // progress thread takes over what remains.
+    }
+
+    /// Posts at once from this thread when the engine is free, and wakes the
+    /// progress thread for what remains. Never call it holding the control
+    /// lock: a round of progress may complete transfers whose completion
+    /// writes a control message.
+    fn kick(&self) {
         self.poke();
         if let Some(t) = self.progress.get() {
             t.unpark();
@@ -496,14 +507,18 @@ impl Conn {
         let mut body = Vec::new();
         msg.encode(&mut body);
         let mut oob = self.oob.lock();
+        let read = ops.is_some();
         if let Some(ops) = ops {
             // A read: receives first, then the request. The target posts its
             // sends in the order our requests arrive: our receives' order.
-            self.submit(Cmd::Recv(Set::Rma, ops));
+            self.enqueue(Cmd::Recv(Set::Rma, ops));
         }
-        if let Err(e) = self.write_locked(&mut oob, &body) {
-            drop(oob);
+        let written = self.write_locked(&mut oob, &body);
+        drop(oob);
+        if let Err(e) = written {
             self.fail(format!("control connection write failed: {e}"));
+        } else if read {
+            self.kick();
         }
         Ok(xfer)
     }
@@ -614,9 +629,11 @@ impl Conn {
                     let mut body = Vec::new();
                     Control::WriteCts { xfer }.encode(&mut body);
                     let mut oob = self.oob.lock();
-                    self.submit(Cmd::Recv(Set::Rma, ops));
-                    self.write_locked(&mut oob, &body)
-                        .map_err(|e| e.to_string())?;
+                    self.enqueue(Cmd::Recv(Set::Rma, ops));
+                    let written = self.write_locked(&mut oob, &body);
+                    drop(oob);
+                    written.map_err(|e| e.to_string())?;
+                    self.kick();
                 }
             },
             Control::WriteCts { xfer } => {
