@@ -80,9 +80,14 @@ def loss(ns, percent):
 
 def pair(monkeypatch, ns, here, there, deadline_ms="10000"):
     monkeypatch.setenv("TCPX_P2P_IFNAME", here)
+    monkeypatch.setenv("NCCL_NET_EMU_IFNAME", here)  # the stand-in plugin, when the suite runs over it
     monkeypatch.setenv("TCPX_P2P_DEADLINE_MS", deadline_ms)
     ep = p2p.Endpoint(0)
-    peer = Peer("cpu", 1, {"TEST_NETNS": ns, "TCPX_P2P_IFNAME": there, "TCPX_P2P_DEADLINE_MS": deadline_ms})
+    peer = Peer(
+        "cpu",
+        1,
+        {"TEST_NETNS": ns, "TCPX_P2P_IFNAME": there, "NCCL_NET_EMU_IFNAME": there, "TCPX_P2P_DEADLINE_MS": deadline_ms},
+    )
     ip, port, _ = ep.parse_metadata(peer.metadata)
     assert ip == THERE
     peer.pipe.send(("ep", ("accept", ())))

@@ -14,6 +14,7 @@ use crate::config::{Config, NetKind};
 use crate::conn::{auth_digest, Conn, ConnParams};
 use crate::error::{Error, Result};
 use crate::memory::Registry;
+use crate::net::plugin::PluginNet;
 use crate::net::socket::{SocketConfig, SocketNet};
 use crate::net::{MemRef, Net};
 use crate::transfer::{Failure, Status, Transfer};
@@ -69,7 +70,8 @@ pub struct Endpoint {
     watchdog: Option<std::thread::JoinHandle<()>>,
 }
 
-fn make_net(cfg: &Config, ip: IpAddr) -> Result<Arc<dyn Net>> {
+/// The net of `cfg`; `gpu` is the endpoint's GPU (None: host memory only).
+fn make_net(cfg: &Config, ip: IpAddr, gpu: Option<i32>) -> Result<Arc<dyn Net>> {
     match cfg.net {
         NetKind::Socket => Ok(Arc::new(SocketNet::new(SocketConfig {
             addr: ip,
@@ -81,10 +83,9 @@ fn make_net(cfg: &Config, ip: IpAddr) -> Result<Arc<dyn Net>> {
             connect_timeout: cfg.connect_timeout,
             spin: cfg.spin,
         }))),
-        NetKind::Plugin => Err(Error::Config(format!(
-            "TCPX_P2P_NET=plugin: the ncclNet plugin net is not built into this version (plugin path {})",
-            cfg.plugin_path
-        ))),
+        NetKind::Plugin => PluginNet::load(&cfg.plugin_path, gpu)
+            .map(|n| Arc::new(n) as Arc<dyn Net>)
+            .map_err(|e| Error::Config(format!("TCPX_P2P_NET=plugin: {e}"))),
     }
 }
 
@@ -113,17 +114,23 @@ impl Endpoint {
             .local_addr()
             .map_err(|e| Error::io("control listener", e))?;
         let registry = Arc::new(Registry::new());
-        let net = make_net(&cfg, ip)?;
+        let net = make_net(
+            &cfg,
+            ip,
+            (gpu_index >= 0 && gpu::available()).then_some(gpu_index),
+        )?;
         let most = net.max_requests();
         let window = |v: usize| if v == 0 { most } else { v.min(most) };
         let windows = (window(cfg.send_window), window(cfg.recv_window));
+        // The net may take less per request (TCPX: 4 MiB).
+        let chunk = cfg.chunk.min(net.max_message());
         let params = ConnParams {
             net,
             registry: registry.clone(),
             gpu_index,
             gpu_bdf: gpu_bdf.clone(),
             channels: cfg.channels,
-            chunk: cfg.chunk,
+            chunk,
             windows,
             auth: auth_digest(cfg.auth_token.as_deref()),
             timeout: cfg.connect_timeout,

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{Receiver, TryRecvError};
 use parking_lot::Mutex;
 
-use crate::memory::Region;
+use crate::memory::{MemKind, Region};
 use crate::net::{MemRef, MrHandle, RecvComm, ReqId, SendComm};
 use crate::transfer::{Failure, Transfer};
 
@@ -52,6 +52,8 @@ struct CommState {
     pending: VecDeque<ChunkOp>,
     inflight: VecDeque<(ReqId, ChunkOp)>,
     mrs: HashMap<u64, MrHandle>,
+    /// A small host buffer registered with the comm, for empty messages.
+    scratch: Option<(Box<[u8]>, MrHandle)>,
     /// A short message breaks the pairing of later requests (two-sided set);
     /// on the one-sided set an empty message is a refused read's filler.
     mismatch_is_fatal: bool,
@@ -79,7 +81,27 @@ impl CommState {
             pending: VecDeque::new(),
             inflight: VecDeque::new(),
             mrs: HashMap::new(),
+            scratch: None,
         }
+    }
+
+    fn scratch_mr(&mut self) -> Result<(u64, MrHandle), String> {
+        if self.scratch.is_none() {
+            let buf = vec![0u8; 4096].into_boxed_slice();
+            let mem = MemRef {
+                addr: buf.as_ptr() as u64,
+                len: buf.len(),
+                kind: MemKind::Host,
+            };
+            let m = match &mut self.comm {
+                Comm::Send(c) => c.reg_mr(mem),
+                Comm::Recv(c) => c.reg_mr(mem),
+            }
+            .map_err(|e| format!("registering a scratch buffer: {e}"))?;
+            self.scratch = Some((buf, m));
+        }
+        let (buf, m) = self.scratch.as_ref().ok_or("scratch buffer")?;
+        Ok((buf.as_ptr() as u64, *m))
     }
 
     /// Posts what the window allows; true if anything was posted.
@@ -89,8 +111,19 @@ impl CommState {
             let Some(op) = self.pending.front() else {
                 break;
             };
+            let mut mem = op.mem;
             let mr = match &op.region {
-                None => MrHandle(0),
+                // An empty filler message: point it at a small registered
+                // buffer of our own (plugins want a registered handle).
+                None => {
+                    let (addr, m) = self.scratch_mr()?;
+                    mem = MemRef {
+                        addr,
+                        len: 0,
+                        kind: MemKind::Host,
+                    };
+                    m
+                }
                 Some(r) => match self.mrs.get(&r.id) {
                     Some(m) => *m,
                     None => {
@@ -110,8 +143,8 @@ impl CommState {
                 },
             };
             let posted = match &mut self.comm {
-                Comm::Send(c) => c.isend(op.mem, mr),
-                Comm::Recv(c) => c.irecv(op.mem, mr),
+                Comm::Send(c) => c.isend(mem, mr),
+                Comm::Recv(c) => c.irecv(mem, mr),
             }
             .map_err(|e| e.to_string())?;
             match posted {
@@ -148,9 +181,11 @@ impl CommState {
                     ));
                 }
                 Some(want) if n != want => {
-                    op.xfer.fail(Failure::Refused(format!(
+                    // The refusal message that explains it is on its way.
+                    op.xfer.poison(Failure::Refused(format!(
                         "the peer sent {n} of {want} bytes (request refused)"
                     )));
+                    op.xfer.complete_one();
                 }
                 _ => op.xfer.complete_one(),
             }

@@ -46,6 +46,9 @@ pub struct Transfer {
     status: Mutex<Status>,
     cv: Condvar,
     on_end: Mutex<Option<OnEnd>>,
+    /// Set when a piece went wrong in a way that another event will explain
+    /// (a refused read's empty fillers): the transfer then cannot end Done.
+    poison: Mutex<Option<Failure>>,
     /// Regions in use: held so that deregistration waits for us.
     _regions: Vec<Arc<Region>>,
 }
@@ -61,6 +64,7 @@ impl Transfer {
             status: Mutex::new(Status::Pending),
             cv: Condvar::new(),
             on_end: Mutex::new(None),
+            poison: Mutex::new(None),
             _regions: regions,
         });
         if events == 0 {
@@ -106,8 +110,15 @@ impl Transfer {
     pub fn complete_one(&self) {
         let prev = self.remaining.fetch_sub(1, Ordering::AcqRel);
         if prev == 1 {
-            self.end(Status::Done);
+            let poison = self.poison.lock().take();
+            self.end(poison.map_or(Status::Done, Status::Failed));
         }
+    }
+
+    /// Marks the transfer as unable to end Done; `why` is its failure unless
+    /// a more precise one ends it first.
+    pub fn poison(&self, why: Failure) {
+        self.poison.lock().get_or_insert(why);
     }
 
     /// Ends the transfer with `why` unless it has already ended.

@@ -14,6 +14,8 @@ use parking_lot::Mutex;
 
 use crate::error::CudaError;
 
+pub mod unpack;
+
 fn drv(call: &'static str, r: Result<(), cu::DriverError>) -> Result<(), CudaError> {
     r.map_err(|e| CudaError::Driver {
         call,

@@ -10,6 +10,7 @@ use crate::error::NetError;
 use crate::memory::MemKind;
 pub use crate::wire::NET_HANDLE_LEN;
 
+pub mod plugin;
 pub mod socket;
 
 /// The opaque handle `listen` writes and the peer passes to `connect`.
@@ -67,6 +68,10 @@ pub trait Net: Send + Sync {
     /// Most requests one comm may have in flight (ncclNet plugins: 16).
     fn max_requests(&self) -> usize {
         16
+    }
+    /// Largest message one request may carry (TCPX: 4 MiB per receive).
+    fn max_message(&self) -> usize {
+        usize::MAX
     }
 }
 

@@ -24,6 +24,18 @@ from ._native import (
 
 _logging.getLogger("tcpx_p2p").addHandler(_logging.NullHandler())
 
+
+def emulator_plugin_path() -> str:
+    """Absolute path of the bundled TCPX stand-in ncclNet plugin
+    (``libnccl_net_emu.so``): set ``TCPX_P2P_NET=plugin`` and
+    ``TCPX_P2P_PLUGIN_PATH`` to it, or hand it to NCCL as ``NCCL_NET_PLUGIN``."""
+    import os
+
+    p = os.path.join(os.path.dirname(os.path.abspath(__file__)), "libnccl_net_emu.so")
+    if not os.path.isfile(p):
+        raise FileNotFoundError(f"{p}: the stand-in plugin is not part of this install")
+    return p
+
 __all__ = [
     "p2p",
     "Endpoint",
@@ -38,5 +50,6 @@ __all__ = [
     "RefusedError",
     "CudaError",
     "ConfigError",
+    "emulator_plugin_path",
     "__version__",
 ]

@@ -1,0 +1,51 @@
+//! Builds the TCPX stand-in ncclNet plugin (crates/nccl-net-emu) and puts
+//! `libnccl_net_emu.so` inside the Python package, so that
+//! `tcpx_p2p.emulator_plugin_path()` finds it after `pip install .`.
+//! A nested cargo with its own target directory (the outer build holds the
+//! lock on ours). Set TCPX_P2P_SKIP_EMU=1 to skip it.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+fn main() {
+    println!("cargo:rerun-if-env-changed=TCPX_P2P_SKIP_EMU");
+    for p in [
+        "../nccl-net-emu/src",
+        "../nccl-net-emu/Cargo.toml",
+        "../p2p-engine/src",
+        "../p2p-engine/Cargo.toml",
+    ] {
+        println!("cargo:rerun-if-changed={p}");
+    }
+    if std::env::var("TCPX_P2P_SKIP_EMU").is_ok_and(|v| v == "1") {
+        return;
+    }
+    let manifest =
+        PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"));
+    let out = PathBuf::from(std::env::var("OUT_DIR").expect("cargo sets OUT_DIR"));
+    let target_dir = out.join("emu-target");
+    let release = std::env::var("PROFILE").as_deref() == Ok("release");
+    let mut cmd = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+    cmd.args(["build", "-p", "nccl-net-emu", "--lib", "--manifest-path"])
+        .arg(manifest.join("../../Cargo.toml"))
+        .arg("--target-dir")
+        .arg(&target_dir)
+        .env_remove("CARGO_TARGET_DIR")
+        .env_remove("RUSTFLAGS")
+        .env_remove("CARGO_ENCODED_RUSTFLAGS");
+    if release {
+        cmd.arg("--release");
+    }
+    let status = cmd
+        .status()
+        .unwrap_or_else(|e| panic!("cannot run cargo to build nccl-net-emu: {e}"));
+    if !status.success() {
+        panic!("building nccl-net-emu (the TCPX stand-in plugin) failed; see the output above");
+    }
+    let so = target_dir
+        .join(if release { "release" } else { "debug" })
+        .join("libnccl_net_emu.so");
+    let dest = manifest.join("python/tcpx_p2p/libnccl_net_emu.so");
+    std::fs::copy(&so, &dest)
+        .unwrap_or_else(|e| panic!("copying {} to {}: {e}", so.display(), dest.display()));
+}
