@@ -27,7 +27,7 @@ import sys
 import time
 import traceback
 
-SIZES = [1024, 1 << 20, 64 << 20]  # bytes
+SIZES = [int(x) for x in os.environ.get("NCCL_EMU_CHECK_SIZES", "1024,1048576,67108864").split(",")]
 MODE_TIMEOUT_S = 420
 
 

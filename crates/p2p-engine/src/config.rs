@@ -61,7 +61,7 @@ impl Default for Config {
             net: NetKind::Socket,
             ifname: None,
             port: 0,
-            streams: 4,
+            streams: 8,
             chunk: 8 << 20,
             min_part: 128 << 10,
             channels: 1,
@@ -121,7 +121,7 @@ impl Config {
     /// | `TCPX_P2P_NET` | `socket` or `plugin` | `socket` |
     /// | `TCPX_P2P_IFNAME`, `UCCL_SOCKET_IFNAME`, `NCCL_SOCKET_IFNAME` | interface to advertise | first non-loopback up |
     /// | `TCPX_P2P_PORT` | control listener port | 0 (any) |
-    /// | `TCPX_P2P_STREAMS` | TCP streams per socket comm | 4 |
+    /// | `TCPX_P2P_STREAMS` | TCP streams per socket comm | 8 |
     /// | `TCPX_P2P_CHUNK` | request size posted to the net | 8M |
     /// | `TCPX_P2P_MIN_PART` | smallest per-stream piece | 128K |
     /// | `TCPX_P2P_CHANNELS`, `UCCL_TCPX_NUM_CHANNELS` | channels per connection | 1 |

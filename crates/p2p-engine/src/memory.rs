@@ -94,6 +94,8 @@ impl Registry {
         }
         let kind = match gpu::pointer_device(addr) {
             Some(d) => {
+                // The range query needs the owning GPU's context current.
+                gpu::Device::get(d)?.bind()?;
                 let (base, size) = gpu::allocation_range(addr)?;
                 if addr + len as u64 > base + size as u64 {
                     return Err(Error::invalid(format!(

@@ -696,7 +696,9 @@ fn gpu_endpoints(cfg: Config) -> (Endpoint, Endpoint, u64, u64) {
 /// A device buffer filled from `init`.
 fn device_buf(ordinal: i32, init: &[u8]) -> gpu::DeviceBuf {
     let dev = gpu::Device::get(ordinal).unwrap();
-    let b = gpu::DeviceBuf::new(&dev, init.len()).unwrap();
+    // TCPX registers GPU memory only 4 KiB-aligned; small cuMemAlloc
+    // allocations share pages, so take at least 2 MiB (page-aligned).
+    let b = gpu::DeviceBuf::new(&dev, init.len().max(2 << 20)).unwrap();
     // SAFETY: the device buffer holds `init.len()` bytes.
     unsafe { gpu::copy_sync(b.ptr, init.as_ptr() as u64, init.len()) }.unwrap();
     b

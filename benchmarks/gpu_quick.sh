@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# A bounded GPU round (each step under its own time limit; everything is
+# re-packed into OUTDIR/round.tar.gz after each step, so a cut-off run still
+# returns what it did): bash benchmarks/gpu_quick.sh WHEEL BIN_DIR OUTDIR [STEPS]
+# STEPS: any of socket,plugin,unpack,nccl,bench (default all).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+WHEEL=$1 BIN=$2 O=$3 STEPS=${4:-socket,plugin,unpack,nccl,bench}
+R=$(mktemp -d)/round
+mkdir -p "$R" "$O"
+SITE=$(mktemp -d)
+python3 -m pip install -q --no-index --no-deps --target "$SITE" "$WHEEL" || exit 1
+export PYTHONPATH=$SITE${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 TCPX_P2P_IFNAME=lo
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+EMU=$(python3 -c 'import tcpx_p2p; print(tcpx_p2p.emulator_plugin_path())')
+PT="python3 -m pytest -p no:cacheprovider -p timeout --timeout 60 -v"
+{ date -u +%FT%TZ; nvidia-smi -L; } > "$R/device.txt" 2>&1
+pack() { tail -${2:-2} "$R/$1" | tee -a "$R/summary.txt"; tar -C "$(dirname "$R")" -czf "$O/round.tar.gz" round; cp "$R/summary.txt" "$O/summary.txt"; }
+has() { case ",$STEPS," in *",$1,"*) return 0;; *) return 1;; esac; }
+has socket && { timeout 110 $PT tests/test_api.py -k cuda > "$R/tests_socket_cuda.txt" 2>&1; pack tests_socket_cuda.txt 1; }
+has plugin && { TCPX_P2P_NET=plugin TCPX_P2P_PLUGIN_PATH=$EMU timeout 90 $PT tests/test_api.py -k cuda > "$R/tests_plugin_cuda.txt" 2>&1; pack tests_plugin_cuda.txt 1; }
+has unpack && { BIN_DIR=$BIN timeout 90 bash benchmarks/gpu_plugin_check.sh "$R/gpu_plugin_check.json" > "$R/gpu_plugin_check.txt" 2>&1; pack gpu_plugin_check.txt 30; }
+has nccl && { timeout 100 python3 benchmarks/nccl_emu_check.py "$R/nccl" --plugin "$BIN/libnccl_net_emu.so" > "$R/nccl_emu_check.txt" 2>&1; pack nccl_emu_check.txt 12; }
+has bench && { timeout 100 python3 -m tcpx_p2p.bench pair --memory gpu --sizes 64K,1M,16M,256M --reference --json "$R/bench_gpu_send.json" > "$R/bench_gpu_send.txt" 2>/dev/null; pack bench_gpu_send.txt 7; }
+true
