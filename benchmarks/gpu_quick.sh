@@ -8,10 +8,7 @@ cd "$(dirname "$0")/.."
 WHEEL=$1 BIN=$2 O=$3 STEPS=${4:-socket,plugin,unpack,nccl,bench}
 R=$(mktemp -d)/round
 mkdir -p "$R" "$O"
-SITE=$(mktemp -d)
-python3 -m pip install -q --no-index --no-deps --target "$SITE" "$WHEEL" || exit 1
-export PYTHONPATH=$SITE${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 TCPX_P2P_IFNAME=lo
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+. benchmarks/device_env.sh "$WHEEL"
 EMU=$(python3 -c 'import tcpx_p2p; print(tcpx_p2p.emulator_plugin_path())')
 PT="python3 -m pytest -p no:cacheprovider -p timeout --timeout 60 -v"
 { date -u +%FT%TZ; nvidia-smi -L; } > "$R/device.txt" 2>&1

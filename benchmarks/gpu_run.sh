@@ -10,10 +10,7 @@ cd "$(dirname "$0")/.."
 WHEEL=${1:-$(ls -t .device/*.whl target/wheels/*.whl 2>/dev/null | head -1)}
 OUT=${2:-${OUT:-benchmarks/results/gpu-$(date +%Y%m%d)}}
 mkdir -p "$OUT"
-SITE=$(mktemp -d)
-python3 -m pip install -q --no-index --no-deps --target "$SITE" "$WHEEL" || exit 1
-export PYTHONPATH=$SITE${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 TCPX_P2P_IFNAME=lo
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+. benchmarks/device_env.sh "$WHEEL"
 {
     echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
     nvidia-smi -L

@@ -6,10 +6,7 @@ cd "$(dirname "$0")/.."
 WHEEL=${1:-$(ls -t .device/*.whl target/wheels/*.whl 2>/dev/null | head -1)}
 OUT=${2:-${OUT:-benchmarks/results/sweep-$(date +%Y%m%d)}}
 mkdir -p "$OUT"
-SITE=$(mktemp -d)
-python3 -m pip install -q --no-index --no-deps --target "$SITE" "$WHEEL" || exit 1
-export PYTHONPATH=$SITE${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 TCPX_P2P_IFNAME=lo
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+. benchmarks/device_env.sh "$WHEEL"
 B="python3 -m tcpx_p2p.bench pair"
 for s in 4 8 16; do
     $B --memory gpu --sizes 16M,256M --streams $s --json "$OUT/gpu_send_streams$s.json" 2>/dev/null | tail -3
