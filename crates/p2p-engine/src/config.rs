@@ -53,6 +53,8 @@ pub struct Config {
     pub auth_token: Option<String>,
     /// Path of the ncclNet plugin for [`NetKind::Plugin`].
     pub plugin_path: String,
+    /// Static GPU → NIC map, e.g. `0-1:eth1;2-3:eth2;4-5:eth3;6-7:eth4`.
+    pub gpu_nics: Option<String>,
 }
 
 impl Default for Config {
@@ -76,6 +78,7 @@ impl Default for Config {
             connect_timeout: Duration::from_secs(20),
             auth_token: None,
             plugin_path: "/usr/local/tcpx/lib64/libnccl-net-tcpx.so".into(),
+            gpu_nics: None,
         }
     }
 }
@@ -133,6 +136,7 @@ impl Config {
     /// | `TCPX_P2P_CONNECT_TIMEOUT_MS` | connect + handshake deadline | 20000 |
     /// | `TCPX_P2P_AUTH_TOKEN` | shared secret peers must present | none |
     /// | `TCPX_P2P_PLUGIN_PATH`, `UCCL_TCPX_PLUGIN_PATH` | ncclNet plugin | GCP path |
+    /// | `TCPX_P2P_GPU_NICS` | static GPU → NIC map (`0-1:eth1;2-3:eth2;…`) | PCI distance |
     pub fn from_env() -> Result<Self> {
         let mut c = Config::default();
         if let Some((name, v)) = var(&["TCPX_P2P_NET"]) {
@@ -202,6 +206,7 @@ impl Config {
             c.connect_timeout = Duration::from_millis(n as u64);
         }
         c.auth_token = var(&["TCPX_P2P_AUTH_TOKEN"]).map(|(_, v)| v);
+        c.gpu_nics = var(&["TCPX_P2P_GPU_NICS"]).map(|(_, v)| v);
         if let Some((_, v)) = var(&["TCPX_P2P_PLUGIN_PATH", "UCCL_TCPX_PLUGIN_PATH"]) {
             c.plugin_path = v;
         }

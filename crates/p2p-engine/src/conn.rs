@@ -81,6 +81,8 @@ pub(crate) struct ConnParams {
     pub timeout: Duration,
     pub spin: Duration,
     pub deadline: Duration,
+    /// Net devices for channel i: `devices[i % len]` (never empty).
+    pub devices: Vec<usize>,
 }
 
 pub struct Conn {
@@ -129,7 +131,11 @@ impl Conn {
         let net = &p.net;
         let listen_all = |n: usize| -> Result<Vec<Box<dyn crate::net::ListenComm>>> {
             (0..2 * n)
-                .map(|_| net.listen(0).map_err(|e| cerr(format!("net listen: {e}"))))
+                .map(|i| {
+                    let dev = p.devices[(i % n) % p.devices.len()];
+                    net.listen(dev)
+                        .map_err(|e| cerr(format!("net listen (device {dev}): {e}")))
+                })
                 .collect()
         };
         let hello = |channels: usize, chunk: usize, handles: Vec<NetHandle>| Hello {
@@ -219,7 +225,11 @@ impl Conn {
             for (i, slot) in sends.iter_mut().enumerate() {
                 if slot.is_none() {
                     *slot = net
-                        .connect(0, &theirs.handles[i], waker.clone())
+                        .connect(
+                            p.devices[(i % channels) % p.devices.len()],
+                            &theirs.handles[i],
+                            waker.clone(),
+                        )
                         .map_err(|e| cerr(format!("net connect (channel {i}): {e}")))?;
                     all &= slot.is_some();
                 }

@@ -124,6 +124,8 @@ impl Endpoint {
         let windows = (window(cfg.send_window), window(cfg.recv_window));
         // The net may take less per request (TCPX: 4 MiB).
         let chunk = cfg.chunk.min(net.max_message());
+        let devices =
+            topo::channel_devices(&net.devices(), gpu_index, &gpu_bdf, cfg.gpu_nics.as_deref());
         let params = ConnParams {
             net,
             registry: registry.clone(),
@@ -136,6 +138,7 @@ impl Endpoint {
             timeout: cfg.connect_timeout,
             spin: cfg.spin,
             deadline: cfg.deadline,
+            devices,
         };
         let inner = Arc::new(Inner {
             cfg,

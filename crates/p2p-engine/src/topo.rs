@@ -106,3 +106,130 @@ mod tests {
         assert!(super::oob_ip(None).is_ok());
     }
 }
+
+/// Parses a static GPU → NIC map such as `0-1:eth1;2-3:eth2;4-5:eth3;6-7:eth4`
+/// (GPU indices or ranges, a colon, NIC names separated by commas) and gives
+/// the NIC names of `gpu`, if the map names it.
+pub fn map_nics(map: &str, gpu: i32) -> Option<Vec<String>> {
+    for entry in map.split(';').map(str::trim).filter(|e| !e.is_empty()) {
+        let (gpus, nics) = entry.split_once(':')?;
+        let hit = gpus.split(',').any(|g| match g.trim().split_once('-') {
+            Some((a, b)) => matches!((a.trim().parse::<i32>(), b.trim().parse::<i32>()), (Ok(a), Ok(b)) if (a..=b).contains(&gpu)),
+            None => g.trim().parse::<i32>() == Ok(gpu),
+        });
+        if hit {
+            return Some(
+                nics.split(',')
+                    .map(|n| n.trim().to_string())
+                    .filter(|n| !n.is_empty())
+                    .collect(),
+            );
+        }
+    }
+    None
+}
+
+/// Path components two sysfs device paths share (PCI closeness).
+fn shared_prefix(a: &str, b: &str) -> usize {
+    a.split('/')
+        .zip(b.split('/'))
+        .take_while(|(x, y)| x == y)
+        .count()
+}
+
+/// The net devices the channels of an endpoint on `gpu` use, in order
+/// (channel i takes entry i mod len): the static map's NICs when it names
+/// this GPU; else the devices closest to the GPU on the PCI tree (sysfs);
+/// else every device.
+pub fn channel_devices(
+    devs: &[crate::net::DeviceProps],
+    gpu: i32,
+    gpu_bdf: &str,
+    map: Option<&str>,
+) -> Vec<usize> {
+    let all: Vec<usize> = (0..devs.len().max(1)).collect();
+    if devs.is_empty() {
+        return all;
+    }
+    if let Some(names) = map.and_then(|m| map_nics(m, gpu)) {
+        let picked: Vec<usize> = (0..devs.len())
+            .filter(|&i| {
+                names
+                    .iter()
+                    .any(|n| devs[i].name == *n || devs[i].name.ends_with(&format!(":{n}")))
+            })
+            .collect();
+        if !picked.is_empty() {
+            return picked;
+        }
+        tracing::warn!("TCPX_P2P_GPU_NICS names {names:?} for GPU {gpu}, but the net has none of them; using every device");
+    }
+    if !gpu_bdf.is_empty() {
+        let gpu_path = std::fs::canonicalize(format!("/sys/bus/pci/devices/{gpu_bdf}"))
+            .map(|p| p.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        if !gpu_path.is_empty() {
+            let score = |d: &crate::net::DeviceProps| {
+                d.pci_path
+                    .as_deref()
+                    .and_then(|p| std::fs::canonicalize(p).ok())
+                    .map(|p| shared_prefix(&gpu_path, &p.to_string_lossy()))
+                    .unwrap_or(0)
+            };
+            let best = devs.iter().map(score).max().unwrap_or(0);
+            if best > 0 {
+                return (0..devs.len())
+                    .filter(|&i| score(&devs[i]) == best)
+                    .collect();
+            }
+        }
+    }
+    all
+}
+
+#[cfg(test)]
+mod map_tests {
+    use super::*;
+    use crate::net::DeviceProps;
+
+    fn dev(name: &str) -> DeviceProps {
+        DeviceProps {
+            name: name.into(),
+            pci_path: None,
+            speed_mbps: 200_000,
+            host_mem: true,
+            cuda_mem: true,
+            max_comms: 16,
+        }
+    }
+
+    #[test]
+    fn a3_high_map() {
+        let m = "0-1:eth1;2-3:eth2;4-5:eth3;6-7:eth4";
+        assert_eq!(map_nics(m, 0), Some(vec!["eth1".to_string()]));
+        assert_eq!(map_nics(m, 5), Some(vec!["eth3".to_string()]));
+        assert_eq!(map_nics(m, 8), None);
+        assert_eq!(
+            map_nics("0,2:eth1,eth2", 2),
+            Some(vec!["eth1".into(), "eth2".into()])
+        );
+        assert_eq!(map_nics("garbage", 0), None);
+        let devs = [dev("eth1"), dev("eth2"), dev("eth3"), dev("eth4")];
+        assert_eq!(channel_devices(&devs, 3, "", Some(m)), vec![1]);
+        assert_eq!(channel_devices(&devs, 6, "", Some(m)), vec![3]);
+        // Not in the map, no PCI information: every device, in order.
+        assert_eq!(channel_devices(&devs, 9, "", Some(m)), vec![0, 1, 2, 3]);
+        assert_eq!(
+            channel_devices(&devs, 0, "", Some("0:eth9")),
+            vec![0, 1, 2, 3]
+        );
+        assert_eq!(channel_devices(&[], 0, "", None), vec![0]);
+        assert_eq!(
+            shared_prefix(
+                "/sys/devices/pci0000:00/0000:00:01.0/a",
+                "/sys/devices/pci0000:00/0000:00:01.0/b"
+            ),
+            5
+        );
+    }
+}
