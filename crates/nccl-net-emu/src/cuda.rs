@@ -114,10 +114,20 @@ impl Drop for MappedMem {
 pub unsafe fn htod(dst: u64, src: *const u8, len: usize) -> Result<(), String> {
     // SAFETY: by the caller's contract.
     let r = unsafe { sys::cuMemcpyHtoD_v2(dst, src as *const c_void, len) };
+    if r != sys::CUresult::CUDA_SUCCESS {
+        return Err(format!("cuMemcpyHtoD({len}): {r:?}"));
+    }
+    // From pageable memory cuMemcpyHtoD may return before the DMA lands;
+    // the payload must be in place before `test` reports the receive done
+    // (consumers read it from other streams). Wait for the legacy stream.
+    // SAFETY: the null stream always exists in the current context.
+    let r = unsafe { sys::cuStreamSynchronize(std::ptr::null_mut()) };
     if r == sys::CUresult::CUDA_SUCCESS {
         Ok(())
     } else {
-        Err(format!("cuMemcpyHtoD({len}): {r:?}"))
+        Err(format!(
+            "cuStreamSynchronize after cuMemcpyHtoD({len}): {r:?}"
+        ))
     }
 }
 

@@ -307,12 +307,18 @@ impl Drop for Event {
     }
 }
 
-/// Blocking copies for tests and tools: host ↔ device of `len` bytes.
+/// Blocking copies for tests and tools: host ↔ device of `len` bytes, done
+/// when it returns (a plain cuMemcpy from pageable memory may return before
+/// its DMA lands, which work on other streams would then race with).
 ///
 /// # Safety
 /// The ranges must be valid for `len` bytes.
 pub unsafe fn copy_sync(dst: u64, src: u64, len: usize) -> Result<(), CudaError> {
-    check("cuMemcpy", sys::cuMemcpy(dst, src, len))
+    check("cuMemcpy", sys::cuMemcpy(dst, src, len))?;
+    check(
+        "cuStreamSynchronize",
+        sys::cuStreamSynchronize(std::ptr::null_mut()),
+    )
 }
 
 /// Device memory, freed on drop (for tools and tests).

@@ -320,7 +320,7 @@ def client_main(a, host, port, gpu):
 
 
 def ep_streams_default():
-    return 4
+    return 8
 
 
 # ---------------------------------------------------------- NCCL reference
