@@ -152,13 +152,13 @@ def serve_session(ctl, gpu, bind_ip):
             return
 
 
-def server_main(port, gpu, bind_ip, once=False, ready=None):
+def server_main(port, gpu, bind_ip, once=False, ready=None, tag=None):
     ls = socket.socket()
     ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     ls.bind((bind_ip, port))
     ls.listen(4)
     if ready is not None:
-        ready.put(ls.getsockname()[1])
+        ready.put(ls.getsockname()[1] if tag is None else (tag, ls.getsockname()[1]))
     else:
         print(f"tcpx-p2p-bench server listening on {bind_ip}:{ls.getsockname()[1]}", file=sys.stderr)
     while True:
@@ -169,9 +169,96 @@ def server_main(port, gpu, bind_ip, once=False, ready=None):
             return
 
 
-def _pair_server(ready, gpu, env):
+def _pair_server(ready, gpu, env, tag=None):
     os.environ.update(env)
-    server_main(0, gpu, "127.0.0.1", once=True, ready=ready)
+    server_main(0, gpu, "127.0.0.1", once=True, ready=ready, tag=tag)
+
+
+def _pair_servers(ready, gpus, env):
+    """The single-process layout's passive side: one endpoint per GPU, each
+    served by a thread of this one process."""
+    import threading
+
+    os.environ.update(env)
+    ts = [threading.Thread(target=server_main, args=(0, g, "127.0.0.1", True, ready, i)) for i, g in enumerate(gpus)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+
+
+def _pair_client(a, port, gpu, barrier, q, tag, env):
+    os.environ.update(env)
+    try:
+        rows, net, streams = client_main(a, "127.0.0.1", port, gpu, barrier, quiet=True)
+        q.put((tag, "ok", rows, net, streams))
+    except Exception as e:  # reported by the parent
+        q.put((tag, "err", f"{type(e).__name__}: {e}", None, None))
+
+
+def run_pairs(a, client_gpus, server_gpus):
+    """`--pairs N`: N pairs at once on this host, each pair i from client GPU
+    i to server GPU i, in one process per endpoint or (`--single-process`)
+    one process per side driving all its GPUs. Rows carry their pair; `sum`
+    rows add the pairs' GB/s for each size."""
+    import threading
+
+    n = len(client_gpus)
+    ctx = mp.get_context("spawn")
+    ready = ctx.Queue()
+    env = {k: v for k, v in os.environ.items() if k.startswith("TCPX_P2P_")}
+    if a.single_process:
+        servers = [ctx.Process(target=_pair_servers, args=(ready, server_gpus, env), daemon=True)]
+    else:
+        servers = [ctx.Process(target=_pair_server, args=(ready, g, env, i), daemon=True) for i, g in enumerate(server_gpus)]
+    for p in servers:
+        p.start()
+    ports = dict(ready.get(timeout=120) for _ in range(n))
+    results = {}
+    if a.single_process:
+        barrier = threading.Barrier(n)
+
+        def one(i):
+            try:
+                results[i] = ("ok",) + client_main(a, "127.0.0.1", ports[i], client_gpus[i], barrier, quiet=True)
+            except Exception as e:  # reported below
+                results[i] = ("err", f"{type(e).__name__}: {e}")
+                barrier.abort()
+
+        ts = [threading.Thread(target=one, args=(i,)) for i in range(n)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+    else:
+        barrier = ctx.Barrier(n)
+        q = ctx.Queue()
+        clients = [ctx.Process(target=_pair_client, args=(a, ports[i], client_gpus[i], barrier, q, i, env)) for i in range(n)]
+        for p in clients:
+            p.start()
+        for _ in range(n):
+            tag, status, *rest = q.get(timeout=3600)
+            results[tag] = (status, *rest)
+        for p in clients:
+            p.join(30)
+    for p in servers:
+        p.join(30)
+    errors = [f"pair {i}: {r[1]}" for i, r in sorted(results.items()) if r[0] != "ok"]
+    if errors:
+        raise RuntimeError("; ".join(errors))
+    rows, net, streams = [], results[0][2], results[0][3]
+    for i in range(n):
+        for r in results[i][1]:
+            rows.append(dict(r, pair=i, gpus=[client_gpus[i], server_gpus[i]]))
+    for size in sorted({r["size"] for r in rows}):
+        same = [r for r in rows if r["size"] == size]
+        rows.append({
+            "op": "sum", "size": size, "batch": same[0]["batch"], "iters": same[0]["iters"],
+            "GBps": round(sum(r["GBps"] for r in same), 3), "Gbps": round(sum(r["Gbps"] for r in same), 2),
+            "lat_avg_us": None, "lat_p50_us": None, "lat_p99_us": None, "verified": all(r["verified"] for r in same),
+            "pairs": n, "per_pair_GBps": [r["GBps"] for r in same],
+        })
+    return rows, net, streams
 
 
 # ------------------------------------------------------------------ client
@@ -290,7 +377,7 @@ def measure(ep, ctl, conn, a, gpu, size, nblk, raw):
     return row
 
 
-def client_main(a, host, port, gpu):
+def client_main(a, host, port, gpu, barrier=None, quiet=False):
     from tcpx_p2p import p2p
 
     s = socket.create_connection((host, port), timeout=60)
@@ -309,11 +396,20 @@ def client_main(a, host, port, gpu):
     sizes = [parse_size(x) for x in a.sizes.split(",")] if not a.kv_blocks else [parse_size(a.block_size)]
     nblk = a.kv_blocks or 1
     rows = []
-    bar = Progress(len(sizes), f"{a.op} {'gpu' if gpu is not None else 'host'}")
+    bar = None if quiet else Progress(len(sizes), f"{a.op} {'gpu' if gpu is not None else 'host'}")
     for size in sizes:
-        rows.append(measure(ep, ctl, conn, a, gpu, size, nblk, raw))
-        bar.step(fmt_size(size))
-    bar.close()
+        if barrier is not None:
+            barrier.wait()  # pairs measure each size at the same time
+        t0, c0 = time.perf_counter(), os.times()
+        row = measure(ep, ctl, conn, a, gpu, size, nblk, raw)
+        c1 = os.times()
+        # CPU of this process (all its threads) per second of wall time.
+        row["process_cpu"] = round((c1.user + c1.system - c0.user - c0.system) / (time.perf_counter() - t0), 2)
+        rows.append(row)
+        if bar:
+            bar.step(fmt_size(size))
+    if bar:
+        bar.close()
     ctl.send(cmd="bye")
     ctl.recv()
     return rows, ep.net_name(), streams
@@ -394,7 +490,8 @@ def print_table(rows, title):
     print(hdr)
     for r in rows:
         f = lambda v: "-" if v is None else f"{v:.1f}"  # noqa: E731
-        line = f"{r['op']:<6}{fmt_size(r['size']):>8}{r['batch']:>7}{r['GBps']:>9.2f}{r['Gbps']:>9.1f}{f(r['lat_avg_us']):>10}{f(r['lat_p50_us']):>9}{f(r['lat_p99_us']):>9}"
+        op = r["op"] if "pair" not in r else f"{r['op']}#{r['pair']}"
+        line = f"{op:<6}{fmt_size(r['size']):>8}{r['batch']:>7}{r['GBps']:>9.2f}{r['Gbps']:>9.1f}{f(r['lat_avg_us']):>10}{f(r['lat_p50_us']):>9}{f(r['lat_p99_us']):>9}"
         if extra:
             line += f"{r.get('raw_tcp_GBps', 0):>9.2f}{r.get('ratio_vs_raw_tcp', 0):>7.2f}"
         if nccl:
@@ -410,7 +507,9 @@ def main(argv=None):
     ap.add_argument("--port", type=int, default=CTL_PORT, help="control port of the server")
     ap.add_argument("--net", choices=["socket", "plugin"], default=None)
     ap.add_argument("--memory", choices=["host", "gpu"], default="host")
-    ap.add_argument("--gpus", default="0,1", help="GPU of each side (pair mode), e.g. 0,1")
+    ap.add_argument("--gpus", default="0,1", help="GPU of each side (pair mode), e.g. 0,1; with --pairs N, N client GPUs then N server GPUs (e.g. 0,1,2,3,4,5,6,7)")
+    ap.add_argument("--pairs", type=int, default=1, help="pair mode: this many pairs at once")
+    ap.add_argument("--single-process", action="store_true", help="pair mode: one process per side drives all its GPUs")
     ap.add_argument("--sizes", default=DEFAULT_SIZES)
     ap.add_argument("--iters", type=int, default=0, help="iterations per size (0 = auto)")
     ap.add_argument("--op", choices=["send", "write", "read"], default="send")
@@ -437,7 +536,16 @@ def main(argv=None):
         server_main(a.port, theirs if a.memory == "gpu" else None, "0.0.0.0")
         return 0
     try:
-        if a.mode == "client":
+        if a.mode == "pair" and (a.pairs > 1 or a.single_process):
+            n = a.pairs
+            if a.memory == "gpu":
+                if len(gpus) < 2 * n:
+                    sys.exit(f"--pairs {n} needs {2 * n} GPUs in --gpus")
+                cg, sg = gpus[:n], gpus[n : 2 * n]
+            else:
+                cg, sg = [None] * n, [None] * n
+            rows, net, streams = run_pairs(a, cg, sg)
+        elif a.mode == "client":
             if not a.host:
                 sys.exit("client mode needs the server's host")
             rows, net, streams = client_main(a, a.host, a.port, mine)
@@ -453,7 +561,7 @@ def main(argv=None):
     except (RuntimeError, ConnectionError, OSError) as e:
         print(f"tcpx-p2p-bench: {e}", file=sys.stderr)
         return 1
-    if a.reference and a.memory == "gpu" and a.mode == "pair" and a.op == "send" and not a.kv_blocks:
+    if a.reference and a.memory == "gpu" and a.mode == "pair" and a.op == "send" and not a.kv_blocks and a.pairs == 1:
         sizes = [r["size"] for r in rows]
         iters = {r["size"]: r["iters"] for r in rows}
         try:
@@ -467,6 +575,8 @@ def main(argv=None):
         except Exception as e:  # the reference is optional; say why it is missing
             print(f"NCCL reference skipped: {type(e).__name__}: {e}", file=sys.stderr)
     title = f"tcpx-p2p-bench {a.mode}: net={net} memory={a.memory} streams={streams} op={a.op}"
+    if a.pairs > 1 or a.single_process:
+        title += f" pairs={a.pairs} layout={'single-process' if a.single_process else 'multi-process'}"
     print_table(rows, title)
     if a.json:
         import platform
