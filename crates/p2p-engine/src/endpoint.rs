@@ -652,7 +652,7 @@ fn accept_loop(inner: Weak<Inner>, listener: TcpListener) {
     }
 }
 
-/// Parses a token list of the older `(id, secret)` form for descriptors.
+/// The access token an `XferDesc`'s `rkeys` carry: `[advertisement id, secret]`.
 pub fn token_from_keys(keys: &[u64]) -> Option<Token> {
     match keys {
         [id, secret, ..] => Some(Token {

@@ -34,11 +34,16 @@ pub struct Region {
 impl Region {
     /// Whether `[addr, addr+len)` lies inside this region.
     pub fn contains(&self, addr: u64, len: usize) -> bool {
-        addr >= self.addr
-            && (addr - self.addr)
-                .checked_add(len as u64)
-                .is_some_and(|end| end <= self.len as u64)
+        within(self.addr, self.len, addr, len as u64)
     }
+}
+
+/// Whether `[addr, addr+len)` lies inside `[base, base+size)`, without overflow.
+fn within(base: u64, size: usize, addr: u64, len: u64) -> bool {
+    addr >= base
+        && (addr - base)
+            .checked_add(len)
+            .is_some_and(|end| end <= size as u64)
 }
 
 /// One advertisement: a byte range of a region offered to peers.
@@ -194,11 +199,7 @@ impl Registry {
                 token.id
             ));
         }
-        let in_range = addr >= a.addr
-            && (addr - a.addr)
-                .checked_add(len)
-                .is_some_and(|end| end <= a.len as u64);
-        if !in_range {
+        if !within(a.addr, a.len, addr, len) {
             return Err(format!(
                 "{len} bytes at {addr:#x} lie outside the advertised {} bytes at {:#x}",
                 a.len, a.addr

@@ -6,7 +6,7 @@
 use parking_lot::Mutex;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList};
-use tcpx_p2p::wire::{self, DescEntry, FifoItem, GpuId, Metadata, Token};
+use tcpx_p2p::wire::{self, DescEntry, FifoItem, GpuId, Metadata};
 use tcpx_p2p::{Buf, Config, Error, RemoteGpu};
 
 mod errors;
@@ -77,15 +77,12 @@ impl XferDesc {
 
 impl XferDesc {
     fn entry(&self) -> EResult<DescEntry> {
-        let token = match self.rkeys.as_slice() {
-            [id, secret, ..] => Token { id: *id, secret: *secret },
-            _ => {
-                return Err(Error::Invalid(format!(
-                    "descriptor of mr {} carries no access token (rkeys); use descriptors from register_memory/deserialize_descs",
-                    self.mr_id
-                )))
-            }
-        };
+        let token = tcpx_p2p::endpoint::token_from_keys(&self.rkeys).ok_or_else(|| {
+            Error::Invalid(format!(
+                "descriptor of mr {} carries no access token (rkeys); use descriptors from register_memory/deserialize_descs",
+                self.mr_id
+            ))
+        })?;
         Ok(DescEntry {
             addr: self.addr,
             size: self.size,
@@ -831,6 +828,13 @@ fn get_oob_ip() -> PyResult<String> {
         .map_err(|e| to_py(&Error::Config(e)))
 }
 
+/// TCP streams per socket-net comm under the current environment
+/// (`TCPX_P2P_STREAMS` or the engine's default).
+#[pyfunction]
+fn configured_streams() -> PyResult<usize> {
+    Config::from_env().map(|c| c.streams).map_err(|e| to_py(&e))
+}
+
 /// Number of CUDA GPUs this process sees (0 without CUDA).
 #[pyfunction]
 fn cuda_device_count() -> usize {
@@ -899,6 +903,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<FloatType>()?;
     m.add_function(wrap_pyfunction!(get_oob_ip, m)?)?;
     m.add_function(wrap_pyfunction!(cuda_device_count, m)?)?;
+    m.add_function(wrap_pyfunction!(configured_streams, m)?)?;
     m.add_function(wrap_pyfunction!(rawtcp_serve, m)?)?;
     m.add_function(wrap_pyfunction!(rawtcp_run, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;

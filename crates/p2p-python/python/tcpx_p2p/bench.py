@@ -391,7 +391,9 @@ def client_main(a, host, port, gpu, barrier=None, quiet=False):
     ok, conn = ep.add_remote_endpoint(bytes.fromhex(hello["metadata"]))
     if not ok:
         raise RuntimeError(f"connect: {ep.last_error()}")
-    streams = int(os.environ.get("TCPX_P2P_STREAMS", ep_streams_default()))
+    from tcpx_p2p import _native
+
+    streams = _native.configured_streams()
     raw = (host, hello["raw_port"], streams) if a.reference else None
     sizes = [parse_size(x) for x in a.sizes.split(",")] if not a.kv_blocks else [parse_size(a.block_size)]
     nblk = a.kv_blocks or 1
@@ -413,10 +415,6 @@ def client_main(a, host, port, gpu, barrier=None, quiet=False):
     ctl.send(cmd="bye")
     ctl.recv()
     return rows, ep.net_name(), streams
-
-
-def ep_streams_default():
-    return 8
 
 
 # ---------------------------------------------------------- NCCL reference
