@@ -28,7 +28,7 @@ import time
 import traceback
 
 SIZES = [int(x) for x in os.environ.get("NCCL_EMU_CHECK_SIZES", "1024,1048576,67108864").split(",")]
-MODE_TIMEOUT_S = 420
+MODE_TIMEOUT_S = int(os.environ.get("NCCL_EMU_CHECK_TIMEOUT", "420"))
 
 
 def default_plugin():
@@ -71,6 +71,7 @@ def mode_env(mode, plugin, logdir):
         "NCCL_GRAPH_REGISTER": "0",
         "NCCL_COLLNET_ENABLE": "0",
         "NCCL_IB_DISABLE": "1",
+        "NCCL_NET_EMU_TRACE": os.environ.get("NCCL_EMU_CHECK_TRACE", "0"),
         "NCCL_DEBUG": "INFO",
         "NCCL_DEBUG_SUBSYS": "INIT,NET,ENV",
         "NCCL_DEBUG_FILE": os.path.join(logdir, f"nccl.{mode}.%h.%p.log"),

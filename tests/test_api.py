@@ -123,6 +123,37 @@ def test_kv_blocks_sendv_recvv(local, peers):
     assert ep.wait(tx)
 
 
+def test_small_messages_received_one_at_a_time(local, peers):
+    """Many small messages sent before any receive is posted, received one
+    by one (each receive posted only after the previous one completed),
+    large ones in between: small GPU parts share staged copies and complete
+    late, which must never hold back the receive that would let the next
+    one be posted."""
+    ep, bufs = local
+    peer = peers()
+    cid, pcid = connect(ep, peer)
+    sizes = [32 << 10] * 24 + [1 << 20] + [4096] * 12 + [300 << 10] + [100] + [32 << 10] * 8
+    offs = [sum(sizes[:i]) for i in range(len(sizes))]
+    total = sum(sizes)
+    sb, sptr = peer.call("alloc", total, 31)
+    ok, smr = peer.ep("reg", sptr, total)
+    rb, rptr = bufs.alloc(total)
+    ok, rmr = ep.reg(rptr, total)
+    txs = []
+    for off, n in zip(offs, sizes):
+        ok, tx = peer.ep("send_async", pcid, smr, sptr + off, n)
+        assert ok
+        txs.append(tx)
+    for off, n in zip(offs, sizes):
+        assert ep.recv(cid, rmr, rptr + off, n), ep.last_error()
+    for tx in txs:
+        assert peer.ep("wait", tx)
+    src = pattern(total, 31)
+    got = bufs.data(rb)
+    for i, (off, n) in enumerate(zip(offs, sizes)):
+        assert got[off : off + n] == src[off : off + n], f"message {i} ({n} bytes)"
+
+
 # --------------------------------------------------------------- one-sided
 
 

@@ -16,6 +16,7 @@
 //! | `NCCL_NET_EMU_REFUSE_AFTER` | connects after the first N fail | off |
 //! | `NCCL_NET_EMU_DELAY_MS` | completions are reported N ms late | 0 |
 //! | `NCCL_NET_EMU_DROP_AFTER_BYTES` | a send comm drops its peer after N payload bytes | off |
+//! | `NCCL_NET_EMU_TRACE` | `1`: an INFO line per data-path call (isend, irecv, finished test, iflush, irecvConsumed, regMr) | off |
 
 use std::net::{IpAddr, Ipv4Addr};
 use std::time::Duration;
@@ -35,6 +36,7 @@ pub struct EmuConfig {
     pub refuse_after: Option<u64>,
     pub delay: Duration,
     pub drop_after: Option<u64>,
+    pub trace: bool,
 }
 
 fn var(name: &str) -> Option<String> {
@@ -134,6 +136,7 @@ impl EmuConfig {
             refuse_after: num("NCCL_NET_EMU_REFUSE_AFTER"),
             delay: Duration::from_millis(num("NCCL_NET_EMU_DELAY_MS").unwrap_or(0)),
             drop_after: num("NCCL_NET_EMU_DROP_AFTER_BYTES"),
+            trace: flag("NCCL_NET_EMU_TRACE", false),
         }
     }
 }

@@ -107,40 +107,22 @@ impl Drop for MappedMem {
     }
 }
 
-/// Host → device copy (blocking; a context must be current).
+/// Host → device copy, done when it returns (a context must be current).
+/// It never touches the legacy default stream, which would wait for NCCL's
+/// kernels -- and they may be spinning until this very payload lands.
 ///
 /// # Safety
 /// Both ranges must be valid for `len` bytes.
 pub unsafe fn htod(dst: u64, src: *const u8, len: usize) -> Result<(), String> {
     // SAFETY: by the caller's contract.
-    let r = unsafe { sys::cuMemcpyHtoD_v2(dst, src as *const c_void, len) };
-    if r != sys::CUresult::CUDA_SUCCESS {
-        return Err(format!("cuMemcpyHtoD({len}): {r:?}"));
-    }
-    // From pageable memory cuMemcpyHtoD may return before the DMA lands;
-    // the payload must be in place before `test` reports the receive done
-    // (consumers read it from other streams). Wait for the legacy stream.
-    // SAFETY: the null stream always exists in the current context.
-    let r = unsafe { sys::cuStreamSynchronize(std::ptr::null_mut()) };
-    if r == sys::CUresult::CUDA_SUCCESS {
-        Ok(())
-    } else {
-        Err(format!(
-            "cuStreamSynchronize after cuMemcpyHtoD({len}): {r:?}"
-        ))
-    }
+    unsafe { gpu::copy_sync(dst, src as u64, len) }.map_err(|e| e.to_string())
 }
 
-/// Device → host copy (blocking; a context must be current).
+/// Device → host copy, done when it returns (as [`htod`]).
 ///
 /// # Safety
 /// Both ranges must be valid for `len` bytes.
 pub unsafe fn dtoh(dst: *mut u8, src: u64, len: usize) -> Result<(), String> {
     // SAFETY: by the caller's contract.
-    let r = unsafe { sys::cuMemcpyDtoH_v2(dst as *mut c_void, src, len) };
-    if r == sys::CUresult::CUDA_SUCCESS {
-        Ok(())
-    } else {
-        Err(format!("cuMemcpyDtoH({len}): {r:?}"))
-    }
+    unsafe { gpu::copy_sync(dst as u64, src, len) }.map_err(|e| e.to_string())
 }

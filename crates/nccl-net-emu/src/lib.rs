@@ -68,6 +68,15 @@ pub(crate) fn info(msg: &str) {
     log(NCCL_LOG_INFO, msg);
 }
 
+static TRACE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// One line per data-path call when `NCCL_NET_EMU_TRACE=1` (read at init).
+pub(crate) fn trace(msg: impl FnOnce() -> String) {
+    if TRACE.load(std::sync::atomic::Ordering::Relaxed) {
+        log(NCCL_LOG_INFO, &format!("trace: {}", msg()));
+    }
+}
+
 pub(crate) fn warn(msg: &str) {
     log(NCCL_LOG_WARN, msg);
 }
@@ -113,6 +122,7 @@ unsafe extern "C" fn init(logger: Option<NcclDebugLogger>) -> NcclResult {
     guard("init", || {
         *LOGGER.lock() = logger;
         let cfg = config::EmuConfig::from_env();
+        TRACE.store(cfg.trace, std::sync::atomic::Ordering::Relaxed);
         info(&format!(
             "init: {} mode, listening on {}, CUDA {}",
             if cfg.unpack { "UNPACK" } else { "plain" },
@@ -314,7 +324,11 @@ unsafe extern "C" fn reg_mr_v8(
     ty: c_int,
     mhandle: *mut *mut c_void,
 ) -> NcclResult {
-    guard("regMr", || reg_mr_any(comm_, data, size, ty, mhandle))
+    guard("regMr", || {
+        reg_mr_any(comm_, data, size, ty, mhandle)?;
+        trace(|| format!("regMr comm {comm_:p} {data:p}+{size} type {ty}"));
+        Ok(())
+    })
 }
 
 unsafe extern "C" fn dereg_mr(comm_: *mut c_void, mhandle: *mut c_void) -> NcclResult {
@@ -336,6 +350,7 @@ unsafe extern "C" fn isend(
         // SAFETY: `out` points at one pointer.
         unsafe { out.write(std::ptr::null_mut()) };
         let r = comm::isend(send_comm as usize, data as u64, size, mhandle as usize)?;
+        trace(|| format!("isend comm {send_comm:p} {data:p}+{size} -> request {r:#x}"));
         // SAFETY: as above.
         unsafe { out.write(r as *mut c_void) };
         Ok(())
@@ -367,6 +382,7 @@ unsafe extern "C" fn irecv(
         // SAFETY: with n == 1 each array holds one element.
         let (d, s, m) = unsafe { (*data, *sizes, *mhandles) };
         let r = comm::irecv(recv_comm as usize, n, d as u64, s, m as usize)?;
+        trace(|| format!("irecv comm {recv_comm:p} {d:p}+{s} -> request {r:#x}"));
         // SAFETY: as above.
         unsafe { out.write(r as *mut c_void) };
         Ok(())
@@ -392,6 +408,7 @@ unsafe extern "C" fn iflush(
             ));
         }
         // Plain mode: nothing to flush; a NULL request means done.
+        trace(|| format!("iflush comm {recv_comm:p}: nothing to flush"));
         Ok(())
     })
 }
@@ -404,6 +421,7 @@ unsafe extern "C" fn test(request: *mut c_void, done: *mut c_int, sizes: *mut c_
         if let Some(size) = comm::test(request as usize)? {
             // SAFETY: as above.
             unsafe { done.write(1) };
+            trace(|| format!("test request {request:p}: done, size {size:?}"));
             if let (Some(n), false) = (size, sizes.is_null()) {
                 // SAFETY: a non-NULL `sizes` has room for one int (n == 1).
                 unsafe { sizes.write(n as c_int) };
@@ -440,7 +458,9 @@ unsafe extern "C" fn irecv_consumed(
     request: *mut c_void,
 ) -> NcclResult {
     guard("irecvConsumed", || {
-        comm::irecv_consumed(recv_comm as usize, n, request as usize)
+        comm::irecv_consumed(recv_comm as usize, n, request as usize)?;
+        trace(|| format!("irecvConsumed comm {recv_comm:p} request {request:p}"));
+        Ok(())
     })
 }
 

@@ -307,18 +307,46 @@ impl Drop for Event {
     }
 }
 
-/// Blocking copies for tests and tools: host ↔ device of `len` bytes, done
-/// when it returns (a plain cuMemcpy from pageable memory may return before
-/// its DMA lands, which work on other streams would then race with).
+/// A blocking copy of `len` bytes between any two ranges (host or device,
+/// told apart by unified addressing), done when it returns.
+///
+/// It runs on a non-blocking stream of the calling thread's current
+/// context, never on the legacy default stream: a plain `cuMemcpy` would
+/// wait for every kernel on blocking streams -- a deadlock when such a
+/// kernel (NCCL's, say) spins until this very data arrives -- and from
+/// pageable memory it may return before its DMA lands.
 ///
 /// # Safety
 /// The ranges must be valid for `len` bytes.
 pub unsafe fn copy_sync(dst: u64, src: u64, len: usize) -> Result<(), CudaError> {
-    check("cuMemcpy", sys::cuMemcpy(dst, src, len))?;
-    check(
-        "cuStreamSynchronize",
-        sys::cuStreamSynchronize(std::ptr::null_mut()),
-    )
+    thread_local! {
+        static STREAMS: std::cell::RefCell<Vec<(usize, Stream)>> = const { std::cell::RefCell::new(Vec::new()) };
+    }
+    let ctx = cu::ctx::get_current()
+        .map_err(|e| CudaError::Driver {
+            call: "cuCtxGetCurrent",
+            msg: format!("{e:?}"),
+        })?
+        .ok_or(CudaError::Driver {
+            call: "cuCtxGetCurrent",
+            msg: "no CUDA context is current on this thread".into(),
+        })? as usize;
+    STREAMS.with(|cell| {
+        let mut streams = cell.borrow_mut();
+        let k = match streams.iter().position(|(c, _)| *c == ctx) {
+            Some(k) => k,
+            None => {
+                streams.push((ctx, Stream::new()?));
+                streams.len() - 1
+            }
+        };
+        let s = &streams[k].1;
+        // SAFETY: by the caller's contract; the stream is live.
+        check("cuMemcpyAsync", unsafe {
+            sys::cuMemcpyAsync(dst, src, len, s.raw())
+        })?;
+        s.synchronize()
+    })
 }
 
 /// Device memory, freed on drop (for tools and tests).

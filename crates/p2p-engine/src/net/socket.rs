@@ -254,6 +254,12 @@ struct Staging {
     device: i32,
     stream: gpu::Stream,
     slots: Vec<(gpu::PinnedBuf, gpu::Event, bool)>,
+    /// Receive side, small parts: the slot being filled and its bytes used.
+    fill_slot: usize,
+    fill_used: usize,
+    /// Receive side: per slot, the parts whose copies out of it are queued
+    /// and which complete when those copies have landed.
+    landing: Vec<Vec<Landing>>,
 }
 
 impl Staging {
@@ -281,7 +287,10 @@ impl Staging {
             *st = Some(Staging {
                 device,
                 stream,
+                landing: (0..slots.len()).map(|_| Vec::new()).collect(),
                 slots,
+                fill_slot: 0,
+                fill_used: 0,
             });
         }
         st.as_mut().ok_or_else(|| "staging".to_string())
@@ -483,6 +492,55 @@ fn batchable(op: &TxOp) -> bool {
     op.mem.kind == MemKind::Host && op.mem.len <= BATCH_PART && op.skip == 0
 }
 
+/// The GPU of a small device-memory part that can share one staged copy
+/// (and one wait for it) with the parts queued behind it.
+fn gpu_batchable(op: &TxOp, slice: usize) -> Option<i32> {
+    match op.mem.kind {
+        MemKind::Cuda(d) if op.mem.len <= BATCH_PART.min(slice) && op.skip == 0 => Some(d),
+        _ => None,
+    }
+}
+
+/// Small GPU parts: all copied into one pinned slot (one wait for the
+/// lot), then written, headers between payloads, with as few system calls
+/// as it takes. Without this each 32 KiB KV block cost a copy, a wait and
+/// a write of its own.
+fn tx_gpu_batch(
+    s: &TcpStream,
+    batch: &[TxOp],
+    dev: i32,
+    staging: &mut Option<Staging>,
+    slice: usize,
+    depth: usize,
+) -> Result<(), String> {
+    let st = Staging::get(staging, dev, slice, depth)?;
+    let slot = &st.slots[0];
+    let mut off = 0;
+    for o in batch {
+        if o.mem.len > 0 {
+            // SAFETY: the batch holds at most `slice` bytes, so the slot has
+            // room at `off`; the device range was checked by the engine.
+            unsafe {
+                st.stream
+                    .copy_dtoh(slot.0.as_ptr().add(off), o.mem.addr, o.mem.len)
+            }
+            .map_err(|e| e.to_string())?;
+        }
+        off += o.mem.len;
+    }
+    slot.1.record(&st.stream).map_err(|e| e.to_string())?;
+    slot.1.synchronize().map_err(|e| e.to_string())?;
+    let staged = slot.0.as_slice(off);
+    let mut at = 0;
+    let mut slices: Vec<&[u8]> = Vec::with_capacity(batch.len() * 2);
+    for o in batch {
+        slices.push(&o.hdr);
+        slices.push(&staged[at..at + o.mem.len]);
+        at += o.mem.len;
+    }
+    write_all_slices(s, &slices).map_err(|e| e.to_string())
+}
+
 fn finish_op(s: &TcpStream, shared: &SendShared, op: &TxOp, r: &Result<(), String>) {
     match r {
         Ok(()) => {
@@ -526,6 +584,28 @@ fn tx_loop(
             queued.fetch_sub(1, Ordering::AcqRel);
             *op.req.error.lock() = Some(f);
             (shared.waker)();
+            continue;
+        }
+        if let Some(dev) = gpu_batchable(&op, slice) {
+            let mut bytes = op.mem.len;
+            let mut batch = vec![op];
+            while batch.len() < 128 {
+                match rx.try_recv() {
+                    Ok(o) if gpu_batchable(&o, slice) == Some(dev) && bytes + o.mem.len <= slice => {
+                        bytes += o.mem.len;
+                        batch.push(o);
+                    }
+                    Ok(o) => {
+                        held = Some(o);
+                        break;
+                    }
+                    Err(_) => break,
+                }
+            }
+            let r = tx_gpu_batch(&s, &batch, dev, &mut staging, slice, depth);
+            for o in &batch {
+                finish(o, &r);
+            }
             continue;
         }
         if !batchable(&op) {
@@ -749,6 +829,11 @@ impl StreamReader {
         }
     }
 
+    /// Bytes read from the socket and not yet consumed.
+    fn buffered(&self) -> usize {
+        self.end - self.pos
+    }
+
     fn read_exact(&mut self, mut dst: &mut [u8]) -> io::Result<()> {
         while !dst.is_empty() {
             if self.pos < self.end {
@@ -769,6 +854,103 @@ impl StreamReader {
         }
         Ok(())
     }
+}
+
+/// A received part whose bytes are still being copied to the GPU.
+struct Landing {
+    req: Arc<RecvReq>,
+    seq: u64,
+    nparts: usize,
+}
+
+/// Counts one part of a receive as done; the last one completes it.
+fn part_done(shared: &RecvShared, l: Landing) {
+    if l.req.parts_done.fetch_add(1, Ordering::AcqRel) + 1 == l.nparts {
+        l.req.done.store(true, Ordering::Release);
+        shared.posted.lock().remove(&l.seq);
+        (shared.waker)();
+    }
+}
+
+impl Staging {
+    fn has_landing(&self) -> bool {
+        self.landing.iter().any(|l| !l.is_empty())
+    }
+
+    /// Waits for every queued copy and completes the parts behind them.
+    fn flush(&mut self, shared: &RecvShared) -> Result<(), String> {
+        if !self.has_landing() {
+            return Ok(());
+        }
+        // One stream: the newest event covers every copy queued before it.
+        let k = self.fill_slot;
+        self.slots[k].1.record(&self.stream).map_err(|e| e.to_string())?;
+        self.slots[k].1.synchronize().map_err(|e| e.to_string())?;
+        for i in 1..=self.slots.len() {
+            let j = (k + i) % self.slots.len();
+            self.slots[j].2 = false;
+            for l in self.landing[j].drain(..) {
+                part_done(shared, l);
+            }
+        }
+        self.fill_used = 0;
+        Ok(())
+    }
+}
+
+/// Whether the socket has bytes waiting to be read.
+fn readable_now(s: &TcpStream) -> bool {
+    use std::os::fd::AsRawFd;
+    let mut n: libc::c_int = 0;
+    // SAFETY: FIONREAD writes one int through the pointer given.
+    let r = unsafe { libc::ioctl(s.as_raw_fd(), libc::FIONREAD, &mut n) };
+    r == 0 && n > 0
+}
+
+/// A small GPU part: read into the slot being filled, its copy to the
+/// device queued, and its completion deferred until that copy has landed
+/// (a slot's copies are waited for when the slot is needed again or the
+/// stream goes quiet) -- so a run of KV blocks costs one wait per slot,
+/// not one per block.
+fn rx_gpu_small(
+    r: &mut StreamReader,
+    dst: MemRef,
+    st: &mut Staging,
+    land: Landing,
+    shared: &RecvShared,
+) -> Result<(), String> {
+    let depth = st.slots.len();
+    let slice = st.slots[0].0.len();
+    if st.fill_used + dst.len > slice {
+        let k = st.fill_slot;
+        st.slots[k].1.record(&st.stream).map_err(|e| e.to_string())?;
+        st.slots[k].2 = true;
+        let j = (k + 1) % depth;
+        if st.slots[j].2 {
+            // The oldest sealed slot: its copies were queued first.
+            st.slots[j].1.synchronize().map_err(|e| e.to_string())?;
+            st.slots[j].2 = false;
+            for l in st.landing[j].drain(..) {
+                part_done(shared, l);
+            }
+        }
+        st.fill_slot = j;
+        st.fill_used = 0;
+    }
+    let (k, at) = (st.fill_slot, st.fill_used);
+    let buf = &mut st.slots[k].0.as_mut_slice(slice)[at..at + dst.len];
+    r.read_exact(buf).map_err(|e| e.to_string())?;
+    // SAFETY: the bytes at `at` were just read and stay untouched until the
+    // slot's next event completes; the device range lies inside the
+    // posted buffer.
+    unsafe {
+        st.stream
+            .copy_htod(dst.addr, st.slots[k].0.as_ptr().add(at), dst.len)
+    }
+    .map_err(|e| e.to_string())?;
+    st.fill_used += dst.len;
+    st.landing[k].push(land);
+    Ok(())
 }
 
 fn rx_part(
@@ -839,7 +1021,15 @@ fn rx_loop(s: Arc<TcpStream>, shared: Arc<RecvShared>, slice: usize, depth: usiz
         shared.posted_cv.notify_all();
         (shared.waker)();
     };
+    let landing = |st: &Option<Staging>| st.as_ref().is_some_and(|st| st.has_landing());
     loop {
+        // About to wait for the peer: first complete what has landed.
+        if landing(&staging) && r.buffered() < HDR_LEN && !readable_now(&r.s) {
+            if let Some(Err(e)) = staging.as_mut().map(|st| st.flush(&shared)) {
+                fail(format!("receive stream from {peer}: {e}"));
+                return;
+            }
+        }
         let mut hdr = [0u8; HDR_LEN];
         if let Err(e) = r.read_exact(&mut hdr) {
             if !shared.closing.load(Ordering::Acquire) {
@@ -856,19 +1046,26 @@ fn rx_loop(s: Arc<TcpStream>, shared: Arc<RecvShared>, slice: usize, depth: usiz
             |i: usize| u64::from_le_bytes(hdr[i * 8..i * 8 + 8].try_into().unwrap_or_default());
         let (seq, off, len, total, nparts) = (field(0), field(1), field(2), field(3), field(4));
         // Wait until the matching receive is posted.
-        let req = {
+        let req = loop {
             let mut posted = shared.posted.lock();
-            loop {
-                if shared.closing.load(Ordering::Acquire) {
+            if shared.closing.load(Ordering::Acquire) {
+                return;
+            }
+            if let Some(r) = posted.get(&seq) {
+                break r.clone();
+            }
+            if landing(&staging) {
+                // The receive may be posted only once earlier ones complete.
+                drop(posted);
+                if let Some(Err(e)) = staging.as_mut().map(|st| st.flush(&shared)) {
+                    fail(format!("receive stream from {peer}: {e}"));
                     return;
                 }
-                if let Some(r) = posted.get(&seq) {
-                    break r.clone();
-                }
-                shared
-                    .posted_cv
-                    .wait_for(&mut posted, Duration::from_millis(100));
+                continue;
             }
+            shared
+                .posted_cv
+                .wait_for(&mut posted, Duration::from_millis(100));
         };
         let bad = off.checked_add(len).is_none_or(|end| end > total)
             || total > req.mem.len as u64
@@ -900,16 +1097,43 @@ fn rx_loop(s: Arc<TcpStream>, shared: Arc<RecvShared>, slice: usize, depth: usiz
             len: len as usize,
             kind: req.mem.kind,
         };
-        if let Err(e) = rx_part(&mut r, dst, &mut staging, slice, depth) {
+        let land = Landing {
+            req,
+            seq,
+            nparts: nparts as usize,
+        };
+        let small_gpu = match dst.kind {
+            MemKind::Cuda(d) if dst.len > 0 && dst.len <= BATCH_PART.min(slice) => Some(d),
+            _ => None,
+        };
+        let res = match (small_gpu, dst.kind) {
+            (Some(d), _) => {
+                // Staging is rebuilt for another GPU: finish the old one first.
+                let other = staging.as_ref().is_some_and(|st| st.device != d);
+                let flushed = match staging.as_mut() {
+                    Some(st) if other => st.flush(&shared),
+                    _ => Ok(()),
+                };
+                flushed
+                    .and_then(|()| Staging::get(&mut staging, d, slice, depth))
+                    .and_then(|st| rx_gpu_small(&mut r, dst, st, land, &shared))
+            }
+            (None, kind) => {
+                // Large GPU parts use every slot: wait for queued copies.
+                let flushed = match staging.as_mut() {
+                    Some(st) if matches!(kind, MemKind::Cuda(_)) => st.flush(&shared),
+                    _ => Ok(()),
+                };
+                flushed
+                    .and_then(|()| rx_part(&mut r, dst, &mut staging, slice, depth))
+                    .map(|()| part_done(&shared, land))
+            }
+        };
+        if let Err(e) = res {
             if !shared.closing.load(Ordering::Acquire) {
                 fail(format!("receive stream from {peer}: {e}"));
             }
             return;
-        }
-        if req.parts_done.fetch_add(1, Ordering::AcqRel) + 1 == nparts as usize {
-            req.done.store(true, Ordering::Release);
-            shared.posted.lock().remove(&seq);
-            (shared.waker)();
         }
     }
 }
