@@ -2,10 +2,11 @@
 # A bounded GPU round (each step under its own time limit; everything is
 # re-packed into OUTDIR/round.tar.gz after each step, so a cut-off run still
 # returns what it did): bash benchmarks/gpu_quick.sh WHEEL BIN_DIR OUTDIR [STEPS]
-# STEPS: any of socket,plugin,unpack,nccl,bench (default all).
+# STEPS: any of socket,plugin,unpack,nccl,bench,kv,lat (default all but
+# scale); scale: GPU pairs at once (needs 4+ GPUs).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-WHEEL=$1 BIN=$2 O=$3 STEPS=${4:-socket,plugin,unpack,nccl,bench}
+WHEEL=$1 BIN=$2 O=$3 STEPS=${4:-socket,plugin,unpack,nccl,bench,kv,lat}
 R=$(mktemp -d)/round
 mkdir -p "$R" "$O"
 . benchmarks/device_env.sh "$WHEEL"
@@ -17,6 +18,33 @@ has() { case ",$STEPS," in *",$1,"*) return 0;; *) return 1;; esac; }
 has socket && { timeout 110 $PT tests/test_api.py -k cuda > "$R/tests_socket_cuda.txt" 2>&1; pack tests_socket_cuda.txt 1; }
 has plugin && { TCPX_P2P_NET=plugin TCPX_P2P_PLUGIN_PATH=$EMU timeout 90 $PT tests/test_api.py -k cuda > "$R/tests_plugin_cuda.txt" 2>&1; pack tests_plugin_cuda.txt 1; }
 has unpack && { BIN_DIR=$BIN timeout 90 bash benchmarks/gpu_plugin_check.sh "$R/gpu_plugin_check.json" > "$R/gpu_plugin_check.txt" 2>&1; pack gpu_plugin_check.txt 30; }
-has nccl && { timeout 100 python3 benchmarks/nccl_emu_check.py "$R/nccl" --plugin "$BIN/libnccl_net_emu.so" > "$R/nccl_emu_check.txt" 2>&1; pack nccl_emu_check.txt 12; }
+has nccl && { NCCL_EMU_CHECK_TIMEOUT=${NCCL_EMU_CHECK_TIMEOUT:-45} NCCL_EMU_CHECK_TRACE=1 timeout 100 python3 benchmarks/nccl_emu_check.py "$R/nccl" --plugin "$BIN/libnccl_net_emu.so" > "$R/nccl_emu_check.txt" 2>&1; pack nccl_emu_check.txt 12; }
 has bench && { timeout 100 python3 -m tcpx_p2p.bench pair --memory gpu --sizes 64K,1M,16M,256M --reference --json "$R/bench_gpu_send.json" > "$R/bench_gpu_send.txt" 2>/dev/null; pack bench_gpu_send.txt 7; }
+B="python3 -m tcpx_p2p.bench pair --memory gpu"
+if has kv; then
+  for op in write send; do
+    timeout 60 $B --op $op --kv-blocks 4096 --block-size 32K --json "$R/bench_kv_$op.json" > "$R/bench_kv_$op.txt" 2>/dev/null; pack bench_kv_$op.txt 3
+  done
+  timeout 40 $B --op write --sizes 128M --json "$R/bench_kv_one_message.json" > "$R/bench_kv_one_message.txt" 2>/dev/null; pack bench_kv_one_message.txt 3
+fi
+if has lat; then
+  for sp in 0 50; do
+    TCPX_P2P_SPIN_US=$sp timeout 40 $B --sizes 4K,64K --reference --json "$R/bench_lat_spin$sp.json" > "$R/bench_lat_spin$sp.txt" 2>/dev/null; pack bench_lat_spin$sp.txt 4
+  done
+fi
+if has scale; then
+  n=$(nvidia-smi -L | wc -l); p=$((n / 2)); G=$(seq -s, 0 $((n - 1)))
+  for net in socket plugin; do
+    E=""; [ $net = plugin ] && E="TCPX_P2P_PLUGIN_PATH=$EMU"
+    for lay in "" --single-process; do
+      for k in $(seq 1 $p); do
+        [ $k -eq 1 ] && [ -z "$lay" ] && continue
+        g=$(seq -s, 0 $((k - 1))),$(seq -s, $p $((p + k - 1)))
+        f=scale_${net}_${k}pairs${lay:+_single}
+        env $E timeout 70 $B --net $net --pairs $k $lay --gpus $g --sizes 16M,256M --json "$R/$f.json" > "$R/$f.txt" 2>/dev/null; pack $f.txt 4
+      done
+    done
+    env $E timeout 90 $B --net $net --gpus 0,$p --sizes 16M,256M --reference --json "$R/scale_${net}_1pair_ref.json" > "$R/scale_${net}_1pair_ref.txt" 2>/dev/null; pack scale_${net}_1pair_ref.txt 4
+  done
+fi
 true

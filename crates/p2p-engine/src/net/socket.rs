@@ -311,6 +311,9 @@ struct TxOp {
     req: Arc<SendReq>,
     /// Bytes of header + payload already written by the posting thread.
     skip: usize,
+    /// The payload itself, when the posting thread already copied it out of
+    /// the GPU (then `mem` is host memory naming these bytes).
+    owned: Option<Vec<u8>>,
 }
 
 /// Parts up to this size are written by the posting thread when their
@@ -329,8 +332,10 @@ struct SocketSend {
     shared: Arc<SendShared>,
     reqs: HashMap<u64, Arc<SendReq>>,
     next_seq: u64,
-    cursor: usize,
     min_part: usize,
+    /// The posting thread's own pinned slot, for small GPU parts it copies
+    /// and writes itself when their stream is idle.
+    inline_staging: Option<Staging>,
     /// Ops queued to (and not yet finished by) each stream's I/O thread.
     queued: Vec<Arc<AtomicUsize>>,
 }
@@ -367,8 +372,8 @@ impl SocketSend {
             shared,
             reqs: HashMap::new(),
             next_seq: 0,
-            cursor: 0,
             min_part: cfg.min_part,
+            inline_staging: None,
             queued,
         })
     }
@@ -407,6 +412,9 @@ fn write_all_slices(s: &TcpStream, parts: &[&[u8]]) -> io::Result<()> {
 
 /// The payload of a host-memory op.
 fn host_bytes(op: &TxOp) -> &[u8] {
+    if let Some(v) = &op.owned {
+        return v;
+    }
     if op.mem.len == 0 {
         return &[];
     }
@@ -591,7 +599,9 @@ fn tx_loop(
             let mut batch = vec![op];
             while batch.len() < 128 {
                 match rx.try_recv() {
-                    Ok(o) if gpu_batchable(&o, slice) == Some(dev) && bytes + o.mem.len <= slice => {
+                    Ok(o)
+                        if gpu_batchable(&o, slice) == Some(dev) && bytes + o.mem.len <= slice =>
+                    {
                         bytes += o.mem.len;
                         batch.push(o);
                     }
@@ -639,6 +649,54 @@ fn tx_loop(
     }
 }
 
+impl SocketSend {
+    /// A small GPU part on an idle stream: copied out by this thread and
+    /// written without blocking, so that no I/O thread has to wake for it.
+    /// Returns what is left for the stream's thread (as host bytes) if the
+    /// socket took only part of it.
+    fn send_gpu_inline(&mut self, k: usize, dev: i32, op: TxOp) -> Result<Option<TxOp>, NetError> {
+        let gpu_err = |e: String| NetError::Protocol {
+            net: NET,
+            reason: format!(
+                "staging a GPU part of {} bytes on GPU {dev}: {e}",
+                op.mem.len
+            ),
+        };
+        let st = Staging::get(&mut self.inline_staging, dev, INLINE_MAX, 1).map_err(gpu_err)?;
+        let slot = &st.slots[0];
+        let len = op.mem.len;
+        if len > 0 {
+            // SAFETY: the slot holds INLINE_MAX ≥ len bytes; the device range
+            // was checked by the engine against a registered region.
+            unsafe { st.stream.copy_dtoh(slot.0.as_ptr(), op.mem.addr, len) }
+                .map_err(|e| gpu_err(e.to_string()))?;
+            slot.1
+                .record(&st.stream)
+                .map_err(|e| gpu_err(e.to_string()))?;
+            slot.1.synchronize().map_err(|e| gpu_err(e.to_string()))?;
+        }
+        let data = slot.0.as_slice(len);
+        let iov = [IoSlice::new(&op.hdr), IoSlice::new(data)];
+        let sent = socket2::SockRef::from(&*self.socks[k])
+            .send_vectored_with_flags(&iov, libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL)
+            .unwrap_or(0);
+        if sent == HDR_LEN + len {
+            return Ok(None);
+        }
+        Ok(Some(TxOp {
+            hdr: op.hdr,
+            mem: MemRef {
+                addr: 0,
+                len,
+                kind: MemKind::Host,
+            },
+            owned: Some(data.to_vec()),
+            req: op.req,
+            skip: sent,
+        }))
+    }
+}
+
 impl SendComm for SocketSend {
     fn reg_mr(&mut self, _mem: MemRef) -> Result<MrHandle, NetError> {
         Ok(MrHandle(0))
@@ -662,7 +720,7 @@ impl SendComm for SocketSend {
             size: mem.len,
             error: Mutex::new(None),
         });
-        for &(off, len) in &parts {
+        for (i, &(off, len)) in parts.iter().enumerate() {
             let mut hdr = [0u8; HDR_LEN];
             hdr[0..8].copy_from_slice(&seq.to_le_bytes());
             hdr[8..16].copy_from_slice(&(off as u64).to_le_bytes());
@@ -678,11 +736,25 @@ impl SendComm for SocketSend {
                 },
                 req: req.clone(),
                 skip: 0,
+                owned: None,
             };
-            let k = self.cursor % self.txs.len();
-            self.cursor += 1;
+            // Part i of message `seq` rides stream (seq + i) mod S, which the
+            // receiver can tell from the sequence number alone.
+            let k = (seq as usize + i) % self.txs.len();
             let mut op = op;
+            if let MemKind::Cuda(dev) = op.mem.kind {
+                if len <= INLINE_MAX && self.queued[k].load(Ordering::Acquire) == 0 {
+                    match self.send_gpu_inline(k, dev, op)? {
+                        None => {
+                            req.parts_left.fetch_sub(1, Ordering::AcqRel);
+                            continue;
+                        }
+                        Some(rest) => op = rest,
+                    }
+                }
+            }
             if op.mem.kind == MemKind::Host
+                && op.skip == 0
                 && len <= INLINE_MAX
                 && self.queued[k].load(Ordering::Acquire) == 0
             {
@@ -791,10 +863,15 @@ impl SocketRecv {
             let s = s.clone();
             let shared = shared.clone();
             let (slice, depth) = (cfg.staging_slice, cfg.staging_depth);
+            let lane = Lane {
+                index: i,
+                streams: socks.len(),
+                spin: cfg.spin,
+            };
             threads.push(
                 std::thread::Builder::new()
                     .name(format!("tcpx-rx{i}"))
-                    .spawn(move || rx_loop(s, shared, slice, depth))
+                    .spawn(move || rx_loop(s, shared, slice, depth, lane))
                     .map_err(|e| NetError::io(NET, "spawning an I/O thread", e))?,
             );
         }
@@ -884,7 +961,10 @@ impl Staging {
         }
         // One stream: the newest event covers every copy queued before it.
         let k = self.fill_slot;
-        self.slots[k].1.record(&self.stream).map_err(|e| e.to_string())?;
+        self.slots[k]
+            .1
+            .record(&self.stream)
+            .map_err(|e| e.to_string())?;
         self.slots[k].1.synchronize().map_err(|e| e.to_string())?;
         for i in 1..=self.slots.len() {
             let j = (k + i) % self.slots.len();
@@ -923,7 +1003,10 @@ fn rx_gpu_small(
     let slice = st.slots[0].0.len();
     if st.fill_used + dst.len > slice {
         let k = st.fill_slot;
-        st.slots[k].1.record(&st.stream).map_err(|e| e.to_string())?;
+        st.slots[k]
+            .1
+            .record(&st.stream)
+            .map_err(|e| e.to_string())?;
         st.slots[k].2 = true;
         let j = (k + 1) % depth;
         if st.slots[j].2 {
@@ -1004,7 +1087,35 @@ fn rx_part(
     }
 }
 
-fn rx_loop(s: Arc<TcpStream>, shared: Arc<RecvShared>, slice: usize, depth: usize) {
+/// Which stream an I/O thread reads, of how many, and how long it may spin.
+#[derive(Clone, Copy)]
+struct Lane {
+    index: usize,
+    streams: usize,
+    spin: Duration,
+}
+
+impl Lane {
+    /// Waits (bounded) for bytes when a posted receive's first part is due
+    /// on this stream: a blocked reader costs a thread wake-up per message.
+    fn spin_for_data(&self, s: &TcpStream, shared: &RecvShared) {
+        if self.spin.is_zero() {
+            return;
+        }
+        let due = shared.posted.lock().iter().any(|(seq, r)| {
+            *seq as usize % self.streams == self.index && !r.done.load(Ordering::Acquire)
+        });
+        if !due {
+            return;
+        }
+        let start = Instant::now();
+        while !readable_now(s) && start.elapsed() < self.spin {
+            std::hint::spin_loop();
+        }
+    }
+}
+
+fn rx_loop(s: Arc<TcpStream>, shared: Arc<RecvShared>, slice: usize, depth: usize, lane: Lane) {
     let mut staging = None;
     let peer = s.peer_addr().map(|a| a.to_string()).unwrap_or_default();
     let mut r = StreamReader::new(s);
@@ -1029,6 +1140,9 @@ fn rx_loop(s: Arc<TcpStream>, shared: Arc<RecvShared>, slice: usize, depth: usiz
                 fail(format!("receive stream from {peer}: {e}"));
                 return;
             }
+        }
+        if r.buffered() == 0 {
+            lane.spin_for_data(&r.s, &shared);
         }
         let mut hdr = [0u8; HDR_LEN];
         if let Err(e) = r.read_exact(&mut hdr) {

@@ -374,7 +374,33 @@ def measure(ep, ctl, conn, a, gpu, size, nblk, raw):
         if nblk == 1 and op == "send":
             pp = _native.rawtcp_run(ip, port, 1, total, min(iters, 200), True)
             row["raw_tcp_pingpong_half_rtt_p50_us"] = round(pct(pp, 50) / 2 * 1e6, 1)
+            if gpu is not None and bs <= (16 << 20):
+                # What GPU memory adds to a one-way trip at best: one copy
+                # out of the GPU and one into the other, each waited for.
+                cp = staged_copy_us(src, bs)
+                row["gpu_copy_out_in_p50_us"] = cp
+                row["floor_one_way_us"] = round(row["raw_tcp_pingpong_half_rtt_p50_us"] + cp, 1)
     return row
+
+
+def staged_copy_us(src, n, iters=200):
+    """p50 of a device→pinned-host plus a pinned-host→device copy of `n`
+    bytes, each waited for (the least any TCP path from GPU to GPU adds)."""
+    import torch
+
+    host = torch.empty(n, dtype=torch.uint8, pin_memory=True)
+    dev = src.obj[:n]
+    stream = torch.cuda.Stream(device=src.gpu)
+    ts = []
+    with torch.cuda.stream(stream):
+        for _ in range(iters + 10):
+            t = time.perf_counter()
+            host.copy_(dev, non_blocking=True)
+            stream.synchronize()
+            dev.copy_(host, non_blocking=True)
+            stream.synchronize()
+            ts.append(time.perf_counter() - t)
+    return round(pct(ts[10:], 50) * 1e6, 1)
 
 
 def client_main(a, host, port, gpu, barrier=None, quiet=False):
@@ -496,6 +522,12 @@ def print_table(rows, title):
             line += f"{r.get('nccl_default_GBps', 0):>9.2f}{r.get('nccl_best_GBps', 0):>9.2f}{r.get('ratio_vs_nccl_best', 0):>8.2f}"
         print(line)
     print("(latency in microseconds: half a round trip for send, one blocking call for write/read)")
+    for r in rows:
+        if "raw_tcp_pingpong_half_rtt_p50_us" in r:
+            floor = ""
+            if "floor_one_way_us" in r:
+                floor = f"; + GPU copy out and in {r['gpu_copy_out_in_p50_us']:.1f} = floor {r['floor_one_way_us']:.1f}"
+            print(f"  {fmt_size(r['size'])} one-way p50 {f(r['lat_p50_us'])} us vs raw TCP half round trip {r['raw_tcp_pingpong_half_rtt_p50_us']:.1f}{floor}")
 
 
 def main(argv=None):
