@@ -28,7 +28,7 @@ if has kv; then
   timeout 40 $B --op write --sizes 128M --json "$R/bench_kv_one_message.json" > "$R/bench_kv_one_message.txt" 2>/dev/null; pack bench_kv_one_message.txt 3
 fi
 if has lat; then
-  for sp in 0 50; do
+  for sp in ${LAT_SPINS:-0 50 300 1000}; do
     TCPX_P2P_SPIN_US=$sp timeout 40 $B --sizes 4K,64K --reference --json "$R/bench_lat_spin$sp.json" > "$R/bench_lat_spin$sp.txt" 2>/dev/null; pack bench_lat_spin$sp.txt 4
   done
 fi

@@ -320,6 +320,9 @@ struct TxOp {
 /// stream is idle, without waking the stream's I/O thread.
 const INLINE_MAX: usize = 64 << 10;
 
+/// A post this long after the previous one is a lone message.
+const LONE_GAP: Duration = Duration::from_micros(50);
+
 struct SendShared {
     failed: Mutex<Option<String>>,
     waker: Waker,
@@ -336,6 +339,11 @@ struct SocketSend {
     /// The posting thread's own pinned slot, for small GPU parts it copies
     /// and writes itself when their stream is idle.
     inline_staging: Option<Staging>,
+    /// When the last `isend` returned: a GPU part is copied inline only
+    /// when it does not follow another post closely (a lone message, where
+    /// latency counts); a burst (KV blocks) goes to the I/O threads, which
+    /// batch its copies.
+    last_post: Instant,
     /// Ops queued to (and not yet finished by) each stream's I/O thread.
     queued: Vec<Arc<AtomicUsize>>,
 }
@@ -374,6 +382,7 @@ impl SocketSend {
             next_seq: 0,
             min_part: cfg.min_part,
             inline_staging: None,
+            last_post: Instant::now(),
             queued,
         })
     }
@@ -720,6 +729,7 @@ impl SendComm for SocketSend {
             size: mem.len,
             error: Mutex::new(None),
         });
+        let lone = self.last_post.elapsed() >= LONE_GAP;
         for (i, &(off, len)) in parts.iter().enumerate() {
             let mut hdr = [0u8; HDR_LEN];
             hdr[0..8].copy_from_slice(&seq.to_le_bytes());
@@ -743,7 +753,10 @@ impl SendComm for SocketSend {
             let k = (seq as usize + i) % self.txs.len();
             let mut op = op;
             if let MemKind::Cuda(dev) = op.mem.kind {
-                if len <= INLINE_MAX && self.queued[k].load(Ordering::Acquire) == 0 {
+                if len <= INLINE_MAX
+                    && lone
+                    && self.queued[k].load(Ordering::Acquire) == 0
+                {
                     match self.send_gpu_inline(k, dev, op)? {
                         None => {
                             req.parts_left.fetch_sub(1, Ordering::AcqRel);
@@ -778,6 +791,7 @@ impl SendComm for SocketSend {
                 .map_err(|_| NetError::Closed { net: NET })?;
         }
         self.reqs.insert(seq, req);
+        self.last_post = Instant::now();
         Ok(Some(ReqId(seq)))
     }
 
