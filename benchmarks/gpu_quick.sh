@@ -33,18 +33,20 @@ if has lat; then
   done
 fi
 if has scale; then
-  n=$(nvidia-smi -L | wc -l); p=$((n / 2)); G=$(seq -s, 0 $((n - 1)))
+  # Pairs of GPUs i -> i+n/2 at once: 1..n/2 pairs in the multi-process
+  # layout (1 pair with the references), 2..n/2 in the single-process one.
+  n=$(nvidia-smi -L | wc -l); p=$((n / 2))
   for net in socket plugin; do
     E=""; [ $net = plugin ] && E="TCPX_P2P_PLUGIN_PATH=$EMU"
-    for lay in "" --single-process; do
-      for k in $(seq 1 $p); do
-        [ $k -eq 1 ] && [ -z "$lay" ] && continue
-        g=$(seq -s, 0 $((k - 1))),$(seq -s, $p $((p + k - 1)))
-        f=scale_${net}_${k}pairs${lay:+_single}
-        env $E timeout 70 $B --net $net --pairs $k $lay --gpus $g --sizes 16M,256M --json "$R/$f.json" > "$R/$f.txt" 2>/dev/null; pack $f.txt 4
+    f=scale_${net}_1pair; ref=""; [ $net = socket ] && ref=--reference
+    env $E timeout 90 $B --net $net --gpus 0,$p --sizes 16M,256M $ref --json "$R/$f.json" > "$R/$f.txt" 2>/dev/null; pack $f.txt 4
+    for k in $(seq 2 $p); do
+      g=$(seq -s, 0 $((k - 1))),$(seq -s, $p $((p + k - 1)))
+      for lay in multi single; do
+        f=scale_${net}_${k}pairs_$lay; L=""; [ $lay = single ] && L=--single-process
+        env $E timeout 70 $B --net $net --pairs $k $L --gpus $g --sizes 16M,256M --json "$R/$f.json" > "$R/$f.txt" 2>/dev/null; pack $f.txt 6
       done
     done
-    env $E timeout 90 $B --net $net --gpus 0,$p --sizes 16M,256M --reference --json "$R/scale_${net}_1pair_ref.json" > "$R/scale_${net}_1pair_ref.txt" 2>/dev/null; pack scale_${net}_1pair_ref.txt 4
   done
 fi
 true

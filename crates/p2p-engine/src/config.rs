@@ -72,7 +72,7 @@ impl Default for Config {
             staging_slice: 1 << 20,
             staging_depth: 4,
             sockbuf: 0,
-            spin: Duration::from_micros(50),
+            spin: default_spin(),
             keepalive: Duration::from_millis(1000),
             deadline: Duration::from_millis(10_000),
             connect_timeout: Duration::from_secs(20),
@@ -228,4 +228,13 @@ mod tests {
         assert_eq!(parse_size(""), None);
         assert_eq!(parse_size("99999999999999999999G"), None);
     }
+}
+
+/// Spinning pays where cores are spare and costs where they are not:
+/// measured on nvidia-h200-x2 (32 cores), GPU 64 KiB one-way p50 150 us
+/// with 0 or 50 us of spin, 99 us with 300; on a 2-core box 4 KiB host
+/// one-way p50 71 us with none, 109 us with 50.
+fn default_spin() -> Duration {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    Duration::from_micros(if cores >= 8 { 300 } else { 0 })
 }
