@@ -127,11 +127,11 @@ impl Config {
     /// | `TCPX_P2P_STREAMS` | TCP streams per socket comm | 8 |
     /// | `TCPX_P2P_CHUNK` | request size posted to the net | 8M |
     /// | `TCPX_P2P_MIN_PART` | smallest per-stream piece | 128K |
-    /// | `TCPX_P2P_CHANNELS`, `UCCL_TCPX_NUM_CHANNELS` | channels per connection | 1 |
+    /// | `TCPX_P2P_CHANNELS`, `UCCL_TCPX_NUM_CHANNELS` | channels per connection | 1 (socket), 8 (plugin) |
     /// | `TCPX_P2P_SEND_WINDOW`, `TCPX_P2P_RECV_WINDOW` | requests in flight per comm (capped by the net: 16 for plugins) | the net's most |
     /// | `TCPX_P2P_STAGING_SLICE`, `TCPX_P2P_STAGING_DEPTH` | pinned staging for GPU memory | 1M, 4 |
     /// | `TCPX_P2P_SOCKBUF` | SO_SNDBUF/SO_RCVBUF | kernel default |
-    /// | `TCPX_P2P_SPIN_US` | busy-wait before sleeping, µs | 50 |
+    /// | `TCPX_P2P_SPIN_US` | busy-wait before sleeping, µs | 300 with 8+ cores, else 0 |
     /// | `TCPX_P2P_KEEPALIVE_MS`, `TCPX_P2P_DEADLINE_MS` | keep-alive interval; silence after which a connection fails | 1000, 10000 |
     /// | `TCPX_P2P_CONNECT_TIMEOUT_MS` | connect + handshake deadline | 20000 |
     /// | `TCPX_P2P_AUTH_TOKEN` | shared secret peers must present | none |
@@ -170,6 +170,10 @@ impl Config {
         }
         if let Some(n) = size_var(&["TCPX_P2P_CHANNELS", "UCCL_TCPX_NUM_CHANNELS"], 1, 32)? {
             c.channels = n;
+        } else if c.net == NetKind::Plugin {
+            // A plugin comm is one connection (TCPX: one flow); the socket
+            // net stripes over its own streams inside one comm instead.
+            c.channels = PLUGIN_CHANNELS;
         }
         if let Some(n) = size_var(&["TCPX_P2P_SEND_WINDOW"], 1, 4096)? {
             c.send_window = n;
@@ -214,6 +218,18 @@ impl Config {
     }
 }
 
+/// Channels (comm pairs) per connection on a plugin net.
+pub const PLUGIN_CHANNELS: usize = 8;
+
+/// Spinning pays where cores are spare and costs where they are not:
+/// measured on nvidia-h200-x2 (32 cores), GPU 64 KiB one-way p50 150 us
+/// with 0 or 50 us of spin, 99 us with 300; on a 2-core box 4 KiB host
+/// one-way p50 71 us with none, 109 us with 50.
+fn default_spin() -> Duration {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    Duration::from_micros(if cores >= 8 { 300 } else { 0 })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -228,13 +244,4 @@ mod tests {
         assert_eq!(parse_size(""), None);
         assert_eq!(parse_size("99999999999999999999G"), None);
     }
-}
-
-/// Spinning pays where cores are spare and costs where they are not:
-/// measured on nvidia-h200-x2 (32 cores), GPU 64 KiB one-way p50 150 us
-/// with 0 or 50 us of spin, 99 us with 300; on a 2-core box 4 KiB host
-/// one-way p50 71 us with none, 109 us with 50.
-fn default_spin() -> Duration {
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    Duration::from_micros(if cores >= 8 { 300 } else { 0 })
 }

@@ -753,10 +753,7 @@ impl SendComm for SocketSend {
             let k = (seq as usize + i) % self.txs.len();
             let mut op = op;
             if let MemKind::Cuda(dev) = op.mem.kind {
-                if len <= INLINE_MAX
-                    && lone
-                    && self.queued[k].load(Ordering::Acquire) == 0
-                {
+                if len <= INLINE_MAX && lone && self.queued[k].load(Ordering::Acquire) == 0 {
                     match self.send_gpu_inline(k, dev, op)? {
                         None => {
                             req.parts_left.fetch_sub(1, Ordering::AcqRel);
