@@ -297,6 +297,38 @@ impl Staging {
     }
 }
 
+impl Staging {
+    /// Copies `parts` (device ranges, together at most one slot) back to
+    /// back into slot 0 and waits once for all of them; returns the staged
+    /// bytes.
+    fn stage_out(&self, parts: &[MemRef]) -> Result<&[u8], String> {
+        let slot = &self.slots[0];
+        let mut off = 0;
+        for m in parts.iter().filter(|m| m.len > 0) {
+            // SAFETY: the parts fit the slot together, so it has room at
+            // `off`; each device range was checked by the engine.
+            unsafe {
+                self.stream
+                    .copy_dtoh(slot.0.as_ptr().add(off), m.addr, m.len)
+            }
+            .map_err(|e| e.to_string())?;
+            off += m.len;
+        }
+        slot.1.record(&self.stream).map_err(|e| e.to_string())?;
+        slot.1.synchronize().map_err(|e| e.to_string())?;
+        Ok(slot.0.as_slice(off))
+    }
+}
+
+/// The GPU of a device-memory part small enough to share one staged copy
+/// (and one wait) with its neighbours, on either side of a stream.
+fn small_gpu_part(m: &MemRef, slice: usize) -> Option<i32> {
+    match m.kind {
+        MemKind::Cuda(d) if m.len <= BATCH_PART.min(slice) => Some(d),
+        _ => None,
+    }
+}
+
 // ---------------------------------------------------------------- sending
 
 struct SendReq {
@@ -512,10 +544,7 @@ fn batchable(op: &TxOp) -> bool {
 /// The GPU of a small device-memory part that can share one staged copy
 /// (and one wait for it) with the parts queued behind it.
 fn gpu_batchable(op: &TxOp, slice: usize) -> Option<i32> {
-    match op.mem.kind {
-        MemKind::Cuda(d) if op.mem.len <= BATCH_PART.min(slice) && op.skip == 0 => Some(d),
-        _ => None,
-    }
+    small_gpu_part(&op.mem, slice).filter(|_| op.skip == 0)
 }
 
 /// Small GPU parts: all copied into one pinned slot (one wait for the
@@ -531,23 +560,8 @@ fn tx_gpu_batch(
     depth: usize,
 ) -> Result<(), String> {
     let st = Staging::get(staging, dev, slice, depth)?;
-    let slot = &st.slots[0];
-    let mut off = 0;
-    for o in batch {
-        if o.mem.len > 0 {
-            // SAFETY: the batch holds at most `slice` bytes, so the slot has
-            // room at `off`; the device range was checked by the engine.
-            unsafe {
-                st.stream
-                    .copy_dtoh(slot.0.as_ptr().add(off), o.mem.addr, o.mem.len)
-            }
-            .map_err(|e| e.to_string())?;
-        }
-        off += o.mem.len;
-    }
-    slot.1.record(&st.stream).map_err(|e| e.to_string())?;
-    slot.1.synchronize().map_err(|e| e.to_string())?;
-    let staged = slot.0.as_slice(off);
+    let mems: Vec<MemRef> = batch.iter().map(|o| o.mem).collect();
+    let staged = st.stage_out(&mems)?;
     let mut at = 0;
     let mut slices: Vec<&[u8]> = Vec::with_capacity(batch.len() * 2);
     for o in batch {
@@ -671,20 +685,10 @@ impl SocketSend {
                 op.mem.len
             ),
         };
-        let st = Staging::get(&mut self.inline_staging, dev, INLINE_MAX, 1).map_err(gpu_err)?;
-        let slot = &st.slots[0];
         let len = op.mem.len;
-        if len > 0 {
-            // SAFETY: the slot holds INLINE_MAX ≥ len bytes; the device range
-            // was checked by the engine against a registered region.
-            unsafe { st.stream.copy_dtoh(slot.0.as_ptr(), op.mem.addr, len) }
-                .map_err(|e| gpu_err(e.to_string()))?;
-            slot.1
-                .record(&st.stream)
-                .map_err(|e| gpu_err(e.to_string()))?;
-            slot.1.synchronize().map_err(|e| gpu_err(e.to_string()))?;
-        }
-        let data = slot.0.as_slice(len);
+        let data = Staging::get(&mut self.inline_staging, dev, INLINE_MAX, 1)
+            .and_then(|st| st.stage_out(&[op.mem]))
+            .map_err(gpu_err)?;
         let iov = [IoSlice::new(&op.hdr), IoSlice::new(data)];
         let sent = socket2::SockRef::from(&*self.socks[k])
             .send_vectored_with_flags(&iov, libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL)
@@ -977,10 +981,9 @@ impl Staging {
             .record(&self.stream)
             .map_err(|e| e.to_string())?;
         self.slots[k].1.synchronize().map_err(|e| e.to_string())?;
-        for i in 1..=self.slots.len() {
-            let j = (k + i) % self.slots.len();
-            self.slots[j].2 = false;
-            for l in self.landing[j].drain(..) {
+        for (slot, landed) in self.slots.iter_mut().zip(&mut self.landing) {
+            slot.2 = false;
+            for l in landed.drain(..) {
                 part_done(shared, l);
             }
         }
@@ -1227,10 +1230,7 @@ fn rx_loop(s: Arc<TcpStream>, shared: Arc<RecvShared>, slice: usize, depth: usiz
             seq,
             nparts: nparts as usize,
         };
-        let small_gpu = match dst.kind {
-            MemKind::Cuda(d) if dst.len > 0 && dst.len <= BATCH_PART.min(slice) => Some(d),
-            _ => None,
-        };
+        let small_gpu = small_gpu_part(&dst, slice).filter(|_| dst.len > 0);
         let res = match (small_gpu, dst.kind) {
             (Some(d), _) => {
                 // Staging is rebuilt for another GPU: finish the old one first.
