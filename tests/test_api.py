@@ -224,6 +224,49 @@ def test_kv_blocks_writev_readv(local, peers):
     assert ep.readv(cid, [rmr] * 2, rptrs[:2], [bs] * 2, metas[:2], 2)
 
 
+def test_kv_blocks_in_runs(local, peers):
+    """writev/readv join blocks that are back to back on both sides into one
+    message (a run): runs of every length, runs longer than a chunk, breaks
+    on either side, and two adjacent target regions (never joined), each
+    block checked byte for byte."""
+    ep, bufs = local
+    peer = peers()
+    cid, pcid = connect(ep, peer)
+    nblk, bs = 1400, 8 << 10
+    # Target: two regions back to back in one allocation.
+    half = nblk // 2 * bs
+    tb, tptr = peer.call("alloc", nblk * bs)
+    ok, tmr0 = peer.ep("reg", tptr, half)
+    ok, tmr1 = peer.ep("reg", tptr + half, nblk * bs - half)
+    tptrs = [tptr + i * bs for i in range(nblk)]
+    tmrs = [tmr0 if p < tptr + half else tmr1 for p in tptrs]
+    ok, metas = peer.ep("advertisev", pcid, tmrs, tptrs, [bs] * nblk, nblk)
+    assert ok and len(metas) == nblk, peer.ep("last_error")
+    # Source block i goes to target slot dest[i]: long in-order stretches
+    # (one over 8 MiB, one over the target's region boundary), reversed
+    # stretches, and one local gap.
+    dest = list(range(0, 1100)) + list(range(1399, 1099, -1))
+    sb, sptr = bufs.alloc((nblk + 1) * bs, seed=23)
+    ok, smr = ep.reg(sptr, (nblk + 1) * bs)
+    slots = list(range(500)) + list(range(501, nblk + 1))  # skips slot 500
+    sptrs = [sptr + k * bs for k in slots]
+    assert ep.writev(cid, [smr] * nblk, sptrs, [bs] * nblk, [metas[d] for d in dest], nblk), ep.last_error()
+    src = pattern((nblk + 1) * bs, 23)
+    got = peer.call("data", tb)
+    for i, d in enumerate(dest):
+        k = slots[i]
+        assert got[d * bs : (d + 1) * bs] == src[k * bs : (k + 1) * bs], f"block {i}"
+    # Read them back, into the same layout of a cleared buffer.
+    rb, rptr = bufs.alloc((nblk + 1) * bs)
+    ok, rmr = ep.reg(rptr, (nblk + 1) * bs)
+    rptrs = [rptr + k * bs for k in slots]
+    assert ep.readv(cid, [rmr] * nblk, rptrs, [bs] * nblk, [metas[d] for d in dest], nblk), ep.last_error()
+    back = bufs.data(rb)
+    for k in slots:
+        assert back[k * bs : (k + 1) * bs] == src[k * bs : (k + 1) * bs], f"slot {k}"
+    assert back[500 * bs : 501 * bs] == bytes(bs)
+
+
 class FakeTensor:
     """Anything with data_ptr/numel/element_size registers like a tensor."""
 

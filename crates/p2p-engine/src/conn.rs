@@ -21,6 +21,7 @@ use crate::error::{Error, Result};
 use crate::memory::{MemKind, Registry};
 use crate::net::{MemRef, Net, NetHandle, RecvComm, SendComm, Waker};
 use crate::progress::{ChunkOp, Cmd, Engine, Progress, Set};
+use crate::rma;
 use crate::transfer::{chunks, Failure, Transfer};
 use crate::wire::{self, Control, Hello, RmaItem};
 
@@ -484,16 +485,21 @@ impl Conn {
     }
 
     /// One-sided write (`read == false`) or read of local buffers into/from
-    /// the remote items.
+    /// the remote items (`remote_region[i]`: the peer's region id of item
+    /// i). Items contiguous on both sides go as one message (a run).
     pub(crate) fn post_rma(
         self: &Arc<Self>,
         xfer_id: u64,
         read: bool,
         local: Vec<(MemRef, Arc<crate::memory::Region>)>,
         remote: Vec<RmaItem>,
+        remote_region: &[u64],
     ) -> Result<Arc<Transfer>> {
         self.check_alive()?;
         let regions: Vec<_> = local.iter().map(|(_, r)| r.clone()).collect();
+        let ids: Vec<(MemRef, u64)> = local.iter().map(|(m, r)| (*m, r.id)).collect();
+        let runs = rma::plan_runs(&ids, &remote, remote_region);
+        let local = rma::merge_runs(local, &runs).map_err(Error::invalid)?;
         let total: usize = local.iter().map(|(m, _)| self.chunk_count(m.len)).sum();
         // +1: the target's WriteDone / ReadAck.
         let xfer = Transfer::new(xfer_id, self.id, total + 1, regions);
@@ -504,6 +510,7 @@ impl Conn {
             Control::ReadReq {
                 xfer: xfer_id,
                 items: remote,
+                runs,
             }
         } else {
             self.pending_writes
@@ -512,6 +519,7 @@ impl Conn {
             Control::WriteReq {
                 xfer: xfer_id,
                 items: remote,
+                runs,
             }
         };
         let mut body = Vec::new();
@@ -577,12 +585,14 @@ impl Conn {
         }
     }
 
-    /// Target side: checks every item of a request against our own records.
+    /// Target side: checks every item of a request against our own records,
+    /// then merges each run (which must be contiguous in one region).
     fn resolve_items(
         &self,
         items: &[RmaItem],
+        runs: &[u32],
     ) -> std::result::Result<Vec<(MemRef, Arc<crate::memory::Region>)>, String> {
-        items
+        let each = items
             .iter()
             .enumerate()
             .map(|(i, it)| {
@@ -600,13 +610,14 @@ impl Conn {
                     r,
                 ))
             })
-            .collect()
+            .collect::<std::result::Result<Vec<_>, String>>()?;
+        rma::merge_runs(each, runs)
     }
 
     fn on_control(self: &Arc<Self>, m: Control) -> std::result::Result<(), String> {
         match m {
             Control::KeepAlive => {}
-            Control::WriteReq { xfer, items } => match self.resolve_items(&items) {
+            Control::WriteReq { xfer, items, runs } => match self.resolve_items(&items, &runs) {
                 Err(reason) => {
                     tracing::warn!(
                         conn = self.id,
@@ -659,11 +670,13 @@ impl Conn {
                     t.complete_one();
                 }
             }
-            Control::ReadReq { xfer, items } => {
-                let resolved = self.resolve_items(&items);
-                let inner_total: usize = items
+            Control::ReadReq { xfer, items, runs } => {
+                let resolved = self.resolve_items(&items, &runs);
+                // The reader posted one receive per chunk of each run.
+                let inner_total: usize = wire::run_lengths(&items, &runs)
+                    .ok_or("read request whose run lengths overflow")?
                     .iter()
-                    .map(|it| self.chunk_count(it.len as usize))
+                    .map(|&len| self.chunk_count(len as usize))
                     .sum();
                 let (reply, local, regions) = match resolved {
                     Ok(l) => {

@@ -424,7 +424,14 @@ impl Endpoint {
         Ok(self.publish(c.post_msg(self.next_xfer(), false, local)?))
     }
 
-    fn rma(&self, conn: u64, read: bool, bufs: &[Buf], remote: Vec<RmaItem>) -> Result<u64> {
+    fn rma(
+        &self,
+        conn: u64,
+        read: bool,
+        bufs: &[Buf],
+        remote: Vec<RmaItem>,
+        remote_region: &[u64],
+    ) -> Result<u64> {
         let c = self.conn(conn)?;
         let local = self.resolve_local(bufs)?;
         if remote.len() != local.len() {
@@ -434,7 +441,7 @@ impl Endpoint {
                 remote.len()
             )));
         }
-        Ok(self.publish(c.post_rma(self.next_xfer(), read, local, remote)?))
+        Ok(self.publish(c.post_rma(self.next_xfer(), read, local, remote, remote_region)?))
     }
 
     fn items_from_fifo(bufs: &[Buf], metas: &[FifoItem]) -> Result<Vec<RmaItem>> {
@@ -459,13 +466,15 @@ impl Endpoint {
     /// One-sided write of local buffers into the regions the peer advertised.
     pub fn write_async(&self, conn: u64, bufs: &[Buf], metas: &[FifoItem]) -> Result<u64> {
         let items = Self::items_from_fifo(bufs, metas)?;
-        self.rma(conn, false, bufs, items)
+        let regions: Vec<u64> = metas.iter().map(|m| m.rkey as u64).collect();
+        self.rma(conn, false, bufs, items, &regions)
     }
 
     /// One-sided read from the regions the peer advertised into local buffers.
     pub fn read_async(&self, conn: u64, bufs: &[Buf], metas: &[FifoItem]) -> Result<u64> {
         let items = Self::items_from_fifo(bufs, metas)?;
-        self.rma(conn, true, bufs, items)
+        let regions: Vec<u64> = metas.iter().map(|m| m.rkey as u64).collect();
+        self.rma(conn, true, bufs, items, &regions)
     }
 
     /// Descriptor-based transfer (`register_memory` descriptors of the peer):
@@ -494,7 +503,8 @@ impl Endpoint {
                 })
             })
             .collect::<Result<Vec<_>>>()?;
-        self.rma(conn, read, bufs, items)
+        let regions: Vec<u64> = remote.iter().map(|d| d.mr_id).collect();
+        self.rma(conn, read, bufs, items, &regions)
     }
 
     fn status_of(&self, xfer: u64) -> Result<Arc<Transfer>> {

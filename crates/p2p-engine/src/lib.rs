@@ -13,6 +13,7 @@ pub mod memory;
 pub mod net;
 pub mod progress;
 pub mod rawtcp;
+pub mod rma;
 pub mod topo;
 pub mod transfer;
 pub mod wire;

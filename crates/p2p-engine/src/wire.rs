@@ -297,7 +297,7 @@ pub fn decode_descs(b: &[u8]) -> Result<Vec<DescEntry>, WireError> {
 // --------------------------------------------------------------- handshake
 
 pub const MAGIC: u64 = 0x3150_3250_5850_4354; // "TCPXP2P1"
-pub const VERSION: u16 = 1;
+pub const VERSION: u16 = 2;
 /// An ncclNet listen handle is at most this long.
 pub const NET_HANDLE_LEN: usize = 128;
 /// Most channels per set a connection may have.
@@ -418,14 +418,26 @@ pub const MAX_REASON: usize = 1024;
 pub enum Control {
     /// Liveness; carries nothing.
     KeepAlive,
-    /// Initiator → target: I want to write these items.
-    WriteReq { xfer: u64, items: Vec<RmaItem> },
+    /// Initiator → target: I want to write these items. `runs` groups
+    /// consecutive items into the messages that carry them (see
+    /// [`check_runs`]): a run of items contiguous on both sides is one
+    /// message.
+    WriteReq {
+        xfer: u64,
+        items: Vec<RmaItem>,
+        runs: Vec<u32>,
+    },
     /// Target → initiator: receives are posted, send the data.
     WriteCts { xfer: u64 },
     /// Target → initiator: every byte of the write has landed.
     WriteDone { xfer: u64 },
-    /// Initiator → target: I posted receives; send me these items.
-    ReadReq { xfer: u64, items: Vec<RmaItem> },
+    /// Initiator → target: I posted receives; send me these items, one
+    /// message per run.
+    ReadReq {
+        xfer: u64,
+        items: Vec<RmaItem>,
+        runs: Vec<u32>,
+    },
     /// Target → initiator: the read was accepted and its data is coming.
     ReadAck { xfer: u64 },
     /// Either way: the request was refused; nothing was written.
@@ -451,6 +463,59 @@ fn put_items(out: &mut Vec<u8>, items: &[RmaItem]) {
         out.extend_from_slice(&it.addr.to_le_bytes());
         out.extend_from_slice(&it.len.to_le_bytes());
     }
+}
+
+fn put_runs(out: &mut Vec<u8>, runs: &[u32]) {
+    out.extend_from_slice(&(runs.len() as u32).to_le_bytes());
+    for n in runs {
+        out.extend_from_slice(&n.to_le_bytes());
+    }
+}
+
+fn get_runs(r: &mut Reader<'_>, items: usize) -> Result<Vec<u32>, WireError> {
+    let n = r.u32_le()? as usize;
+    if n == 0 || n > items || n * 4 > r.remaining() {
+        return Err(WireError::BadLength {
+            what: "request runs",
+            len: n,
+        });
+    }
+    let runs = (0..n).map(|_| r.u32_le()).collect::<Result<Vec<_>, _>>()?;
+    check_runs(&runs, items)?;
+    Ok(runs)
+}
+
+/// Runs must be non-empty and cover the items exactly, in order.
+pub fn check_runs(runs: &[u32], items: usize) -> Result<(), WireError> {
+    let mut sum = 0usize;
+    for &n in runs {
+        if n == 0 {
+            return Err(WireError::BadValue {
+                what: "empty run",
+                value: 0,
+            });
+        }
+        sum += n as usize;
+    }
+    if sum != items {
+        return Err(WireError::BadValue {
+            what: "items covered by the runs",
+            value: sum as u64,
+        });
+    }
+    Ok(())
+}
+
+/// The byte length of each run's message, or None if one overflows.
+pub fn run_lengths(items: &[RmaItem], runs: &[u32]) -> Option<Vec<u64>> {
+    let mut at = 0usize;
+    runs.iter()
+        .map(|&n| {
+            let run = items.get(at..at + n as usize)?;
+            at += n as usize;
+            run.iter().try_fold(0u64, |a, it| a.checked_add(it.len))
+        })
+        .collect()
 }
 
 fn get_items(r: &mut Reader<'_>) -> Result<Vec<RmaItem>, WireError> {
@@ -480,10 +545,11 @@ impl Control {
     pub fn encode(&self, out: &mut Vec<u8>) {
         match self {
             Control::KeepAlive => out.push(T_KEEPALIVE),
-            Control::WriteReq { xfer, items } => {
+            Control::WriteReq { xfer, items, runs } => {
                 out.push(T_WRITE_REQ);
                 out.extend_from_slice(&xfer.to_le_bytes());
                 put_items(out, items);
+                put_runs(out, runs);
             }
             Control::WriteCts { xfer } => {
                 out.push(T_WRITE_CTS);
@@ -493,10 +559,11 @@ impl Control {
                 out.push(T_WRITE_DONE);
                 out.extend_from_slice(&xfer.to_le_bytes());
             }
-            Control::ReadReq { xfer, items } => {
+            Control::ReadReq { xfer, items, runs } => {
                 out.push(T_READ_REQ);
                 out.extend_from_slice(&xfer.to_le_bytes());
                 put_items(out, items);
+                put_runs(out, runs);
             }
             Control::ReadAck { xfer } => {
                 out.push(T_READ_ACK);
@@ -517,16 +584,20 @@ impl Control {
         let t = r.u8()?;
         let m = match t {
             T_KEEPALIVE => Control::KeepAlive,
-            T_WRITE_REQ => Control::WriteReq {
-                xfer: r.u64_le()?,
-                items: get_items(&mut r)?,
-            },
+            T_WRITE_REQ => {
+                let xfer = r.u64_le()?;
+                let items = get_items(&mut r)?;
+                let runs = get_runs(&mut r, items.len())?;
+                Control::WriteReq { xfer, items, runs }
+            }
             T_WRITE_CTS => Control::WriteCts { xfer: r.u64_le()? },
             T_WRITE_DONE => Control::WriteDone { xfer: r.u64_le()? },
-            T_READ_REQ => Control::ReadReq {
-                xfer: r.u64_le()?,
-                items: get_items(&mut r)?,
-            },
+            T_READ_REQ => {
+                let xfer = r.u64_le()?;
+                let items = get_items(&mut r)?;
+                let runs = get_runs(&mut r, items.len())?;
+                Control::ReadReq { xfer, items, runs }
+            }
             T_READ_ACK => Control::ReadAck { xfer: r.u64_le()? },
             T_REFUSED => Control::Refused {
                 xfer: r.u64_le()?,
@@ -557,7 +628,7 @@ fn floor_char_boundary(s: &str, max: usize) -> usize {
 }
 
 /// Longest control frame accepted from a peer.
-pub const MAX_FRAME: usize = 16 + 4 + MAX_RMA_ITEMS * 32;
+pub const MAX_FRAME: usize = 16 + 4 + MAX_RMA_ITEMS * 32 + 4 + MAX_RMA_ITEMS * 4;
 
 #[cfg(test)]
 mod tests {
@@ -670,12 +741,14 @@ mod tests {
             Control::WriteReq {
                 xfer: 1,
                 items: vec![item; 3],
+                runs: vec![2, 1],
             },
             Control::WriteCts { xfer: 2 },
             Control::WriteDone { xfer: 3 },
             Control::ReadReq {
                 xfer: 4,
                 items: vec![item],
+                runs: vec![1],
             },
             Control::ReadAck { xfer: 5 },
             Control::Refused {
@@ -696,6 +769,31 @@ mod tests {
         v.extend_from_slice(&1u64.to_le_bytes());
         v.extend_from_slice(&1000u32.to_le_bytes());
         assert!(Control::decode(&v).is_err());
+        // runs that do not cover the items exactly, or hold an empty run
+        for runs in [vec![1, 1], vec![4], vec![3, 0], vec![]] {
+            let mut v = Vec::new();
+            Control::WriteReq {
+                xfer: 1,
+                items: vec![item; 3],
+                runs: runs.clone(),
+            }
+            .encode(&mut v);
+            assert!(Control::decode(&v).is_err(), "runs {runs:?} accepted");
+        }
+    }
+
+    #[test]
+    fn run_lengths_sum_items_and_catch_overflow() {
+        let it = |len| RmaItem {
+            token: Token { id: 1, secret: 2 },
+            addr: 0,
+            len,
+        };
+        let items = [it(1), it(2), it(4), it(8)];
+        assert_eq!(run_lengths(&items, &[1, 3]), Some(vec![1, 14]));
+        assert_eq!(run_lengths(&items, &[4]), Some(vec![15]));
+        assert_eq!(run_lengths(&[it(u64::MAX), it(1)], &[2]), None);
+        assert_eq!(run_lengths(&items, &[5]), None);
     }
 
     #[test]

@@ -70,3 +70,22 @@ class Buffer:
 
     def digest(self, off=0, n=None):
         return hashlib.sha256(self.bytes(off, n)).hexdigest()
+
+    def digest_blocks(self, offsets, bs):
+        """SHA-256 of the `bs`-byte blocks at `offsets`, in that order."""
+        data = memoryview(self.bytes())
+        h = hashlib.sha256()
+        for off in offsets:
+            h.update(data[off : off + bs])
+        return h.hexdigest()
+
+
+def block_offsets(nblk, bs, layout, seed):
+    """Where `nblk` KV blocks of `bs` bytes sit in a pool of exactly that
+    size: back to back ("contiguous", one tensor of consecutive blocks), or
+    a seeded permutation of the pool's slots ("scattered", as a paged KV
+    cache's block table hands them out)."""
+    order = list(range(nblk))
+    if layout == "scattered":
+        random.Random(seed).shuffle(order)
+    return [i * bs for i in order]

@@ -20,7 +20,7 @@ import statistics
 import sys
 import time
 
-from ._buffers import Buffer, fmt_size, parse_size
+from ._buffers import Buffer, block_offsets, fmt_size, parse_size
 
 DEFAULT_SIZES = "64K,1M,16M,256M"
 CTL_PORT = 18515
@@ -116,7 +116,10 @@ def serve_session(ctl, gpu, bind_ip):
                     ep.dereg(mr)
                 buf = Buffer(nblk * bs, gpu)
                 ok, mr = ep.reg(buf.ptr, nblk * bs)
-                blocks = [buf.ptr + i * bs for i in range(nblk)]
+                # Another permutation than the client's: blocks scattered
+                # on both sides land in different slots.
+                offs = block_offsets(nblk, bs, m.get("layout", "contiguous"), seed=2)
+                blocks = [buf.ptr + o for o in offs]
                 ok, metas = ep.advertisev(conn, [mr] * nblk, blocks, [bs] * nblk, nblk)
                 if not ok:
                     raise RuntimeError(ep.last_error())
@@ -125,7 +128,7 @@ def serve_session(ctl, gpu, bind_ip):
                 buf.fill(m["seed"]) if m["seed"] is not None else buf.clear()
                 ctl.send(ok=True)
             elif cmd == "digest":
-                ctl.send(digest=buf.digest())
+                ctl.send(digest=buf.digest_blocks(offs, bs))
             elif cmd == "recv":
                 nblk, bs = len(blocks), buf.n // max(len(blocks), 1)
                 ids = []
@@ -270,11 +273,13 @@ def measure(ep, ctl, conn, a, gpu, size, nblk, raw):
     bs = size
     total = bs * nblk
     iters = a.iters or auto_iters(total, op)
-    ctl.send(cmd="prepare", nblk=nblk, block=bs)
+    layout = a.kv_layout if nblk > 1 else "contiguous"
+    ctl.send(cmd="prepare", nblk=nblk, block=bs, layout=layout)
     metas = [bytes.fromhex(x) for x in ctl.recv()["metas"]]
     src = Buffer(total, gpu)
     ok, mr = ep.reg(src.ptr, total)
-    blocks = [src.ptr + i * bs for i in range(nblk)]
+    offs = block_offsets(nblk, bs, layout, seed=1)
+    blocks = [src.ptr + o for o in offs]
     mrs, sizes = [mr] * nblk, [bs] * nblk
 
     def once():
@@ -297,14 +302,14 @@ def measure(ep, ctl, conn, a, gpu, size, nblk, raw):
         src.clear()
         once()
         ctl.send(cmd="digest")
-        verified = ctl.recv()["digest"] == src.digest()
+        verified = ctl.recv()["digest"] == src.digest_blocks(offs, bs)
     else:
         src.fill(7)
         ctl.send(cmd="fill", seed=None)
         ctl.recv()
         once()
         ctl.send(cmd="digest")
-        verified = ctl.recv()["digest"] == src.digest()
+        verified = ctl.recv()["digest"] == src.digest_blocks(offs, bs)
     if not verified:
         raise RuntimeError(f"{op} of {fmt_size(bs)} x {nblk}: the bytes that arrived differ from those sent")
 
@@ -356,6 +361,7 @@ def measure(ep, ctl, conn, a, gpu, size, nblk, raw):
         "op": op,
         "size": bs,
         "batch": nblk,
+        "layout": layout,
         "iters": iters,
         "GBps": round(gbps, 3),
         "Gbps": round(gbps * 8, 2),
@@ -522,6 +528,9 @@ def print_table(rows, title):
             line += f"{r.get('nccl_default_GBps', 0):>9.2f}{r.get('nccl_best_GBps', 0):>9.2f}{r.get('ratio_vs_nccl_best', 0):>8.2f}"
         print(line)
     print("(latency in microseconds: half a round trip for send, one blocking call for write/read)")
+    layouts = sorted({r["layout"] for r in rows if r.get("batch", 1) > 1})
+    if layouts:
+        print(f"(KV blocks {', '.join(layouts)} in their pools)")
     for r in rows:
         if "raw_tcp_pingpong_half_rtt_p50_us" in r:
             floor = ""
@@ -544,6 +553,12 @@ def main(argv=None):
     ap.add_argument("--iters", type=int, default=0, help="iterations per size (0 = auto)")
     ap.add_argument("--op", choices=["send", "write", "read"], default="send")
     ap.add_argument("--kv-blocks", type=int, default=0, help="vector of N KV blocks per transfer")
+    ap.add_argument(
+        "--kv-layout",
+        choices=["scattered", "contiguous"],
+        default="scattered",
+        help="KV blocks: slots of a pool in a random order on each side (as a paged KV cache hands them out), or back to back",
+    )
     ap.add_argument("--block-size", default="32K")
     ap.add_argument("--streams", type=int, default=None)
     ap.add_argument("--channels", type=int, default=None)

@@ -1,0 +1,155 @@
+//! Runs of one-sided items: consecutive items that are contiguous on both
+//! sides travel as one message. A KV cache laid out in one tensor often
+//! hands `writev` hundreds of blocks that sit back to back on both ends;
+//! without runs each block costs a message, a request and a completion of
+//! its own.
+//!
+//! The initiator plans the runs (it alone knows both sides' addresses and
+//! regions) and sends them with the request; the target checks every item
+//! on its own, then that each run is contiguous inside one of its regions.
+
+use std::sync::Arc;
+
+use crate::memory::Region;
+use crate::net::MemRef;
+use crate::wire::RmaItem;
+
+/// Groups items into runs: item i joins item i-1 when its local range
+/// starts where the previous ended in the same local region, and its
+/// remote range starts where the previous ended in the same remote region
+/// (`remote_region[i]`, the peer's id for it).
+pub fn plan_runs(local: &[(MemRef, u64)], remote: &[RmaItem], remote_region: &[u64]) -> Vec<u32> {
+    let mut runs: Vec<u32> = Vec::new();
+    for i in 0..local.len() {
+        let joins = i > 0 && {
+            let ((a, ra), (b, rb)) = (local[i - 1], local[i]);
+            let (x, y) = (&remote[i - 1], &remote[i]);
+            ra == rb
+                && a.kind == b.kind
+                && a.addr.checked_add(a.len as u64) == Some(b.addr)
+                && remote_region.get(i - 1) == remote_region.get(i)
+                && x.addr.checked_add(x.len) == Some(y.addr)
+                && runs.last().is_some_and(|&n| n < u32::MAX)
+        };
+        match runs.last_mut() {
+            Some(n) if joins => *n += 1,
+            _ => runs.push(1),
+        }
+    }
+    runs
+}
+
+/// Merges each run of items into one range. Err names the first item that
+/// is not contiguous with its run or lies in another region.
+pub fn merge_runs(
+    items: Vec<(MemRef, Arc<Region>)>,
+    runs: &[u32],
+) -> Result<Vec<(MemRef, Arc<Region>)>, String> {
+    let mut out: Vec<(MemRef, Arc<Region>)> = Vec::with_capacity(runs.len());
+    let mut it = items.into_iter().enumerate();
+    for &n in runs {
+        let Some((_, first)) = it.next() else {
+            return Err("fewer items than the runs cover".into());
+        };
+        let (mut m, r) = first;
+        for _ in 1..n {
+            let Some((i, (b, rb))) = it.next() else {
+                return Err("fewer items than the runs cover".into());
+            };
+            if rb.id != r.id || b.kind != m.kind || m.addr.checked_add(m.len as u64) != Some(b.addr)
+            {
+                return Err(format!(
+                    "item {i} is not contiguous with the item before it in one region"
+                ));
+            }
+            m.len += b.len;
+        }
+        out.push((m, r));
+    }
+    if it.next().is_some() {
+        return Err("more items than the runs cover".into());
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::memory::MemKind;
+    use crate::wire::Token;
+
+    fn mem(addr: u64, len: usize) -> MemRef {
+        MemRef {
+            addr,
+            len,
+            kind: MemKind::Host,
+        }
+    }
+
+    fn item(addr: u64, len: u64) -> RmaItem {
+        RmaItem {
+            token: Token {
+                id: addr,
+                secret: 1,
+            },
+            addr,
+            len,
+        }
+    }
+
+    #[test]
+    fn runs_join_only_what_is_contiguous_on_both_sides() {
+        // Blocks back to back on both sides: one run.
+        let local: Vec<_> = (0..4).map(|i| (mem(1000 + i * 10, 10), 1)).collect();
+        let remote: Vec<_> = (0..4).map(|i| item(5000 + i * 10, 10)).collect();
+        assert_eq!(plan_runs(&local, &remote, &[7; 4]), vec![4]);
+        // Remote order scrambled: nothing joins.
+        let scrambled: Vec<_> = [3, 2, 1, 0]
+            .iter()
+            .map(|&i| item(5000 + i * 10, 10))
+            .collect();
+        assert_eq!(plan_runs(&local, &scrambled, &[7; 4]), vec![1, 1, 1, 1]);
+        // A break in the local side, in the remote regions, and in the local
+        // region splits the run there.
+        let mut gap = local.clone();
+        gap[2].0.addr += 1;
+        gap[3].0.addr += 1;
+        assert_eq!(plan_runs(&gap, &remote, &[7; 4]), vec![2, 2]);
+        assert_eq!(plan_runs(&local, &remote, &[7, 7, 8, 8]), vec![2, 2]);
+        let mut other = local.clone();
+        other[1].1 = 2;
+        assert_eq!(plan_runs(&other, &remote, &[7; 4]), vec![1, 1, 2]);
+        assert!(plan_runs(&[], &[], &[]).is_empty());
+    }
+
+    #[test]
+    fn merge_checks_contiguity_and_region() {
+        let region = |id| {
+            Arc::new(Region {
+                id,
+                addr: 0,
+                len: 1 << 20,
+                kind: MemKind::Host,
+            })
+        };
+        let (a, b) = (region(1), region(2));
+        let items = vec![
+            (mem(0, 10), a.clone()),
+            (mem(10, 20), a.clone()),
+            (mem(100, 5), a.clone()),
+        ];
+        let merged = merge_runs(items.clone(), &[2, 1]).unwrap();
+        assert_eq!(merged.len(), 2);
+        assert_eq!((merged[0].0.addr, merged[0].0.len), (0, 30));
+        assert_eq!((merged[1].0.addr, merged[1].0.len), (100, 5));
+        // A run over a gap, or over two regions, is refused.
+        assert!(merge_runs(items.clone(), &[3])
+            .unwrap_err()
+            .contains("item 2"));
+        let two = vec![(mem(0, 10), a), (mem(10, 10), b)];
+        assert!(merge_runs(two, &[2]).is_err());
+        // Runs that do not cover the items exactly.
+        assert!(merge_runs(items.clone(), &[1, 1]).is_err());
+        assert!(merge_runs(items, &[2, 2]).is_err());
+    }
+}
