@@ -267,6 +267,148 @@ impl Stream {
     }
 }
 
+/// One copy of a batch: `len` bytes from `src` to `dst` (device or pinned
+/// host addresses, told apart by unified addressing).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CopyOp {
+    pub dst: u64,
+    pub src: u64,
+    pub len: usize,
+}
+
+/// Adds `op` to a batch, extending the last copy when `op` continues it on
+/// both ends (KV blocks back to back in both places become one copy).
+pub fn push_copy(batch: &mut Vec<CopyOp>, op: CopyOp) {
+    if op.len == 0 {
+        return;
+    }
+    if let Some(last) = batch.last_mut() {
+        let n = last.len as u64;
+        if last.dst.checked_add(n) == Some(op.dst) && last.src.checked_add(n) == Some(op.src) {
+            last.len += op.len;
+            return;
+        }
+    }
+    batch.push(op);
+}
+
+/// `cuMemcpyBatchAsync` (CUDA 12.8+): many copies in one driver call. Its
+/// CUDA 13 form has no failure index.
+type BatchV2 = unsafe extern "C" fn(
+    *mut sys::CUdeviceptr,
+    *mut sys::CUdeviceptr,
+    *mut usize,
+    usize,
+    *mut sys::CUmemcpyAttributes,
+    *mut usize,
+    usize,
+    sys::CUstream,
+) -> sys::CUresult;
+type BatchV1 = unsafe extern "C" fn(
+    *mut sys::CUdeviceptr,
+    *mut sys::CUdeviceptr,
+    *mut usize,
+    usize,
+    *mut sys::CUmemcpyAttributes,
+    *mut usize,
+    usize,
+    *mut usize,
+    sys::CUstream,
+) -> sys::CUresult;
+
+#[derive(Clone, Copy)]
+enum BatchFn {
+    V2(BatchV2),
+    V1(BatchV1),
+}
+
+/// The driver's batch copy, unless it lacks one or `TCPX_P2P_COPY_BATCH=0`
+/// (then each copy is its own call).
+fn batch_fn() -> Option<BatchFn> {
+    static F: OnceLock<Option<BatchFn>> = OnceLock::new();
+    *F.get_or_init(|| {
+        if std::env::var("TCPX_P2P_COPY_BATCH").is_ok_and(|v| v == "0") || !available() {
+            return None;
+        }
+        // SAFETY: looks symbols up in the loaded driver library; the types
+        // are the driver's documented signatures for these names.
+        unsafe {
+            let lib = sys::culib();
+            if let Ok(f) = lib.get::<BatchV2>(b"cuMemcpyBatchAsync_v2\0") {
+                return Some(BatchFn::V2(*f));
+            }
+            lib.get::<BatchV1>(b"cuMemcpyBatchAsync\0")
+                .ok()
+                .map(|f| BatchFn::V1(*f))
+        }
+    })
+}
+
+/// Whether batches go to the driver in one call.
+pub fn batch_copies() -> bool {
+    batch_fn().is_some()
+}
+
+impl Stream {
+    /// Queues every copy of `ops`: one driver call for the lot where the
+    /// driver has a batch copy, else one call each.
+    ///
+    /// # Safety
+    /// Each range must be valid for its length (device memory, or pinned
+    /// host memory) and left alone until the stream has done the copies.
+    pub unsafe fn copy_batch(&self, ops: &[CopyOp]) -> Result<(), CudaError> {
+        let f = match (ops.len(), batch_fn()) {
+            (0, _) => return Ok(()),
+            (1, _) | (_, None) => {
+                for op in ops {
+                    // SAFETY: by the caller's contract.
+                    check("cuMemcpyAsync", unsafe {
+                        sys::cuMemcpyAsync(op.dst, op.src, op.len, self.0)
+                    })?;
+                }
+                return Ok(());
+            }
+            (_, Some(f)) => f,
+        };
+        let mut dsts: Vec<sys::CUdeviceptr> = ops.iter().map(|o| o.dst).collect();
+        let mut srcs: Vec<sys::CUdeviceptr> = ops.iter().map(|o| o.src).collect();
+        let mut sizes: Vec<usize> = ops.iter().map(|o| o.len).collect();
+        // SAFETY: a plain C struct for which all-zero is a valid value.
+        let mut attr: sys::CUmemcpyAttributes = unsafe { std::mem::zeroed() };
+        attr.srcAccessOrder = sys::CUmemcpySrcAccessOrder::CU_MEMCPY_SRC_ACCESS_ORDER_STREAM;
+        let mut idx = 0usize;
+        let mut fail = usize::MAX;
+        // SAFETY: the arrays hold `ops.len()` entries each and outlive the
+        // call; one attribute applies from copy 0; ranges by the caller.
+        let r = unsafe {
+            match f {
+                BatchFn::V2(f) => f(
+                    dsts.as_mut_ptr(),
+                    srcs.as_mut_ptr(),
+                    sizes.as_mut_ptr(),
+                    ops.len(),
+                    &mut attr,
+                    &mut idx,
+                    1,
+                    self.0,
+                ),
+                BatchFn::V1(f) => f(
+                    dsts.as_mut_ptr(),
+                    srcs.as_mut_ptr(),
+                    sizes.as_mut_ptr(),
+                    ops.len(),
+                    &mut attr,
+                    &mut idx,
+                    1,
+                    &mut fail,
+                    self.0,
+                ),
+            }
+        };
+        check("cuMemcpyBatchAsync", r)
+    }
+}
+
 impl Drop for Stream {
     fn drop(&mut self) {
         // SAFETY: the stream is destroyed once; queued work still completes.
@@ -376,6 +518,104 @@ impl Drop for DeviceBuf {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+
+    #[test]
+    fn push_copy_joins_only_continuations() {
+        let op = |dst, src, len| CopyOp { dst, src, len };
+        let mut b = Vec::new();
+        push_copy(&mut b, op(100, 1000, 10));
+        push_copy(&mut b, op(110, 1010, 5)); // continues both ends
+        push_copy(&mut b, op(115, 2000, 5)); // source elsewhere
+        push_copy(&mut b, op(300, 2005, 5)); // destination elsewhere
+        push_copy(&mut b, op(305, 2010, 0)); // empty: dropped
+        assert_eq!(
+            b,
+            vec![op(100, 1000, 15), op(115, 2000, 5), op(300, 2005, 5)]
+        );
+    }
+
+    /// Copy rates of many small copies -- one call each, one batch call,
+    /// joined when contiguous -- beside one large copy, each direction, from
+    /// one thread and from 8 at once (as the I/O threads do). GPU only:
+    /// `cargo test --release -p tcpx-p2p gpu::tests::copy_rates -- --ignored --nocapture`
+    #[test]
+    #[ignore]
+    fn copy_rates() {
+        if !available() {
+            eprintln!("no GPU: skipped");
+            return;
+        }
+        let dev = Device::get(0).unwrap();
+        let (n, bs) = (4096usize, 32usize << 10);
+        let gpu = DeviceBuf::new(&dev, n * bs).unwrap();
+        let threads = |k: usize, scattered: bool, batch: bool, d2h: bool| -> f64 {
+            let per = n / k;
+            let t0 = std::time::Instant::now();
+            std::thread::scope(|sc| {
+                for t in 0..k {
+                    let dev = dev.clone();
+                    let base = gpu.ptr;
+                    sc.spawn(move || {
+                        dev.bind().unwrap();
+                        let s = Stream::new().unwrap();
+                        let host = PinnedBuf::new(per * bs).unwrap();
+                        let ev = Event::new().unwrap();
+                        for _round in 0..3 {
+                            let mut ops = Vec::new();
+                            for i in 0..per {
+                                let blk = t * per + i;
+                                // scattered: a fixed stride permutation of the blocks
+                                let g = if scattered { (blk * 1031) % n } else { blk };
+                                let (h, d) = (
+                                    host.as_ptr() as u64 + (i * bs) as u64,
+                                    base + (g * bs) as u64,
+                                );
+                                let op = if d2h {
+                                    CopyOp {
+                                        dst: h,
+                                        src: d,
+                                        len: bs,
+                                    }
+                                } else {
+                                    CopyOp {
+                                        dst: d,
+                                        src: h,
+                                        len: bs,
+                                    }
+                                };
+                                if batch {
+                                    push_copy(&mut ops, op)
+                                } else {
+                                    ops.push(op)
+                                }
+                            }
+                            for c in ops.chunks(if batch { 128 } else { 1 }) {
+                                // SAFETY: ranges inside the two buffers.
+                                unsafe { s.copy_batch(c) }.unwrap();
+                            }
+                            ev.record(&s).unwrap();
+                            ev.synchronize().unwrap();
+                        }
+                    });
+                }
+            });
+            (3 * n * bs) as f64 / t0.elapsed().as_secs_f64() / 1e9
+        };
+        eprintln!("batch API present: {}", batch_copies());
+        for d2h in [true, false] {
+            for k in [1, 8] {
+                eprintln!(
+                    "{} {k} thread(s), {n} x 32 KiB: one call each scattered {:.2} GB/s, batch scattered {:.2}, batch contiguous (joined) {:.2}",
+                    if d2h { "D2H" } else { "H2D" },
+                    threads(k, true, false, d2h),
+                    threads(k, true, true, d2h),
+                    threads(k, false, true, d2h),
+                );
+            }
+        }
+    }
+
     #[test]
     fn no_cuda_is_a_normal_state() {
         // Must not panic whether or not CUDA is here.

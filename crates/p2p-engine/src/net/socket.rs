@@ -260,6 +260,9 @@ struct Staging {
     /// Receive side: per slot, the parts whose copies out of it are queued
     /// and which complete when those copies have landed.
     landing: Vec<Vec<Landing>>,
+    /// Receive side: copies out of the slot being filled, not yet queued
+    /// (queued as one batch when the slot is sealed or flushed).
+    pending: Vec<gpu::CopyOp>,
 }
 
 impl Staging {
@@ -291,6 +294,7 @@ impl Staging {
                 slots,
                 fill_slot: 0,
                 fill_used: 0,
+                pending: Vec::new(),
             });
         }
         st.as_mut().ok_or_else(|| "staging".to_string())
@@ -304,16 +308,22 @@ impl Staging {
     fn stage_out(&self, parts: &[MemRef]) -> Result<&[u8], String> {
         let slot = &self.slots[0];
         let mut off = 0;
-        for m in parts.iter().filter(|m| m.len > 0) {
-            // SAFETY: the parts fit the slot together, so it has room at
-            // `off`; each device range was checked by the engine.
-            unsafe {
-                self.stream
-                    .copy_dtoh(slot.0.as_ptr().add(off), m.addr, m.len)
-            }
-            .map_err(|e| e.to_string())?;
+        let mut ops = Vec::with_capacity(parts.len());
+        for m in parts {
+            let dst = slot.0.as_ptr() as u64 + off as u64;
+            gpu::push_copy(
+                &mut ops,
+                gpu::CopyOp {
+                    dst,
+                    src: m.addr,
+                    len: m.len,
+                },
+            );
             off += m.len;
         }
+        // SAFETY: the parts fit the slot together, back to back; each
+        // device range was checked by the engine.
+        unsafe { self.stream.copy_batch(&ops) }.map_err(|e| e.to_string())?;
         slot.1.record(&self.stream).map_err(|e| e.to_string())?;
         slot.1.synchronize().map_err(|e| e.to_string())?;
         Ok(slot.0.as_slice(off))
@@ -969,11 +979,22 @@ impl Staging {
         self.landing.iter().any(|l| !l.is_empty())
     }
 
+    /// Queues the copies out of the slot being filled, in one batch.
+    fn issue_pending(&mut self) -> Result<(), String> {
+        // SAFETY: each copy reads bytes already read into the slot, which
+        // stay untouched until the slot's next event completes, and writes
+        // inside a posted receive buffer.
+        let r = unsafe { self.stream.copy_batch(&self.pending) };
+        self.pending.clear();
+        r.map_err(|e| e.to_string())
+    }
+
     /// Waits for every queued copy and completes the parts behind them.
     fn flush(&mut self, shared: &RecvShared) -> Result<(), String> {
         if !self.has_landing() {
             return Ok(());
         }
+        self.issue_pending()?;
         // One stream: the newest event covers every copy queued before it.
         let k = self.fill_slot;
         self.slots[k]
@@ -1017,6 +1038,7 @@ fn rx_gpu_small(
     let slice = st.slots[0].0.len();
     if st.fill_used + dst.len > slice {
         let k = st.fill_slot;
+        st.issue_pending()?;
         st.slots[k]
             .1
             .record(&st.stream)
@@ -1037,14 +1059,15 @@ fn rx_gpu_small(
     let (k, at) = (st.fill_slot, st.fill_used);
     let buf = &mut st.slots[k].0.as_mut_slice(slice)[at..at + dst.len];
     r.read_exact(buf).map_err(|e| e.to_string())?;
-    // SAFETY: the bytes at `at` were just read and stay untouched until the
-    // slot's next event completes; the device range lies inside the
-    // posted buffer.
-    unsafe {
-        st.stream
-            .copy_htod(dst.addr, st.slots[k].0.as_ptr().add(at), dst.len)
-    }
-    .map_err(|e| e.to_string())?;
+    let src = st.slots[k].0.as_ptr() as u64 + at as u64;
+    gpu::push_copy(
+        &mut st.pending,
+        gpu::CopyOp {
+            dst: dst.addr,
+            src,
+            len: dst.len,
+        },
+    );
     st.fill_used += dst.len;
     st.landing[k].push(land);
     Ok(())
