@@ -2,11 +2,12 @@
 # A bounded GPU round (each step under its own time limit; everything is
 # re-packed into OUTDIR/round.tar.gz after each step, so a cut-off run still
 # returns what it did): bash benchmarks/gpu_quick.sh WHEEL BIN_DIR OUTDIR [STEPS]
-# STEPS: any of socket,plugin,unpack,nccl,bench,kv,lat (default all but
-# scale); scale: GPU pairs at once (needs 4+ GPUs).
+# STEPS: any of socket,plugin,unpack,nccl,bench,kv,lat,copy (default all
+# but scale); scale: GPU pairs at once (needs 4+ GPUs); plugin16: the plugin
+# net at 16/256 MiB through the bench with 4 MiB and 2 MiB chunks.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-WHEEL=$1 BIN=$2 O=$3 STEPS=${4:-socket,plugin,unpack,nccl,bench,kv,lat}
+WHEEL=$1 BIN=$2 O=$3 STEPS=${4:-socket,plugin,unpack,nccl,bench,kv,lat,copy}
 R=$(mktemp -d)/round
 mkdir -p "$R" "$O"
 . benchmarks/device_env.sh "$WHEEL"
@@ -22,10 +23,25 @@ has nccl && { NCCL_EMU_CHECK_TIMEOUT=${NCCL_EMU_CHECK_TIMEOUT:-45} NCCL_EMU_CHEC
 has bench && { timeout 100 python3 -m tcpx_p2p.bench pair --memory gpu --sizes 64K,1M,16M,256M --reference --json "$R/bench_gpu_send.json" > "$R/bench_gpu_send.txt" 2>/dev/null; pack bench_gpu_send.txt 7; }
 B="python3 -m tcpx_p2p.bench pair --memory gpu"
 if has kv; then
-  for op in write send; do
-    timeout 60 $B --op $op --kv-blocks 4096 --block-size 32K --json "$R/bench_kv_$op.json" > "$R/bench_kv_$op.txt" 2>/dev/null; pack bench_kv_$op.txt 3
+  # 4096 x 32 KiB: scattered (a paged cache's block table) and contiguous
+  # blocks, beside the same bytes as one message; scattered once more with
+  # one driver call per copy (no batch copies).
+  for lay in scattered contiguous; do
+    for op in write send; do
+      f=bench_kv_${op}_$lay
+      timeout 60 $B --op $op --kv-blocks 4096 --block-size 32K --kv-layout $lay --json "$R/$f.json" > "$R/$f.txt" 2>/dev/null; pack $f.txt 4
+    done
   done
+  TCPX_P2P_COPY_BATCH=0 timeout 60 $B --op write --kv-blocks 4096 --block-size 32K --json "$R/bench_kv_write_scattered_nobatch.json" > "$R/bench_kv_write_scattered_nobatch.txt" 2>/dev/null; pack bench_kv_write_scattered_nobatch.txt 4
   timeout 40 $B --op write --sizes 128M --json "$R/bench_kv_one_message.json" > "$R/bench_kv_one_message.txt" 2>/dev/null; pack bench_kv_one_message.txt 3
+fi
+has copy && { timeout 60 "$BIN/unit" gpu::tests::copy_rates --ignored --exact --nocapture > "$R/copy_rates.txt" 2>&1; pack copy_rates.txt 8; }
+if has plugin16; then
+  for c in 4M 2M; do
+    f=bench_plugin_chunk$c
+    TCPX_P2P_PLUGIN_PATH=$EMU timeout 60 $B --net plugin --chunk $c --sizes 16M,256M --json "$R/$f.json" > "$R/$f.txt" 2>/dev/null; pack $f.txt 4
+  done
+  timeout 60 $B --net socket --sizes 16M,256M --json "$R/bench_socket_16_256.json" > "$R/bench_socket_16_256.txt" 2>/dev/null; pack bench_socket_16_256.txt 4
 fi
 if has lat; then
   for sp in ${LAT_SPINS:-0 50 300 1000}; do
