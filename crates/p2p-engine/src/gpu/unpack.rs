@@ -286,6 +286,90 @@ fn function(dev: &Device) -> Result<Func, CudaError> {
     Ok(Func(f))
 }
 
+/// The copy kernel for many scattered copies at once (KV blocks through a
+/// staging slot): one launch instead of a DMA per block, on the caller's
+/// stream, its descriptors read by the GPU straight from pinned memory.
+pub struct CopyKernel {
+    func: Func,
+    descs: PinnedBuf,
+    cap: usize,
+}
+
+impl CopyKernel {
+    /// Loads the kernel on `dev` (compiled once per process), with room for
+    /// `cap` descriptors. The device's context must be current.
+    pub fn new(dev: &Device, cap: usize) -> Result<Self, CudaError> {
+        Ok(CopyKernel {
+            func: function(dev)?,
+            descs: PinnedBuf::new(cap.max(1) * std::mem::size_of::<CopyDesc>())?,
+            cap: cap.max(1),
+        })
+    }
+
+    /// Most copies one launch takes.
+    pub fn capacity(&self) -> usize {
+        self.cap
+    }
+
+    /// Queues the copies on `stream`.
+    ///
+    /// # Safety
+    /// Every range must be device memory or pinned host memory, valid (and
+    /// not otherwise written) until the stream has run the kernel; this
+    /// kernel's previous launch must have completed (its descriptors are
+    /// overwritten).
+    pub unsafe fn launch(
+        &mut self,
+        stream: &Stream,
+        ops: &[super::CopyOp],
+    ) -> Result<(), CudaError> {
+        if ops.is_empty() {
+            return Ok(());
+        }
+        if ops.len() > self.cap {
+            return Err(CudaError::Driver {
+                call: "copy kernel",
+                msg: format!("{} copies exceed the launch's {}", ops.len(), self.cap),
+            });
+        }
+        let descs = self.descs.as_ptr() as *mut CopyDesc;
+        for (i, op) in ops.iter().enumerate() {
+            let d = CopyDesc {
+                src: op.src,
+                dst: op.dst,
+                len: u32::try_from(op.len).map_err(|_| CudaError::Driver {
+                    call: "copy kernel",
+                    msg: format!("a copy of {} bytes exceeds 4 GiB", op.len),
+                })?,
+                pad: 0,
+            };
+            // SAFETY: the pinned buffer holds `cap` descriptors and i < cap;
+            // the previous launch is done by the caller's contract.
+            unsafe { descs.add(i).write_unaligned(d) };
+        }
+        let mut dptr = self.descs.as_ptr() as u64;
+        let mut count = ops.len() as u32;
+        let mut params = [
+            &mut dptr as *mut u64 as *mut c_void,
+            &mut count as *mut u32 as *mut c_void,
+        ];
+        // SAFETY: a function of a loaded module; parameters match the
+        // kernel's (pointer, unsigned int); the descriptors live in pinned
+        // memory the GPU reads through unified addressing; ranges by the
+        // caller's contract.
+        drv("cuLaunchKernel", unsafe {
+            cu::launch_kernel(
+                self.func.0,
+                (ops.len().min(MAX_BLOCKS) as u32, 1, 1),
+                (THREADS, 1, 1),
+                0,
+                stream.raw(),
+                &mut params,
+            )
+        })
+    }
+}
+
 /// Runs the unpack kernel on one GPU: a stream, an event, and descriptor
 /// buffers (pinned on the host, copied to the device with each launch).
 pub struct Unpacker {
