@@ -24,16 +24,15 @@ has bench && { timeout 100 python3 -m tcpx_p2p.bench pair --memory gpu --sizes 6
 B="python3 -m tcpx_p2p.bench pair --memory gpu"
 if has kv; then
   # 4096 x 32 KiB: scattered (a paged cache's block table) and contiguous
-  # blocks, beside the same bytes as one message.
+  # blocks, beside the same bytes as one message; scattered once more with
+  # one driver call per copy (no batch copies).
   for lay in scattered contiguous; do
     for op in write send; do
       f=bench_kv_${op}_$lay
       timeout 60 $B --op $op --kv-blocks 4096 --block-size 32K --kv-layout $lay --json "$R/$f.json" > "$R/$f.txt" 2>/dev/null; pack $f.txt 4
     done
   done
-  # Scattered again with the copy engines: batch calls, then one call each.
-  TCPX_P2P_COPY_KERNEL=0 timeout 60 $B --op write --kv-blocks 4096 --block-size 32K --json "$R/bench_kv_write_scattered_nokernel.json" > "$R/bench_kv_write_scattered_nokernel.txt" 2>/dev/null; pack bench_kv_write_scattered_nokernel.txt 4
-  TCPX_P2P_COPY_KERNEL=0 TCPX_P2P_COPY_BATCH=0 timeout 60 $B --op write --kv-blocks 4096 --block-size 32K --json "$R/bench_kv_write_scattered_nobatch.json" > "$R/bench_kv_write_scattered_nobatch.txt" 2>/dev/null; pack bench_kv_write_scattered_nobatch.txt 4
+  TCPX_P2P_COPY_BATCH=0 timeout 60 $B --op write --kv-blocks 4096 --block-size 32K --json "$R/bench_kv_write_scattered_nobatch.json" > "$R/bench_kv_write_scattered_nobatch.txt" 2>/dev/null; pack bench_kv_write_scattered_nobatch.txt 4
   timeout 40 $B --op write --sizes 128M --json "$R/bench_kv_one_message.json" > "$R/bench_kv_one_message.txt" 2>/dev/null; pack bench_kv_one_message.txt 3
 fi
 has copy && { timeout 60 "$BIN/unit" gpu::tests::copy_rates --ignored --exact --nocapture > "$R/copy_rates.txt" 2>&1; pack copy_rates.txt 8; }

@@ -762,8 +762,10 @@ fn gpu_throughput_plugin_vs_socket() {
         let nets = [
             (
                 "plugin",
+                // What a user of the plugin net gets by default.
                 Config {
-                    chunk: 4 << 20,
+                    chunk: tcpx_p2p::config::PLUGIN_CHUNK,
+                    channels: tcpx_p2p::config::PLUGIN_CHANNELS,
                     ..plugin_cfg(&path)
                 },
             ),

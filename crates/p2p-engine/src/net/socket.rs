@@ -263,22 +263,6 @@ struct Staging {
     /// Receive side: copies out of the slot being filled, not yet queued
     /// (queued as one batch when the slot is sealed or flushed).
     pending: Vec<gpu::CopyOp>,
-    /// Per slot, the copy kernel (its own descriptors, reused with the
-    /// slot): scattered copies go in one launch. Loaded at first need;
-    /// empty where it cannot load (then the copy engines do all copies).
-    kernels: Option<Vec<gpu::unpack::CopyKernel>>,
-}
-
-/// Copies in one batch from this many on go through the copy kernel (one
-/// launch) rather than the copy engines (one DMA each): measured on
-/// nvidia-h200-x2, 32 KiB blocks scattered (see the README's KV table).
-const KERNEL_MIN_COPIES: usize = 4;
-const KERNEL_MAX_COPIES: usize = 1024;
-
-/// Whether the copy kernel may be used (`TCPX_P2P_COPY_KERNEL=0`: never).
-fn copy_kernel_allowed() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("TCPX_P2P_COPY_KERNEL").map_or(true, |v| v != "0"))
 }
 
 impl Staging {
@@ -311,7 +295,6 @@ impl Staging {
                 fill_slot: 0,
                 fill_used: 0,
                 pending: Vec::new(),
-                kernels: None,
             });
         }
         st.as_mut().ok_or_else(|| "staging".to_string())
@@ -319,47 +302,6 @@ impl Staging {
 }
 
 impl Staging {
-    /// Queues `ops` on the stream, to be covered by slot `k`'s next event:
-    /// many in one launch of slot `k`'s copy kernel, few (or without the
-    /// kernel) through the copy engines.
-    ///
-    /// # Safety
-    /// Each range must be device or pinned memory, untouched until slot
-    /// `k`'s next event completes; slot `k`'s previous event has completed.
-    unsafe fn queue_copies(&mut self, k: usize, ops: &[gpu::CopyOp]) -> Result<(), String> {
-        let many = (KERNEL_MIN_COPIES..=KERNEL_MAX_COPIES).contains(&ops.len());
-        if many && self.kernels.is_none() {
-            let (dev, n) = (self.device, self.slots.len());
-            self.kernels = Some(if copy_kernel_allowed() {
-                gpu::Device::get(dev)
-                    .and_then(|d| {
-                        (0..n)
-                            .map(|_| gpu::unpack::CopyKernel::new(&d, KERNEL_MAX_COPIES))
-                            .collect()
-                    })
-                    .unwrap_or_else(|e| {
-                        tracing::debug!("copy kernel unavailable, using the copy engines: {e}");
-                        Vec::new()
-                    })
-            } else {
-                Vec::new()
-            });
-        }
-        let kernel = self
-            .kernels
-            .as_mut()
-            .and_then(|v| v.get_mut(k))
-            .filter(|_| many);
-        // SAFETY: by the caller's contract.
-        let r = unsafe {
-            match kernel {
-                Some(kn) => kn.launch(&self.stream, ops),
-                None => self.stream.copy_batch(ops),
-            }
-        };
-        r.map_err(|e| e.to_string())
-    }
-
     /// Copies `parts` (device ranges, together at most one slot) back to
     /// back into slot 0 and waits once for all of them; returns the staged
     /// bytes.
@@ -1039,15 +981,12 @@ impl Staging {
 
     /// Queues the copies out of the slot being filled, in one batch.
     fn issue_pending(&mut self) -> Result<(), String> {
-        let ops = std::mem::take(&mut self.pending);
-        // SAFETY: each copy reads bytes already read into the fill slot,
-        // which stay untouched until its next event completes (its previous
-        // one was waited for before it was filled), and writes inside a
-        // posted receive buffer.
-        let r = unsafe { self.queue_copies(self.fill_slot, &ops) };
-        self.pending = ops;
+        // SAFETY: each copy reads bytes already read into the slot, which
+        // stay untouched until the slot's next event completes, and writes
+        // inside a posted receive buffer.
+        let r = unsafe { self.stream.copy_batch(&self.pending) };
         self.pending.clear();
-        r
+        r.map_err(|e| e.to_string())
     }
 
     /// Waits for every queued copy and completes the parts behind them.
