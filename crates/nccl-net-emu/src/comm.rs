@@ -1165,12 +1165,27 @@ fn recv_plain(
     }
 }
 
-/// Reads a message's fragments in order with as few system calls as the
-/// kernel allows (readv of up to IOV_MAX slices at a time). TCPX's receive
-/// lands each page where it belongs inside the kernel; one read per 4 KiB
-/// fragment capped a comm near 2 GB/s, an overhead TCPX does not have.
-fn read_scattered(r: &mut &TcpStream, mut dsts: &mut [IoSliceMut<'_>]) -> Result<(), String> {
+/// Reads a message's fragments, in order, each to `at(fragment)`, with as
+/// few system calls as the kernel allows (readv of up to IOV_MAX slices at
+/// a time). TCPX's receive lands each page where it belongs inside the
+/// kernel; one read per 4 KiB fragment capped a comm near 2 GB/s, an
+/// overhead TCPX does not have.
+///
+/// # Safety
+/// `at` must give, for each fragment, memory of its length that nothing
+/// else touches during the read, no two fragments overlapping.
+unsafe fn read_frags(
+    r: &mut &TcpStream,
+    plan: &[pool::Frag],
+    at: impl Fn(&pool::Frag) -> *mut u8,
+) -> Result<(), String> {
     const IOV_MAX: usize = 1024;
+    let mut all: Vec<IoSliceMut<'_>> = plan
+        .iter()
+        // SAFETY: by the caller's contract.
+        .map(|f| IoSliceMut::new(unsafe { std::slice::from_raw_parts_mut(at(f), f.len as usize) }))
+        .collect();
+    let mut dsts = &mut all[..];
     while !dsts.is_empty() {
         let k = dsts.len().min(IOV_MAX);
         let n = match r.read_vectored(&mut dsts[..k]) {
@@ -1199,23 +1214,17 @@ fn recv_unpack(
     let lease = u.pool.take(pool::blocks_for(&plan), closing)?;
     match u.pool.kind {
         PoolKind::Host => {
-            let mut dsts: Vec<IoSliceMut<'_>> = plan
-                .iter()
-                .map(|f| {
+            let base = u.pool.base;
+            // SAFETY: each fragment has a page of its own (no two overlap)
+            // in a block this message holds (leased), inside the pool's
+            // memory; nobody else touches it until irecvConsumed returns
+            // the lease.
+            unsafe {
+                read_frags(r, &plan, |f| {
                     let off = pool::page_offset(&lease.blocks, f.page) + f.in_page as usize;
-                    // SAFETY: each fragment has a page of its own (no two
-                    // overlap) in a block this message holds (leased), inside
-                    // the pool's memory; nobody else touches it until
-                    // irecvConsumed returns the lease.
-                    IoSliceMut::new(unsafe {
-                        std::slice::from_raw_parts_mut(
-                            (u.pool.base + off as u64) as *mut u8,
-                            f.len as usize,
-                        )
-                    })
+                    (base + off as u64) as *mut u8
                 })
-                .collect();
-            read_scattered(r, &mut dsts)?;
+            }?;
         }
         PoolKind::Gpu(_) => {
             // The leased pages as one image in pinned memory, then one copy
@@ -1226,19 +1235,14 @@ fn recv_unpack(
             }
             let img = image.as_mut().ok_or("staging")?;
             let base = img.as_ptr();
-            let mut dsts: Vec<IoSliceMut<'_>> = plan
-                .iter()
-                .map(|f| {
-                    let at = f.page as usize * PAGE + f.in_page as usize;
-                    // SAFETY: the image holds plan.len() pages and each
-                    // fragment lies inside a page of its own (no overlap);
-                    // the image is borrowed mutably for this whole read.
-                    IoSliceMut::new(unsafe {
-                        std::slice::from_raw_parts_mut(base.add(at), f.len as usize)
-                    })
+            // SAFETY: the image holds plan.len() pages and each fragment lies
+            // inside a page of its own (no overlap); the image is borrowed
+            // mutably for this whole read.
+            unsafe {
+                read_frags(r, &plan, |f| {
+                    base.wrapping_add(f.page as usize * PAGE + f.in_page as usize)
                 })
-                .collect();
-            read_scattered(r, &mut dsts)?;
+            }?;
             for (i, &b) in lease.blocks.iter().enumerate() {
                 let pages = (plan.len() - i * pool::BLOCK_PAGES).min(pool::BLOCK_PAGES);
                 // SAFETY: the image holds `bytes` ≥ (i*64 + pages) pages; the
