@@ -444,8 +444,11 @@ impl Endpoint {
         Ok(self.publish(c.post_rma(self.next_xfer(), read, local, remote, remote_region)?))
     }
 
-    fn items_from_fifo(bufs: &[Buf], metas: &[FifoItem]) -> Result<Vec<RmaItem>> {
-        bufs.iter()
+    /// A one-sided request on the regions the peer advertised: its items,
+    /// and each item's region id on the peer (so runs never span two).
+    fn fifo_rma(&self, conn: u64, read: bool, bufs: &[Buf], metas: &[FifoItem]) -> Result<u64> {
+        let items = bufs
+            .iter()
             .zip(metas)
             .map(|(b, m)| {
                 if b.len > m.size as usize {
@@ -460,21 +463,19 @@ impl Endpoint {
                     len: b.len as u64,
                 })
             })
-            .collect()
+            .collect::<Result<Vec<_>>>()?;
+        let regions: Vec<u64> = metas.iter().map(|m| m.rkey as u64).collect();
+        self.rma(conn, read, bufs, items, &regions)
     }
 
     /// One-sided write of local buffers into the regions the peer advertised.
     pub fn write_async(&self, conn: u64, bufs: &[Buf], metas: &[FifoItem]) -> Result<u64> {
-        let items = Self::items_from_fifo(bufs, metas)?;
-        let regions: Vec<u64> = metas.iter().map(|m| m.rkey as u64).collect();
-        self.rma(conn, false, bufs, items, &regions)
+        self.fifo_rma(conn, false, bufs, metas)
     }
 
     /// One-sided read from the regions the peer advertised into local buffers.
     pub fn read_async(&self, conn: u64, bufs: &[Buf], metas: &[FifoItem]) -> Result<u64> {
-        let items = Self::items_from_fifo(bufs, metas)?;
-        let regions: Vec<u64> = metas.iter().map(|m| m.rkey as u64).collect();
-        self.rma(conn, true, bufs, items, &regions)
+        self.fifo_rma(conn, true, bufs, metas)
     }
 
     /// Descriptor-based transfer (`register_memory` descriptors of the peer):
