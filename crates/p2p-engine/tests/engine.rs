@@ -4,7 +4,10 @@
 use std::time::Duration;
 
 use tcpx_p2p::wire::FifoItem;
-use tcpx_p2p::{Buf, Config, Endpoint, Error};
+use tcpx_p2p::{Config, Endpoint, Error};
+
+mod common;
+use common::{buf, pattern};
 
 fn cfg() -> Config {
     Config {
@@ -25,21 +28,6 @@ fn pair() -> (Endpoint, Endpoint, u64, u64) {
         .unwrap();
     let cb = b.accept(Some(Duration::from_secs(10))).unwrap().conn;
     (a, b, ca, cb)
-}
-
-fn pattern(n: usize, seed: u8) -> Vec<u8> {
-    (0..n)
-        .map(|i| (i as u32).wrapping_mul(2654435761).to_le_bytes()[0] ^ seed)
-        .collect()
-}
-
-fn buf(ep: &Endpoint, v: &mut [u8]) -> Buf {
-    let mr = ep.reg(v.as_mut_ptr() as u64, v.len()).unwrap();
-    Buf {
-        mr,
-        ptr: v.as_mut_ptr() as u64,
-        len: v.len(),
-    }
 }
 
 #[test]

@@ -27,7 +27,10 @@ use tcpx_p2p::net::plugin::sys::*;
 use tcpx_p2p::net::plugin::PluginNet;
 use tcpx_p2p::net::Net;
 use tcpx_p2p::wire::FifoItem;
-use tcpx_p2p::{Buf, Config, Endpoint, NetKind};
+use tcpx_p2p::{Config, Endpoint, NetKind};
+
+mod common;
+use common::{buf, pattern, reg_buf};
 
 /// Where the built emulator is: `$NCCL_NET_EMU_PATH`, else in this test's
 /// target directory (`deps/`, where `cargo test --workspace` builds it, then
@@ -77,12 +80,6 @@ fn checksum(v: &[u8]) -> u64 {
     })
 }
 
-fn pattern(n: usize, seed: u8) -> Vec<u8> {
-    (0..n)
-        .map(|i| (i as u32).wrapping_mul(2_654_435_761).to_le_bytes()[1] ^ seed)
-        .collect()
-}
-
 // ----------------------------------------------------------- the engine
 
 fn plugin_cfg(path: &str) -> Config {
@@ -93,15 +90,6 @@ fn plugin_cfg(path: &str) -> Config {
         chunk: 1 << 20,
         channels: 2,
         ..Config::default()
-    }
-}
-
-fn buf(ep: &Endpoint, v: &mut [u8]) -> Buf {
-    let mr = ep.reg(v.as_mut_ptr() as u64, v.len()).unwrap();
-    Buf {
-        mr,
-        ptr: v.as_mut_ptr() as u64,
-        len: v.len(),
     }
 }
 
@@ -728,16 +716,8 @@ fn gpu_buffers_over_the_plugin_go_through_the_unpack_kernel() {
         let src = pattern(n, 0x3c);
         let s = device_buf(0, &src);
         let d = device_buf(second, &vec![0u8; n]);
-        let sb = Buf {
-            mr: a.reg(s.ptr, n).unwrap(),
-            ptr: s.ptr,
-            len: n,
-        };
-        let rb = Buf {
-            mr: b.reg(d.ptr, n).unwrap(),
-            ptr: d.ptr,
-            len: n,
-        };
+        let sb = reg_buf(&a, s.ptr, n);
+        let rb = reg_buf(&b, d.ptr, n);
         let r = b.recv_async(cb, &[rb]).unwrap();
         let x = a.send_async(ca, &[sb]).unwrap();
         assert!(a.wait(x, Some(Duration::from_secs(60))).unwrap());
@@ -784,16 +764,8 @@ fn gpu_throughput_plugin_vs_socket() {
                 let src = pattern(n, 7);
                 let s = device_buf(0, &src);
                 let d = device_buf(second, &vec![0u8; n]);
-                let sb = Buf {
-                    mr: a.reg(s.ptr, n).unwrap(),
-                    ptr: s.ptr,
-                    len: n,
-                };
-                let rb = Buf {
-                    mr: b.reg(d.ptr, n).unwrap(),
-                    ptr: d.ptr,
-                    len: n,
-                };
+                let sb = reg_buf(&a, s.ptr, n);
+                let rb = reg_buf(&b, d.ptr, n);
                 let once = || {
                     let r = b.recv_async(cb, &[rb]).unwrap();
                     let x = a.send_async(ca, &[sb]).unwrap();
