@@ -2,6 +2,7 @@
 real sockets on loopback, bytes checked by SHA-256."""
 
 import hashlib
+import os
 import socket
 import time
 
@@ -265,6 +266,88 @@ def test_kv_blocks_in_runs(local, peers):
     for k in slots:
         assert back[k * bs : (k + 1) * bs] == src[k * bs : (k + 1) * bs], f"slot {k}"
     assert back[500 * bs : 501 * bs] == bytes(bs)
+
+
+# Block sizes on either side of the gathering limits (items up to 256 KiB
+# share a request of up to 4 MiB; larger ones are chunked at 8 MiB).
+MIXED = [1, 4097, 32 << 10, 100_000, 256 << 10, (256 << 10) + 1, 3, 5000] * 6 + [9 << 20] + [
+    32 << 10
+] * 200
+
+
+def mixed_layout(sizes, gap, reverse):
+    """Offsets of blocks laid out with `gap` bytes between them, in order or
+    in reverse order (no two blocks adjacent, so no runs form)."""
+    order = list(reversed(range(len(sizes)))) if reverse else list(range(len(sizes)))
+    offs, at = [0] * len(sizes), 0
+    for i in order:
+        offs[i] = at
+        at += sizes[i] + gap
+    return offs, at
+
+
+def test_kv_blocks_of_mixed_sizes(local, peers):
+    """sendv/recvv, writev and readv of blocks of many sizes, small ones
+    gathered into shared requests and large ones chunked, each block
+    scattered and checked byte for byte."""
+    ep, bufs = local
+    peer = peers()
+    cid, pcid = connect(ep, peer)
+    n = len(MIXED)
+    soffs, stotal = mixed_layout(MIXED, 64, reverse=False)
+    roffs, rtotal = mixed_layout(MIXED, 128, reverse=True)
+    sb, sptr = bufs.alloc(stotal, seed=31)
+    ok, smr = ep.reg(sptr, stotal)
+    src = pattern(stotal, 31)
+    sptrs = [sptr + o for o in soffs]
+
+    def check(got, offs, what):
+        for i, sz in enumerate(MIXED):
+            assert got[offs[i] : offs[i] + sz] == src[soffs[i] : soffs[i] + sz], f"{what}: block {i} ({sz} bytes)"
+
+    rb, rptr = peer.call("alloc", rtotal)
+    ok, rmr = peer.ep("reg", rptr, rtotal)
+    rptrs = [rptr + o for o in roffs]
+    ok, rx = peer.ep("recvv_async", pcid, [rmr] * n, rptrs, MIXED, n)
+    assert ok
+    assert ep.sendv(cid, [smr] * n, sptrs, MIXED, n), ep.last_error()
+    assert peer.ep("wait", rx), peer.ep("last_error")
+    check(peer.call("data", rb), roffs, "sendv")
+
+    tb, tptr = peer.call("alloc", rtotal)
+    ok, tmr = peer.ep("reg", tptr, rtotal)
+    ok, metas = peer.ep("advertisev", pcid, [tmr] * n, [tptr + o for o in roffs], MIXED, n)
+    assert ok, peer.ep("last_error")
+    assert ep.writev(cid, [smr] * n, sptrs, MIXED, metas, n), ep.last_error()
+    check(peer.call("data", tb), roffs, "writev")
+
+    bb, bptr = bufs.alloc(stotal)
+    ok, bmr = ep.reg(bptr, stotal)
+    assert ep.readv(cid, [bmr] * n, [bptr + o for o in soffs], MIXED, metas, n), ep.last_error()
+    check(bufs.data(bb), soffs, "readv")
+
+
+@pytest.mark.skipif(
+    os.environ.get("TCPX_P2P_NET", "socket") != "socket",
+    reason="the socket net gathers blocks; plugins take one block per request",
+)
+def test_sendv_recvv_block_sizes_must_match(local, peers):
+    """Blocks gathered into one message must be scattered into blocks of the
+    same sizes: a receive of other sizes fails and says why, rather than
+    placing bytes across block boundaries."""
+    ep, bufs = local
+    peer = peers()
+    cid, pcid = connect(ep, peer)
+    bs = 32 << 10
+    sb, sptr = bufs.alloc(4 * bs, seed=5)
+    ok, smr = ep.reg(sptr, 4 * bs)
+    rb, rptr = peer.call("alloc", 4 * bs)
+    ok, rmr = peer.ep("reg", rptr, 4 * bs)
+    ok, rx = peer.ep("recvv_async", pcid, [rmr] * 2, [rptr, rptr + 2 * bs], [2 * bs] * 2, 2)
+    assert ok
+    ep.sendv(cid, [smr] * 4, [sptr + i * bs for i in range(4)], [bs] * 4, 4)
+    assert not peer.ep("wait", rx)
+    assert "block sizes must match" in peer.ep("last_error")
 
 
 class FakeTensor:

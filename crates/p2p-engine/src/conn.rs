@@ -18,11 +18,11 @@ use crossbeam_channel::Sender;
 use parking_lot::Mutex;
 
 use crate::error::{Error, Result};
-use crate::memory::{MemKind, Registry};
+use crate::memory::Registry;
 use crate::net::{MemRef, Net, NetHandle, RecvComm, SendComm, Waker};
 use crate::progress::{ChunkOp, Cmd, Engine, Progress, Set};
 use crate::rma;
-use crate::transfer::{chunks, Failure, Transfer};
+use crate::transfer::{plan_ops, Failure, Gather, OpPlan, Transfer};
 use crate::wire::{self, Control, Hello, RmaItem};
 
 /// Milliseconds on a process-wide monotonic clock.
@@ -92,6 +92,8 @@ pub struct Conn {
     pub remote_gpu: i32,
     pub remote_bdf: String,
     pub chunk: usize,
+    /// How small items share a request on this connection's net.
+    gather: Gather,
     oob: Mutex<TcpStream>,
     cmds: Sender<Cmd>,
     progress: Arc<OnceLock<Thread>>,
@@ -284,6 +286,7 @@ impl Conn {
             remote_gpu: theirs.gpu_index,
             remote_bdf: theirs.gpu_bdf.clone(),
             chunk,
+            gather: Gather::new(chunk, net.max_segments()),
             oob: Mutex::new(oob),
             cmds: tx,
             progress: progress_thread.clone(),
@@ -430,36 +433,53 @@ impl Conn {
         }
     }
 
+    /// The requests that carry items of these lengths (see [`plan_ops`]).
+    fn plan(&self, lens: impl Iterator<Item = usize>) -> Vec<OpPlan> {
+        let lens: Vec<usize> = lens.collect();
+        plan_ops(&lens, self.chunk, self.gather)
+    }
+
+    /// The chunk ops of `plan` over `items`. With `exact` false, a
+    /// one-piece message may be shorter than its receive buffer; longer
+    /// and gathered messages must match exactly.
     fn ops_for(
         &self,
         xfer: &Arc<Transfer>,
-        items: &[(MemRef, Option<Arc<crate::memory::Region>>)],
+        items: &[(MemRef, Arc<crate::memory::Region>)],
+        plan: &[OpPlan],
         exact: bool,
     ) -> Vec<ChunkOp> {
-        let mut ops = Vec::new();
-        for (m, region) in items {
-            let n = m.len.div_ceil(self.chunk).max(1);
-            for (addr, len) in chunks(m.addr, m.len, self.chunk) {
-                ops.push(ChunkOp {
-                    mem: MemRef {
-                        addr,
+        plan.iter()
+            .map(|p| match *p {
+                OpPlan::Piece {
+                    item,
+                    off,
+                    len,
+                    pieces,
+                } => {
+                    let (m, r) = &items[item];
+                    let mem = MemRef {
+                        addr: m.addr + off as u64,
                         len,
                         kind: m.kind,
-                    },
-                    region: region.clone(),
-                    xfer: xfer.clone(),
-                    // A one-chunk message may be shorter than the receive
-                    // buffer; longer messages must match exactly.
-                    expect: (exact || n > 1).then_some(len),
-                });
-            }
-        }
-        ops
-    }
-
-    /// Number of chunk requests `len` bytes take.
-    pub fn chunk_count(&self, len: usize) -> usize {
-        len.div_ceil(self.chunk).max(1)
+                    };
+                    ChunkOp {
+                        segs: vec![(mem, r.clone())],
+                        xfer: xfer.clone(),
+                        expect: (exact || pieces > 1).then_some(len),
+                    }
+                }
+                OpPlan::Gather { start, end } => {
+                    let segs = items[start..end].to_vec();
+                    let total = segs.iter().map(|(m, _)| m.len).sum();
+                    ChunkOp {
+                        segs,
+                        xfer: xfer.clone(),
+                        expect: Some(total),
+                    }
+                }
+            })
+            .collect()
     }
 
     /// Two-sided send or receive of a list of buffers.
@@ -471,11 +491,10 @@ impl Conn {
     ) -> Result<Arc<Transfer>> {
         self.check_alive()?;
         let regions: Vec<_> = items.iter().map(|(_, r)| r.clone()).collect();
-        let total: usize = items.iter().map(|(m, _)| self.chunk_count(m.len)).sum();
-        let xfer = Transfer::new(xfer_id, self.id, total, regions);
+        let plan = self.plan(items.iter().map(|(m, _)| m.len));
+        let xfer = Transfer::new(xfer_id, self.id, plan.len(), regions);
         self.track(&xfer);
-        let items: Vec<_> = items.into_iter().map(|(m, r)| (m, Some(r))).collect();
-        let ops = self.ops_for(&xfer, &items, false);
+        let ops = self.ops_for(&xfer, &items, &plan, false);
         self.submit(if send {
             Cmd::Send(Set::Msg, ops)
         } else {
@@ -500,12 +519,11 @@ impl Conn {
         let ids: Vec<(MemRef, u64)> = local.iter().map(|(m, r)| (*m, r.id)).collect();
         let runs = rma::plan_runs(&ids, &remote, remote_region);
         let local = rma::merge_runs(local, &runs).map_err(Error::invalid)?;
-        let total: usize = local.iter().map(|(m, _)| self.chunk_count(m.len)).sum();
+        let plan = self.plan(local.iter().map(|(m, _)| m.len));
         // +1: the target's WriteDone / ReadAck.
-        let xfer = Transfer::new(xfer_id, self.id, total + 1, regions);
+        let xfer = Transfer::new(xfer_id, self.id, plan.len() + 1, regions);
         self.track(&xfer);
-        let local: Vec<_> = local.into_iter().map(|(m, r)| (m, Some(r))).collect();
-        let mut ops = Some(self.ops_for(&xfer, &local, true));
+        let mut ops = Some(self.ops_for(&xfer, &local, &plan, true));
         let msg = if read {
             Control::ReadReq {
                 xfer: xfer_id,
@@ -628,9 +646,9 @@ impl Conn {
                         .map_err(|e| e.to_string())?;
                 }
                 Ok(local) => {
-                    let total = local.iter().map(|(m, _)| self.chunk_count(m.len)).sum();
+                    let plan = self.plan(local.iter().map(|(m, _)| m.len));
                     let regions = local.iter().map(|(_, r)| r.clone()).collect();
-                    let inner = Transfer::new(0, self.id, total, regions);
+                    let inner = Transfer::new(0, self.id, plan.len(), regions);
                     let weak = Arc::downgrade(self);
                     inner.on_end(move |s| {
                         if let Some(c) = weak.upgrade() {
@@ -645,8 +663,7 @@ impl Conn {
                             let _ = c.send_control(&m);
                         }
                     });
-                    let local: Vec<_> = local.into_iter().map(|(m, r)| (m, Some(r))).collect();
-                    let ops = self.ops_for(&inner, &local, true);
+                    let ops = self.ops_for(&inner, &local, &plan, true);
                     let mut body = Vec::new();
                     Control::WriteCts { xfer }.encode(&mut body);
                     let mut oob = self.oob.lock();
@@ -672,20 +689,17 @@ impl Conn {
             }
             Control::ReadReq { xfer, items, runs } => {
                 let resolved = self.resolve_items(&items, &runs);
-                // The reader posted one receive per chunk of each run.
-                let inner_total: usize = wire::run_lengths(&items, &runs)
-                    .ok_or("read request whose run lengths overflow")?
-                    .iter()
-                    .map(|&len| self.chunk_count(len as usize))
-                    .sum();
-                let (reply, local, regions) = match resolved {
-                    Ok(l) => {
-                        let regions = l.iter().map(|(_, r)| r.clone()).collect();
-                        (
-                            Control::ReadAck { xfer },
-                            l.into_iter().map(|(m, r)| (m, Some(r))).collect(),
-                            regions,
-                        )
+                // The reader posted one receive per request of its plan of
+                // the runs' lengths: ours pairs with it request for request.
+                let lens = wire::run_lengths(&items, &runs)
+                    .ok_or("read request whose run lengths overflow")?;
+                let plan = self.plan(lens.iter().map(|&l| l as usize));
+                let (reply, ops) = match resolved {
+                    Ok(local) => {
+                        let regions = local.iter().map(|(_, r)| r.clone()).collect();
+                        let inner = Transfer::new(0, self.id, plan.len(), regions);
+                        let ops = self.ops_for(&inner, &local, &plan, true);
+                        (Control::ReadAck { xfer }, ops)
                     }
                     Err(reason) => {
                         tracing::warn!(
@@ -695,31 +709,16 @@ impl Conn {
                         );
                         // The reader has posted its receives: fill each with
                         // an empty message so both sides stay in step.
-                        let empty = MemRef {
-                            addr: 0,
-                            len: 0,
-                            kind: MemKind::Host,
-                        };
-                        (
-                            Control::Refused { xfer, reason },
-                            vec![(empty, None); inner_total],
-                            vec![],
-                        )
+                        let inner = Transfer::new(0, self.id, plan.len(), vec![]);
+                        let fillers = (0..plan.len())
+                            .map(|_| ChunkOp {
+                                segs: vec![],
+                                xfer: inner.clone(),
+                                expect: None,
+                            })
+                            .collect();
+                        (Control::Refused { xfer, reason }, fillers)
                     }
-                };
-                let inner = Transfer::new(0, self.id, inner_total, regions);
-                let ops = if matches!(reply, Control::ReadAck { .. }) {
-                    self.ops_for(&inner, &local, true)
-                } else {
-                    local
-                        .into_iter()
-                        .map(|(mem, region)| ChunkOp {
-                            mem,
-                            region,
-                            xfer: inner.clone(),
-                            expect: None,
-                        })
-                        .collect()
                 };
                 self.send_control(&reply).map_err(|e| e.to_string())?;
                 self.submit(Cmd::Send(Set::Rma, ops));

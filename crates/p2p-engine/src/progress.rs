@@ -25,9 +25,9 @@ pub enum Set {
 
 /// One request's worth of a transfer.
 pub struct ChunkOp {
-    pub mem: MemRef,
-    /// The region the memory belongs to (None for empty filler sends).
-    pub region: Option<Arc<Region>>,
+    /// The memory of the request and the region of each piece: one segment,
+    /// or several gathered into one message; none for an empty filler.
+    pub segs: Vec<(MemRef, Arc<Region>)>,
     pub xfer: Arc<Transfer>,
     /// For receives: the bytes that must arrive (`None`: any up to `mem.len`).
     pub expect: Option<usize>,
@@ -104,56 +104,66 @@ impl CommState {
         Ok((buf.as_ptr() as u64, *m))
     }
 
+    /// The comm's registration of region `r` (made on first use).
+    fn mr_for(&mut self, r: &Region, kind: MemKind) -> Result<MrHandle, String> {
+        if let Some(m) = self.mrs.get(&r.id) {
+            return Ok(*m);
+        }
+        let whole = MemRef {
+            addr: r.addr,
+            len: r.len,
+            kind,
+        };
+        let m = match &mut self.comm {
+            Comm::Send(c) => c.reg_mr(whole),
+            Comm::Recv(c) => c.reg_mr(whole),
+        }
+        .map_err(|e| format!("registering region {}: {e}", r.id))?;
+        self.mrs.insert(r.id, m);
+        Ok(m)
+    }
+
     /// Posts what the window allows; true if anything was posted.
     fn post(&mut self) -> Result<bool, String> {
         let mut any = false;
+        let (mut mems, mut mrs) = (Vec::new(), Vec::new());
         while self.inflight.len() < self.window {
-            let Some(op) = self.pending.front() else {
+            let Some(op) = self.pending.pop_front() else {
                 break;
             };
-            let mut mem = op.mem;
-            let mr = match &op.region {
+            mems.clear();
+            mrs.clear();
+            if op.segs.is_empty() {
                 // An empty filler message: point it at a small registered
                 // buffer of our own (plugins want a registered handle).
-                None => {
-                    let (addr, m) = self.scratch_mr()?;
-                    mem = MemRef {
-                        addr,
-                        len: 0,
-                        kind: MemKind::Host,
-                    };
-                    m
-                }
-                Some(r) => match self.mrs.get(&r.id) {
-                    Some(m) => *m,
-                    None => {
-                        let whole = MemRef {
-                            addr: r.addr,
-                            len: r.len,
-                            kind: op.mem.kind,
-                        };
-                        let m = match &mut self.comm {
-                            Comm::Send(c) => c.reg_mr(whole),
-                            Comm::Recv(c) => c.reg_mr(whole),
-                        }
-                        .map_err(|e| format!("registering region {}: {e}", r.id))?;
-                        self.mrs.insert(r.id, m);
-                        m
-                    }
-                },
-            };
-            let posted = match &mut self.comm {
-                Comm::Send(c) => c.isend(mem, mr),
-                Comm::Recv(c) => c.irecv(mem, mr),
+                let (addr, m) = self.scratch_mr()?;
+                mems.push(MemRef {
+                    addr,
+                    len: 0,
+                    kind: MemKind::Host,
+                });
+                mrs.push(m);
+            }
+            for (mem, r) in &op.segs {
+                mrs.push(self.mr_for(r, mem.kind)?);
+                mems.push(*mem);
+            }
+            let posted = match (&mut self.comm, mems.len()) {
+                (Comm::Send(c), 1) => c.isend(mems[0], mrs[0]),
+                (Comm::Recv(c), 1) => c.irecv(mems[0], mrs[0]),
+                (Comm::Send(c), _) => c.isendv(&mems, &mrs),
+                (Comm::Recv(c), _) => c.irecvv(&mems, &mrs),
             }
             .map_err(|e| e.to_string())?;
             match posted {
                 Some(req) => {
-                    let op = self.pending.pop_front().expect("front exists");
                     self.inflight.push_back((req, op));
                     any = true;
                 }
-                None => break,
+                None => {
+                    self.pending.push_front(op);
+                    break;
+                }
             }
         }
         Ok(any)

@@ -164,6 +164,75 @@ pub fn chunks(addr: u64, len: usize, chunk: usize) -> impl Iterator<Item = (u64,
     })
 }
 
+/// How small items are gathered into one net request (both peers must use
+/// the same settings: they follow from the net and the agreed chunk).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Gather {
+    /// Items up to this size may share a request.
+    pub item_max: usize,
+    /// Bytes one gathered request carries at most.
+    pub bytes: usize,
+    /// Segments one request may carry (1: never gather).
+    pub segs: usize,
+}
+
+impl Gather {
+    /// Items of at most 256 KiB, up to 4 MiB and `segs` of them a request
+    /// (both capped by the chunk): a 4,096-block KV transfer of 32 KiB
+    /// blocks then takes 32 requests, not 4,096.
+    pub fn new(chunk: usize, segs: usize) -> Self {
+        Gather {
+            item_max: (256usize << 10).min(chunk),
+            bytes: (4usize << 20).min(chunk),
+            segs: segs.clamp(1, 1024),
+        }
+    }
+}
+
+/// What one net request carries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OpPlan {
+    /// `len` bytes of item `item` from offset `off` (of `pieces` pieces).
+    Piece {
+        item: usize,
+        off: usize,
+        len: usize,
+        pieces: usize,
+    },
+    /// Items `start..end`, whole, gathered into one message.
+    Gather { start: usize, end: usize },
+}
+
+/// Plans the requests of a list of items of lengths `lens`: runs of small
+/// items are gathered, each other item is cut into chunks. Both peers plan
+/// from the same lengths, so their requests pair up.
+pub fn plan_ops(lens: &[usize], chunk: usize, g: Gather) -> Vec<OpPlan> {
+    let small = |l: usize| g.segs > 1 && l > 0 && l <= g.item_max;
+    let mut plan = Vec::new();
+    let mut i = 0;
+    while i < lens.len() {
+        let (mut j, mut bytes) = (i, 0);
+        while j < lens.len() && j - i < g.segs && small(lens[j]) && bytes + lens[j] <= g.bytes {
+            bytes += lens[j];
+            j += 1;
+        }
+        if j - i >= 2 {
+            plan.push(OpPlan::Gather { start: i, end: j });
+            i = j;
+            continue;
+        }
+        let pieces = lens[i].div_ceil(chunk.max(1)).max(1);
+        plan.extend(chunks(0, lens[i], chunk).map(|(off, len)| OpPlan::Piece {
+            item: i,
+            off: off as usize,
+            len,
+            pieces,
+        }));
+        i += 1;
+    }
+    plan
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -223,5 +292,84 @@ mod tests {
         assert_eq!(v, vec![(0, 10), (10, 10)]);
         let total: usize = chunks(7, (1 << 30) + 3, 8 << 20).map(|c| c.1).sum();
         assert_eq!(total, (1 << 30) + 3);
+    }
+
+    /// Every byte of every item is covered once, in order, by the plan.
+    fn covered(lens: &[usize], plan: &[OpPlan]) -> Vec<(usize, usize, usize)> {
+        let mut v = Vec::new();
+        for p in plan {
+            match *p {
+                OpPlan::Piece { item, off, len, .. } => v.push((item, off, len)),
+                OpPlan::Gather { start, end } => v.extend((start..end).map(|i| (i, 0, lens[i]))),
+            }
+        }
+        v
+    }
+
+    #[test]
+    fn small_items_gather_large_ones_chunk() {
+        let g = Gather::new(8 << 20, 1024);
+        let k32 = 32 << 10;
+        // 4,096 blocks of 32 KiB: 4 MiB (128 blocks) a request.
+        let lens = vec![k32; 4096];
+        let plan = plan_ops(&lens, 8 << 20, g);
+        assert_eq!(plan.len(), 32);
+        assert_eq!(plan[0], OpPlan::Gather { start: 0, end: 128 });
+        assert_eq!(
+            covered(&lens, &plan),
+            (0..4096).map(|i| (i, 0, k32)).collect::<Vec<_>>()
+        );
+        // A large item breaks a run; it is chunked; a lone small item is a
+        // piece of its own; empty items never gather.
+        let lens = [k32, k32, 20 << 20, k32, 0, k32, k32, k32];
+        let plan = plan_ops(&lens, 8 << 20, g);
+        assert_eq!(
+            plan,
+            vec![
+                OpPlan::Gather { start: 0, end: 2 },
+                OpPlan::Piece {
+                    item: 2,
+                    off: 0,
+                    len: 8 << 20,
+                    pieces: 3
+                },
+                OpPlan::Piece {
+                    item: 2,
+                    off: 8 << 20,
+                    len: 8 << 20,
+                    pieces: 3
+                },
+                OpPlan::Piece {
+                    item: 2,
+                    off: 16 << 20,
+                    len: 4 << 20,
+                    pieces: 3
+                },
+                OpPlan::Piece {
+                    item: 3,
+                    off: 0,
+                    len: k32,
+                    pieces: 1
+                },
+                OpPlan::Piece {
+                    item: 4,
+                    off: 0,
+                    len: 0,
+                    pieces: 1
+                },
+                OpPlan::Gather { start: 5, end: 8 },
+            ]
+        );
+        // Segment limit, and a net that never gathers.
+        let plan = plan_ops(&[4096; 10], 8 << 20, Gather::new(8 << 20, 4));
+        assert_eq!(plan.len(), 3);
+        let plan = plan_ops(&[4096; 10], 8 << 20, Gather::new(8 << 20, 1));
+        assert_eq!(plan.len(), 10);
+        assert!(plan
+            .iter()
+            .all(|p| matches!(p, OpPlan::Piece { len: 4096, .. })));
+        // The byte limit follows the chunk.
+        let plan = plan_ops(&[64 << 10; 64], 1 << 20, Gather::new(1 << 20, 1024));
+        assert_eq!(plan.len(), 4);
     }
 }

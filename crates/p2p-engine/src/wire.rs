@@ -297,7 +297,9 @@ pub fn decode_descs(b: &[u8]) -> Result<Vec<DescEntry>, WireError> {
 // --------------------------------------------------------------- handshake
 
 pub const MAGIC: u64 = 0x3150_3250_5850_4354; // "TCPXP2P1"
-pub const VERSION: u16 = 2;
+/// 3: small items of a vector are gathered into one request (both peers
+/// must plan requests alike).
+pub const VERSION: u16 = 3;
 /// An ncclNet listen handle is at most this long.
 pub const NET_HANDLE_LEN: usize = 128;
 /// Most channels per set a connection may have.

@@ -47,6 +47,13 @@ pub struct MrHandle(pub usize);
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct ReqId(pub u64);
 
+fn gather_unsupported(n: usize) -> NetError {
+    NetError::Misuse {
+        net: "net",
+        reason: format!("a request of {n} segments on a net that takes one buffer per request"),
+    }
+}
+
 /// A transport.
 pub trait Net: Send + Sync {
     /// Short name, e.g. `socket` or the plugin's name.
@@ -73,6 +80,12 @@ pub trait Net: Send + Sync {
     fn max_message(&self) -> usize {
         usize::MAX
     }
+    /// Most memory segments one request may gather (send) or scatter
+    /// (receive): many small blocks then cost one request, not one each.
+    /// Nets that take one buffer per request (ncclNet plugins) keep 1.
+    fn max_segments(&self) -> usize {
+        1
+    }
 }
 
 pub trait ListenComm: Send {
@@ -86,6 +99,14 @@ pub trait SendComm: Send {
     fn dereg_mr(&mut self, mr: MrHandle) -> Result<(), NetError>;
     /// Posts a send. `Ok(None)`: the transport cannot take it now; retry later.
     fn isend(&mut self, mem: MemRef, mr: MrHandle) -> Result<Option<ReqId>, NetError>;
+    /// Posts one message gathered from `segs` in order (`mrs[i]` registers
+    /// `segs[i]`); at most [`Net::max_segments`] segments.
+    fn isendv(&mut self, segs: &[MemRef], mrs: &[MrHandle]) -> Result<Option<ReqId>, NetError> {
+        match (segs, mrs) {
+            ([m], [mr]) => self.isend(*m, *mr),
+            _ => Err(gather_unsupported(segs.len())),
+        }
+    }
     /// `Some(bytes)` once the request is done. Call only on the oldest
     /// request not yet completed on this comm.
     fn test(&mut self, req: ReqId) -> Result<Option<usize>, NetError>;
@@ -96,6 +117,14 @@ pub trait RecvComm: Send {
     fn dereg_mr(&mut self, mr: MrHandle) -> Result<(), NetError>;
     /// Posts a receive of at most `mem.len` bytes into `mem`.
     fn irecv(&mut self, mem: MemRef, mr: MrHandle) -> Result<Option<ReqId>, NetError>;
+    /// Posts a receive of one message scattered over `segs` in order; the
+    /// sender's segments must have the same lengths.
+    fn irecvv(&mut self, segs: &[MemRef], mrs: &[MrHandle]) -> Result<Option<ReqId>, NetError> {
+        match (segs, mrs) {
+            ([m], [mr]) => self.irecv(*m, *mr),
+            _ => Err(gather_unsupported(segs.len())),
+        }
+    }
     /// `Some(bytes received)` once the data is in place (unpacked, where the
     /// transport needs that). Oldest request only.
     fn test(&mut self, req: ReqId) -> Result<Option<usize>, NetError>;

@@ -11,7 +11,7 @@
 #![allow(unsafe_code)]
 
 use std::collections::HashMap;
-use std::io::{self, IoSlice, Read, Write};
+use std::io::{self, IoSlice, IoSliceMut, Read, Write};
 use std::net::{IpAddr, Ipv6Addr, SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -30,8 +30,12 @@ use crate::memory::MemKind;
 
 const NET: &str = "socket";
 const HANDLE_MAGIC: u32 = 0x4b43_4f53; // "SOCK"
-const HELLO_MAGIC: u64 = 0x4f4c_4c45_484b_4353; // "SCKHELLO"
-const HDR_LEN: usize = 40;
+const HELLO_MAGIC: u64 = 0x324c_4c45_484b_4353; // "SCKHELL2"
+/// Part header: message sequence number, offset, length, message total,
+/// part count, and the shape of a gathered message's segments.
+const HDR_LEN: usize = 48;
+/// Most segments one gathered message may have.
+const MAX_SEGS: usize = 1024;
 
 /// Settings of the socket transport.
 #[derive(Debug, Clone)]
@@ -186,6 +190,10 @@ impl Net for SocketNet {
     fn max_requests(&self) -> usize {
         256
     }
+
+    fn max_segments(&self) -> usize {
+        MAX_SEGS
+    }
 }
 
 // -------------------------------------------------------------- listening
@@ -245,6 +253,118 @@ impl ListenComm for SocketListen {
             Ok(None)
         }
     }
+}
+
+// ------------------------------------------------ messages in segments
+
+/// The memory of one message: one segment, or several gathered in order.
+struct Segs {
+    segs: Vec<MemRef>,
+    /// Offset of each segment in the message.
+    starts: Vec<usize>,
+    total: usize,
+}
+
+impl Segs {
+    fn new(segs: &[MemRef]) -> Result<Self, NetError> {
+        if segs.is_empty() || segs.len() > MAX_SEGS {
+            return Err(NetError::Misuse {
+                net: NET,
+                reason: format!(
+                    "a request of {} segments (1 to {MAX_SEGS} allowed)",
+                    segs.len()
+                ),
+            });
+        }
+        let mut starts = Vec::with_capacity(segs.len());
+        let mut total = 0usize;
+        for m in segs {
+            starts.push(total);
+            total = total.checked_add(m.len).ok_or_else(|| NetError::Misuse {
+                net: NET,
+                reason: "segments whose lengths overflow".into(),
+            })?;
+        }
+        Ok(Segs {
+            segs: segs.to_vec(),
+            starts,
+            total,
+        })
+    }
+
+    /// The pieces of segments that bytes `[off, off+len)` of the message
+    /// occupy, in order.
+    fn pieces(&self, off: usize, len: usize) -> Vec<MemRef> {
+        let mut out = Vec::new();
+        let mut i = self.starts.partition_point(|&s| s <= off).saturating_sub(1);
+        let (mut off, mut left) = (off, len);
+        while left > 0 && i < self.segs.len() {
+            let m = self.segs[i];
+            let inner = off - self.starts[i];
+            let take = m.len.saturating_sub(inner).min(left);
+            if take > 0 {
+                out.push(MemRef {
+                    addr: m.addr + inner as u64,
+                    len: take,
+                    kind: m.kind,
+                });
+            }
+            off += take;
+            left -= take;
+            i += 1;
+        }
+        out
+    }
+
+    /// 0 for one segment (a shorter message may then fill it); for several,
+    /// a digest of their lengths, which the sender's must equal (else bytes
+    /// would land across block boundaries).
+    fn shape(&self) -> u64 {
+        if self.segs.len() == 1 {
+            return 0;
+        }
+        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+        for v in std::iter::once(self.segs.len()).chain(self.segs.iter().map(|m| m.len)) {
+            for b in (v as u64).to_le_bytes() {
+                h ^= b as u64;
+                h = h.wrapping_mul(0x0100_0000_01b3);
+            }
+        }
+        h | 1
+    }
+}
+
+/// The one memory kind of `pieces` (host for none), or None when mixed.
+fn uniform_kind(pieces: &[MemRef]) -> Option<MemKind> {
+    let k = pieces.first().map_or(MemKind::Host, |m| m.kind);
+    pieces.iter().all(|m| m.kind == k).then_some(k)
+}
+
+/// Cuts device pieces into staging windows of at most `slice` bytes: per
+/// window, its length and each piece's (device address, offset in the
+/// window, length).
+type Window = (usize, Vec<(u64, usize, usize)>);
+
+fn windows(run: &[MemRef], slice: usize) -> Vec<Window> {
+    let mut out = Vec::new();
+    let (mut cur, mut used) = (Vec::new(), 0);
+    for m in run {
+        let mut done = 0;
+        while done < m.len {
+            if used == slice {
+                out.push((used, std::mem::take(&mut cur)));
+                used = 0;
+            }
+            let l = (m.len - done).min(slice - used);
+            cur.push((m.addr + done as u64, used, l));
+            used += l;
+            done += l;
+        }
+    }
+    if used > 0 {
+        out.push((used, cur));
+    }
+    out
 }
 
 // --------------------------------------------------------- GPU staging
@@ -332,9 +452,9 @@ impl Staging {
 
 /// The GPU of a device-memory part small enough to share one staged copy
 /// (and one wait) with its neighbours, on either side of a stream.
-fn small_gpu_part(m: &MemRef, slice: usize) -> Option<i32> {
-    match m.kind {
-        MemKind::Cuda(d) if m.len <= BATCH_PART.min(slice) => Some(d),
+fn small_gpu_part(pieces: &[MemRef], len: usize, slice: usize) -> Option<i32> {
+    match uniform_kind(pieces) {
+        Some(MemKind::Cuda(d)) if len > 0 && len <= BATCH_PART.min(slice) => Some(d),
         _ => None,
     }
 }
@@ -349,12 +469,15 @@ struct SendReq {
 
 struct TxOp {
     hdr: [u8; HDR_LEN],
-    mem: MemRef,
+    /// The part's memory: pieces of the message's segments.
+    pieces: Vec<MemRef>,
+    /// Payload bytes.
+    len: usize,
     req: Arc<SendReq>,
     /// Bytes of header + payload already written by the posting thread.
     skip: usize,
     /// The payload itself, when the posting thread already copied it out of
-    /// the GPU (then `mem` is host memory naming these bytes).
+    /// the GPU (then `pieces` is empty).
     owned: Option<Vec<u8>>,
 }
 
@@ -461,17 +584,42 @@ fn write_all_slices(s: &TcpStream, parts: &[&[u8]]) -> io::Result<()> {
     Ok(())
 }
 
-/// The payload of a host-memory op.
-fn host_bytes(op: &TxOp) -> &[u8] {
-    if let Some(v) = &op.owned {
-        return v;
-    }
-    if op.mem.len == 0 {
+/// Host memory as bytes.
+fn host_slice(m: &MemRef) -> &[u8] {
+    if m.len == 0 {
         return &[];
     }
     // SAFETY: the engine checked `[addr, addr+len)` against a registered
     // region that stays registered until this request completes.
-    unsafe { std::slice::from_raw_parts(op.mem.addr as *const u8, op.mem.len) }
+    unsafe { std::slice::from_raw_parts(m.addr as *const u8, m.len) }
+}
+
+/// The header and payload of a host-memory op, less the first `skip`
+/// bytes (already written by the posting thread).
+fn host_slices(op: &TxOp) -> Vec<&[u8]> {
+    let mut v: Vec<&[u8]> = Vec::with_capacity(op.pieces.len() + 1);
+    v.push(&op.hdr);
+    match &op.owned {
+        Some(b) => v.push(b),
+        None => v.extend(op.pieces.iter().map(host_slice)),
+    }
+    let mut skip = op.skip;
+    let mut first = 0;
+    while skip > 0 && first < v.len() {
+        if skip >= v[first].len() {
+            skip -= v[first].len();
+            first += 1;
+        } else {
+            v[first] = &v[first][skip..];
+            skip = 0;
+        }
+    }
+    v.split_off(first)
+}
+
+/// Whether an op's payload is host memory only.
+fn host_only(op: &TxOp) -> bool {
+    op.owned.is_some() || uniform_kind(&op.pieces) == Some(MemKind::Host)
 }
 
 fn tx_part(
@@ -481,51 +629,66 @@ fn tx_part(
     slice: usize,
     depth: usize,
 ) -> Result<(), String> {
-    let mut w = s;
-    match op.mem.kind {
-        MemKind::Host => {
-            // Skip what the posting thread already wrote.
-            let (h, d) = (&op.hdr[..], host_bytes(op));
-            let (h, d) = if op.skip <= h.len() {
-                (&h[op.skip..], d)
-            } else {
-                (&h[h.len()..], &d[op.skip - h.len()..])
-            };
-            write_all_slices(s, &[h, d]).map_err(|e| e.to_string())
-        }
-        MemKind::Cuda(dev) => {
-            write_all_slices(s, &[&op.hdr]).map_err(|e| e.to_string())?;
-            let st = Staging::get(staging, dev, slice, depth)?;
-            let n = op.mem.len.div_ceil(slice);
-            let issue = |st: &mut Staging, i: usize| -> Result<(), String> {
-                let off = i * slice;
-                let l = slice.min(op.mem.len - off);
-                let k = i % st.slots.len();
-                // SAFETY: the slot holds `slice` ≥ l bytes and is idle (its
-                // previous copy was waited for); the device range was checked.
-                unsafe {
-                    st.stream
-                        .copy_dtoh(st.slots[k].0.as_ptr(), op.mem.addr + off as u64, l)
-                }
-                .map_err(|e| e.to_string())?;
-                st.slots[k].1.record(&st.stream).map_err(|e| e.to_string())
-            };
-            for i in 0..n.min(st.slots.len()) {
-                issue(st, i)?;
+    if host_only(op) {
+        return write_all_slices(s, &host_slices(op)).map_err(|e| e.to_string());
+    }
+    write_all_slices(s, &[&op.hdr]).map_err(|e| e.to_string())?;
+    for run in op.pieces.chunk_by(|a, b| a.kind == b.kind) {
+        match run[0].kind {
+            MemKind::Host => {
+                let v: Vec<&[u8]> = run.iter().map(host_slice).collect();
+                write_all_slices(s, &v).map_err(|e| e.to_string())?;
             }
-            for i in 0..n {
-                let k = i % st.slots.len();
-                let l = slice.min(op.mem.len - i * slice);
-                st.slots[k].1.synchronize().map_err(|e| e.to_string())?;
-                w.write_all(st.slots[k].0.as_slice(l))
-                    .map_err(|e| e.to_string())?;
-                if i + st.slots.len() < n {
-                    issue(st, i + st.slots.len())?;
-                }
-            }
-            Ok(())
+            MemKind::Cuda(dev) => tx_staged(s, run, dev, staging, slice, depth)?,
         }
     }
+    Ok(())
+}
+
+/// Writes device pieces through the pinned slots: the copies of later
+/// windows run while earlier ones are written.
+fn tx_staged(
+    s: &TcpStream,
+    run: &[MemRef],
+    dev: i32,
+    staging: &mut Option<Staging>,
+    slice: usize,
+    depth: usize,
+) -> Result<(), String> {
+    let mut w = s;
+    let st = Staging::get(staging, dev, slice, depth)?;
+    let wins = windows(run, slice);
+    let n = wins.len();
+    let issue = |st: &mut Staging, i: usize| -> Result<(), String> {
+        let k = i % st.slots.len();
+        let base = st.slots[k].0.as_ptr() as u64;
+        let ops: Vec<gpu::CopyOp> = wins[i]
+            .1
+            .iter()
+            .map(|&(src, at, len)| gpu::CopyOp {
+                dst: base + at as u64,
+                src,
+                len,
+            })
+            .collect();
+        // SAFETY: the window fits the slot, which is idle (its previous
+        // copy was waited for); the device ranges were checked.
+        unsafe { st.stream.copy_batch(&ops) }.map_err(|e| e.to_string())?;
+        st.slots[k].1.record(&st.stream).map_err(|e| e.to_string())
+    };
+    for i in 0..n.min(st.slots.len()) {
+        issue(st, i)?;
+    }
+    for (i, &(wlen, _)) in wins.iter().enumerate() {
+        let k = i % st.slots.len();
+        st.slots[k].1.synchronize().map_err(|e| e.to_string())?;
+        w.write_all(st.slots[k].0.as_slice(wlen))
+            .map_err(|e| e.to_string())?;
+        if i + st.slots.len() < n {
+            issue(st, i + st.slots.len())?;
+        }
+    }
+    Ok(())
 }
 
 /// The next op: spins for `spin` after the last one before blocking.
@@ -548,13 +711,13 @@ const BATCH_PART: usize = 256 << 10;
 const BATCH_BYTES: usize = 1 << 20;
 
 fn batchable(op: &TxOp) -> bool {
-    op.mem.kind == MemKind::Host && op.mem.len <= BATCH_PART && op.skip == 0
+    host_only(op) && op.len <= BATCH_PART && op.skip == 0
 }
 
 /// The GPU of a small device-memory part that can share one staged copy
 /// (and one wait for it) with the parts queued behind it.
 fn gpu_batchable(op: &TxOp, slice: usize) -> Option<i32> {
-    small_gpu_part(&op.mem, slice).filter(|_| op.skip == 0)
+    small_gpu_part(&op.pieces, op.len, slice).filter(|_| op.skip == 0 && op.owned.is_none())
 }
 
 /// Small GPU parts: all copied into one pinned slot (one wait for the
@@ -570,14 +733,17 @@ fn tx_gpu_batch(
     depth: usize,
 ) -> Result<(), String> {
     let st = Staging::get(staging, dev, slice, depth)?;
-    let mems: Vec<MemRef> = batch.iter().map(|o| o.mem).collect();
+    let mems: Vec<MemRef> = batch
+        .iter()
+        .flat_map(|o| o.pieces.iter().copied())
+        .collect();
     let staged = st.stage_out(&mems)?;
     let mut at = 0;
     let mut slices: Vec<&[u8]> = Vec::with_capacity(batch.len() * 2);
     for o in batch {
         slices.push(&o.hdr);
-        slices.push(&staged[at..at + o.mem.len]);
-        at += o.mem.len;
+        slices.push(&staged[at..at + o.len]);
+        at += o.len;
     }
     write_all_slices(s, &slices).map_err(|e| e.to_string())
 }
@@ -628,14 +794,12 @@ fn tx_loop(
             continue;
         }
         if let Some(dev) = gpu_batchable(&op, slice) {
-            let mut bytes = op.mem.len;
+            let mut bytes = op.len;
             let mut batch = vec![op];
             while batch.len() < 128 {
                 match rx.try_recv() {
-                    Ok(o)
-                        if gpu_batchable(&o, slice) == Some(dev) && bytes + o.mem.len <= slice =>
-                    {
-                        bytes += o.mem.len;
+                    Ok(o) if gpu_batchable(&o, slice) == Some(dev) && bytes + o.len <= slice => {
+                        bytes += o.len;
                         batch.push(o);
                     }
                     Ok(o) => {
@@ -657,11 +821,11 @@ fn tx_loop(
             continue;
         }
         let mut batch = vec![op];
-        let mut bytes = batch[0].mem.len;
+        let mut bytes = batch[0].len;
         while batch.len() < 128 && bytes < BATCH_BYTES {
             match rx.try_recv() {
                 Ok(o) if batchable(&o) => {
-                    bytes += o.mem.len;
+                    bytes += o.len;
                     batch.push(o);
                 }
                 Ok(o) => {
@@ -671,10 +835,7 @@ fn tx_loop(
                 Err(_) => break,
             }
         }
-        let slices: Vec<&[u8]> = batch
-            .iter()
-            .flat_map(|o| [&o.hdr[..], host_bytes(o)])
-            .collect();
+        let slices: Vec<&[u8]> = batch.iter().flat_map(host_slices).collect();
         let r = write_all_slices(&s, &slices).map_err(|e| e.to_string());
         for o in &batch {
             finish(o, &r);
@@ -690,14 +851,11 @@ impl SocketSend {
     fn send_gpu_inline(&mut self, k: usize, dev: i32, op: TxOp) -> Result<Option<TxOp>, NetError> {
         let gpu_err = |e: String| NetError::Protocol {
             net: NET,
-            reason: format!(
-                "staging a GPU part of {} bytes on GPU {dev}: {e}",
-                op.mem.len
-            ),
+            reason: format!("staging a GPU part of {} bytes on GPU {dev}: {e}", op.len),
         };
-        let len = op.mem.len;
+        let len = op.len;
         let data = Staging::get(&mut self.inline_staging, dev, INLINE_MAX, 1)
-            .and_then(|st| st.stage_out(&[op.mem]))
+            .and_then(|st| st.stage_out(&op.pieces))
             .map_err(gpu_err)?;
         let iov = [IoSlice::new(&op.hdr), IoSlice::new(data)];
         let sent = socket2::SockRef::from(&*self.socks[k])
@@ -708,11 +866,8 @@ impl SocketSend {
         }
         Ok(Some(TxOp {
             hdr: op.hdr,
-            mem: MemRef {
-                addr: 0,
-                len,
-                kind: MemKind::Host,
-            },
+            pieces: Vec::new(),
+            len,
             owned: Some(data.to_vec()),
             req: op.req,
             skip: sent,
@@ -728,36 +883,47 @@ impl SendComm for SocketSend {
         Ok(())
     }
 
-    fn isend(&mut self, mem: MemRef, _mr: MrHandle) -> Result<Option<ReqId>, NetError> {
+    fn isend(&mut self, mem: MemRef, mr: MrHandle) -> Result<Option<ReqId>, NetError> {
+        self.isendv(&[mem], &[mr])
+    }
+
+    fn isendv(&mut self, segs: &[MemRef], _mrs: &[MrHandle]) -> Result<Option<ReqId>, NetError> {
         if let Some(f) = self.shared.failed.lock().clone() {
             return Err(NetError::Protocol {
                 net: NET,
                 reason: f,
             });
         }
+        let segs = Segs::new(segs)?;
+        let shape = segs.shape();
         let seq = self.next_seq;
         self.next_seq += 1;
-        let parts = split_parts(mem.len, self.txs.len(), self.min_part);
+        let parts = split_parts(segs.total, self.txs.len(), self.min_part);
         let req = Arc::new(SendReq {
             parts_left: AtomicUsize::new(parts.len()),
-            size: mem.len,
+            size: segs.total,
             error: Mutex::new(None),
         });
         let lone = self.last_post.elapsed() >= LONE_GAP;
         for (i, &(off, len)) in parts.iter().enumerate() {
             let mut hdr = [0u8; HDR_LEN];
-            hdr[0..8].copy_from_slice(&seq.to_le_bytes());
-            hdr[8..16].copy_from_slice(&(off as u64).to_le_bytes());
-            hdr[16..24].copy_from_slice(&(len as u64).to_le_bytes());
-            hdr[24..32].copy_from_slice(&(mem.len as u64).to_le_bytes());
-            hdr[32..40].copy_from_slice(&(parts.len() as u64).to_le_bytes());
-            let op = TxOp {
+            for (j, v) in [
+                seq,
+                off as u64,
+                len as u64,
+                segs.total as u64,
+                parts.len() as u64,
+                shape,
+            ]
+            .into_iter()
+            .enumerate()
+            {
+                hdr[j * 8..j * 8 + 8].copy_from_slice(&v.to_le_bytes());
+            }
+            let mut op = TxOp {
                 hdr,
-                mem: MemRef {
-                    addr: mem.addr + off as u64,
-                    len,
-                    kind: mem.kind,
-                },
+                pieces: segs.pieces(off, len),
+                len,
                 req: req.clone(),
                 skip: 0,
                 owned: None,
@@ -765,9 +931,10 @@ impl SendComm for SocketSend {
             // Part i of message `seq` rides stream (seq + i) mod S, which the
             // receiver can tell from the sequence number alone.
             let k = (seq as usize + i) % self.txs.len();
-            let mut op = op;
-            if let MemKind::Cuda(dev) = op.mem.kind {
-                if len <= INLINE_MAX && lone && self.queued[k].load(Ordering::Acquire) == 0 {
+            let idle = self.queued[k].load(Ordering::Acquire) == 0;
+            let kind = uniform_kind(&op.pieces);
+            if let Some(MemKind::Cuda(dev)) = kind {
+                if len <= INLINE_MAX && lone && idle {
                     match self.send_gpu_inline(k, dev, op)? {
                         None => {
                             req.parts_left.fetch_sub(1, Ordering::AcqRel);
@@ -777,14 +944,13 @@ impl SendComm for SocketSend {
                     }
                 }
             }
-            if op.mem.kind == MemKind::Host
-                && op.skip == 0
-                && len <= INLINE_MAX
-                && self.queued[k].load(Ordering::Acquire) == 0
-            {
+            if kind == Some(MemKind::Host) && len <= INLINE_MAX && idle {
                 // The stream is idle: write now, without blocking.
-                let data = host_bytes(&op);
-                let iov = [IoSlice::new(&op.hdr), IoSlice::new(data)];
+                let iov: Vec<IoSlice<'_>> = host_slices(&op)
+                    .into_iter()
+                    .map(IoSlice::new)
+                    .take(64)
+                    .collect();
                 let sent = socket2::SockRef::from(&*self.socks[k])
                     .send_vectored_with_flags(&iov, libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL);
                 match sent {
@@ -846,7 +1012,7 @@ impl Drop for SocketSend {
 // -------------------------------------------------------------- receiving
 
 struct RecvReq {
-    mem: MemRef,
+    segs: Segs,
     parts_done: AtomicUsize,
     /// (total bytes, parts) once the first header has been seen.
     shape: Mutex<Option<(usize, usize)>>,
@@ -958,6 +1124,41 @@ impl StreamReader {
     }
 }
 
+impl StreamReader {
+    /// Fills `bufs` in order: buffered bytes first, then large remainders
+    /// straight from the socket with one `readv` for many blocks.
+    fn read_into(&mut self, bufs: &mut [&mut [u8]]) -> io::Result<()> {
+        let mut i = 0;
+        while i < bufs.len() && self.pos < self.end {
+            let n = bufs[i].len().min(self.end - self.pos);
+            bufs[i][..n].copy_from_slice(&self.buf[self.pos..self.pos + n]);
+            self.pos += n;
+            if n < bufs[i].len() {
+                let rest = std::mem::take(&mut bufs[i]);
+                bufs[i] = &mut rest[n..];
+            } else {
+                i += 1;
+            }
+        }
+        let rest = &mut bufs[i..];
+        let left: usize = rest.iter().map(|b| b.len()).sum();
+        if left < READ_BUF / 4 {
+            return rest.iter_mut().try_for_each(|b| self.read_exact(b));
+        }
+        let mut iov: Vec<IoSliceMut<'_>> = rest.iter_mut().map(|b| IoSliceMut::new(b)).collect();
+        let mut iov = &mut iov[..];
+        while !iov.is_empty() {
+            let k = iov.len().min(1024);
+            let n = (&*self.s).read_vectored(&mut iov[..k])?;
+            if n == 0 {
+                return Err(io::ErrorKind::UnexpectedEof.into());
+            }
+            IoSliceMut::advance_slices(&mut iov, n);
+        }
+        Ok(())
+    }
+}
+
 /// A received part whose bytes are still being copied to the GPU.
 struct Landing {
     req: Arc<RecvReq>,
@@ -1029,14 +1230,15 @@ fn readable_now(s: &TcpStream) -> bool {
 /// not one per block.
 fn rx_gpu_small(
     r: &mut StreamReader,
-    dst: MemRef,
+    dst: &[MemRef],
+    len: usize,
     st: &mut Staging,
     land: Landing,
     shared: &RecvShared,
 ) -> Result<(), String> {
     let depth = st.slots.len();
     let slice = st.slots[0].0.len();
-    if st.fill_used + dst.len > slice {
+    if st.fill_used + len > slice {
         let k = st.fill_slot;
         st.issue_pending()?;
         st.slots[k]
@@ -1057,71 +1259,96 @@ fn rx_gpu_small(
         st.fill_used = 0;
     }
     let (k, at) = (st.fill_slot, st.fill_used);
-    let buf = &mut st.slots[k].0.as_mut_slice(slice)[at..at + dst.len];
+    let buf = &mut st.slots[k].0.as_mut_slice(slice)[at..at + len];
     r.read_exact(buf).map_err(|e| e.to_string())?;
-    let src = st.slots[k].0.as_ptr() as u64 + at as u64;
-    gpu::push_copy(
-        &mut st.pending,
-        gpu::CopyOp {
-            dst: dst.addr,
-            src,
-            len: dst.len,
-        },
-    );
-    st.fill_used += dst.len;
+    let mut src = st.slots[k].0.as_ptr() as u64 + at as u64;
+    for m in dst {
+        gpu::push_copy(
+            &mut st.pending,
+            gpu::CopyOp {
+                dst: m.addr,
+                src,
+                len: m.len,
+            },
+        );
+        src += m.len as u64;
+    }
+    st.fill_used += len;
     st.landing[k].push(land);
     Ok(())
 }
 
 fn rx_part(
     r: &mut StreamReader,
-    dst: MemRef,
+    dst: &[MemRef],
     staging: &mut Option<Staging>,
     slice: usize,
     depth: usize,
 ) -> Result<(), String> {
-    match dst.kind {
-        _ if dst.len == 0 => Ok(()),
-        MemKind::Host => {
-            // SAFETY: the range lies inside the posted receive buffer, which the
-            // engine checked against a registered region held until completion.
-            let buf = unsafe { std::slice::from_raw_parts_mut(dst.addr as *mut u8, dst.len) };
-            r.read_exact(buf).map_err(|e| e.to_string())
-        }
-        MemKind::Cuda(dev) => {
-            let st = Staging::get(staging, dev, slice, depth)?;
-            let n = dst.len.div_ceil(slice);
-            let depth = st.slots.len();
-            for i in 0..n {
-                let k = i % depth;
-                let off = i * slice;
-                let l = slice.min(dst.len - off);
-                if st.slots[k].2 {
-                    st.slots[k].1.synchronize().map_err(|e| e.to_string())?;
-                }
-                r.read_exact(st.slots[k].0.as_mut_slice(l))
-                    .map_err(|e| e.to_string())?;
-                // SAFETY: the slot holds the `l` bytes just read and is not
-                // touched again until its event completes; the device range
-                // lies inside the posted buffer.
-                unsafe {
-                    st.stream
-                        .copy_htod(dst.addr + off as u64, st.slots[k].0.as_ptr(), l)
-                }
-                .map_err(|e| e.to_string())?;
-                st.slots[k]
-                    .1
-                    .record(&st.stream)
-                    .map_err(|e| e.to_string())?;
-                st.slots[k].2 = true;
+    for run in dst.chunk_by(|a, b| a.kind == b.kind) {
+        match run[0].kind {
+            MemKind::Host => {
+                let mut bufs: Vec<&mut [u8]> = run
+                    .iter()
+                    .map(|m| {
+                        // SAFETY: the range lies inside the posted receive
+                        // buffer, which the engine checked against a
+                        // registered region held until completion; the
+                        // pieces of one part never overlap.
+                        unsafe { std::slice::from_raw_parts_mut(m.addr as *mut u8, m.len) }
+                    })
+                    .collect();
+                r.read_into(&mut bufs).map_err(|e| e.to_string())?;
             }
-            for slot in st.slots.iter_mut().filter(|s| s.2) {
-                slot.1.synchronize().map_err(|e| e.to_string())?;
-                slot.2 = false;
-            }
-            Ok(())
+            MemKind::Cuda(dev) => rx_staged(r, run, dev, staging, slice, depth)?,
         }
     }
+    Ok(())
+}
+
+/// Reads into device pieces through the pinned slots: each window's copy
+/// to the GPU runs while the next window is read.
+fn rx_staged(
+    r: &mut StreamReader,
+    run: &[MemRef],
+    dev: i32,
+    staging: &mut Option<Staging>,
+    slice: usize,
+    depth: usize,
+) -> Result<(), String> {
+    let st = Staging::get(staging, dev, slice, depth)?;
+    let depth = st.slots.len();
+    for (i, (wlen, pieces)) in windows(run, slice).into_iter().enumerate() {
+        let k = i % depth;
+        if st.slots[k].2 {
+            st.slots[k].1.synchronize().map_err(|e| e.to_string())?;
+        }
+        r.read_exact(st.slots[k].0.as_mut_slice(wlen))
+            .map_err(|e| e.to_string())?;
+        let base = st.slots[k].0.as_ptr() as u64;
+        let ops: Vec<gpu::CopyOp> = pieces
+            .iter()
+            .map(|&(dst, at, len)| gpu::CopyOp {
+                dst,
+                src: base + at as u64,
+                len,
+            })
+            .collect();
+        // SAFETY: the slot holds the window just read and is not touched
+        // again until its event completes; the device ranges lie inside
+        // the posted buffer.
+        unsafe { st.stream.copy_batch(&ops) }.map_err(|e| e.to_string())?;
+        st.slots[k]
+            .1
+            .record(&st.stream)
+            .map_err(|e| e.to_string())?;
+        st.slots[k].2 = true;
+    }
+    for slot in st.slots.iter_mut().filter(|s| s.2) {
+        slot.1.synchronize().map_err(|e| e.to_string())?;
+        slot.2 = false;
+    }
+    Ok(())
 }
 
 /// Which stream an I/O thread reads, of how many, and how long it may spin.
@@ -1157,13 +1384,12 @@ fn rx_loop(s: Arc<TcpStream>, shared: Arc<RecvShared>, slice: usize, depth: usiz
     let peer = s.peer_addr().map(|a| a.to_string()).unwrap_or_default();
     let mut r = StreamReader::new(s);
     let fail = |msg: String| {
-        shared.failed.lock().get_or_insert(msg);
+        // The first failure of the comm is what every receive reports.
+        let why = shared.failed.lock().get_or_insert(msg).clone();
         shared.closing.store(true, Ordering::Release);
         let posted = shared.posted.lock();
         for r in posted.values() {
-            r.error
-                .lock()
-                .get_or_insert_with(|| format!("receive stream from {peer} failed"));
+            r.error.lock().get_or_insert_with(|| why.clone());
         }
         drop(posted);
         shared.posted_cv.notify_all();
@@ -1195,7 +1421,8 @@ fn rx_loop(s: Arc<TcpStream>, shared: Arc<RecvShared>, slice: usize, depth: usiz
         }
         let field =
             |i: usize| u64::from_le_bytes(hdr[i * 8..i * 8 + 8].try_into().unwrap_or_default());
-        let (seq, off, len, total, nparts) = (field(0), field(1), field(2), field(3), field(4));
+        let (seq, off, len, total, nparts, shape) =
+            (field(0), field(1), field(2), field(3), field(4), field(5));
         // Wait until the matching receive is posted.
         let req = loop {
             let mut posted = shared.posted.lock();
@@ -1219,13 +1446,20 @@ fn rx_loop(s: Arc<TcpStream>, shared: Arc<RecvShared>, slice: usize, depth: usiz
                 .wait_for(&mut posted, Duration::from_millis(100));
         };
         let bad = off.checked_add(len).is_none_or(|end| end > total)
-            || total > req.mem.len as u64
+            || total > req.segs.total as u64
             || nparts == 0
             || nparts > 64;
         if bad {
             fail(format!(
                 "receive stream from {peer}: message {seq} of {total} bytes (part {off}+{len}) does not fit the posted {} bytes",
-                req.mem.len
+                req.segs.total
+            ));
+            return;
+        }
+        if shape != req.segs.shape() {
+            fail(format!(
+                "receive stream from {peer}: message {seq} is gathered from blocks other than the {} the receive scatters into (the sender's and the receiver's block sizes must match)",
+                req.segs.segs.len()
             ));
             return;
         }
@@ -1243,19 +1477,17 @@ fn rx_loop(s: Arc<TcpStream>, shared: Arc<RecvShared>, slice: usize, depth: usiz
                 _ => {}
             }
         }
-        let dst = MemRef {
-            addr: req.mem.addr + off,
-            len: len as usize,
-            kind: req.mem.kind,
-        };
+        let len = len as usize;
+        let dst = req.segs.pieces(off as usize, len);
         let land = Landing {
             req,
             seq,
             nparts: nparts as usize,
         };
-        let small_gpu = small_gpu_part(&dst, slice).filter(|_| dst.len > 0);
-        let res = match (small_gpu, dst.kind) {
-            (Some(d), _) => {
+        let small_gpu = small_gpu_part(&dst, len, slice);
+        let any_gpu = dst.iter().any(|m| matches!(m.kind, MemKind::Cuda(_)));
+        let res = match small_gpu {
+            Some(d) => {
                 // Staging is rebuilt for another GPU: finish the old one first.
                 let other = staging.as_ref().is_some_and(|st| st.device != d);
                 let flushed = match staging.as_mut() {
@@ -1264,16 +1496,16 @@ fn rx_loop(s: Arc<TcpStream>, shared: Arc<RecvShared>, slice: usize, depth: usiz
                 };
                 flushed
                     .and_then(|()| Staging::get(&mut staging, d, slice, depth))
-                    .and_then(|st| rx_gpu_small(&mut r, dst, st, land, &shared))
+                    .and_then(|st| rx_gpu_small(&mut r, &dst, len, st, land, &shared))
             }
-            (None, kind) => {
+            None => {
                 // Large GPU parts use every slot: wait for queued copies.
                 let flushed = match staging.as_mut() {
-                    Some(st) if matches!(kind, MemKind::Cuda(_)) => st.flush(&shared),
+                    Some(st) if any_gpu => st.flush(&shared),
                     _ => Ok(()),
                 };
                 flushed
-                    .and_then(|()| rx_part(&mut r, dst, &mut staging, slice, depth))
+                    .and_then(|()| rx_part(&mut r, &dst, &mut staging, slice, depth))
                     .map(|()| part_done(&shared, land))
             }
         };
@@ -1294,17 +1526,22 @@ impl RecvComm for SocketRecv {
         Ok(())
     }
 
-    fn irecv(&mut self, mem: MemRef, _mr: MrHandle) -> Result<Option<ReqId>, NetError> {
+    fn irecv(&mut self, mem: MemRef, mr: MrHandle) -> Result<Option<ReqId>, NetError> {
+        self.irecvv(&[mem], &[mr])
+    }
+
+    fn irecvv(&mut self, segs: &[MemRef], _mrs: &[MrHandle]) -> Result<Option<ReqId>, NetError> {
         if let Some(f) = self.shared.failed.lock().clone() {
             return Err(NetError::Protocol {
                 net: NET,
                 reason: f,
             });
         }
+        let segs = Segs::new(segs)?;
         let seq = self.next_seq;
         self.next_seq += 1;
         let req = Arc::new(RecvReq {
-            mem,
+            segs,
             parts_done: AtomicUsize::new(0),
             shape: Mutex::new(None),
             error: Mutex::new(None),
@@ -1432,6 +1669,160 @@ mod tests {
             assert!(Instant::now() < deadline, "request did not complete");
             std::thread::yield_now();
         }
+    }
+
+    fn host(addr: u64, len: usize) -> MemRef {
+        MemRef {
+            addr,
+            len,
+            kind: MemKind::Host,
+        }
+    }
+
+    #[test]
+    fn segments_map_message_offsets_to_pieces() {
+        let segs =
+            Segs::new(&[host(1000, 10), host(5000, 0), host(2000, 30), host(9000, 5)]).unwrap();
+        assert_eq!(segs.total, 45);
+        assert_eq!(
+            segs.pieces(0, 45)
+                .iter()
+                .map(|m| (m.addr, m.len))
+                .collect::<Vec<_>>(),
+            [(1000, 10), (2000, 30), (9000, 5)]
+        );
+        assert_eq!(
+            segs.pieces(8, 4)
+                .iter()
+                .map(|m| (m.addr, m.len))
+                .collect::<Vec<_>>(),
+            [(1008, 2), (2000, 2)]
+        );
+        assert_eq!(
+            segs.pieces(10, 30)
+                .iter()
+                .map(|m| (m.addr, m.len))
+                .collect::<Vec<_>>(),
+            [(2000, 30)]
+        );
+        assert_eq!(
+            segs.pieces(39, 6)
+                .iter()
+                .map(|m| (m.addr, m.len))
+                .collect::<Vec<_>>(),
+            [(2029, 1), (9000, 5)]
+        );
+        assert!(segs.pieces(45, 0).is_empty());
+        // Shape: 0 for one segment; equal only for equal lengths.
+        assert_eq!(Segs::new(&[host(1, 7)]).unwrap().shape(), 0);
+        let a = Segs::new(&[host(1, 4), host(9, 4)]).unwrap().shape();
+        assert_ne!(a, 0);
+        assert_eq!(a, Segs::new(&[host(100, 4), host(300, 4)]).unwrap().shape());
+        assert_ne!(a, Segs::new(&[host(1, 8)]).unwrap().shape());
+        assert_ne!(a, Segs::new(&[host(1, 2), host(9, 6)]).unwrap().shape());
+        assert!(Segs::new(&[]).is_err());
+        assert!(Segs::new(&vec![host(1, 1); MAX_SEGS + 1]).is_err());
+    }
+
+    #[test]
+    fn windows_cover_pieces_once() {
+        let run = [host(0, 300), host(1000, 50), host(5000, 700)];
+        let w = windows(&run, 256);
+        assert_eq!(
+            w.iter().map(|x| x.0).collect::<Vec<_>>(),
+            [256, 256, 256, 256, 26]
+        );
+        assert_eq!(w[1].1, vec![(256, 0, 44), (1000, 44, 50), (5000, 94, 162)]);
+        let mut seen: Vec<(u64, usize)> = w
+            .iter()
+            .flat_map(|x| x.1.iter().map(|&(a, _, l)| (a, l)))
+            .collect();
+        seen.sort();
+        let bytes: usize = seen.iter().map(|x| x.1).sum();
+        assert_eq!(bytes, 1050);
+    }
+
+    #[test]
+    fn gathered_messages_scatter_block_for_block() {
+        let (mut s, mut r) = pair(4);
+        // 300 blocks of varied sizes, sent from one buffer in order and
+        // received into another in reverse order, as one message (its
+        // parts cut across blocks), then an ordinary message behind it.
+        let sizes: Vec<usize> = (0..300).map(|i| 1 + (i * 4099) % 20_000).collect();
+        let total: usize = sizes.iter().sum();
+        let src: Vec<u8> = (0..total).map(|i| (i * 31 + 7) as u8).collect();
+        let mut dst = vec![0u8; total];
+        let (mut so, mut ro) = (Vec::new(), vec![0; sizes.len()]);
+        let mut at = 0;
+        for &n in &sizes {
+            so.push(at);
+            at += n;
+        }
+        let mut at = 0;
+        for i in (0..sizes.len()).rev() {
+            ro[i] = at;
+            at += sizes[i];
+        }
+        let ssegs: Vec<MemRef> = (0..sizes.len())
+            .map(|i| host(src.as_ptr() as u64 + so[i] as u64, sizes[i]))
+            .collect();
+        let rsegs: Vec<MemRef> = (0..sizes.len())
+            .map(|i| host(dst.as_mut_ptr() as u64 + ro[i] as u64, sizes[i]))
+            .collect();
+        let mrs = vec![MrHandle(0); sizes.len()];
+        let tail_src = vec![9u8; 5000];
+        let mut tail_dst = vec![0u8; 6000];
+        let rq = r.irecvv(&rsegs, &mrs).unwrap().unwrap();
+        let rt = r
+            .irecv(host(tail_dst.as_mut_ptr() as u64, 6000), MrHandle(0))
+            .unwrap()
+            .unwrap();
+        let sq = s.isendv(&ssegs, &mrs).unwrap().unwrap();
+        let st = s
+            .isend(host(tail_src.as_ptr() as u64, 5000), MrHandle(0))
+            .unwrap()
+            .unwrap();
+        assert_eq!(wait(|| s.test(sq)), total);
+        assert_eq!(wait(|| s.test(st)), 5000);
+        assert_eq!(wait(|| r.test(rq)), total);
+        assert_eq!(wait(|| r.test(rt)), 5000);
+        for i in 0..sizes.len() {
+            assert_eq!(
+                &dst[ro[i]..ro[i] + sizes[i]],
+                &src[so[i]..so[i] + sizes[i]],
+                "block {i}"
+            );
+        }
+        assert_eq!(&tail_dst[..5000], &tail_src[..]);
+    }
+
+    #[test]
+    fn gathered_message_into_other_block_sizes_fails_the_receive() {
+        let (mut s, mut r) = pair(2);
+        let src = vec![1u8; 8192];
+        let mut dst = vec![0u8; 8192];
+        let base = dst.as_mut_ptr() as u64;
+        let mrs = [MrHandle(0); 2];
+        let rq = r
+            .irecvv(&[host(base, 2048), host(base + 2048, 6144)], &mrs)
+            .unwrap()
+            .unwrap();
+        let a = src.as_ptr() as u64;
+        s.isendv(&[host(a, 4096), host(a + 4096, 4096)], &mrs)
+            .unwrap()
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let err = loop {
+            match r.test(rq) {
+                Err(e) => break e.to_string(),
+                Ok(Some(n)) => panic!("received {n} bytes into the wrong blocks"),
+                Ok(None) => {}
+            }
+            assert!(Instant::now() < deadline, "the receive did not fail");
+            std::thread::yield_now();
+        };
+        assert!(err.contains("block sizes must match"), "{err}");
+        assert!(dst.iter().all(|&b| b == 0), "no byte may land");
     }
 
     #[test]
