@@ -269,7 +269,8 @@ def test_kv_blocks_in_runs(local, peers):
 
 
 # Block sizes on either side of the gathering limits (items up to 256 KiB
-# share a request of up to 4 MiB; larger ones are chunked at 8 MiB).
+# share a request of up to a chunk, 8 MiB on the socket net; larger ones are
+# chunked).
 MIXED = [1, 4097, 32 << 10, 100_000, 256 << 10, (256 << 10) + 1, 3, 5000] * 6 + [9 << 20] + [
     32 << 10
 ] * 200

@@ -25,6 +25,9 @@ use crate::rma;
 use crate::transfer::{plan_ops, Failure, Gather, OpPlan, Transfer};
 use crate::wire::{self, Control, Hello, RmaItem};
 
+/// Longest a waiting thread sleeps before it looks again by itself.
+const WAIT_SLICE: Duration = Duration::from_millis(10);
+
 /// Milliseconds on a process-wide monotonic clock.
 pub(crate) fn now_ms() -> u64 {
     static EPOCH: OnceLock<Instant> = OnceLock::new();
@@ -108,6 +111,8 @@ pub struct Conn {
     live: Mutex<HashMap<u64, Arc<Transfer>>>,
     /// Writes waiting for the target's clear-to-send.
     pending_writes: Mutex<HashMap<u64, Vec<ChunkOp>>>,
+    /// Threads blocked in [`Conn::wait_on`]: the net's waker wakes them.
+    waiters: Arc<Mutex<Vec<Thread>>>,
     threads: Mutex<Vec<JoinHandle<()>>>,
 }
 
@@ -214,8 +219,18 @@ impl Conn {
         // need to be called again (resumable, as in ncclNet).
         let progress_thread: Arc<OnceLock<Thread>> = Arc::new(OnceLock::new());
         let pt = progress_thread.clone();
+        let waiters: Arc<Mutex<Vec<Thread>>> = Arc::new(Mutex::new(Vec::new()));
+        let wt = waiters.clone();
+        // A thread waiting on a transfer runs the round itself; else the
+        // progress thread does.
         let waker: Waker = Arc::new(move || {
-            if let Some(t) = pt.get() {
+            let waiting = wt.lock();
+            if waiting.is_empty() {
+                if let Some(t) = pt.get() {
+                    t.unpark();
+                }
+            }
+            for t in waiting.iter() {
                 t.unpark();
             }
         });
@@ -298,6 +313,7 @@ impl Conn {
             last_tx: AtomicU64::new(now_ms()),
             live: Mutex::new(HashMap::new()),
             pending_writes: Mutex::new(HashMap::new()),
+            waiters,
             threads: Mutex::new(Vec::new()),
         });
         let weak = Arc::downgrade(&conn);
@@ -335,21 +351,58 @@ impl Conn {
     }
 
     /// Posts at once from this thread when the engine is free, and wakes the
-    /// progress thread for what remains. Never call it holding the control
-    /// lock: a round of progress may complete transfers whose completion
-    /// writes a control message.
+    /// progress thread for what remains (on a net with a waker, requests
+    /// posted here call for it when they complete: no wake-up, and on a
+    /// small machine no core taken, per message). Never call it holding the
+    /// control lock: a round of progress may complete transfers whose
+    /// completion writes a control message.
     fn kick(&self) {
-        self.poke();
-        if let Some(t) = self.progress.get() {
-            t.unpark();
+        if self.poke() {
+            if let Some(t) = self.progress.get() {
+                t.unpark();
+            }
         }
     }
 
-    /// Runs a round of progress on this thread if no other thread is.
-    pub(crate) fn poke(&self) {
-        if let Err(why) = self.engine.try_step() {
-            self.fail(why);
+    /// Runs a round of progress on this thread if no other thread is; true
+    /// when the progress thread is still needed.
+    pub(crate) fn poke(&self) -> bool {
+        match self.engine.try_step() {
+            Ok(needed) => needed,
+            Err(why) => {
+                self.fail(why);
+                false
+            }
         }
+    }
+
+    /// Blocks until `t` (one of ours) ends or `deadline` passes. The net's
+    /// waker wakes this thread, which then runs the round of progress that
+    /// completes the transfer itself: one thread hand-off per message
+    /// (I/O thread to waiter), not two (through the progress thread).
+    pub(crate) fn wait_on(&self, t: &Transfer, deadline: Option<Instant>) {
+        let me = std::thread::current();
+        t.set_waiter(Some(me.clone()));
+        self.waiters.lock().push(me.clone());
+        while !t.ended() {
+            let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
+            if left == Some(Duration::ZERO) {
+                break;
+            }
+            // The bound only guards against a missed wake-up.
+            std::thread::park_timeout(left.map_or(WAIT_SLICE, |l| l.min(WAIT_SLICE)));
+            if t.ended() {
+                break;
+            }
+            if let Err(why) = self.engine.step_now() {
+                self.fail(why);
+            }
+        }
+        self.waiters.lock().retain(|w| w.id() != me.id());
+        t.set_waiter(None);
+        // What completed while we were the one to be woken, and what the
+        // waker calls for from now on, is the progress thread's.
+        self.kick();
     }
 
     /// The reason this connection is unusable, if it is.

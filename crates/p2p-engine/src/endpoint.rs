@@ -555,18 +555,27 @@ impl Endpoint {
         let t = self.status_of(xfer)?;
         // Busy phase: drive the connection's progress from this thread (no
         // hand-off to wait for), then sleep on the transfer.
+        let deadline = timeout.map(|d| Instant::now() + d);
         let spin = timeout.map_or(self.inner.cfg.spin, |d| d.min(self.inner.cfg.spin));
+        let conn = self.inner.conns.read().get(&t.conn).cloned();
         if !spin.is_zero() && !t.ended() {
-            let conn = self.inner.conns.read().get(&t.conn).cloned();
             let start = Instant::now();
             while !t.ended() && start.elapsed() < spin {
                 match &conn {
-                    Some(c) => c.poke(),
+                    Some(c) => {
+                        c.poke();
+                    }
                     None => std::hint::spin_loop(),
                 }
             }
         }
-        let s = t.wait(timeout);
+        let s = match &conn {
+            Some(c) if !t.ended() => {
+                c.wait_on(&t, deadline);
+                t.status()
+            }
+            _ => t.wait(timeout),
+        };
         self.finish(&t, s)
     }
 

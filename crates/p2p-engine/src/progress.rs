@@ -317,6 +317,11 @@ impl Progress {
         Ok(busy)
     }
 
+    /// Whether ops wait for room in a window.
+    fn queued(&mut self) -> bool {
+        self.all().any(|c| !c.pending.is_empty())
+    }
+
     /// Whether requests are in flight.
     pub fn outstanding(&mut self) -> bool {
         self.all().any(|c| !c.inflight.is_empty())
@@ -365,17 +370,33 @@ impl Engine {
         why
     }
 
-    /// Runs one round if no other thread is running one. Err(reason) when
+    /// Runs one round if no other thread is running one. Ok(true) when the
+    /// progress thread is still needed: the round did not run, ops wait for
+    /// room in a window, or the net progresses only when polled (else the
+    /// net's waker calls for it when a request completes). Err(reason) when
     /// the connection stopped in this round.
     pub fn try_step(&self) -> Result<bool, String> {
         let Some(mut g) = self.state.try_lock() else {
-            return Ok(false);
+            return Ok(true);
         };
         let Some(p) = g.as_mut() else {
             return Ok(false);
         };
         match p.step() {
-            Ok(b) => Ok(b),
+            Ok(_) => Ok(p.queued() || (self.polling && p.outstanding())),
+            Err(why) => Err(Self::stop(&mut g, why)),
+        }
+    }
+
+    /// Runs one round on this thread, waiting for the lock if another
+    /// thread holds it. Err(reason) when the connection stopped.
+    pub fn step_now(&self) -> Result<(), String> {
+        let mut g = self.state.lock();
+        let Some(p) = g.as_mut() else {
+            return Ok(());
+        };
+        match p.step() {
+            Ok(_) => Ok(()),
             Err(why) => Err(Self::stop(&mut g, why)),
         }
     }
