@@ -4,7 +4,8 @@
 # returns what it did): bash benchmarks/gpu_quick.sh WHEEL BIN_DIR OUTDIR [STEPS]
 # STEPS: any of socket,plugin,unpack,nccl,bench,kv,lat,copy (default all
 # but scale); scale: GPU pairs at once (needs 4+ GPUs); plugin16: the plugin
-# net at 16/256 MiB through the bench with 4 MiB and 2 MiB chunks.
+# net at 16/256 MiB through the bench with 4 MiB and 2 MiB chunks; latbreak:
+# where a 64 KiB message's time goes (benchmarks/lat_breakdown.py).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 WHEEL=$1 BIN=$2 O=$3 STEPS=${4:-socket,plugin,unpack,nccl,bench,kv,lat,copy}
@@ -46,6 +47,15 @@ fi
 if has lat; then
   for sp in ${LAT_SPINS:-0 50 300 1000}; do
     TCPX_P2P_SPIN_US=$sp timeout 40 $B --sizes 4K,64K --reference --json "$R/bench_lat_spin$sp.json" > "$R/bench_lat_spin$sp.txt" 2>/dev/null; pack bench_lat_spin$sp.txt 4
+  done
+fi
+if has latbreak; then
+  # Where a 64 KiB message's time goes (trace events of both sides), GPU
+  # and host memory.
+  for mem in gpu host; do
+    f=latbreak_64k_$mem
+    TCPX_P2P_LOG=trace timeout 60 python3 -m tcpx_p2p.bench pair --memory $mem --sizes 64K --iters 300 > "$R/$f.txt" 2> "$R/$f.log"
+    python3 benchmarks/lat_breakdown.py "$R/$f.log" --json "$R/$f.json" >> "$R/$f.txt" 2>&1; pack $f.txt 16
   done
 fi
 if has scale; then

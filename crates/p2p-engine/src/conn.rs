@@ -391,6 +391,7 @@ impl Conn {
             }
             // The bound only guards against a missed wake-up.
             std::thread::park_timeout(left.map_or(WAIT_SLICE, |l| l.min(WAIT_SLICE)));
+            tracing::trace!(xfer = t.id, "lat: waiter woke");
             if t.ended() {
                 break;
             }
@@ -543,6 +544,7 @@ impl Conn {
         items: Vec<(MemRef, Arc<crate::memory::Region>)>,
     ) -> Result<Arc<Transfer>> {
         self.check_alive()?;
+        tracing::trace!(xfer = xfer_id, send, "lat: post");
         let regions: Vec<_> = items.iter().map(|(_, r)| r.clone()).collect();
         let plan = self.plan(items.iter().map(|(m, _)| m.len));
         let xfer = Transfer::new(xfer_id, self.id, plan.len(), regions);

@@ -102,6 +102,7 @@ impl Transfer {
             }
             *st = s.clone();
             self.ended.store(true, Ordering::Release);
+            tracing::trace!(xfer = self.id, "lat: ended");
         }
         self.cv.notify_all();
         if let Some(t) = self.waiter.lock().as_ref() {

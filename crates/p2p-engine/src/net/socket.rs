@@ -857,6 +857,7 @@ impl SocketSend {
         let data = Staging::get(&mut self.inline_staging, dev, INLINE_MAX, 1)
             .and_then(|st| st.stage_out(&op.pieces))
             .map_err(gpu_err)?;
+        tracing::trace!("lat: staged out");
         let iov = [IoSlice::new(&op.hdr), IoSlice::new(data)];
         let sent = socket2::SockRef::from(&*self.socks[k])
             .send_vectored_with_flags(&iov, libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL)
@@ -897,6 +898,7 @@ impl SendComm for SocketSend {
         let segs = Segs::new(segs)?;
         let shape = segs.shape();
         let seq = self.next_seq;
+        tracing::trace!(seq, bytes = segs.total, "lat: isend");
         self.next_seq += 1;
         let parts = split_parts(segs.total, self.txs.len(), self.min_part);
         let req = Arc::new(SendReq {
@@ -937,6 +939,7 @@ impl SendComm for SocketSend {
                 if len <= INLINE_MAX && lone && idle {
                     match self.send_gpu_inline(k, dev, op)? {
                         None => {
+                            tracing::trace!(seq, "lat: sent inline");
                             req.parts_left.fetch_sub(1, Ordering::AcqRel);
                             continue;
                         }
@@ -955,6 +958,7 @@ impl SendComm for SocketSend {
                     .send_vectored_with_flags(&iov, libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL);
                 match sent {
                     Ok(n) if n == HDR_LEN + len => {
+                        tracing::trace!(seq, "lat: sent inline");
                         req.parts_left.fetch_sub(1, Ordering::AcqRel);
                         continue;
                     }
@@ -1169,6 +1173,7 @@ struct Landing {
 /// Counts one part of a receive as done; the last one completes it.
 fn part_done(shared: &RecvShared, l: Landing) {
     if l.req.parts_done.fetch_add(1, Ordering::AcqRel) + 1 == l.nparts {
+        tracing::trace!(seq = l.seq, "lat: rx done");
         l.req.done.store(true, Ordering::Release);
         shared.posted.lock().remove(&l.seq);
         (shared.waker)();
@@ -1261,6 +1266,7 @@ fn rx_gpu_small(
     let (k, at) = (st.fill_slot, st.fill_used);
     let buf = &mut st.slots[k].0.as_mut_slice(slice)[at..at + len];
     r.read_exact(buf).map_err(|e| e.to_string())?;
+    tracing::trace!(seq = land.seq, "lat: rx payload");
     let mut src = st.slots[k].0.as_ptr() as u64 + at as u64;
     for m in dst {
         gpu::push_copy(
@@ -1423,6 +1429,7 @@ fn rx_loop(s: Arc<TcpStream>, shared: Arc<RecvShared>, slice: usize, depth: usiz
             |i: usize| u64::from_le_bytes(hdr[i * 8..i * 8 + 8].try_into().unwrap_or_default());
         let (seq, off, len, total, nparts, shape) =
             (field(0), field(1), field(2), field(3), field(4), field(5));
+        tracing::trace!(seq, "lat: rx header");
         // Wait until the matching receive is posted.
         let req = loop {
             let mut posted = shared.posted.lock();
