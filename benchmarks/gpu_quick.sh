@@ -5,7 +5,8 @@
 # STEPS: any of socket,plugin,unpack,nccl,bench,kv,lat,copy (default all
 # but scale); scale: GPU pairs at once (needs 4+ GPUs); plugin16: the plugin
 # net at 16/256 MiB through the bench with 4 MiB and 2 MiB chunks; latbreak:
-# where a 64 KiB message's time goes (benchmarks/lat_breakdown.py).
+# where a 64 KiB message's time goes (benchmarks/lat_breakdown.py); copylat:
+# one small staged copy's latency, several ways.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 WHEEL=$1 BIN=$2 O=$3 STEPS=${4:-socket,plugin,unpack,nccl,bench,kv,lat,copy}
@@ -36,6 +37,7 @@ if has kv; then
   TCPX_P2P_COPY_BATCH=0 timeout 60 $B --op write --kv-blocks 4096 --block-size 32K --json "$R/bench_kv_write_scattered_nobatch.json" > "$R/bench_kv_write_scattered_nobatch.txt" 2>/dev/null; pack bench_kv_write_scattered_nobatch.txt 4
   timeout 40 $B --op write --sizes 128M --json "$R/bench_kv_one_message.json" > "$R/bench_kv_one_message.txt" 2>/dev/null; pack bench_kv_one_message.txt 3
 fi
+has copylat && { timeout 60 "$BIN/unit" gpu::tests::copy_latency --ignored --exact --nocapture > "$R/copy_latency.txt" 2>&1; pack copy_latency.txt 6; }
 has copy && { timeout 60 "$BIN/unit" gpu::tests::copy_rates --ignored --exact --nocapture > "$R/copy_rates.txt" 2>&1; pack copy_rates.txt 8; }
 if has plugin16; then
   for c in 4M 2M; do

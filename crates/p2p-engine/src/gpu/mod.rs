@@ -535,6 +535,71 @@ mod tests {
         );
     }
 
+    /// One small staged copy, as a lone message's path does it: how long
+    /// from queueing it to knowing it landed, by way of queueing and of
+    /// waiting, with the pinned side just written by the CPU or not.
+    /// GPU only:
+    /// `cargo test --release -p tcpx-p2p gpu::tests::copy_latency -- --ignored --nocapture`
+    #[test]
+    #[ignore]
+    fn copy_latency() {
+        if !available() {
+            eprintln!("no GPU: skipped");
+            return;
+        }
+        let dev = Device::get(0).unwrap();
+        dev.bind().unwrap();
+        let s = Stream::new().unwrap();
+        let ev = Event::new().unwrap();
+        let gpu = DeviceBuf::new(&dev, 1 << 20).unwrap();
+        let mut host = PinnedBuf::new(1 << 20).unwrap();
+        let hp = host.as_ptr();
+        let p50 = |f: &mut dyn FnMut()| -> f64 {
+            let mut v: Vec<f64> = (0..400)
+                .map(|_| {
+                    let t = std::time::Instant::now();
+                    f();
+                    t.elapsed().as_secs_f64() * 1e6
+                })
+                .collect();
+            v.sort_by(|a, b| a.total_cmp(b));
+            v[v.len() / 2]
+        };
+        let h = hp as u64;
+        for len in [4usize << 10, 64 << 10] {
+            for h2d in [false, true] {
+                let (dst, src) = if h2d { (gpu.ptr, h) } else { (h, gpu.ptr) };
+                let op = [CopyOp { dst, src, len }];
+                // SAFETY (all below): ranges inside the two buffers.
+                let generic_event = p50(&mut || {
+                    unsafe { s.copy_batch(&op) }.unwrap();
+                    ev.record(&s).unwrap();
+                    ev.synchronize().unwrap();
+                });
+                let typed_stream = p50(&mut || {
+                    if h2d {
+                        unsafe { s.copy_htod(gpu.ptr, hp, len) }.unwrap();
+                    } else {
+                        unsafe { s.copy_dtoh(hp, gpu.ptr, len) }.unwrap();
+                    }
+                    s.synchronize().unwrap();
+                });
+                let touched = p50(&mut || {
+                    host.as_mut_slice(len).fill(7);
+                    unsafe { s.copy_batch(&op) }.unwrap();
+                    ev.record(&s).unwrap();
+                    ev.synchronize().unwrap();
+                });
+                let touch_only = p50(&mut || host.as_mut_slice(len).fill(7));
+                eprintln!(
+                    "{} {:>3} KiB p50 us: copy+event {generic_event:.1}, typed copy+stream sync {typed_stream:.1}, after a CPU write {touched:.1} (the write alone {touch_only:.1})",
+                    if h2d { "H2D" } else { "D2H" },
+                    len >> 10
+                );
+            }
+        }
+    }
+
     /// Copy rates of 4096 x 32 KiB copies between GPU memory and pinned
     /// memory, from 1 thread and from 8 at once (as the I/O threads do):
     /// scattered blocks one driver call each and in batch calls of 128, and
