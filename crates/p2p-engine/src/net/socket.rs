@@ -1061,6 +1061,7 @@ impl SocketRecv {
             let lane = Lane {
                 index: i,
                 streams: socks.len(),
+                min_part: cfg.min_part.max(1),
                 spin: cfg.spin,
             };
             threads.push(
@@ -1362,6 +1363,7 @@ fn rx_staged(
 struct Lane {
     index: usize,
     streams: usize,
+    min_part: usize,
     spin: Duration,
 }
 
@@ -1375,9 +1377,16 @@ impl Lane {
         if self.spin.is_zero() {
             return;
         }
+        // Part i of message `seq` rides stream (seq + i) mod S; a message
+        // of `total` bytes has at most this many parts (as the sender
+        // splits with the same part size; a sender that splits otherwise
+        // costs at worst the bounded wait below).
         let due = |posted: &HashMap<u64, Arc<RecvReq>>| {
             posted.iter().any(|(seq, r)| {
-                *seq as usize % self.streams == self.index && !r.done.load(Ordering::Acquire)
+                let parts = r.segs.total.div_ceil(self.min_part).clamp(1, self.streams);
+                let lane =
+                    (self.index + self.streams - *seq as usize % self.streams) % self.streams;
+                lane < parts && !r.done.load(Ordering::Acquire)
             })
         };
         let idle_since = Instant::now();
@@ -1391,7 +1400,7 @@ impl Lane {
             }
             shared
                 .posted_cv
-                .wait_for(&mut posted, Duration::from_micros(500));
+                .wait_for(&mut posted, Duration::from_micros(100));
         }
         drop(posted);
         let start = Instant::now();
