@@ -340,11 +340,11 @@ fn uniform_kind(pieces: &[MemRef]) -> Option<MemKind> {
     pieces.iter().all(|m| m.kind == k).then_some(k)
 }
 
-/// Cuts device pieces into staging windows of at most `slice` bytes: per
-/// window, its length and each piece's (device address, offset in the
-/// window, length).
+/// A staging window: its length, and each piece's (device address, offset
+/// in the window, length).
 type Window = (usize, Vec<(u64, usize, usize)>);
 
+/// Cuts device pieces into staging windows of at most `slice` bytes.
 fn windows(run: &[MemRef], slice: usize) -> Vec<Window> {
     let mut out = Vec::new();
     let (mut cur, mut used) = (Vec::new(), 0);
