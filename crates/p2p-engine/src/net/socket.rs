@@ -1130,6 +1130,15 @@ impl StreamReader {
 }
 
 impl StreamReader {
+    /// Reads a header: with `exact` and nothing buffered, only its bytes
+    /// (one small read), else through the buffer.
+    fn read_head(&mut self, dst: &mut [u8], exact: bool) -> io::Result<()> {
+        if exact && self.pos == self.end {
+            return (&*self.s).read_exact(dst);
+        }
+        self.read_exact(dst)
+    }
+
     /// Fills `bufs` in order: buffered bytes first, then large remainders
     /// straight from the socket with one `readv` for many blocks.
     fn read_into(&mut self, bufs: &mut [&mut [u8]]) -> io::Result<()> {
@@ -1432,6 +1441,7 @@ fn rx_loop(s: Arc<TcpStream>, shared: Arc<RecvShared>, slice: usize, depth: usiz
     let mut staging = None;
     let peer = s.peer_addr().map(|a| a.to_string()).unwrap_or_default();
     let mut r = StreamReader::new(s);
+    let mut large_before = false;
     let fail = |msg: String| {
         // The first failure of the comm is what every receive reports.
         let why = shared.failed.lock().get_or_insert(msg).clone();
@@ -1457,7 +1467,11 @@ fn rx_loop(s: Arc<TcpStream>, shared: Arc<RecvShared>, slice: usize, depth: usiz
             lane.spin_for_data(&r.s, &shared);
         }
         let mut hdr = [0u8; HDR_LEN];
-        if let Err(e) = r.read_exact(&mut hdr) {
+        // After a large part the next is likely large too: read just its
+        // header, so that its payload is read in place rather than through
+        // the buffer (a copy of up to 256 KiB of it per part).
+        let exact = large_before;
+        if let Err(e) = r.read_head(&mut hdr, exact) {
             if !shared.closing.load(Ordering::Acquire) {
                 let why = if e.kind() == io::ErrorKind::UnexpectedEof {
                     "peer closed the stream".to_string()
@@ -1528,6 +1542,7 @@ fn rx_loop(s: Arc<TcpStream>, shared: Arc<RecvShared>, slice: usize, depth: usiz
             }
         }
         let len = len as usize;
+        large_before = len >= READ_BUF / 4;
         let dst = req.segs.pieces(off as usize, len);
         let land = Landing {
             req,
