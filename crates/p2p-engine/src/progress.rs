@@ -370,35 +370,33 @@ impl Engine {
         why
     }
 
-    /// Runs one round if no other thread is running one. Ok(true) when the
-    /// progress thread is still needed: the round did not run, ops wait for
-    /// room in a window, or the net progresses only when polled (else the
-    /// net's waker calls for it when a request completes). Err(reason) when
-    /// the connection stopped in this round.
-    pub fn try_step(&self) -> Result<bool, String> {
-        let Some(mut g) = self.state.try_lock() else {
-            return Ok(true);
-        };
-        let Some(p) = g.as_mut() else {
+    /// One round on the locked state. Ok(true) when the progress thread is
+    /// still needed: ops wait for room in a window, or the net progresses
+    /// only when polled (else the net's waker calls for it when a request
+    /// completes). Err(reason) when the connection stopped in this round.
+    fn round(&self, slot: &mut Option<Progress>) -> Result<bool, String> {
+        let Some(p) = slot.as_mut() else {
             return Ok(false);
         };
         match p.step() {
             Ok(_) => Ok(p.queued() || (self.polling && p.outstanding())),
-            Err(why) => Err(Self::stop(&mut g, why)),
+            Err(why) => Err(Self::stop(slot, why)),
+        }
+    }
+
+    /// Runs one round if no other thread is running one (see `round`; a
+    /// round not run here needs the progress thread).
+    pub fn try_step(&self) -> Result<bool, String> {
+        match self.state.try_lock() {
+            Some(mut g) => self.round(&mut g),
+            None => Ok(true),
         }
     }
 
     /// Runs one round on this thread, waiting for the lock if another
     /// thread holds it. Err(reason) when the connection stopped.
     pub fn step_now(&self) -> Result<(), String> {
-        let mut g = self.state.lock();
-        let Some(p) = g.as_mut() else {
-            return Ok(());
-        };
-        match p.step() {
-            Ok(_) => Ok(()),
-            Err(why) => Err(Self::stop(&mut g, why)),
-        }
+        self.round(&mut self.state.lock()).map(|_| ())
     }
 
     /// The progress thread: runs until shutdown or failure; returns why it stopped.
