@@ -62,9 +62,14 @@ impl SocketNet {
     }
 }
 
+/// How many parts a message of `len` bytes is cut into (at most).
+fn part_count(len: usize, streams: usize, min_part: usize) -> usize {
+    len.div_ceil(min_part.max(1)).clamp(1, streams.max(1))
+}
+
 /// How a message of `len` bytes is cut: `(offset, len)` of each part.
 pub fn split_parts(len: usize, streams: usize, min_part: usize) -> Vec<(usize, usize)> {
-    let nparts = len.div_ceil(min_part.max(1)).clamp(1, streams.max(1));
+    let nparts = part_count(len, streams, min_part);
     // Parts are multiples of 4 KiB except the last, so copies stay aligned.
     let per = len.div_ceil(nparts).next_multiple_of(4096).max(1);
     let mut v = Vec::with_capacity(nparts);
@@ -263,6 +268,10 @@ struct Segs {
     /// Offset of each segment in the message.
     starts: Vec<usize>,
     total: usize,
+    /// 0 for one segment (a shorter message may then fill it); for several,
+    /// a digest of their lengths, which the sender's must equal (else bytes
+    /// would land across block boundaries).
+    shape: u64,
 }
 
 impl Segs {
@@ -286,6 +295,7 @@ impl Segs {
             })?;
         }
         Ok(Segs {
+            shape: shape_of(segs),
             segs: segs.to_vec(),
             starts,
             total,
@@ -315,23 +325,21 @@ impl Segs {
         }
         out
     }
+}
 
-    /// 0 for one segment (a shorter message may then fill it); for several,
-    /// a digest of their lengths, which the sender's must equal (else bytes
-    /// would land across block boundaries).
-    fn shape(&self) -> u64 {
-        if self.segs.len() == 1 {
-            return 0;
-        }
-        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-        for v in std::iter::once(self.segs.len()).chain(self.segs.iter().map(|m| m.len)) {
-            for b in (v as u64).to_le_bytes() {
-                h ^= b as u64;
-                h = h.wrapping_mul(0x0100_0000_01b3);
-            }
-        }
-        h | 1
+/// The shape of a message's segments (see [`Segs::shape`]).
+fn shape_of(segs: &[MemRef]) -> u64 {
+    if segs.len() == 1 {
+        return 0;
     }
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for v in std::iter::once(segs.len()).chain(segs.iter().map(|m| m.len)) {
+        for b in (v as u64).to_le_bytes() {
+            h ^= b as u64;
+            h = h.wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+    h | 1
 }
 
 /// The one memory kind of `pieces` (host for none), or None when mixed.
@@ -365,6 +373,19 @@ fn windows(run: &[MemRef], slice: usize) -> Vec<Window> {
         out.push((used, cur));
     }
     out
+}
+
+/// The copies between a window's device pieces and a slot at `slot`:
+/// into the slot (`to_slot`, sending) or out of it (receiving).
+fn window_copies(pieces: &[(u64, usize, usize)], slot: u64, to_slot: bool) -> Vec<gpu::CopyOp> {
+    pieces
+        .iter()
+        .map(|&(dev, at, len)| {
+            let host = slot + at as u64;
+            let (dst, src) = if to_slot { (host, dev) } else { (dev, host) };
+            gpu::CopyOp { dst, src, len }
+        })
+        .collect()
 }
 
 // --------------------------------------------------------- GPU staging
@@ -661,16 +682,7 @@ fn tx_staged(
     let n = wins.len();
     let issue = |st: &mut Staging, i: usize| -> Result<(), String> {
         let k = i % st.slots.len();
-        let base = st.slots[k].0.as_ptr() as u64;
-        let ops: Vec<gpu::CopyOp> = wins[i]
-            .1
-            .iter()
-            .map(|&(src, at, len)| gpu::CopyOp {
-                dst: base + at as u64,
-                src,
-                len,
-            })
-            .collect();
+        let ops = window_copies(&wins[i].1, st.slots[k].0.as_ptr() as u64, true);
         // SAFETY: the window fits the slot, which is idle (its previous
         // copy was waited for); the device ranges were checked.
         unsafe { st.stream.copy_batch(&ops) }.map_err(|e| e.to_string())?;
@@ -748,6 +760,34 @@ fn tx_gpu_batch(
     write_all_slices(s, &slices).map_err(|e| e.to_string())
 }
 
+/// `first` and the ops queued behind it that join it (`joins(op, bytes so
+/// far)`), up to 128 and while `more(bytes so far)`; the first op that does
+/// not join is kept in `held` for the next round.
+fn take_batch(
+    rx: &Receiver<TxOp>,
+    first: TxOp,
+    held: &mut Option<TxOp>,
+    more: impl Fn(usize) -> bool,
+    joins: impl Fn(&TxOp, usize) -> bool,
+) -> Vec<TxOp> {
+    let mut bytes = first.len;
+    let mut batch = vec![first];
+    while batch.len() < 128 && more(bytes) {
+        match rx.try_recv() {
+            Ok(o) if joins(&o, bytes) => {
+                bytes += o.len;
+                batch.push(o);
+            }
+            Ok(o) => {
+                *held = Some(o);
+                break;
+            }
+            Err(_) => break,
+        }
+    }
+    batch
+}
+
 fn finish_op(s: &TcpStream, shared: &SendShared, op: &TxOp, r: &Result<(), String>) {
     match r {
         Ok(()) => {
@@ -794,21 +834,13 @@ fn tx_loop(
             continue;
         }
         if let Some(dev) = gpu_batchable(&op, slice) {
-            let mut bytes = op.len;
-            let mut batch = vec![op];
-            while batch.len() < 128 {
-                match rx.try_recv() {
-                    Ok(o) if gpu_batchable(&o, slice) == Some(dev) && bytes + o.len <= slice => {
-                        bytes += o.len;
-                        batch.push(o);
-                    }
-                    Ok(o) => {
-                        held = Some(o);
-                        break;
-                    }
-                    Err(_) => break,
-                }
-            }
+            let batch = take_batch(
+                &rx,
+                op,
+                &mut held,
+                |_| true,
+                |o, bytes| gpu_batchable(o, slice) == Some(dev) && bytes + o.len <= slice,
+            );
             let r = tx_gpu_batch(&s, &batch, dev, &mut staging, slice, depth);
             for o in &batch {
                 finish(o, &r);
@@ -820,21 +852,13 @@ fn tx_loop(
             finish(&op, &r);
             continue;
         }
-        let mut batch = vec![op];
-        let mut bytes = batch[0].len;
-        while batch.len() < 128 && bytes < BATCH_BYTES {
-            match rx.try_recv() {
-                Ok(o) if batchable(&o) => {
-                    bytes += o.len;
-                    batch.push(o);
-                }
-                Ok(o) => {
-                    held = Some(o);
-                    break;
-                }
-                Err(_) => break,
-            }
-        }
+        let batch = take_batch(
+            &rx,
+            op,
+            &mut held,
+            |bytes| bytes < BATCH_BYTES,
+            |o, _| batchable(o),
+        );
         let slices: Vec<&[u8]> = batch.iter().flat_map(host_slices).collect();
         let r = write_all_slices(&s, &slices).map_err(|e| e.to_string());
         for o in &batch {
@@ -896,7 +920,7 @@ impl SendComm for SocketSend {
             });
         }
         let segs = Segs::new(segs)?;
-        let shape = segs.shape();
+        let shape = segs.shape;
         let seq = self.next_seq;
         tracing::trace!(seq, bytes = segs.total, "lat: isend");
         self.next_seq += 1;
@@ -1061,7 +1085,7 @@ impl SocketRecv {
             let lane = Lane {
                 index: i,
                 streams: socks.len(),
-                min_part: cfg.min_part.max(1),
+                min_part: cfg.min_part,
                 spin: cfg.spin,
             };
             threads.push(
@@ -1102,38 +1126,10 @@ impl StreamReader {
         }
     }
 
-    /// Bytes read from the socket and not yet consumed.
-    fn buffered(&self) -> usize {
-        self.end - self.pos
-    }
-
-    fn read_exact(&mut self, mut dst: &mut [u8]) -> io::Result<()> {
-        while !dst.is_empty() {
-            if self.pos < self.end {
-                let n = dst.len().min(self.end - self.pos);
-                dst[..n].copy_from_slice(&self.buf[self.pos..self.pos + n]);
-                self.pos += n;
-                dst = &mut dst[n..];
-            } else if dst.len() >= READ_BUF / 4 {
-                return (&*self.s).read_exact(dst);
-            } else {
-                let n = (&*self.s).read(&mut self.buf)?;
-                if n == 0 {
-                    return Err(io::ErrorKind::UnexpectedEof.into());
-                }
-                self.pos = 0;
-                self.end = n;
-            }
-        }
-        Ok(())
-    }
-}
-
-impl StreamReader {
     /// Reads a header: with `exact` and nothing buffered, only its bytes
     /// (one small read), else through the buffer.
     fn read_head(&mut self, dst: &mut [u8], exact: bool) -> io::Result<()> {
-        if exact && self.pos == self.end {
+        if exact && self.buffered() == 0 {
             return (&*self.s).read_exact(dst);
         }
         self.read_exact(dst)
@@ -1168,6 +1164,32 @@ impl StreamReader {
                 return Err(io::ErrorKind::UnexpectedEof.into());
             }
             IoSliceMut::advance_slices(&mut iov, n);
+        }
+        Ok(())
+    }
+
+    /// Bytes read from the socket and not yet consumed.
+    fn buffered(&self) -> usize {
+        self.end - self.pos
+    }
+
+    fn read_exact(&mut self, mut dst: &mut [u8]) -> io::Result<()> {
+        while !dst.is_empty() {
+            if self.pos < self.end {
+                let n = dst.len().min(self.end - self.pos);
+                dst[..n].copy_from_slice(&self.buf[self.pos..self.pos + n]);
+                self.pos += n;
+                dst = &mut dst[n..];
+            } else if dst.len() >= READ_BUF / 4 {
+                return (&*self.s).read_exact(dst);
+            } else {
+                let n = (&*self.s).read(&mut self.buf)?;
+                if n == 0 {
+                    return Err(io::ErrorKind::UnexpectedEof.into());
+                }
+                self.pos = 0;
+                self.end = n;
+            }
         }
         Ok(())
     }
@@ -1341,15 +1363,7 @@ fn rx_staged(
         }
         r.read_exact(st.slots[k].0.as_mut_slice(wlen))
             .map_err(|e| e.to_string())?;
-        let base = st.slots[k].0.as_ptr() as u64;
-        let ops: Vec<gpu::CopyOp> = pieces
-            .iter()
-            .map(|&(dst, at, len)| gpu::CopyOp {
-                dst,
-                src: base + at as u64,
-                len,
-            })
-            .collect();
+        let ops = window_copies(&pieces, st.slots[k].0.as_ptr() as u64, false);
         // SAFETY: the slot holds the window just read and is not touched
         // again until its event completes; the device ranges lie inside
         // the posted buffer.
@@ -1390,16 +1404,15 @@ impl Lane {
         if self.spin.is_zero() {
             return;
         }
-        // Part i of message `seq` rides stream (seq + i) mod S; a message
-        // of `total` bytes has at most this many parts (as the sender
-        // splits with the same part size).
+        // Part i of message `seq` rides stream (seq + i) mod S; the sender
+        // cuts a message as `split_parts` does, with the same part size.
         let due = |posted: &HashMap<u64, Arc<RecvReq>>| {
             let (mut first, mut any) = (false, false);
             for (seq, r) in posted
                 .iter()
                 .filter(|(_, r)| !r.done.load(Ordering::Acquire))
             {
-                let parts = r.segs.total.div_ceil(self.min_part).clamp(1, self.streams);
+                let parts = part_count(r.segs.total, self.streams, self.min_part);
                 let lane =
                     (self.index + self.streams - *seq as usize % self.streams) % self.streams;
                 first |= lane == 0;
@@ -1470,8 +1483,7 @@ fn rx_loop(s: Arc<TcpStream>, shared: Arc<RecvShared>, slice: usize, depth: usiz
         // After a large part the next is likely large too: read just its
         // header, so that its payload is read in place rather than through
         // the buffer (a copy of up to 256 KiB of it per part).
-        let exact = large_before;
-        if let Err(e) = r.read_head(&mut hdr, exact) {
+        if let Err(e) = r.read_head(&mut hdr, large_before) {
             if !shared.closing.load(Ordering::Acquire) {
                 let why = if e.kind() == io::ErrorKind::UnexpectedEof {
                     "peer closed the stream".to_string()
@@ -1520,7 +1532,7 @@ fn rx_loop(s: Arc<TcpStream>, shared: Arc<RecvShared>, slice: usize, depth: usiz
             ));
             return;
         }
-        if shape != req.segs.shape() {
+        if shape != req.segs.shape {
             fail(format!(
                 "receive stream from {peer}: message {seq} is gathered from blocks other than the {} the receive scatters into (the sender's and the receiver's block sizes must match)",
                 req.segs.segs.len()
@@ -1779,12 +1791,12 @@ mod tests {
         );
         assert!(segs.pieces(45, 0).is_empty());
         // Shape: 0 for one segment; equal only for equal lengths.
-        assert_eq!(Segs::new(&[host(1, 7)]).unwrap().shape(), 0);
-        let a = Segs::new(&[host(1, 4), host(9, 4)]).unwrap().shape();
+        assert_eq!(Segs::new(&[host(1, 7)]).unwrap().shape, 0);
+        let a = Segs::new(&[host(1, 4), host(9, 4)]).unwrap().shape;
         assert_ne!(a, 0);
-        assert_eq!(a, Segs::new(&[host(100, 4), host(300, 4)]).unwrap().shape());
-        assert_ne!(a, Segs::new(&[host(1, 8)]).unwrap().shape());
-        assert_ne!(a, Segs::new(&[host(1, 2), host(9, 6)]).unwrap().shape());
+        assert_eq!(a, Segs::new(&[host(100, 4), host(300, 4)]).unwrap().shape);
+        assert_ne!(a, Segs::new(&[host(1, 8)]).unwrap().shape);
+        assert_ne!(a, Segs::new(&[host(1, 2), host(9, 6)]).unwrap().shape);
         assert!(Segs::new(&[]).is_err());
         assert!(Segs::new(&vec![host(1, 1); MAX_SEGS + 1]).is_err());
     }
