@@ -148,11 +148,10 @@ impl CommState {
                 mrs.push(self.mr_for(r, mem.kind)?);
                 mems.push(*mem);
             }
-            let posted = match (&mut self.comm, mems.len()) {
-                (Comm::Send(c), 1) => c.isend(mems[0], mrs[0]),
-                (Comm::Recv(c), 1) => c.irecv(mems[0], mrs[0]),
-                (Comm::Send(c), _) => c.isendv(&mems, &mrs),
-                (Comm::Recv(c), _) => c.irecvv(&mems, &mrs),
+            // One segment goes to `isend` / `irecv` (the trait's default).
+            let posted = match &mut self.comm {
+                Comm::Send(c) => c.isendv(&mems, &mrs),
+                Comm::Recv(c) => c.irecvv(&mems, &mrs),
             }
             .map_err(|e| e.to_string())?;
             match posted {
