@@ -61,18 +61,28 @@ if has latbreak; then
   done
 fi
 if has scale; then
-  # Pairs of GPUs i -> i+n/2 at once: 1..n/2 pairs in the multi-process
-  # layout (1 pair with the references), 2..n/2 in the single-process one.
+  # Pairs of GPUs i -> i+n/2 at once, k in SCALE_PAIRS (default 1 2 4, those
+  # that fit), in both layouts; the multi-process runs with the references
+  # (raw TCP per pair, NCCL's socket transport per pair, all pairs at once).
+  # The largest count is run again with the I/O threads left unpinned
+  # (TCPX_P2P_CPU_AFFINITY=off) to measure placement.
   n=$(nvidia-smi -L | wc -l); p=$((n / 2))
-  for net in socket plugin; do
+  { nvidia-smi topo -m; lscpu; } > "$R/topo.txt" 2>&1
+  ks=""; for k in ${SCALE_PAIRS:-1 2 4}; do [ $k -le $p ] && ks="$ks $k"; done
+  kmax=${ks##* }
+  for net in ${SCALE_NETS:-socket plugin}; do
     E=""; [ $net = plugin ] && E="TCPX_P2P_PLUGIN_PATH=$EMU"
-    f=scale_${net}_1pair; ref=""; [ $net = socket ] && ref=--reference
-    env $E timeout 90 $B --net $net --gpus 0,$p --sizes 16M,256M $ref --json "$R/$f.json" > "$R/$f.txt" 2>/dev/null; pack $f.txt 4
-    for k in $(seq 2 $p); do
+    for k in $ks; do
       g=$(seq -s, 0 $((k - 1))),$(seq -s, $p $((p + k - 1)))
       for lay in multi single; do
-        f=scale_${net}_${k}pairs_$lay; L=""; [ $lay = single ] && L=--single-process
-        env $E timeout 70 $B --net $net --pairs $k $L --gpus $g --sizes 16M,256M --json "$R/$f.json" > "$R/$f.txt" 2>/dev/null; pack $f.txt 6
+        for aff in gpu off; do
+          [ $aff = off ] && [ $k != $kmax ] && continue
+          [ $lay = single ] && [ $k = 1 ] && continue
+          f=scale_${net}_${k}pairs_$lay; [ $aff = off ] && f=${f}_unpinned
+          L=""; [ $lay = single ] && L=--single-process
+          ref=""; [ $lay = multi ] && [ $aff = gpu ] && ref=--reference
+          env $E TCPX_P2P_CPU_AFFINITY=$aff timeout 150 $B --net $net --pairs $k $L --gpus $g --sizes 16M,256M $ref --json "$R/$f.json" > "$R/$f.txt" 2>"$R/$f.err"; pack $f.txt $((2 * k + 4))
+        done
       done
     done
   done

@@ -74,6 +74,21 @@ def enter_netns(name):
         os.close(fd)
 
 
+def thread_cpus():
+    """Each thread of this process: (name, the CPUs it may run on), the
+    main thread named `main`."""
+    out = []
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                name = f.read().strip()
+            name = "main" if int(tid) == os.getpid() else name
+            out.append((name, sorted(os.sched_getaffinity(int(tid)))))
+        except OSError:  # the thread ended meanwhile
+            pass
+    return out
+
+
 def serve(pipe, device, gpu, env):
     os.environ.update(env)
     if env.get("TEST_NETNS"):
@@ -103,6 +118,8 @@ def serve(pipe, device, gpu, env):
                 res = bufs.data(*args)
             elif op == "free":
                 res = bufs.free(*args)
+            elif op == "threads":
+                res = thread_cpus()
             elif op == "soak":
                 res = soak(ep, bufs, *args)
             elif op == "exit":

@@ -535,6 +535,37 @@ def test_bad_input_is_refused_clearly(local, peers):
     assert peer.call("digest", rb) == digest(pattern(4096, 1))
 
 
+def test_io_threads_pinned_where_asked(local, peers):
+    """TCPX_P2P_CPU_AFFINITY pins the engine's own threads (not the
+    application's) and the bytes still arrive; a bad value is refused."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        pytest.skip("needs 2 CPUs")
+    ep, bufs = local
+    peer = peers({"TCPX_P2P_CPU_AFFINITY": str(cpus[-1])})
+    cid, pcid = connect(ep, peer)
+    n = 8 << 20
+    b, ptr = bufs.alloc(n, seed=3)
+    ok, mr = ep.reg(ptr, n)
+    rb, rptr = peer.call("alloc", n)
+    ok, rmr = peer.ep("reg", rptr, n)
+    ok, rx = peer.ep("recv_async", pcid, rmr, rptr, n)
+    assert ep.send(cid, mr, ptr, n), ep.last_error()
+    assert peer.ep("wait", rx)
+    assert peer.call("digest", rb) == digest(pattern(n, 3))
+    threads = dict(peer.call("threads"))
+    engine = {k: v for k, v in threads.items() if k.startswith(("tcpx-progress", "tcpx-rx", "tcpx-tx"))}
+    assert any(k.startswith("tcpx-progress") for k in engine), threads
+    assert all(v == [cpus[-1]] for v in engine.values()), engine
+    assert threads["main"] == cpus  # the application's own thread: untouched
+    os.environ["TCPX_P2P_CPU_AFFINITY"] = "sometimes"
+    try:
+        with pytest.raises(p2p.ConfigError, match="TCPX_P2P_CPU_AFFINITY"):
+            p2p.Endpoint(0)
+    finally:
+        del os.environ["TCPX_P2P_CPU_AFFINITY"]
+
+
 def test_forged_and_stale_descriptors(local, peers):
     ep, bufs = local
     peer = peers()

@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use crate::error::{Error, Result};
+use crate::topo::{parse_cpulist, CpuAffinity};
 
 /// Which transport carries the data.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -55,6 +56,8 @@ pub struct Config {
     pub plugin_path: String,
     /// Static GPU → NIC map, e.g. `0-1:eth1;2-3:eth2;4-5:eth3;6-7:eth4`.
     pub gpu_nics: Option<String>,
+    /// Where the I/O threads run.
+    pub cpu_affinity: CpuAffinity,
 }
 
 impl Default for Config {
@@ -79,6 +82,7 @@ impl Default for Config {
             auth_token: None,
             plugin_path: "/usr/local/tcpx/lib64/libnccl-net-tcpx.so".into(),
             gpu_nics: None,
+            cpu_affinity: CpuAffinity::Gpu,
         }
     }
 }
@@ -213,6 +217,17 @@ impl Config {
         }
         c.auth_token = var(&["TCPX_P2P_AUTH_TOKEN"]).map(|(_, v)| v);
         c.gpu_nics = var(&["TCPX_P2P_GPU_NICS"]).map(|(_, v)| v);
+        if let Some((name, v)) = var(&["TCPX_P2P_CPU_AFFINITY"]) {
+            c.cpu_affinity = match v.trim().to_ascii_lowercase().as_str() {
+                "gpu" | "numa" | "auto" => CpuAffinity::Gpu,
+                "off" | "none" => CpuAffinity::Off,
+                list => CpuAffinity::List(parse_cpulist(list).ok_or_else(|| {
+                    Error::Config(format!(
+                        "{name}={v:?}: expected `gpu` (the GPU's NUMA node), `off`, or a CPU list such as 0-15,32-47"
+                    ))
+                })?),
+            };
+        }
         if let Some((_, v)) = var(&["TCPX_P2P_PLUGIN_PATH", "UCCL_TCPX_PLUGIN_PATH"]) {
             c.plugin_path = v;
         }

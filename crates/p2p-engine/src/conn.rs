@@ -22,6 +22,7 @@ use crate::memory::Registry;
 use crate::net::{MemRef, Net, NetHandle, RecvComm, SendComm, Waker};
 use crate::progress::{ChunkOp, Cmd, Engine, Progress, Set};
 use crate::rma;
+use crate::topo;
 use crate::transfer::{plan_ops, Failure, Gather, OpPlan, Transfer};
 use crate::wire::{self, Control, Hello, RmaItem};
 
@@ -84,6 +85,8 @@ pub(crate) struct ConnParams {
     pub auth: u64,
     pub timeout: Duration,
     pub spin: Duration,
+    /// CPUs the connection's threads are pinned to (None: not pinned).
+    pub cpus: Option<Arc<[usize]>>,
     pub deadline: Duration,
     /// Net devices for channel i: `devices[i % len]` (never empty).
     pub devices: Vec<usize>,
@@ -317,9 +320,11 @@ impl Conn {
             threads: Mutex::new(Vec::new()),
         });
         let weak = Arc::downgrade(&conn);
+        let cpus = p.cpus.clone();
         let pthread = std::thread::Builder::new()
             .name(format!("tcpx-progress{id}"))
             .spawn(move || {
+                topo::pin_thread(cpus.as_deref());
                 let why = engine.run();
                 if let Some(c) = weak.upgrade() {
                     c.fail(why);

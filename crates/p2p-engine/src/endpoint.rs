@@ -71,7 +71,12 @@ pub struct Endpoint {
 }
 
 /// The net of `cfg`; `gpu` is the endpoint's GPU (None: host memory only).
-fn make_net(cfg: &Config, ip: IpAddr, gpu: Option<i32>) -> Result<Arc<dyn Net>> {
+fn make_net(
+    cfg: &Config,
+    ip: IpAddr,
+    gpu: Option<i32>,
+    cpus: Option<Arc<[usize]>>,
+) -> Result<Arc<dyn Net>> {
     match cfg.net {
         NetKind::Socket => Ok(Arc::new(SocketNet::new(SocketConfig {
             addr: ip,
@@ -82,6 +87,7 @@ fn make_net(cfg: &Config, ip: IpAddr, gpu: Option<i32>) -> Result<Arc<dyn Net>> 
             staging_depth: cfg.staging_depth,
             connect_timeout: cfg.connect_timeout,
             spin: cfg.spin,
+            cpus,
         }))),
         NetKind::Plugin => PluginNet::load(&cfg.plugin_path, gpu)
             .map(|n| Arc::new(n) as Arc<dyn Net>)
@@ -114,10 +120,12 @@ impl Endpoint {
             .local_addr()
             .map_err(|e| Error::io("control listener", e))?;
         let registry = Arc::new(Registry::new());
+        let cpus = topo::io_cpus(&cfg.cpu_affinity, &gpu_bdf);
         let net = make_net(
             &cfg,
             ip,
             (gpu_index >= 0 && gpu::available()).then_some(gpu_index),
+            cpus.clone(),
         )?;
         let most = net.max_requests();
         let window = |v: usize| if v == 0 { most } else { v.min(most) };
@@ -137,6 +145,7 @@ impl Endpoint {
             auth: auth_digest(cfg.auth_token.as_deref()),
             timeout: cfg.connect_timeout,
             spin: cfg.spin,
+            cpus,
             deadline: cfg.deadline,
             devices,
         };

@@ -233,3 +233,188 @@ mod map_tests {
         );
     }
 }
+
+/// Where the engine's I/O threads run (`TCPX_P2P_CPU_AFFINITY`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CpuAffinity {
+    /// The CPUs of the endpoint GPU's NUMA node (as NCCL places its
+    /// threads); no pinning for host-memory endpoints.
+    Gpu,
+    /// Wherever the scheduler puts them.
+    Off,
+    /// These CPUs.
+    List(Vec<usize>),
+}
+
+/// Parses a Linux CPU list such as `0-3,8,10-11`.
+pub fn parse_cpulist(s: &str) -> Option<Vec<usize>> {
+    let mut v = Vec::new();
+    for part in s.trim().split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        match part.split_once('-') {
+            Some((a, b)) => {
+                let (a, b) = (
+                    a.trim().parse::<usize>().ok()?,
+                    b.trim().parse::<usize>().ok()?,
+                );
+                if a > b || b >= libc::CPU_SETSIZE as usize {
+                    return None;
+                }
+                v.extend(a..=b);
+            }
+            None => {
+                let c = part.parse::<usize>().ok()?;
+                if c >= libc::CPU_SETSIZE as usize {
+                    return None;
+                }
+                v.push(c);
+            }
+        }
+    }
+    v.sort_unstable();
+    v.dedup();
+    (!v.is_empty()).then_some(v)
+}
+
+/// Writes a CPU list compactly (`0-3,8`), for logs.
+pub fn format_cpulist(cpus: &[usize]) -> String {
+    let mut out: Vec<String> = Vec::new();
+    let mut i = 0;
+    while i < cpus.len() {
+        let mut j = i;
+        while j + 1 < cpus.len() && cpus[j + 1] == cpus[j] + 1 {
+            j += 1;
+        }
+        out.push(if i == j {
+            cpus[i].to_string()
+        } else {
+            format!("{}-{}", cpus[i], cpus[j])
+        });
+        i = j + 1;
+    }
+    out.join(",")
+}
+
+/// The CPUs this process may run on.
+pub fn allowed_cpus() -> Vec<usize> {
+    // SAFETY: cpu_set_t is plain data; all zeroes is the empty set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: `set` is a valid cpu_set_t of the size passed.
+    let r = unsafe { libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) };
+    if r != 0 {
+        return Vec::new();
+    }
+    (0..libc::CPU_SETSIZE as usize)
+        // SAFETY: `c` is below CPU_SETSIZE, the set's size.
+        .filter(|&c| unsafe { libc::CPU_ISSET(c, &set) })
+        .collect()
+}
+
+/// The CPUs of a PCI device's NUMA node (sysfs `local_cpulist`); `bdf` as
+/// CUDA writes it (`0000:18:00.0`, any domain width).
+pub fn pci_local_cpus(bdf: &str) -> Option<Vec<usize>> {
+    let (domain, rest) = bdf.trim().split_once(':')?;
+    let domain = u32::from_str_radix(domain, 16).ok()?;
+    let path = format!(
+        "/sys/bus/pci/devices/{domain:04x}:{}/local_cpulist",
+        rest.to_lowercase()
+    );
+    parse_cpulist(&std::fs::read_to_string(path).ok()?)
+}
+
+/// The CPUs an endpoint's I/O threads are pinned to, or None to leave them
+/// to the scheduler: the wanted CPUs that this process may use, unless that
+/// is every CPU it may use (nothing to choose).
+pub fn io_cpus(want: &CpuAffinity, gpu_bdf: &str) -> Option<std::sync::Arc<[usize]>> {
+    let wanted = match want {
+        CpuAffinity::Off => return None,
+        CpuAffinity::Gpu if gpu_bdf.is_empty() => return None,
+        CpuAffinity::Gpu => pci_local_cpus(gpu_bdf)?,
+        CpuAffinity::List(v) => v.clone(),
+    };
+    let allowed = allowed_cpus();
+    let cpus: Vec<usize> = wanted.into_iter().filter(|c| allowed.contains(c)).collect();
+    if cpus.is_empty() {
+        tracing::warn!(
+            "TCPX_P2P_CPU_AFFINITY: none of the CPUs asked for is allowed to this process ({}); I/O threads are not pinned",
+            format_cpulist(&allowed)
+        );
+        return None;
+    }
+    if cpus.len() == allowed.len() {
+        return None;
+    }
+    tracing::info!(cpus = %format_cpulist(&cpus), gpu = gpu_bdf, "I/O threads pinned");
+    Some(cpus.into())
+}
+
+/// Pins the calling thread to `cpus` (no-op for None). A failure is logged,
+/// never fatal: placement is a speed matter.
+pub fn pin_thread(cpus: Option<&[usize]>) {
+    let Some(cpus) = cpus else { return };
+    // SAFETY: cpu_set_t is plain data; all zeroes is the empty set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    for &c in cpus.iter().filter(|&&c| c < libc::CPU_SETSIZE as usize) {
+        // SAFETY: `c` is below CPU_SETSIZE, the set's size.
+        unsafe { libc::CPU_SET(c, &mut set) };
+    }
+    // SAFETY: `set` is a valid cpu_set_t of the size passed; 0 = this thread.
+    let r = unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) };
+    if r != 0 {
+        tracing::warn!(
+            cpus = %format_cpulist(cpus),
+            "could not pin an I/O thread: {}",
+            std::io::Error::last_os_error()
+        );
+    }
+}
+
+#[cfg(test)]
+mod cpu_tests {
+    use super::*;
+
+    #[test]
+    fn cpulists() {
+        assert_eq!(
+            parse_cpulist("0-3,8,10-11\n"),
+            Some(vec![0, 1, 2, 3, 8, 10, 11])
+        );
+        assert_eq!(parse_cpulist("5"), Some(vec![5]));
+        assert_eq!(parse_cpulist("3,1-2,2"), Some(vec![1, 2, 3]));
+        assert_eq!(parse_cpulist(""), None);
+        assert_eq!(parse_cpulist("4-2"), None);
+        assert_eq!(parse_cpulist("x"), None);
+        assert_eq!(parse_cpulist("0-99999"), None);
+        assert_eq!(format_cpulist(&[0, 1, 2, 3, 8, 10, 11]), "0-3,8,10-11");
+        assert_eq!(format_cpulist(&[]), "");
+    }
+
+    #[test]
+    fn pinning_a_thread_takes_effect() {
+        let allowed = allowed_cpus();
+        assert!(!allowed.is_empty());
+        let last = *allowed.last().unwrap();
+        // One CPU asked for out of several: pinned there.
+        let got = std::thread::spawn(move || {
+            let cpus = io_cpus(&CpuAffinity::List(vec![last]), "");
+            pin_thread(cpus.as_deref());
+            (cpus.is_some(), allowed_cpus())
+        })
+        .join()
+        .unwrap();
+        if allowed.len() > 1 {
+            assert_eq!(got, (true, vec![last]));
+        } else {
+            // The only CPU there is: nothing to choose, left alone.
+            assert_eq!(got, (false, allowed.clone()));
+        }
+        // Off, a host-memory endpoint, and CPUs not allowed: not pinned.
+        assert!(io_cpus(&CpuAffinity::Off, "0000:18:00.0").is_none());
+        assert!(io_cpus(&CpuAffinity::Gpu, "").is_none());
+        assert!(
+            io_cpus(&CpuAffinity::List(vec![libc::CPU_SETSIZE as usize - 1]), "").is_none()
+                || allowed.contains(&(libc::CPU_SETSIZE as usize - 1))
+        );
+        // The calling thread is untouched.
+        assert_eq!(allowed_cpus(), allowed);
+    }
+}

@@ -27,6 +27,7 @@ use super::{
 use crate::error::NetError;
 use crate::gpu;
 use crate::memory::MemKind;
+use crate::topo;
 
 const NET: &str = "socket";
 const HANDLE_MAGIC: u32 = 0x4b43_4f53; // "SOCK"
@@ -49,6 +50,8 @@ pub struct SocketConfig {
     pub connect_timeout: Duration,
     /// Idle I/O threads spin this long before sleeping.
     pub spin: Duration,
+    /// CPUs the I/O threads are pinned to (None: not pinned).
+    pub cpus: Option<Arc<[usize]>>,
 }
 
 /// The transport: stateless apart from its settings.
@@ -551,10 +554,14 @@ impl SocketSend {
             let q = Arc::new(AtomicUsize::new(0));
             queued.push(q.clone());
             let (slice, depth, spin) = (cfg.staging_slice, cfg.staging_depth, cfg.spin);
+            let cpus = cfg.cpus.clone();
             threads.push(
                 std::thread::Builder::new()
                     .name(format!("tcpx-tx{i}"))
-                    .spawn(move || tx_loop(s, rx, shared, q, slice, depth, spin))
+                    .spawn(move || {
+                        topo::pin_thread(cpus.as_deref());
+                        tx_loop(s, rx, shared, q, slice, depth, spin)
+                    })
                     .map_err(|e| NetError::io(NET, "spawning an I/O thread", e))?,
             );
             txs.push(tx);
@@ -1088,10 +1095,14 @@ impl SocketRecv {
                 min_part: cfg.min_part,
                 spin: cfg.spin,
             };
+            let cpus = cfg.cpus.clone();
             threads.push(
                 std::thread::Builder::new()
                     .name(format!("tcpx-rx{i}"))
-                    .spawn(move || rx_loop(s, shared, slice, depth, lane))
+                    .spawn(move || {
+                        topo::pin_thread(cpus.as_deref());
+                        rx_loop(s, shared, slice, depth, lane)
+                    })
                     .map_err(|e| NetError::io(NET, "spawning an I/O thread", e))?,
             );
         }
@@ -1688,6 +1699,7 @@ mod tests {
             staging_depth: 2,
             connect_timeout: Duration::from_secs(5),
             spin: Duration::from_micros(20),
+            cpus: None,
         }
     }
 

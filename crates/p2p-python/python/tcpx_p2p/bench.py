@@ -261,6 +261,9 @@ def run_pairs(a, client_gpus, server_gpus):
             "lat_avg_us": None, "lat_p50_us": None, "lat_p99_us": None, "verified": all(r["verified"] for r in same),
             "pairs": n, "per_pair_GBps": [r["GBps"] for r in same],
         })
+        if all("raw_tcp_GBps" in r for r in same):
+            raw = sum(r["raw_tcp_GBps"] for r in same)
+            rows[-1].update(raw_tcp_GBps=round(raw, 3), ratio_vs_raw_tcp=round(rows[-1]["GBps"] / raw, 3) if raw else 0)
     return rows, net, streams
 
 
@@ -452,7 +455,7 @@ def client_main(a, host, port, gpu, barrier=None, quiet=False):
 # ---------------------------------------------------------- NCCL reference
 
 
-def _nccl_rank(rank, port, gpus, sizes, iters, env, q):
+def _nccl_rank(pair, rank, port, gpus, sizes, iters, env, q, barrier):
     os.environ.update(env)
     import torch
     import torch.distributed as dist
@@ -467,6 +470,7 @@ def _nccl_rank(rank, port, gpus, sizes, iters, env, q):
             dist.send(t, 1) if rank == 0 else dist.recv(t, 0)
         torch.cuda.synchronize()
         dist.barrier()
+        barrier.wait()  # all pairs time each size together
         t0 = time.perf_counter()
         for _ in range(n):
             dist.send(t, 1) if rank == 0 else dist.recv(t, 0)
@@ -474,16 +478,16 @@ def _nccl_rank(rank, port, gpus, sizes, iters, env, q):
         dist.barrier()
         out[size] = size * n / (time.perf_counter() - t0) / 1e9
     if rank == 0:
-        q.put(out)
+        q.put((pair, out))
     dist.destroy_process_group()
 
 
-def nccl_reference(sizes, iters, gpus, nthreads, nsocks):
+def nccl_reference(sizes, iters, pairs, nthreads, nsocks):
+    """NCCL's socket transport over loopback, one send/recv process group
+    per GPU pair, all pairs at once: a {size: GB/s} dict per pair."""
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    barrier = ctx.Barrier(2 * len(pairs))
     env = {
         "NCCL_NET": "Socket",
         "NCCL_P2P_DISABLE": "1",
@@ -494,15 +498,43 @@ def nccl_reference(sizes, iters, gpus, nthreads, nsocks):
     if nthreads:
         env["NCCL_SOCKET_NTHREADS"] = str(nthreads)
         env["NCCL_NSOCKS_PERTHREAD"] = str(nsocks)
-    ps = [ctx.Process(target=_nccl_rank, args=(r, port, gpus, sizes, iters, env, q)) for r in range(2)]
+    ps = []
+    for i, gpus in enumerate(pairs):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        ps += [ctx.Process(target=_nccl_rank, args=(i, r, port, gpus, sizes, iters, env, q, barrier)) for r in range(2)]
     for p in ps:
         p.start()
     try:
-        res = q.get(timeout=600)
+        res = dict(q.get(timeout=600) for _ in pairs)
     finally:
         for p in ps:
             p.join(60)
-    return res
+    return [res[i] for i in range(len(pairs))]
+
+
+def add_nccl_reference(rows, pairs):
+    """`--reference` on GPUs: NCCL's default and best socket settings with
+    the same pairs, sizes and iterations, beside each row (`sum` rows beside
+    the pairs' sum)."""
+    sizes = sorted({r["size"] for r in rows})
+    iters = {r["size"]: r["iters"] for r in rows}
+    d = nccl_reference(sizes, iters, pairs, 0, 0)
+    b = nccl_reference(sizes, iters, pairs, 4, 4)
+    for r in rows:
+        s = r["size"]
+        if r["op"] == "sum":
+            dv, bv = sum(x[s] for x in d), sum(x[s] for x in b)
+            r["nccl_default_per_pair_GBps"] = [round(x[s], 3) for x in d]
+            r["nccl_best_per_pair_GBps"] = [round(x[s], 3) for x in b]
+        else:
+            i = r.get("pair", 0)
+            dv, bv = d[i][s], b[i][s]
+        r["nccl_default_GBps"] = round(dv, 3)
+        r["nccl_best_GBps"] = round(bv, 3)
+        r["ratio_vs_nccl_best"] = round(r["GBps"] / bv, 3)
+        r["ratio_vs_nccl_default"] = round(r["GBps"] / dv, 3)
 
 
 # -------------------------------------------------------------------- main
@@ -606,17 +638,9 @@ def main(argv=None):
     except (RuntimeError, ConnectionError, OSError) as e:
         print(f"tcpx-p2p-bench: {e}", file=sys.stderr)
         return 1
-    if a.reference and a.memory == "gpu" and a.mode == "pair" and a.op == "send" and not a.kv_blocks and a.pairs == 1:
-        sizes = [r["size"] for r in rows]
-        iters = {r["size"]: r["iters"] for r in rows}
+    if a.reference and a.memory == "gpu" and a.mode == "pair" and a.op == "send" and not a.kv_blocks:
         try:
-            d = nccl_reference(sizes, iters, gpus, 0, 0)
-            b = nccl_reference(sizes, iters, gpus, 4, 4)
-            for r in rows:
-                r["nccl_default_GBps"] = round(d[r["size"]], 3)
-                r["nccl_best_GBps"] = round(b[r["size"]], 3)
-                r["ratio_vs_nccl_best"] = round(r["GBps"] / b[r["size"]], 3)
-                r["ratio_vs_nccl_default"] = round(r["GBps"] / d[r["size"]], 3)
+            add_nccl_reference(rows, [[c, s] for c, s in zip(cg, sg)] if a.pairs > 1 or a.single_process else [gpus[:2]])
         except Exception as e:  # the reference is optional; say why it is missing
             print(f"NCCL reference skipped: {type(e).__name__}: {e}", file=sys.stderr)
     title = f"tcpx-p2p-bench {a.mode}: net={net} memory={a.memory} streams={streams} op={a.op}"
