@@ -298,8 +298,9 @@ pub fn decode_descs(b: &[u8]) -> Result<Vec<DescEntry>, WireError> {
 
 pub const MAGIC: u64 = 0x3150_3250_5850_4354; // "TCPXP2P1"
 /// 3: small items of a vector are gathered into one request (both peers
-/// must plan requests alike).
-pub const VERSION: u16 = 3;
+/// must plan requests alike). 4: the socket net's listen handle carries
+/// the receiver's smallest part, which the sender adopts.
+pub const VERSION: u16 = 4;
 /// An ncclNet listen handle is at most this long.
 pub const NET_HANDLE_LEN: usize = 128;
 /// Most channels per set a connection may have.

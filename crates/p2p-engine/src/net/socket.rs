@@ -88,7 +88,10 @@ pub fn split_parts(len: usize, streams: usize, min_part: usize) -> Vec<(usize, u
     v
 }
 
-fn encode_handle(addr: SocketAddr, streams: usize, nonce: u64) -> NetHandle {
+/// The listen handle: magic, address, port, stream count, nonce, and the
+/// listener's smallest part, which the connecting side adopts for the comm
+/// (the receiver enters each receive on the streams its parts ride).
+fn encode_handle(addr: SocketAddr, streams: usize, nonce: u64, min_part: usize) -> NetHandle {
     let mut h = [0u8; super::NET_HANDLE_LEN];
     h[0..4].copy_from_slice(&HANDLE_MAGIC.to_le_bytes());
     let v6 = match addr.ip() {
@@ -99,10 +102,11 @@ fn encode_handle(addr: SocketAddr, streams: usize, nonce: u64) -> NetHandle {
     h[20..22].copy_from_slice(&addr.port().to_le_bytes());
     h[22] = streams as u8;
     h[24..32].copy_from_slice(&nonce.to_le_bytes());
+    h[32..40].copy_from_slice(&(min_part as u64).to_le_bytes());
     h
 }
 
-fn decode_handle(h: &NetHandle) -> Result<(SocketAddr, usize, u64), NetError> {
+fn decode_handle(h: &NetHandle) -> Result<(SocketAddr, usize, u64, usize), NetError> {
     let bad = |r: &str| NetError::Protocol {
         net: NET,
         reason: format!("bad listen handle: {r}"),
@@ -123,7 +127,11 @@ fn decode_handle(h: &NetHandle) -> Result<(SocketAddr, usize, u64), NetError> {
         return Err(bad("stream count"));
     }
     let nonce = u64::from_le_bytes(h[24..32].try_into().unwrap_or_default());
-    Ok((SocketAddr::new(ip, port), streams, nonce))
+    let min_part = u64::from_le_bytes(h[32..40].try_into().unwrap_or_default());
+    if !(1024..=1 << 30).contains(&min_part) {
+        return Err(bad("part size"));
+    }
+    Ok((SocketAddr::new(ip, port), streams, nonce, min_part as usize))
 }
 
 fn tune(s: &TcpStream, sockbuf: usize) -> io::Result<()> {
@@ -161,7 +169,7 @@ impl Net for SocketNet {
         let nonce = crate::memory::random_u64();
         Ok(Box::new(SocketListen {
             listener: l,
-            handle: encode_handle(addr, self.cfg.streams, nonce),
+            handle: encode_handle(addr, self.cfg.streams, nonce, self.cfg.min_part),
             nonce,
             streams: vec![None; self.cfg.streams],
             cfg: self.cfg.clone(),
@@ -174,7 +182,7 @@ impl Net for SocketNet {
         handle: &NetHandle,
         waker: Waker,
     ) -> Result<Option<Box<dyn SendComm>>, NetError> {
-        let (addr, streams, nonce) = decode_handle(handle)?;
+        let (addr, streams, nonce, min_part) = decode_handle(handle)?;
         let mut socks = Vec::with_capacity(streams);
         for i in 0..streams {
             let mut s = TcpStream::connect_timeout(&addr, self.cfg.connect_timeout)
@@ -188,7 +196,11 @@ impl Net for SocketNet {
                 .map_err(|e| NetError::io(NET, "connect", e))?;
             socks.push(s);
         }
-        Ok(Some(Box::new(SocketSend::start(socks, &self.cfg, waker)?)))
+        let cfg = SocketConfig {
+            min_part,
+            ..self.cfg.clone()
+        };
+        Ok(Some(Box::new(SocketSend::start(socks, &cfg, waker)?)))
     }
 
     fn needs_polling(&self) -> bool {
@@ -1051,20 +1063,60 @@ struct RecvReq {
     parts_done: AtomicUsize,
     /// (total bytes, parts) once the first header has been seen.
     shape: Mutex<Option<(usize, usize)>>,
-    error: Mutex<Option<String>>,
     done: AtomicBool,
+    /// Streams the receive was entered on: those of the parts a message
+    /// of its full size would have (a shorter message may have fewer).
+    lanes: usize,
+}
+
+/// The receives that still expect a part on one stream. Each stream's
+/// thread looks only at its own book, so receive threads never contend
+/// with each other, and the poster wakes only the streams it concerns.
+#[derive(Default)]
+struct LaneBook {
+    /// seq → the receive and which of its parts rides this stream.
+    due: HashMap<u64, (Arc<RecvReq>, usize)>,
+    /// Entries whose part is the message's first (whose wait is latency).
+    firsts: usize,
+}
+
+impl LaneBook {
+    fn insert(&mut self, seq: u64, req: Arc<RecvReq>, part: usize) {
+        self.firsts += usize::from(part == 0);
+        self.due.insert(seq, (req, part));
+    }
+
+    fn take(&mut self, seq: u64) -> Option<Arc<RecvReq>> {
+        let (req, part) = self.due.remove(&seq)?;
+        self.firsts -= usize::from(part == 0);
+        Some(req)
+    }
+}
+
+struct RecvLaneQ {
+    book: Mutex<LaneBook>,
+    cv: Condvar,
 }
 
 struct RecvShared {
-    posted: Mutex<HashMap<u64, Arc<RecvReq>>>,
-    posted_cv: Condvar,
+    lanes: Vec<RecvLaneQ>,
     closing: AtomicBool,
     failed: Mutex<Option<String>>,
     waker: Waker,
 }
 
+impl RecvShared {
+    /// Wakes every stream's thread (closing, failing).
+    fn notify_all(&self) {
+        for q in &self.lanes {
+            q.cv.notify_all();
+        }
+    }
+}
+
 struct SocketRecv {
     shared: Arc<RecvShared>,
+    min_part: usize,
     socks: Vec<Arc<TcpStream>>,
     threads: Vec<JoinHandle<()>>,
     reqs: HashMap<u64, Arc<RecvReq>>,
@@ -1078,8 +1130,12 @@ impl SocketRecv {
         waker: Waker,
     ) -> Result<Self, NetError> {
         let shared = Arc::new(RecvShared {
-            posted: Mutex::new(HashMap::new()),
-            posted_cv: Condvar::new(),
+            lanes: (0..socks.len())
+                .map(|_| RecvLaneQ {
+                    book: Mutex::new(LaneBook::default()),
+                    cv: Condvar::new(),
+                })
+                .collect(),
             closing: AtomicBool::new(false),
             failed: Mutex::new(None),
             waker,
@@ -1091,8 +1147,6 @@ impl SocketRecv {
             let (slice, depth) = (cfg.staging_slice, cfg.staging_depth);
             let lane = Lane {
                 index: i,
-                streams: socks.len(),
-                min_part: cfg.min_part,
                 spin: cfg.spin,
             };
             let cpus = cfg.cpus.clone();
@@ -1108,6 +1162,7 @@ impl SocketRecv {
         }
         Ok(SocketRecv {
             shared,
+            min_part: cfg.min_part,
             socks,
             threads,
             reqs: HashMap::new(),
@@ -1218,7 +1273,15 @@ fn part_done(shared: &RecvShared, l: Landing) {
     if l.req.parts_done.fetch_add(1, Ordering::AcqRel) + 1 == l.nparts {
         tracing::trace!(seq = l.seq, "lat: rx done");
         l.req.done.store(true, Ordering::Release);
-        shared.posted.lock().remove(&l.seq);
+        // A message shorter than its receive has fewer parts than the
+        // streams the receive was entered on: drop those entries.
+        let n = shared.lanes.len();
+        for i in l.nparts..l.req.lanes {
+            shared.lanes[(l.seq as usize + i) % n]
+                .book
+                .lock()
+                .take(l.seq);
+        }
         (shared.waker)();
     }
 }
@@ -1396,8 +1459,6 @@ fn rx_staged(
 #[derive(Clone, Copy)]
 struct Lane {
     index: usize,
-    streams: usize,
-    min_part: usize,
     spin: Duration,
 }
 
@@ -1415,41 +1476,23 @@ impl Lane {
         if self.spin.is_zero() {
             return;
         }
-        // Part i of message `seq` rides stream (seq + i) mod S; the sender
-        // cuts a message as `split_parts` does, with the same part size.
-        let due = |posted: &HashMap<u64, Arc<RecvReq>>| {
-            let (mut first, mut any) = (false, false);
-            for (seq, r) in posted
-                .iter()
-                .filter(|(_, r)| !r.done.load(Ordering::Acquire))
-            {
-                let parts = part_count(r.segs.total, self.streams, self.min_part);
-                let lane =
-                    (self.index + self.streams - *seq as usize % self.streams) % self.streams;
-                first |= lane == 0;
-                any |= lane < parts;
-            }
-            (first, any)
-        };
+        let q = &shared.lanes[self.index];
         let idle_since = Instant::now();
-        let mut posted = shared.posted.lock();
+        let mut book = q.book.lock();
         loop {
-            match due(&posted) {
-                (true, _) => break,
-                (false, true) => return,
-                _ => {}
+            if book.firsts > 0 {
+                break;
             }
-            if readable_now(s)
+            if !book.due.is_empty()
+                || readable_now(s)
                 || shared.closing.load(Ordering::Acquire)
                 || idle_since.elapsed() > IDLE_READ
             {
                 return;
             }
-            shared
-                .posted_cv
-                .wait_for(&mut posted, Duration::from_micros(100));
+            q.cv.wait_for(&mut book, Duration::from_micros(100));
         }
-        drop(posted);
+        drop(book);
         let start = Instant::now();
         while !readable_now(s) && start.elapsed() < self.spin {
             std::hint::spin_loop();
@@ -1468,14 +1511,10 @@ fn rx_loop(s: Arc<TcpStream>, shared: Arc<RecvShared>, slice: usize, depth: usiz
     let mut large_before = false;
     let fail = |msg: String| {
         // The first failure of the comm is what every receive reports.
-        let why = shared.failed.lock().get_or_insert(msg).clone();
+        // (`test` reports it for every receive not yet done.)
+        shared.failed.lock().get_or_insert(msg);
         shared.closing.store(true, Ordering::Release);
-        let posted = shared.posted.lock();
-        for r in posted.values() {
-            r.error.lock().get_or_insert_with(|| why.clone());
-        }
-        drop(posted);
-        shared.posted_cv.notify_all();
+        shared.notify_all();
         (shared.waker)();
     };
     let landing = |st: &Option<Staging>| st.as_ref().is_some_and(|st| st.has_landing());
@@ -1511,26 +1550,25 @@ fn rx_loop(s: Arc<TcpStream>, shared: Arc<RecvShared>, slice: usize, depth: usiz
             (field(0), field(1), field(2), field(3), field(4), field(5));
         tracing::trace!(seq, "lat: rx header");
         // Wait until the matching receive is posted.
+        let q = &shared.lanes[lane.index];
         let req = loop {
-            let mut posted = shared.posted.lock();
+            let mut book = q.book.lock();
             if shared.closing.load(Ordering::Acquire) {
                 return;
             }
-            if let Some(r) = posted.get(&seq) {
-                break r.clone();
+            if let Some(r) = book.take(seq) {
+                break r;
             }
             if landing(&staging) {
                 // The receive may be posted only once earlier ones complete.
-                drop(posted);
+                drop(book);
                 if let Some(Err(e)) = staging.as_mut().map(|st| st.flush(&shared)) {
                     fail(format!("receive stream from {peer}: {e}"));
                     return;
                 }
                 continue;
             }
-            shared
-                .posted_cv
-                .wait_for(&mut posted, Duration::from_millis(100));
+            q.cv.wait_for(&mut book, Duration::from_millis(100));
         };
         let bad = off.checked_add(len).is_none_or(|end| end > total)
             || total > req.segs.total as u64
@@ -1628,15 +1666,21 @@ impl RecvComm for SocketRecv {
         let segs = Segs::new(segs)?;
         let seq = self.next_seq;
         self.next_seq += 1;
+        let n = self.shared.lanes.len();
+        let lanes = part_count(segs.total, n, self.min_part);
         let req = Arc::new(RecvReq {
             segs,
             parts_done: AtomicUsize::new(0),
             shape: Mutex::new(None),
-            error: Mutex::new(None),
             done: AtomicBool::new(false),
+            lanes,
         });
-        self.shared.posted.lock().insert(seq, req.clone());
-        self.shared.posted_cv.notify_all();
+        // Part i of message `seq` rides stream (seq + i) mod S.
+        for i in 0..lanes {
+            let q = &self.shared.lanes[(seq as usize + i) % n];
+            q.book.lock().insert(seq, req.clone(), i);
+            q.cv.notify_all();
+        }
         self.reqs.insert(seq, req);
         Ok(Some(ReqId(seq)))
     }
@@ -1655,12 +1699,14 @@ impl RecvComm for SocketRecv {
             self.reqs.remove(&req.0);
             return Ok(Some(size));
         }
-        if let Some(e) = r.error.lock().clone() {
-            self.reqs.remove(&req.0);
-            return Err(NetError::Protocol {
-                net: NET,
-                reason: e,
-            });
+        if self.shared.closing.load(Ordering::Acquire) {
+            if let Some(e) = self.shared.failed.lock().clone() {
+                self.reqs.remove(&req.0);
+                return Err(NetError::Protocol {
+                    net: NET,
+                    reason: e,
+                });
+            }
         }
         Ok(None)
     }
@@ -1669,7 +1715,7 @@ impl RecvComm for SocketRecv {
 impl Drop for SocketRecv {
     fn drop(&mut self) {
         self.shared.closing.store(true, Ordering::Release);
-        self.shared.posted_cv.notify_all();
+        self.shared.notify_all();
         for s in &self.socks {
             let _ = s.shutdown(std::net::Shutdown::Both);
         }
@@ -1729,16 +1775,24 @@ mod tests {
     #[test]
     fn handle_round_trip_and_rejects_garbage() {
         let a: SocketAddr = "127.0.0.1:4242".parse().unwrap();
-        let h = encode_handle(a, 4, 99);
-        assert_eq!(decode_handle(&h).unwrap(), (a, 4, 99));
+        let h = encode_handle(a, 4, 99, 128 << 10);
+        assert_eq!(decode_handle(&h).unwrap(), (a, 4, 99, 128 << 10));
+        assert!(decode_handle(&encode_handle(a, 4, 99, 0)).is_err());
         assert!(decode_handle(&[0u8; 128]).is_err());
     }
 
     fn pair(streams: usize) -> (Box<dyn SendComm>, Box<dyn RecvComm>) {
-        let net = SocketNet::new(cfg(streams));
+        pair_of(cfg(streams), cfg(streams))
+    }
+
+    /// A comm from a net set up as `tx` to one set up as `rx`.
+    fn pair_of(tx: SocketConfig, rx: SocketConfig) -> (Box<dyn SendComm>, Box<dyn RecvComm>) {
         let waker: Waker = Arc::new(|| {});
-        let mut l = net.listen(0).unwrap();
-        let s = net.connect(0, &l.handle(), waker.clone()).unwrap().unwrap();
+        let mut l = SocketNet::new(rx).listen(0).unwrap();
+        let s = SocketNet::new(tx)
+            .connect(0, &l.handle(), waker.clone())
+            .unwrap()
+            .unwrap();
         let deadline = Instant::now() + Duration::from_secs(5);
         loop {
             if let Some(r) = l.accept(waker.clone()).unwrap() {
@@ -1947,6 +2001,53 @@ mod tests {
         for (i, q) in rreqs.into_iter().enumerate() {
             assert_eq!(wait(|| r.test(q)), sizes[i]);
             assert_eq!(&dsts[i][..sizes[i]], &srcs[i][..]);
+        }
+    }
+
+    #[test]
+    fn peers_with_other_part_sizes_agree_on_streams() {
+        // The receiver enters each receive on the streams its parts ride,
+        // reckoned with its own smallest part, which the sender adopts.
+        let (mut s, mut r) = pair_of(
+            SocketConfig {
+                min_part: 1024,
+                ..cfg(4)
+            },
+            SocketConfig {
+                min_part: 256 << 10,
+                ..cfg(4)
+            },
+        );
+        // Messages shorter than their receives (fewer parts than the
+        // streams the receive was entered on), and whole ones.
+        let sizes = [100_000usize, 1 << 20, 3, 700_000, 2 << 20];
+        let srcs: Vec<Vec<u8>> = sizes
+            .iter()
+            .map(|&n| (0..n).map(|i| (i * 13 + n) as u8).collect())
+            .collect();
+        let mut dsts: Vec<Vec<u8>> = sizes
+            .iter()
+            .enumerate()
+            .map(|(i, &n)| vec![0u8; if i % 2 == 0 { n + 10 } else { 2 << 20 }])
+            .collect();
+        let rreqs: Vec<ReqId> = dsts
+            .iter_mut()
+            .map(|d| {
+                r.irecv(host(d.as_mut_ptr() as u64, d.len()), MrHandle(0))
+                    .unwrap()
+                    .unwrap()
+            })
+            .collect();
+        for src in &srcs {
+            let q = s
+                .isend(host(src.as_ptr() as u64, src.len()), MrHandle(0))
+                .unwrap()
+                .unwrap();
+            assert_eq!(wait(|| s.test(q)), src.len());
+        }
+        for (i, q) in rreqs.into_iter().enumerate() {
+            assert_eq!(wait(|| r.test(q)), sizes[i]);
+            assert_eq!(&dsts[i][..sizes[i]], &srcs[i][..], "message {i}");
         }
     }
 
