@@ -6,7 +6,8 @@
 # but scale); scale: GPU pairs at once (needs 4+ GPUs); plugin16: the plugin
 # net at 16/256 MiB through the bench with 4 MiB and 2 MiB chunks; latbreak:
 # where a 64 KiB message's time goes (benchmarks/lat_breakdown.py); copylat:
-# one small staged copy's latency, several ways.
+# one small staged copy's latency, several ways; host: host memory → host
+# memory with the raw-TCP reference.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 WHEEL=$1 BIN=$2 O=$3 STEPS=${4:-socket,plugin,unpack,nccl,bench,kv,lat,copy}
@@ -23,6 +24,7 @@ has plugin && { TCPX_P2P_NET=plugin TCPX_P2P_PLUGIN_PATH=$EMU timeout 90 $PT tes
 has unpack && { BIN_DIR=$BIN timeout 90 bash benchmarks/gpu_plugin_check.sh "$R/gpu_plugin_check.json" > "$R/gpu_plugin_check.txt" 2>&1; pack gpu_plugin_check.txt 30; }
 has nccl && { NCCL_EMU_CHECK_TIMEOUT=${NCCL_EMU_CHECK_TIMEOUT:-45} NCCL_EMU_CHECK_TRACE=1 timeout 100 python3 benchmarks/nccl_emu_check.py "$R/nccl" --plugin "$BIN/libnccl_net_emu.so" > "$R/nccl_emu_check.txt" 2>&1; pack nccl_emu_check.txt 12; }
 has bench && { timeout 100 python3 -m tcpx_p2p.bench pair --memory gpu --sizes 64K,1M,16M,256M --reference --json "$R/bench_gpu_send.json" > "$R/bench_gpu_send.txt" 2>/dev/null; pack bench_gpu_send.txt 7; }
+has host && { timeout 150 python3 -m tcpx_p2p.bench pair --memory host --sizes 4K,64K,1M,16M,256M --reference --json "$R/bench_host_send.json" > "$R/bench_host_send.txt" 2>/dev/null; pack bench_host_send.txt 8; }
 B="python3 -m tcpx_p2p.bench pair --memory gpu"
 if has kv; then
   # 4096 x 32 KiB: scattered (a paged cache's block table) and contiguous

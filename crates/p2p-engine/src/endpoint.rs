@@ -88,6 +88,7 @@ fn make_net(
             connect_timeout: cfg.connect_timeout,
             spin: cfg.spin,
             cpus,
+            gpu,
         }))),
         NetKind::Plugin => PluginNet::load(&cfg.plugin_path, gpu)
             .map(|n| Arc::new(n) as Arc<dyn Net>)
