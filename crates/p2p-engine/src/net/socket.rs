@@ -1010,7 +1010,7 @@ impl SendComm for SocketSend {
                     }
                 }
             }
-            if kind == Some(MemKind::Host) && len <= INLINE_MAX && idle {
+            if kind == Some(MemKind::Host) && len <= INLINE_MAX && lone && idle {
                 // The stream is idle: write now, without blocking.
                 let iov: Vec<IoSlice<'_>> = host_slices(&op)
                     .into_iter()
