@@ -7,7 +7,8 @@
 # net at 16/256 MiB through the bench with 4 MiB and 2 MiB chunks; latbreak:
 # where a 64 KiB message's time goes (benchmarks/lat_breakdown.py); copylat:
 # one small staged copy's latency, several ways; host: host memory → host
-# memory with the raw-TCP reference.
+# memory with the raw-TCP reference; tune: staging slice / depth and socket
+# buffer sizes at 16 / 256 MiB.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 WHEEL=$1 BIN=$2 O=$3 STEPS=${4:-socket,plugin,unpack,nccl,bench,kv,lat,copy}
@@ -61,6 +62,28 @@ if has latbreak; then
     TCPX_P2P_LOG=trace timeout 60 python3 -m tcpx_p2p.bench pair --memory $mem --sizes 64K --iters 300 > "$R/$f.txt" 2> "$R/$f.log"
     python3 benchmarks/lat_breakdown.py "$R/$f.log" --json "$R/$f.json" >> "$R/$f.txt" 2>&1; pack $f.txt 16
   done
+fi
+if has tune; then
+  # Staging slice / depth and socket buffer sizes, GPU -> GPU 16 / 256 MiB,
+  # each setting twice, the rounds alternated (lease drift hits all alike).
+  for round in 1 2; do
+    for c in default STAGING_SLICE=256K STAGING_SLICE=512K STAGING_SLICE=2M STAGING_SLICE=512K,STAGING_DEPTH=8 SOCKBUF=8M SOCKBUF=32M; do
+      E=""; [ $c != default ] && E=$(echo "$c" | sed 's/^/TCPX_P2P_/; s/,/ TCPX_P2P_/g')
+      f=tune_$(echo "$c" | tr ',=' '_-')_r$round
+      env $E timeout 60 $B --sizes 16M,256M --json "$R/$f.json" > "$R/$f.txt" 2>/dev/null
+    done
+  done
+  python3 - "$R" > "$R/tune_summary.txt" <<'PY'
+import glob, json, os, sys, collections
+acc = collections.defaultdict(list)
+for f in sorted(glob.glob(os.path.join(sys.argv[1], "tune_*_r*.json"))):
+    name = os.path.basename(f).rsplit("_r", 1)[0][5:]
+    for r in json.load(open(f))["rows"]:
+        acc[(name, r["size"])].append(r["GBps"])
+for (name, size), v in sorted(acc.items()):
+    print(f"{name:<40} {size >> 20:>4} MiB  " + "  ".join(f"{x:6.2f}" for x in v) + f"   mean {sum(v) / len(v):6.2f}")
+PY
+  pack tune_summary.txt 14
 fi
 if has scale; then
   # Pairs of GPUs i -> i+n/2 at once, k in SCALE_PAIRS (default 1 2 4, those
