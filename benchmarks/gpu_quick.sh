@@ -20,8 +20,8 @@ PT="python3 -m pytest -p no:cacheprovider -p timeout --timeout 60 -v"
 { date -u +%FT%TZ; nvidia-smi -L; } > "$R/device.txt" 2>&1
 pack() { tail -${2:-2} "$R/$1" | tee -a "$R/summary.txt"; tar -C "$(dirname "$R")" -czf "$O/round.tar.gz" round; cp "$R/summary.txt" "$O/summary.txt"; }
 has() { case ",$STEPS," in *",$1,"*) return 0;; *) return 1;; esac; }
-has socket && { timeout 110 $PT tests/test_api.py -k cuda > "$R/tests_socket_cuda.txt" 2>&1; pack tests_socket_cuda.txt 1; }
-has plugin && { TCPX_P2P_NET=plugin TCPX_P2P_PLUGIN_PATH=$EMU timeout 90 $PT tests/test_api.py -k cuda > "$R/tests_plugin_cuda.txt" 2>&1; pack tests_plugin_cuda.txt 1; }
+has socket && { timeout 150 $PT tests/test_api.py -k cuda > "$R/tests_socket_cuda.txt" 2>&1; pack tests_socket_cuda.txt 1; }
+has plugin && { TCPX_P2P_NET=plugin TCPX_P2P_PLUGIN_PATH=$EMU timeout 150 $PT tests/test_api.py -k cuda > "$R/tests_plugin_cuda.txt" 2>&1; pack tests_plugin_cuda.txt 1; }
 has unpack && { BIN_DIR=$BIN timeout 90 bash benchmarks/gpu_plugin_check.sh "$R/gpu_plugin_check.json" > "$R/gpu_plugin_check.txt" 2>&1; pack gpu_plugin_check.txt 30; }
 has nccl && { NCCL_EMU_CHECK_TIMEOUT=${NCCL_EMU_CHECK_TIMEOUT:-45} NCCL_EMU_CHECK_TRACE=1 timeout 100 python3 benchmarks/nccl_emu_check.py "$R/nccl" --plugin "$BIN/libnccl_net_emu.so" > "$R/nccl_emu_check.txt" 2>&1; pack nccl_emu_check.txt 12; }
 has bench && { timeout 100 python3 -m tcpx_p2p.bench pair --memory gpu --sizes 64K,1M,16M,256M --reference --json "$R/bench_gpu_send.json" > "$R/bench_gpu_send.txt" 2>/dev/null; pack bench_gpu_send.txt 7; }
