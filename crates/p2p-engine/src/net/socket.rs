@@ -13,7 +13,7 @@
 use std::collections::HashMap;
 use std::io::{self, IoSlice, IoSliceMut, Read, Write};
 use std::net::{IpAddr, Ipv6Addr, SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -1120,6 +1120,8 @@ struct RecvLaneQ {
 
 struct RecvShared {
     lanes: Vec<RecvLaneQ>,
+    /// Receives `0..posted` have been entered on their streams' books.
+    posted: AtomicU64,
     closing: AtomicBool,
     failed: Mutex<Option<String>>,
     waker: Waker,
@@ -1156,6 +1158,7 @@ impl SocketRecv {
                     cv: Condvar::new(),
                 })
                 .collect(),
+            posted: AtomicU64::new(0),
             closing: AtomicBool::new(false),
             failed: Mutex::new(None),
             waker,
@@ -1581,6 +1584,16 @@ fn rx_loop(s: Arc<TcpStream>, shared: Arc<RecvShared>, slice: usize, depth: usiz
             if let Some(r) = book.take(seq) {
                 break r;
             }
+            if seq < shared.posted.load(Ordering::Acquire) {
+                // Its receive is posted, and not expecting this part here
+                // (entries are made before `posted` moves past them).
+                drop(book);
+                fail(format!(
+                    "receive stream {} from {peer}: a part of message {seq} that the receive does not expect on this stream (sent twice, or cut other than the receiver's streams and part size say)",
+                    lane.index
+                ));
+                return;
+            }
             if landing(&staging) {
                 // The receive may be posted only once earlier ones complete.
                 drop(book);
@@ -1703,6 +1716,7 @@ impl RecvComm for SocketRecv {
             q.book.lock().insert(seq, req.clone(), i);
             q.cv.notify_all();
         }
+        self.shared.posted.store(seq + 1, Ordering::Release);
         self.reqs.insert(seq, req);
         Ok(Some(ReqId(seq)))
     }
@@ -2072,6 +2086,56 @@ mod tests {
             assert_eq!(wait(|| r.test(q)), sizes[i]);
             assert_eq!(&dsts[i][..sizes[i]], &srcs[i][..], "message {i}");
         }
+    }
+
+    #[test]
+    fn part_on_a_stream_its_receive_does_not_expect_fails_the_receive() {
+        // A peer that writes a one-part message on the wrong stream: the
+        // receive fails with the reason instead of waiting for ever.
+        let net = SocketNet::new(cfg(2));
+        let waker: Waker = Arc::new(|| {});
+        let mut l = net.listen(0).unwrap();
+        let (addr, streams, nonce, _) = decode_handle(&l.handle()).unwrap();
+        let mut socks = Vec::new();
+        for i in 0..streams {
+            let mut s = TcpStream::connect(addr).unwrap();
+            let mut hello = [0u8; 24];
+            hello[0..8].copy_from_slice(&HELLO_MAGIC.to_le_bytes());
+            hello[8..16].copy_from_slice(&nonce.to_le_bytes());
+            hello[16..24].copy_from_slice(&(i as u64).to_le_bytes());
+            s.write_all(&hello).unwrap();
+            socks.push(s);
+        }
+        let mut r = loop {
+            if let Some(r) = l.accept(waker.clone()).unwrap() {
+                break r;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        };
+        let mut dst = vec![0u8; 100];
+        let m = host(dst.as_mut_ptr() as u64, 100);
+        let q = r.irecv(m, MrHandle(0)).unwrap().unwrap();
+        // Message 0 has one part, which rides stream 0; send it on stream 1.
+        let mut hdr = [0u8; HDR_LEN];
+        for (j, v) in [0, 0, 100, 100, 1, Segs::new(&[m]).unwrap().shape]
+            .into_iter()
+            .enumerate()
+        {
+            hdr[j * 8..j * 8 + 8].copy_from_slice(&v.to_le_bytes());
+        }
+        socks[1].write_all(&hdr).unwrap();
+        socks[1].write_all(&[7u8; 100]).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let err = loop {
+            match r.test(q) {
+                Err(e) => break e.to_string(),
+                Ok(Some(_)) => panic!("a part on the wrong stream must not complete"),
+                Ok(None) => assert!(Instant::now() < deadline, "the receive waited for ever"),
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        };
+        assert!(err.contains("does not expect"), "{err}");
+        assert!(dst.iter().all(|&b| b == 0), "nothing written");
     }
 
     #[test]
