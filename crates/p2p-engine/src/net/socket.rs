@@ -568,15 +568,14 @@ impl SocketSend {
             let shared = shared.clone();
             let q = Arc::new(AtomicUsize::new(0));
             queued.push(q.clone());
-            let (slice, depth, spin, gpu) =
-                (cfg.staging_slice, cfg.staging_depth, cfg.spin, cfg.gpu);
+            let lane = Lane::new(i, cfg);
             let cpus = cfg.cpus.clone();
             threads.push(
                 std::thread::Builder::new()
                     .name(format!("tcpx-tx{i}"))
                     .spawn(move || {
                         topo::pin_thread(cpus.as_deref());
-                        tx_loop(s, rx, shared, q, slice, depth, spin, gpu)
+                        tx_loop(s, rx, shared, q, lane)
                     })
                     .map_err(|e| NetError::io(NET, "spawning an I/O thread", e))?,
             );
@@ -845,18 +844,17 @@ fn staging_ahead(gpu: Option<i32>, slice: usize, depth: usize) -> Option<Staging
     st
 }
 
-#[allow(clippy::too_many_arguments)]
 fn tx_loop(
     s: Arc<TcpStream>,
     rx: Receiver<TxOp>,
     shared: Arc<SendShared>,
     queued: Arc<AtomicUsize>,
-    slice: usize,
-    depth: usize,
-    spin: Duration,
-    gpu: Option<i32>,
+    lane: Lane,
 ) {
-    let mut staging = staging_ahead(gpu, slice, depth);
+    let Lane {
+        slice, depth, spin, ..
+    } = lane;
+    let mut staging = staging_ahead(lane.gpu, slice, depth);
     let mut held: Option<TxOp> = None;
     let finish = |op: &TxOp, r: &Result<(), String>| {
         queued.fetch_sub(1, Ordering::AcqRel);
@@ -1167,19 +1165,14 @@ impl SocketRecv {
         for (i, s) in socks.iter().enumerate() {
             let s = s.clone();
             let shared = shared.clone();
-            let (slice, depth) = (cfg.staging_slice, cfg.staging_depth);
-            let lane = Lane {
-                index: i,
-                spin: cfg.spin,
-                gpu: cfg.gpu,
-            };
+            let lane = Lane::new(i, cfg);
             let cpus = cfg.cpus.clone();
             threads.push(
                 std::thread::Builder::new()
                     .name(format!("tcpx-rx{i}"))
                     .spawn(move || {
                         topo::pin_thread(cpus.as_deref());
-                        rx_loop(s, shared, slice, depth, lane)
+                        rx_loop(s, shared, lane)
                     })
                     .map_err(|e| NetError::io(NET, "spawning an I/O thread", e))?,
             );
@@ -1479,15 +1472,29 @@ fn rx_staged(
     Ok(())
 }
 
-/// Which stream an I/O thread reads, of how many, and how long it may spin.
+/// What an I/O thread works with: its stream's index, how long it may
+/// spin, its pinned staging (slice size, slices) and the GPU to make it for
+/// when it starts.
 #[derive(Clone, Copy)]
 struct Lane {
     index: usize,
     spin: Duration,
     gpu: Option<i32>,
+    slice: usize,
+    depth: usize,
 }
 
 impl Lane {
+    fn new(index: usize, cfg: &SocketConfig) -> Self {
+        Lane {
+            index,
+            spin: cfg.spin,
+            gpu: cfg.gpu,
+            slice: cfg.staging_slice,
+            depth: cfg.staging_depth,
+        }
+    }
+
     /// With spinning allowed, keeps this thread out of a blocking read
     /// (whose wake-up, 25-65 µs on a busy VM, measured on h200-x2, was the
     /// largest item of a small message's trip): with no receive posted
@@ -1529,7 +1536,8 @@ impl Lane {
 /// posted before it blocks in a read.
 const IDLE_READ: Duration = Duration::from_millis(50);
 
-fn rx_loop(s: Arc<TcpStream>, shared: Arc<RecvShared>, slice: usize, depth: usize, lane: Lane) {
+fn rx_loop(s: Arc<TcpStream>, shared: Arc<RecvShared>, lane: Lane) {
+    let (slice, depth) = (lane.slice, lane.depth);
     let mut staging = staging_ahead(lane.gpu, slice, depth);
     let peer = s.peer_addr().map(|a| a.to_string()).unwrap_or_default();
     let mut r = StreamReader::new(s);
