@@ -589,7 +589,10 @@ impl SocketSend {
             reqs: HashMap::new(),
             next_seq: 0,
             min_part: cfg.min_part,
-            inline_staging: staging_ahead(cfg.gpu, INLINE_MAX, 1),
+            // Made by the posting thread at its first lone GPU message, not
+            // here: making it binds the GPU's context on the calling
+            // (application) thread.
+            inline_staging: None,
             last_post: Instant::now(),
             queued,
         })
