@@ -250,25 +250,16 @@ pub enum CpuAffinity {
 pub fn parse_cpulist(s: &str) -> Option<Vec<usize>> {
     let mut v = Vec::new();
     for part in s.trim().split(',').map(str::trim).filter(|p| !p.is_empty()) {
-        match part.split_once('-') {
-            Some((a, b)) => {
-                let (a, b) = (
-                    a.trim().parse::<usize>().ok()?,
-                    b.trim().parse::<usize>().ok()?,
-                );
-                if a > b || b >= libc::CPU_SETSIZE as usize {
-                    return None;
-                }
-                v.extend(a..=b);
-            }
-            None => {
-                let c = part.parse::<usize>().ok()?;
-                if c >= libc::CPU_SETSIZE as usize {
-                    return None;
-                }
-                v.push(c);
-            }
+        // A single CPU is the range from it to itself.
+        let (a, b) = part.split_once('-').unwrap_or((part, part));
+        let (a, b) = (
+            a.trim().parse::<usize>().ok()?,
+            b.trim().parse::<usize>().ok()?,
+        );
+        if a > b || b >= libc::CPU_SETSIZE as usize {
+            return None;
         }
+        v.extend(a..=b);
     }
     v.sort_unstable();
     v.dedup();
