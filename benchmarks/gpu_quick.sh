@@ -8,7 +8,8 @@
 # where a 64 KiB message's time goes (benchmarks/lat_breakdown.py); copylat:
 # one small staged copy's latency, several ways; host: host memory → host
 # memory with the raw-TCP reference; tune: staging slice / depth and socket
-# buffer sizes at 16 / 256 MiB.
+# buffer sizes at 16 / 256 MiB; streams: 8 / 12 / 16 streams per comm
+# (STREAM_COUNTS) at 16 / 256 MiB.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 WHEEL=$1 BIN=$2 O=$3 STEPS=${4:-socket,plugin,unpack,nccl,bench,kv,lat,copy}
@@ -20,6 +21,20 @@ PT="python3 -m pytest -p no:cacheprovider -p timeout --timeout 60 -v"
 { date -u +%FT%TZ; nvidia-smi -L; } > "$R/device.txt" 2>&1
 pack() { tail -${2:-2} "$R/$1" | tee -a "$R/summary.txt"; tar -C "$(dirname "$R")" -czf "$O/round.tar.gz" round; cp "$R/summary.txt" "$O/summary.txt"; }
 has() { case ",$STEPS," in *",$1,"*) return 0;; *) return 1;; esac; }
+# GB/s of the runs $R/PREFIX_<setting>_r<round>.json, per setting and size.
+summarize() {
+  python3 - "$R" "$1" <<'PY'
+import glob, json, os, sys, collections
+acc = collections.defaultdict(list)
+pre = sys.argv[2] + "_"
+for f in sorted(glob.glob(os.path.join(sys.argv[1], pre + "*_r*.json"))):
+    name = os.path.basename(f).rsplit("_r", 1)[0][len(pre):]
+    for r in json.load(open(f))["rows"]:
+        acc[(name, r["size"])].append(r["GBps"])
+for (name, size), v in sorted(acc.items()):
+    print(f"{name:<40} {size >> 20:>4} MiB  " + "  ".join(f"{x:6.2f}" for x in v) + f"   mean {sum(v) / len(v):6.2f}")
+PY
+}
 has socket && { timeout 150 $PT tests/test_api.py -k cuda > "$R/tests_socket_cuda.txt" 2>&1; pack tests_socket_cuda.txt 1; }
 has plugin && { TCPX_P2P_NET=plugin TCPX_P2P_PLUGIN_PATH=$EMU timeout 150 $PT tests/test_api.py -k cuda > "$R/tests_plugin_cuda.txt" 2>&1; pack tests_plugin_cuda.txt 1; }
 has unpack && { BIN_DIR=$BIN timeout 90 bash benchmarks/gpu_plugin_check.sh "$R/gpu_plugin_check.json" > "$R/gpu_plugin_check.txt" 2>&1; pack gpu_plugin_check.txt 30; }
@@ -73,17 +88,17 @@ if has tune; then
       env $E timeout 60 $B --sizes 16M,256M --json "$R/$f.json" > "$R/$f.txt" 2>/dev/null
     done
   done
-  python3 - "$R" > "$R/tune_summary.txt" <<'PY'
-import glob, json, os, sys, collections
-acc = collections.defaultdict(list)
-for f in sorted(glob.glob(os.path.join(sys.argv[1], "tune_*_r*.json"))):
-    name = os.path.basename(f).rsplit("_r", 1)[0][5:]
-    for r in json.load(open(f))["rows"]:
-        acc[(name, r["size"])].append(r["GBps"])
-for (name, size), v in sorted(acc.items()):
-    print(f"{name:<40} {size >> 20:>4} MiB  " + "  ".join(f"{x:6.2f}" for x in v) + f"   mean {sum(v) / len(v):6.2f}")
-PY
+  summarize tune > "$R/tune_summary.txt"
   pack tune_summary.txt 14
+fi
+if has streams; then
+  # Streams per comm, GPU -> GPU 16 / 256 MiB, alternated twice.
+  for round in 1 2; do
+    for n in ${STREAM_COUNTS:-8 12 16}; do
+      timeout 60 $B --streams $n --sizes 16M,256M --json "$R/streams_${n}_r$round.json" > "$R/streams_${n}_r$round.txt" 2>/dev/null
+    done
+  done
+  summarize streams > "$R/streams_summary.txt"; pack streams_summary.txt 8
 fi
 if has scale; then
   # Pairs of GPUs i -> i+n/2 at once, k in SCALE_PAIRS (default 1 2 4, those

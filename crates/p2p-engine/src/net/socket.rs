@@ -21,6 +21,7 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{Receiver, Sender};
 use parking_lot::{Condvar, Mutex};
 
+use super::timing::{self, Spent};
 use super::{
     DeviceProps, ListenComm, MemRef, MrHandle, Net, NetHandle, RecvComm, ReqId, SendComm, Waker,
 };
@@ -412,8 +413,11 @@ fn window_copies(pieces: &[(u64, usize, usize)], slot: u64, to_slot: bool) -> Ve
 struct Staging {
     device: i32,
     stream: gpu::Stream,
+    /// Each slot: its pinned slice, the event recorded after the copies
+    /// queued on it, and whether those copies may still be running.
     slots: Vec<(gpu::PinnedBuf, gpu::Event, bool)>,
-    /// Receive side, small parts: the slot being filled and its bytes used.
+    /// Receive side: the slot being filled (small parts share one) and its
+    /// bytes used.
     fill_slot: usize,
     fill_used: usize,
     /// Receive side: per slot, the parts whose copies out of it are queued
@@ -425,38 +429,113 @@ struct Staging {
 }
 
 impl Staging {
-    fn get(
-        st: &mut Option<Staging>,
-        device: i32,
-        slice: usize,
-        depth: usize,
-    ) -> Result<&mut Staging, String> {
-        if st.as_ref().is_some_and(|s| s.device != device) {
-            *st = None;
+    fn new(device: i32, slice: usize, depth: usize) -> Result<Staging, String> {
+        let dev = gpu::Device::get(device).map_err(|e| e.to_string())?;
+        dev.bind().map_err(|e| e.to_string())?;
+        let stream = gpu::Stream::new().map_err(|e| e.to_string())?;
+        let mut slots = Vec::with_capacity(depth);
+        for _ in 0..depth.max(1) {
+            slots.push((
+                gpu::PinnedBuf::new(slice).map_err(|e| e.to_string())?,
+                gpu::Event::new().map_err(|e| e.to_string())?,
+                false,
+            ));
         }
-        if st.is_none() {
-            let dev = gpu::Device::get(device).map_err(|e| e.to_string())?;
-            dev.bind().map_err(|e| e.to_string())?;
-            let stream = gpu::Stream::new().map_err(|e| e.to_string())?;
-            let mut slots = Vec::with_capacity(depth);
-            for _ in 0..depth {
-                slots.push((
-                    gpu::PinnedBuf::new(slice).map_err(|e| e.to_string())?,
-                    gpu::Event::new().map_err(|e| e.to_string())?,
-                    false,
-                ));
+        Ok(Staging {
+            device,
+            stream,
+            landing: (0..slots.len()).map(|_| Vec::new()).collect(),
+            slots,
+            fill_slot: 0,
+            fill_used: 0,
+            pending: Vec::new(),
+        })
+    }
+
+    fn depth(&self) -> usize {
+        self.slots.len()
+    }
+
+    fn slice(&self) -> usize {
+        self.slots[0].0.len()
+    }
+
+    /// Records slot `k`'s event behind the copies queued so far.
+    fn seal(&mut self, k: usize) -> Result<(), String> {
+        self.slots[k]
+            .1
+            .record(&self.stream)
+            .map_err(|e| e.to_string())?;
+        self.slots[k].2 = true;
+        Ok(())
+    }
+
+    /// Waits for slot `k`'s copies, if any are queued.
+    fn wait(&mut self, k: usize) -> Result<(), String> {
+        if self.slots[k].2 {
+            self.slots[k].1.synchronize().map_err(|e| e.to_string())?;
+            self.slots[k].2 = false;
+        }
+        Ok(())
+    }
+}
+
+/// An I/O thread's staging: made for a GPU when first needed (or ahead,
+/// for the endpoint's GPU), remade for another GPU, `depth` slices of
+/// `slice` bytes.
+struct Stager {
+    cur: Option<Staging>,
+    slice: usize,
+    depth: usize,
+}
+
+impl Stager {
+    /// Staging made later, on first use.
+    fn lazy(slice: usize, depth: usize) -> Self {
+        Stager {
+            cur: None,
+            slice,
+            depth,
+        }
+    }
+
+    /// Staging for GPU `gpu` made now (pinned allocations take
+    /// milliseconds each: measured on h200-x2, the first size of a run read
+    /// 4.75 GB/s at 64 KiB where the next read 14.75). A failure is left
+    /// for the first GPU message to report.
+    fn ahead(gpu: Option<i32>, slice: usize, depth: usize) -> Self {
+        let mut st = Stager::lazy(slice, depth);
+        if let Some(dev) = gpu {
+            if let Err(e) = st.get(dev) {
+                tracing::debug!(gpu = dev, "pinned staging not made ahead: {e}");
             }
-            *st = Some(Staging {
-                device,
-                stream,
-                landing: (0..slots.len()).map(|_| Vec::new()).collect(),
-                slots,
-                fill_slot: 0,
-                fill_used: 0,
-                pending: Vec::new(),
-            });
         }
-        st.as_mut().ok_or_else(|| "staging".to_string())
+        st
+    }
+
+    /// The staging for GPU `device`, made (or remade) if needed. A receive
+    /// side must have flushed the old one first.
+    fn get(&mut self, device: i32) -> Result<&mut Staging, String> {
+        if self.cur.as_ref().is_some_and(|s| s.device != device) {
+            self.cur = None;
+        }
+        if self.cur.is_none() {
+            self.cur = Some(Staging::new(device, self.slice, self.depth)?);
+        }
+        self.cur.as_mut().ok_or_else(|| "staging".to_string())
+    }
+
+    /// Whether parts wait on copies that have not been waited for.
+    fn landing(&self) -> bool {
+        self.cur.as_ref().is_some_and(|st| st.has_landing())
+    }
+
+    /// Completes every part waiting on a copy (see [`Staging::flush`]).
+    fn flush(&mut self, shared: &RecvShared) -> Result<(), String> {
+        match self.cur.as_mut() {
+            Some(st) => st.flush(shared),
+            None => Ok(()),
+        }
     }
 }
 
@@ -482,9 +561,12 @@ impl Staging {
         }
         // SAFETY: the parts fit the slot together, back to back; each
         // device range was checked by the engine.
+        timing::mark(Spent::Other);
         unsafe { self.stream.copy_batch(&ops) }.map_err(|e| e.to_string())?;
         slot.1.record(&self.stream).map_err(|e| e.to_string())?;
+        timing::mark(Spent::Driver);
         slot.1.synchronize().map_err(|e| e.to_string())?;
+        timing::mark(Spent::Copies);
         Ok(slot.0.as_slice(off))
     }
 }
@@ -542,7 +624,7 @@ struct SocketSend {
     min_part: usize,
     /// The posting thread's own pinned slot, for small GPU parts it copies
     /// and writes itself when their stream is idle.
-    inline_staging: Option<Staging>,
+    inline_staging: Stager,
     /// When the last `isend` returned: a GPU part is copied inline only
     /// when it does not follow another post closely (a lone message, where
     /// latency counts); a burst (KV blocks) goes to the I/O threads, which
@@ -592,7 +674,7 @@ impl SocketSend {
             // Made by the posting thread at its first lone GPU message, not
             // here: making it binds the GPU's context on the calling
             // (application) thread.
-            inline_staging: None,
+            inline_staging: Stager::lazy(INLINE_MAX, 1),
             last_post: Instant::now(),
             queued,
         })
@@ -601,6 +683,7 @@ impl SocketSend {
 
 /// Writes every byte of `parts` with as few system calls as it takes.
 fn write_all_slices(s: &TcpStream, parts: &[&[u8]]) -> io::Result<()> {
+    timing::mark(Spent::Other);
     let (mut idx, mut off) = (0, 0);
     while idx < parts.len() {
         if off == parts[idx].len() {
@@ -627,6 +710,8 @@ fn write_all_slices(s: &TcpStream, parts: &[&[u8]]) -> io::Result<()> {
             }
         }
     }
+    timing::mark(Spent::Socket);
+    timing::bytes(parts.iter().map(|p| p.len()).sum());
     Ok(())
 }
 
@@ -668,13 +753,7 @@ fn host_only(op: &TxOp) -> bool {
     op.owned.is_some() || uniform_kind(&op.pieces) == Some(MemKind::Host)
 }
 
-fn tx_part(
-    s: &TcpStream,
-    op: &TxOp,
-    staging: &mut Option<Staging>,
-    slice: usize,
-    depth: usize,
-) -> Result<(), String> {
+fn tx_part(s: &TcpStream, op: &TxOp, stager: &mut Stager) -> Result<(), String> {
     if host_only(op) {
         return write_all_slices(s, &host_slices(op)).map_err(|e| e.to_string());
     }
@@ -685,47 +764,168 @@ fn tx_part(
                 let v: Vec<&[u8]> = run.iter().map(host_slice).collect();
                 write_all_slices(s, &v).map_err(|e| e.to_string())?;
             }
-            MemKind::Cuda(dev) => tx_staged(s, run, dev, staging, slice, depth)?,
+            MemKind::Cuda(dev) => {
+                let st = stager.get(dev)?;
+                let mut pipe = TxPipe::default();
+                pipe.push(None, windows(run, st.slice()));
+                while !pipe.is_empty() {
+                    pipe.write_next(s, st)?;
+                }
+            }
         }
     }
     Ok(())
 }
 
-/// Writes device pieces through the pinned slots: the copies of later
-/// windows run while earlier ones are written.
-fn tx_staged(
-    s: &TcpStream,
-    run: &[MemRef],
-    dev: i32,
-    staging: &mut Option<Staging>,
-    slice: usize,
-    depth: usize,
-) -> Result<(), String> {
-    let mut w = s;
-    let st = Staging::get(staging, dev, slice, depth)?;
-    let wins = windows(run, slice);
-    let n = wins.len();
-    let issue = |st: &mut Staging, i: usize| -> Result<(), String> {
-        let k = i % st.slots.len();
-        let ops = window_copies(&wins[i].1, st.slots[k].0.as_ptr() as u64, true);
-        // SAFETY: the window fits the slot, which is idle (its previous
-        // copy was waited for); the device ranges were checked.
-        unsafe { st.stream.copy_batch(&ops) }.map_err(|e| e.to_string())?;
-        st.slots[k].1.record(&st.stream).map_err(|e| e.to_string())
-    };
-    for i in 0..n.min(st.slots.len()) {
-        issue(st, i)?;
+/// One part in a [`TxPipe`]: its windows, and the op it completes (whose
+/// header goes before its first window), if any.
+struct PipePart {
+    op: Option<TxOp>,
+    wins: Vec<Window>,
+    issued: usize,
+    written: usize,
+}
+
+/// Device-memory windows written through the pinned slots in order: the
+/// copies into the slots run up to `depth` windows ahead of the writes,
+/// across part boundaries -- the next part's first windows are copied
+/// while this part's last ones are written. (Part by part, a 1 MiB part
+/// was one window: its copy, the wait for it and its write ran one after
+/// the other on each stream.)
+#[derive(Default)]
+struct TxPipe {
+    parts: std::collections::VecDeque<PipePart>,
+    /// Windows whose copies were queued, and windows written, all parts.
+    issued: usize,
+    written: usize,
+}
+
+impl TxPipe {
+    fn push(&mut self, op: Option<TxOp>, wins: Vec<Window>) {
+        self.parts.push_back(PipePart {
+            op,
+            wins,
+            issued: 0,
+            written: 0,
+        });
     }
-    for (i, &(wlen, _)) in wins.iter().enumerate() {
-        let k = i % st.slots.len();
-        st.slots[k].1.synchronize().map_err(|e| e.to_string())?;
-        w.write_all(st.slots[k].0.as_slice(wlen))
-            .map_err(|e| e.to_string())?;
-        if i + st.slots.len() < n {
-            issue(st, i + st.slots.len())?;
+
+    fn is_empty(&self) -> bool {
+        self.parts.is_empty()
+    }
+
+    /// Whether a slot is free and every known window is already copied.
+    fn wants_more(&self, st: &Staging) -> bool {
+        self.issued - self.written < st.depth()
+            && self.parts.back().is_none_or(|p| p.issued == p.wins.len())
+    }
+
+    /// Queues the copies of the next windows into the free slots.
+    fn top_up(&mut self, st: &mut Staging) -> Result<(), String> {
+        let depth = st.depth();
+        while self.issued - self.written < depth {
+            let Some(p) = self.parts.iter_mut().find(|p| p.issued < p.wins.len()) else {
+                break;
+            };
+            let k = self.issued % depth;
+            let ops = window_copies(&p.wins[p.issued].1, st.slots[k].0.as_ptr() as u64, true);
+            // SAFETY: the window fits the slot, whose previous window was
+            // written (so nothing reads it); the device ranges were checked
+            // by the engine.
+            unsafe { st.stream.copy_batch(&ops) }.map_err(|e| e.to_string())?;
+            st.seal(k)?;
+            p.issued += 1;
+            self.issued += 1;
+        }
+        Ok(())
+    }
+
+    /// Tops the copies up, then writes the oldest window once its copy has
+    /// landed; returns the part when that was its last window.
+    fn write_next(&mut self, s: &TcpStream, st: &mut Staging) -> Result<Option<PipePart>, String> {
+        timing::mark(Spent::Other);
+        self.top_up(st)?;
+        timing::mark(Spent::Driver);
+        let depth = st.depth();
+        let Some(p) = self.parts.front_mut() else {
+            return Ok(None);
+        };
+        let k = self.written % depth;
+        st.wait(k)?;
+        timing::mark(Spent::Copies);
+        let data = st.slots[k].0.as_slice(p.wins[p.written].0);
+        match (&p.op, p.written) {
+            (Some(op), 0) => write_all_slices(s, &[&op.hdr, data]),
+            _ => write_all_slices(s, &[data]),
+        }
+        .map_err(|e| e.to_string())?;
+        p.written += 1;
+        self.written += 1;
+        if p.written == p.wins.len() {
+            return Ok(self.parts.pop_front());
+        }
+        Ok(None)
+    }
+}
+
+/// The GPU of a whole device-memory part too large to batch: written
+/// through the slots by [`tx_gpu_stream`].
+fn large_gpu(op: &TxOp, slice: usize) -> Option<i32> {
+    if op.skip != 0 || op.owned.is_some() || op.len == 0 || gpu_batchable(op, slice).is_some() {
+        return None;
+    }
+    match uniform_kind(&op.pieces) {
+        Some(MemKind::Cuda(d)) => Some(d),
+        _ => None,
+    }
+}
+
+/// Large device-memory parts through one [`TxPipe`]: `first`, and the parts
+/// queued behind it on the same GPU, taken while a slot is free for them
+/// (the first that does not join is left in `held`). Each is finished when
+/// written; after a failure, all of them with it.
+fn tx_gpu_stream(
+    s: &TcpStream,
+    first: TxOp,
+    dev: i32,
+    rx: &Receiver<TxOp>,
+    held: &mut Option<TxOp>,
+    stager: &mut Stager,
+    finish: &dyn Fn(&TxOp, &Result<(), String>),
+) {
+    let st = match stager.get(dev) {
+        Ok(st) => st,
+        Err(e) => return finish(&first, &Err(e)),
+    };
+    let slice = st.slice();
+    let mut pipe = TxPipe::default();
+    let wins = windows(&first.pieces, slice);
+    pipe.push(Some(first), wins);
+    let res = loop {
+        while held.is_none() && pipe.wants_more(st) {
+            match rx.try_recv() {
+                Ok(o) if large_gpu(&o, slice) == Some(dev) => {
+                    let wins = windows(&o.pieces, slice);
+                    pipe.push(Some(o), wins);
+                }
+                Ok(o) => *held = Some(o),
+                Err(_) => break,
+            }
+        }
+        match pipe.write_next(s, st) {
+            Ok(Some(PipePart { op: Some(op), .. })) => finish(&op, &Ok(())),
+            Ok(_) => {}
+            Err(e) => break Err(e),
+        }
+        if pipe.is_empty() {
+            break Ok(());
+        }
+    };
+    if let Err(e) = res {
+        for op in pipe.parts.drain(..).filter_map(|p| p.op) {
+            finish(&op, &Err(e.clone()));
         }
     }
-    Ok(())
 }
 
 /// The next op: spins for `spin` after the last one before blocking.
@@ -765,11 +965,9 @@ fn tx_gpu_batch(
     s: &TcpStream,
     batch: &[TxOp],
     dev: i32,
-    staging: &mut Option<Staging>,
-    slice: usize,
-    depth: usize,
+    stager: &mut Stager,
 ) -> Result<(), String> {
-    let st = Staging::get(staging, dev, slice, depth)?;
+    let st = stager.get(dev)?;
     let mems: Vec<MemRef> = batch
         .iter()
         .flat_map(|o| o.pieces.iter().copied())
@@ -833,20 +1031,6 @@ fn finish_op(s: &TcpStream, shared: &SendShared, op: &TxOp, r: &Result<(), Strin
     }
 }
 
-/// Pinned staging for GPU `gpu`, made ahead of the first GPU message
-/// (pinned allocations take milliseconds each: measured on h200-x2, the
-/// first size of a run read 4.75 GB/s at 64 KiB where the next read 14.75).
-/// A failure is left for the first GPU message to report.
-fn staging_ahead(gpu: Option<i32>, slice: usize, depth: usize) -> Option<Staging> {
-    let mut st = None;
-    if let Some(dev) = gpu {
-        if let Err(e) = Staging::get(&mut st, dev, slice, depth) {
-            tracing::debug!(gpu = dev, "pinned staging not made ahead: {e}");
-        }
-    }
-    st
-}
-
 fn tx_loop(
     s: Arc<TcpStream>,
     rx: Receiver<TxOp>,
@@ -857,16 +1041,22 @@ fn tx_loop(
     let Lane {
         slice, depth, spin, ..
     } = lane;
-    let mut staging = staging_ahead(lane.gpu, slice, depth);
+    let _account = timing::start(|| {
+        let peer = s.peer_addr().map(|a| a.to_string()).unwrap_or_default();
+        format!("tx stream {} to {peer}", lane.index)
+    });
+    let mut stager = Stager::ahead(lane.gpu, slice, depth);
     let mut held: Option<TxOp> = None;
     let finish = |op: &TxOp, r: &Result<(), String>| {
         queued.fetch_sub(1, Ordering::AcqRel);
         finish_op(&s, &shared, op, r)
     };
     loop {
+        timing::mark(Spent::Other);
         let Some(op) = held.take().or_else(|| next_op(&rx, spin)) else {
             return;
         };
+        timing::mark(Spent::Waiting);
         if let Some(f) = shared.failed.lock().clone() {
             queued.fetch_sub(1, Ordering::AcqRel);
             *op.req.error.lock() = Some(f);
@@ -881,14 +1071,18 @@ fn tx_loop(
                 |_| true,
                 |o, bytes| gpu_batchable(o, slice) == Some(dev) && bytes + o.len <= slice,
             );
-            let r = tx_gpu_batch(&s, &batch, dev, &mut staging, slice, depth);
+            let r = tx_gpu_batch(&s, &batch, dev, &mut stager);
             for o in &batch {
                 finish(o, &r);
             }
             continue;
         }
+        if let Some(dev) = large_gpu(&op, slice) {
+            tx_gpu_stream(&s, op, dev, &rx, &mut held, &mut stager, &finish);
+            continue;
+        }
         if !batchable(&op) {
-            let r = tx_part(&s, &op, &mut staging, slice, depth);
+            let r = tx_part(&s, &op, &mut stager);
             finish(&op, &r);
             continue;
         }
@@ -918,7 +1112,9 @@ impl SocketSend {
             reason: format!("staging a GPU part of {} bytes on GPU {dev}: {e}", op.len),
         };
         let len = op.len;
-        let data = Staging::get(&mut self.inline_staging, dev, INLINE_MAX, 1)
+        let data = self
+            .inline_staging
+            .get(dev)
             .and_then(|st| st.stage_out(&op.pieces))
             .map_err(gpu_err)?;
         tracing::trace!("lat: staged out");
@@ -1321,19 +1517,44 @@ impl Staging {
         r.map_err(|e| e.to_string())
     }
 
+    /// Waits for slot `k`'s copies and completes the parts behind them.
+    fn reclaim(&mut self, k: usize, shared: &RecvShared) -> Result<(), String> {
+        self.wait(k)?;
+        for l in self.landing[k].drain(..) {
+            part_done(shared, l);
+        }
+        Ok(())
+    }
+
+    /// The slot to read the next `need` bytes into: the one being filled
+    /// while they fit and it is not sealed, else the next one (its copies
+    /// waited for, the parts behind them completed), the filled one sealed
+    /// first.
+    fn next_slot(&mut self, need: usize, shared: &RecvShared) -> Result<usize, String> {
+        let k = self.fill_slot;
+        if self.fill_used > 0 && self.fill_used + need > self.slice() {
+            self.issue_pending()?;
+            self.seal(k)?;
+        }
+        if self.slots[k].2 {
+            let j = (k + 1) % self.depth();
+            self.reclaim(j, shared)?;
+            self.fill_slot = j;
+            self.fill_used = 0;
+        }
+        Ok(self.fill_slot)
+    }
+
     /// Waits for every queued copy and completes the parts behind them.
     fn flush(&mut self, shared: &RecvShared) -> Result<(), String> {
-        if !self.has_landing() {
+        if !self.has_landing() && self.pending.is_empty() && !self.slots.iter().any(|s| s.2) {
             return Ok(());
         }
         self.issue_pending()?;
         // One stream: the newest event covers every copy queued before it.
         let k = self.fill_slot;
-        self.slots[k]
-            .1
-            .record(&self.stream)
-            .map_err(|e| e.to_string())?;
-        self.slots[k].1.synchronize().map_err(|e| e.to_string())?;
+        self.seal(k)?;
+        self.wait(k)?;
         for (slot, landed) in self.slots.iter_mut().zip(&mut self.landing) {
             slot.2 = false;
             for l in landed.drain(..) {
@@ -1367,31 +1588,14 @@ fn rx_gpu_small(
     land: Landing,
     shared: &RecvShared,
 ) -> Result<(), String> {
-    let depth = st.slots.len();
-    let slice = st.slots[0].0.len();
-    if st.fill_used + len > slice {
-        let k = st.fill_slot;
-        st.issue_pending()?;
-        st.slots[k]
-            .1
-            .record(&st.stream)
-            .map_err(|e| e.to_string())?;
-        st.slots[k].2 = true;
-        let j = (k + 1) % depth;
-        if st.slots[j].2 {
-            // The oldest sealed slot: its copies were queued first.
-            st.slots[j].1.synchronize().map_err(|e| e.to_string())?;
-            st.slots[j].2 = false;
-            for l in st.landing[j].drain(..) {
-                part_done(shared, l);
-            }
-        }
-        st.fill_slot = j;
-        st.fill_used = 0;
-    }
-    let (k, at) = (st.fill_slot, st.fill_used);
+    timing::mark(Spent::Other);
+    let k = st.next_slot(len, shared)?;
+    timing::mark(Spent::Copies);
+    let (at, slice) = (st.fill_used, st.slice());
     let buf = &mut st.slots[k].0.as_mut_slice(slice)[at..at + len];
     r.read_exact(buf).map_err(|e| e.to_string())?;
+    timing::mark(Spent::Socket);
+    timing::bytes(len);
     tracing::trace!(seq = land.seq, "lat: rx payload");
     let mut src = st.slots[k].0.as_ptr() as u64 + at as u64;
     for m in dst {
@@ -1410,13 +1614,60 @@ fn rx_gpu_small(
     Ok(())
 }
 
+/// Reads device pieces through the slots, a slot per window, each
+/// window's copy to the device queued as soon as it is read (so the next
+/// window -- of this part or the next -- is read while it runs).
+fn rx_windows(
+    r: &mut StreamReader,
+    run: &[MemRef],
+    st: &mut Staging,
+    shared: &RecvShared,
+) -> Result<(), String> {
+    for (wlen, pieces) in windows(run, st.slice()) {
+        timing::mark(Spent::Other);
+        let k = st.next_slot(st.slice(), shared)?;
+        timing::mark(Spent::Copies);
+        r.read_exact(st.slots[k].0.as_mut_slice(wlen))
+            .map_err(|e| e.to_string())?;
+        timing::mark(Spent::Socket);
+        timing::bytes(wlen);
+        let ops = window_copies(&pieces, st.slots[k].0.as_ptr() as u64, false);
+        // SAFETY: the slot holds the window just read and is not touched
+        // again until its event completes; the device ranges lie inside
+        // the posted buffer.
+        unsafe { st.stream.copy_batch(&ops) }.map_err(|e| e.to_string())?;
+        st.seal(k)?;
+        timing::mark(Spent::Driver);
+    }
+    Ok(())
+}
+
+/// A large GPU part: read through the slots ([`rx_windows`]); it completes
+/// when its last copy has landed, waited for only when that slot is needed
+/// again or the stream goes quiet. (Waiting at the end of each part kept
+/// the stream unread while the part's last copy ran.)
+fn rx_gpu_large(
+    r: &mut StreamReader,
+    run: &[MemRef],
+    st: &mut Staging,
+    land: Landing,
+    shared: &RecvShared,
+) -> Result<(), String> {
+    rx_windows(r, run, st, shared)?;
+    st.landing[st.fill_slot].push(land);
+    Ok(())
+}
+
+/// A part in host memory, or in host and device memory together: host
+/// runs read in place, device runs through the slots; done when this
+/// returns.
 fn rx_part(
     r: &mut StreamReader,
     dst: &[MemRef],
-    staging: &mut Option<Staging>,
-    slice: usize,
-    depth: usize,
+    stager: &mut Stager,
+    shared: &RecvShared,
 ) -> Result<(), String> {
+    let mut staged = false;
     for run in dst.chunk_by(|a, b| a.kind == b.kind) {
         match run[0].kind {
             MemKind::Host => {
@@ -1430,47 +1681,21 @@ fn rx_part(
                         unsafe { std::slice::from_raw_parts_mut(m.addr as *mut u8, m.len) }
                     })
                     .collect();
+                timing::mark(Spent::Other);
                 r.read_into(&mut bufs).map_err(|e| e.to_string())?;
+                timing::mark(Spent::Socket);
+                timing::bytes(run.iter().map(|m| m.len).sum());
             }
-            MemKind::Cuda(dev) => rx_staged(r, run, dev, staging, slice, depth)?,
+            MemKind::Cuda(dev) => {
+                // The staging may be remade for this GPU: finish the old.
+                stager.flush(shared)?;
+                rx_windows(r, run, stager.get(dev)?, shared)?;
+                staged = true;
+            }
         }
     }
-    Ok(())
-}
-
-/// Reads into device pieces through the pinned slots: each window's copy
-/// to the GPU runs while the next window is read.
-fn rx_staged(
-    r: &mut StreamReader,
-    run: &[MemRef],
-    dev: i32,
-    staging: &mut Option<Staging>,
-    slice: usize,
-    depth: usize,
-) -> Result<(), String> {
-    let st = Staging::get(staging, dev, slice, depth)?;
-    let depth = st.slots.len();
-    for (i, (wlen, pieces)) in windows(run, slice).into_iter().enumerate() {
-        let k = i % depth;
-        if st.slots[k].2 {
-            st.slots[k].1.synchronize().map_err(|e| e.to_string())?;
-        }
-        r.read_exact(st.slots[k].0.as_mut_slice(wlen))
-            .map_err(|e| e.to_string())?;
-        let ops = window_copies(&pieces, st.slots[k].0.as_ptr() as u64, false);
-        // SAFETY: the slot holds the window just read and is not touched
-        // again until its event completes; the device ranges lie inside
-        // the posted buffer.
-        unsafe { st.stream.copy_batch(&ops) }.map_err(|e| e.to_string())?;
-        st.slots[k]
-            .1
-            .record(&st.stream)
-            .map_err(|e| e.to_string())?;
-        st.slots[k].2 = true;
-    }
-    for slot in st.slots.iter_mut().filter(|s| s.2) {
-        slot.1.synchronize().map_err(|e| e.to_string())?;
-        slot.2 = false;
+    if staged {
+        stager.flush(shared)?;
     }
     Ok(())
 }
@@ -1540,9 +1765,12 @@ impl Lane {
 const IDLE_READ: Duration = Duration::from_millis(50);
 
 fn rx_loop(s: Arc<TcpStream>, shared: Arc<RecvShared>, lane: Lane) {
-    let (slice, depth) = (lane.slice, lane.depth);
-    let mut staging = staging_ahead(lane.gpu, slice, depth);
+    let mut stager = Stager::ahead(lane.gpu, lane.slice, lane.depth);
     let peer = s.peer_addr().map(|a| a.to_string()).unwrap_or_default();
+    let _account = timing::start(|| {
+        let at = s.local_addr().map(|a| a.to_string()).unwrap_or_default();
+        format!("rx stream {} at {at} from {peer}", lane.index)
+    });
     let mut r = StreamReader::new(s);
     let mut large_before = false;
     let fail = |msg: String| {
@@ -1553,11 +1781,13 @@ fn rx_loop(s: Arc<TcpStream>, shared: Arc<RecvShared>, lane: Lane) {
         shared.notify_all();
         (shared.waker)();
     };
-    let landing = |st: &Option<Staging>| st.as_ref().is_some_and(|st| st.has_landing());
     loop {
         // About to wait for the peer: first complete what has landed.
-        if landing(&staging) && r.buffered() < HDR_LEN && !readable_now(&r.s) {
-            if let Some(Err(e)) = staging.as_mut().map(|st| st.flush(&shared)) {
+        timing::mark(Spent::Other);
+        if stager.landing() && r.buffered() < HDR_LEN && !readable_now(&r.s) {
+            let flushed = stager.flush(&shared);
+            timing::mark(Spent::Copies);
+            if let Err(e) = flushed {
                 fail(format!("receive stream from {peer}: {e}"));
                 return;
             }
@@ -1565,6 +1795,7 @@ fn rx_loop(s: Arc<TcpStream>, shared: Arc<RecvShared>, lane: Lane) {
         if r.buffered() == 0 {
             lane.spin_for_data(&r.s, &shared);
         }
+        timing::mark(Spent::Waiting);
         let mut hdr = [0u8; HDR_LEN];
         // After a large part the next is likely large too: read just its
         // header, so that its payload is read in place rather than through
@@ -1585,6 +1816,7 @@ fn rx_loop(s: Arc<TcpStream>, shared: Arc<RecvShared>, lane: Lane) {
         let (seq, off, len, total, nparts, shape) =
             (field(0), field(1), field(2), field(3), field(4), field(5));
         tracing::trace!(seq, "lat: rx header");
+        timing::mark(Spent::Waiting);
         // Wait until the matching receive is posted.
         let q = &shared.lanes[lane.index];
         let req = loop {
@@ -1605,10 +1837,10 @@ fn rx_loop(s: Arc<TcpStream>, shared: Arc<RecvShared>, lane: Lane) {
                 ));
                 return;
             }
-            if landing(&staging) {
+            if stager.landing() {
                 // The receive may be posted only once earlier ones complete.
                 drop(book);
-                if let Some(Err(e)) = staging.as_mut().map(|st| st.flush(&shared)) {
+                if let Err(e) = stager.flush(&shared) {
                     fail(format!("receive stream from {peer}: {e}"));
                     return;
                 }
@@ -1616,6 +1848,7 @@ fn rx_loop(s: Arc<TcpStream>, shared: Arc<RecvShared>, lane: Lane) {
             }
             q.cv.wait_for(&mut book, Duration::from_millis(100));
         };
+        timing::mark(Spent::Waiting);
         let bad = off.checked_add(len).is_none_or(|end| end > total)
             || total > req.segs.total as u64
             || nparts == 0
@@ -1656,30 +1889,21 @@ fn rx_loop(s: Arc<TcpStream>, shared: Arc<RecvShared>, lane: Lane) {
             seq,
             nparts: nparts as usize,
         };
-        let small_gpu = small_gpu_part(&dst, len, slice);
-        let any_gpu = dst.iter().any(|m| matches!(m.kind, MemKind::Cuda(_)));
-        let res = match small_gpu {
-            Some(d) => {
-                // Staging is rebuilt for another GPU: finish the old one first.
-                let other = staging.as_ref().is_some_and(|st| st.device != d);
-                let flushed = match staging.as_mut() {
-                    Some(st) if other => st.flush(&shared),
-                    _ => Ok(()),
-                };
-                flushed
-                    .and_then(|()| Staging::get(&mut staging, d, slice, depth))
-                    .and_then(|st| rx_gpu_small(&mut r, &dst, len, st, land, &shared))
+        let res = match uniform_kind(&dst) {
+            Some(MemKind::Cuda(d)) => {
+                // Staging is remade for another GPU: finish the old one first.
+                let other = stager.cur.as_ref().is_some_and(|st| st.device != d);
+                let flushed = if other { stager.flush(&shared) } else { Ok(()) };
+                let small = small_gpu_part(&dst, len, lane.slice).is_some();
+                flushed.and_then(|()| stager.get(d)).and_then(|st| {
+                    if small {
+                        rx_gpu_small(&mut r, &dst, len, st, land, &shared)
+                    } else {
+                        rx_gpu_large(&mut r, &dst, st, land, &shared)
+                    }
+                })
             }
-            None => {
-                // Large GPU parts use every slot: wait for queued copies.
-                let flushed = match staging.as_mut() {
-                    Some(st) if any_gpu => st.flush(&shared),
-                    _ => Ok(()),
-                };
-                flushed
-                    .and_then(|()| rx_part(&mut r, &dst, &mut staging, slice, depth))
-                    .map(|()| part_done(&shared, land))
-            }
+            _ => rx_part(&mut r, &dst, &mut stager, &shared).map(|()| part_done(&shared, land)),
         };
         if let Err(e) = res {
             if !shared.closing.load(Ordering::Acquire) {

@@ -1,0 +1,189 @@
+//! Where an I/O thread's time goes. A thread opens its account with
+//! [`start`]; [`mark`] charges the time since the previous mark to what
+//! the thread was doing; the account is logged (`debug`) when the thread
+//! ends. Off -- one thread-local lookup per mark -- unless `debug` logging
+//! is on for this module (`TCPX_P2P_LOG=debug`).
+
+use std::cell::RefCell;
+use std::fmt::Write as _;
+use std::time::{Duration, Instant};
+
+/// What an I/O thread was doing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Spent {
+    /// In socket reads and writes of payload.
+    Socket,
+    /// Waiting for staged GPU copies to land.
+    Copies,
+    /// Queueing GPU copies and events with the driver.
+    Driver,
+    /// Waiting for work: a queued send, a posted receive, the peer's next
+    /// part.
+    Waiting,
+    /// Everything else: matching, bookkeeping, completions.
+    Other,
+}
+
+const KINDS: [(Spent, &str); 5] = [
+    (Spent::Socket, "socket"),
+    (Spent::Copies, "copies"),
+    (Spent::Driver, "driver"),
+    (Spent::Waiting, "waiting"),
+    (Spent::Other, "other"),
+];
+
+struct Account {
+    name: String,
+    born: Instant,
+    last: Instant,
+    spent: [Duration; KINDS.len()],
+    bytes: u64,
+}
+
+impl Account {
+    fn summary(&self) -> String {
+        let total = self.last.duration_since(self.born);
+        let secs = total.as_secs_f64().max(1e-9);
+        let mut s = format!(
+            "{}: {:.3} GB in {:.3} s ({:.2} GB/s):",
+            self.name,
+            self.bytes as f64 / 1e9,
+            secs,
+            self.bytes as f64 / 1e9 / secs
+        );
+        for (i, (_, label)) in KINDS.iter().enumerate() {
+            let share = 100.0 * self.spent[i].as_secs_f64() / secs;
+            let _ = write!(s, " {label} {share:.1}%");
+        }
+        s
+    }
+}
+
+thread_local! {
+    static ACCOUNT: RefCell<Option<Account>> = const { RefCell::new(None) };
+}
+
+/// Closes the thread's account when dropped (see [`start`]).
+pub struct Open;
+
+impl Drop for Open {
+    fn drop(&mut self) {
+        finish();
+    }
+}
+
+/// Opens this thread's account, named for the log (e.g. "tx stream 3 to
+/// 10.0.0.2:40000"), when `debug` logging is on; it is closed and logged
+/// when the returned guard is dropped.
+#[must_use]
+pub fn start(name: impl FnOnce() -> String) -> Open {
+    if tracing::enabled!(tracing::Level::DEBUG) {
+        open(name());
+    }
+    Open
+}
+
+fn open(name: String) {
+    let now = Instant::now();
+    ACCOUNT.with(|a| {
+        *a.borrow_mut() = Some(Account {
+            name,
+            born: now,
+            last: now,
+            spent: Default::default(),
+            bytes: 0,
+        })
+    });
+}
+
+/// Charges the time since the previous mark to `what`.
+pub fn mark(what: Spent) {
+    ACCOUNT.with(|a| {
+        if let Some(a) = a.borrow_mut().as_mut() {
+            let now = Instant::now();
+            let i = KINDS.iter().position(|k| k.0 == what).unwrap_or(0);
+            a.spent[i] += now.duration_since(a.last);
+            a.last = now;
+        }
+    });
+}
+
+/// Counts payload bytes moved by this thread.
+pub fn bytes(n: usize) {
+    ACCOUNT.with(|a| {
+        if let Some(a) = a.borrow_mut().as_mut() {
+            a.bytes += n as u64;
+        }
+    });
+}
+
+/// Closes this thread's account (the last stretch, which ends a thread
+/// normally waiting for work when its comm closes, counts as waiting),
+/// logs it unless it moved nothing, and returns its summary line.
+pub fn finish() -> Option<String> {
+    mark(Spent::Waiting);
+    let a = ACCOUNT.with(|a| a.borrow_mut().take())?;
+    let line = a.summary();
+    if a.bytes > 0 {
+        tracing::debug!("{line}");
+    }
+    Some(line)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn account_charges_each_stretch_to_its_kind() {
+        let mut a = Account {
+            name: "tx stream 0".into(),
+            born: Instant::now(),
+            last: Instant::now(),
+            spent: Default::default(),
+            bytes: 2_000_000_000,
+        };
+        a.spent[0] = Duration::from_millis(750);
+        a.spent[3] = Duration::from_millis(250);
+        a.last = a.born + Duration::from_secs(1);
+        let s = a.summary();
+        assert!(
+            s.starts_with("tx stream 0: 2.000 GB in 1.000 s (2.00 GB/s):"),
+            "{s}"
+        );
+        assert!(
+            s.contains("socket 75.0%") && s.contains("waiting 25.0%"),
+            "{s}"
+        );
+        assert!(s.contains("copies 0.0%"), "{s}");
+    }
+
+    #[test]
+    fn marks_charge_the_thread_account() {
+        std::thread::spawn(|| {
+            mark(Spent::Socket); // no account yet: nothing happens
+            open("rx stream 1".into());
+            std::thread::sleep(Duration::from_millis(40));
+            mark(Spent::Copies);
+            std::thread::sleep(Duration::from_millis(10));
+            bytes(1_500_000);
+            bytes(500_000);
+            let s = finish().expect("an open account");
+            assert!(s.starts_with("rx stream 1: 0.002 GB in "), "{s}");
+            let copies: f64 = s
+                .split(" copies ")
+                .nth(1)
+                .and_then(|r| r.split('%').next())
+                .and_then(|v| v.parse().ok())
+                .expect("a copies share");
+            assert!(copies > 50.0, "{s}");
+            assert!(
+                !s.contains("waiting 0.0%"),
+                "the last stretch is waiting: {s}"
+            );
+            assert_eq!(finish(), None, "closed once");
+        })
+        .join()
+        .expect("account thread");
+    }
+}
