@@ -9,7 +9,8 @@
 # one small staged copy's latency, several ways; host: host memory → host
 # memory with the raw-TCP reference; tune: staging slice / depth and socket
 # buffer sizes at 16 / 256 MiB; streams: 8 / 12 / 16 streams per comm
-# (STREAM_COUNTS) at 16 / 256 MiB.
+# (STREAM_COUNTS) at 16 / 256 MiB; split: where the I/O threads' time goes
+# (TCPX_P2P_LOG=debug, benchmarks/time_split.py). tune takes TUNE_SETTINGS.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 WHEEL=$1 BIN=$2 O=$3 STEPS=${4:-socket,plugin,unpack,nccl,bench,kv,lat,copy}
@@ -82,7 +83,7 @@ if has tune; then
   # Staging slice / depth and socket buffer sizes, GPU -> GPU 16 / 256 MiB,
   # each setting twice, the rounds alternated (lease drift hits all alike).
   for round in 1 2; do
-    for c in default STAGING_SLICE=256K STAGING_SLICE=512K STAGING_SLICE=2M STAGING_SLICE=512K,STAGING_DEPTH=8 SOCKBUF=8M SOCKBUF=32M; do
+    for c in ${TUNE_SETTINGS:-default STAGING_SLICE=256K STAGING_SLICE=512K STAGING_SLICE=2M STAGING_SLICE=512K,STAGING_DEPTH=8 SOCKBUF=8M SOCKBUF=32M}; do
       E=""; [ $c != default ] && E=$(echo "$c" | sed 's/^/TCPX_P2P_/; s/,/ TCPX_P2P_/g')
       f=tune_$(echo "$c" | tr ',=' '_-')_r$round
       env $E timeout 60 $B --sizes 16M,256M --json "$R/$f.json" > "$R/$f.txt" 2>/dev/null
@@ -90,6 +91,18 @@ if has tune; then
   done
   summarize tune > "$R/tune_summary.txt"
   pack tune_summary.txt 14
+fi
+if has split; then
+  # Where the I/O threads' time goes (benchmarks/time_split.py), GPU and
+  # host memory, 16 and 256 MiB.
+  { lscpu; which perf nsys; } > "$R/host_cpu.txt" 2>&1
+  for mem in gpu host; do
+    for size in 16M 256M; do
+      f=split_${mem}_$size
+      TCPX_P2P_LOG=debug timeout 60 python3 -m tcpx_p2p.bench pair --memory $mem --sizes $size --seconds 4 > "$R/$f.txt" 2> "$R/$f.log"
+      python3 benchmarks/time_split.py "$R/$f.log" --json "$R/$f.json" >> "$R/$f.txt" 2>&1; pack $f.txt 6
+    done
+  done
 fi
 if has streams; then
   # Streams per comm, GPU -> GPU 16 / 256 MiB, alternated twice.

@@ -1817,6 +1817,7 @@ fn rx_loop(s: Arc<TcpStream>, shared: Arc<RecvShared>, lane: Lane) {
             (field(0), field(1), field(2), field(3), field(4), field(5));
         tracing::trace!(seq, "lat: rx header");
         timing::mark(Spent::Waiting);
+        timing::bytes(HDR_LEN);
         // Wait until the matching receive is posted.
         let q = &shared.lanes[lane.index];
         let req = loop {

@@ -108,7 +108,7 @@ pub fn mark(what: Spent) {
     });
 }
 
-/// Counts payload bytes moved by this thread.
+/// Counts bytes this thread moved through its socket (headers included).
 pub fn bytes(n: usize) {
     ACCOUNT.with(|a| {
         if let Some(a) = a.borrow_mut().as_mut() {

@@ -322,6 +322,12 @@ def measure(ep, ctl, conn, a, gpu, size, nblk, raw):
 
     # Throughput: all iterations posted at once; the engine keeps the windows.
     once()  # warm-up
+    if a.seconds:
+        # As many iterations as fill the time asked for, from one more
+        # transfer's time (which also pays a round trip: a few too few).
+        t = time.perf_counter()
+        once()
+        iters = int(max(5, min(100_000, a.seconds / max(time.perf_counter() - t, 1e-6))))
     t0 = time.perf_counter()
     ids = []
     if op == "send":
@@ -587,6 +593,7 @@ def main(argv=None):
     ap.add_argument("--single-process", action="store_true", help="pair mode: one process per side drives all its GPUs")
     ap.add_argument("--sizes", default=DEFAULT_SIZES)
     ap.add_argument("--iters", type=int, default=0, help="iterations per size (0 = auto)")
+    ap.add_argument("--seconds", type=float, default=0, help="time each size for about this long (instead of --iters)")
     ap.add_argument("--op", choices=["send", "write", "read"], default="send")
     ap.add_argument("--kv-blocks", type=int, default=0, help="vector of N KV blocks per transfer")
     ap.add_argument(
