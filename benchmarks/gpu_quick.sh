@@ -10,7 +10,8 @@
 # memory with the raw-TCP reference; tune: staging slice / depth and socket
 # buffer sizes at 16 / 256 MiB; streams: 8 / 12 / 16 streams per comm
 # (STREAM_COUNTS) at 16 / 256 MiB; split: where the I/O threads' time goes
-# (TCPX_P2P_LOG=debug, benchmarks/time_split.py). tune takes TUNE_SETTINGS.
+# (TCPX_P2P_LOG=debug, benchmarks/time_split.py); contention: staged copies
+# beside the other GPU's copies and CPU memory copies. tune takes TUNE_SETTINGS.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 WHEEL=$1 BIN=$2 O=$3 STEPS=${4:-socket,plugin,unpack,nccl,bench,kv,lat,copy}
@@ -57,6 +58,7 @@ if has kv; then
   timeout 40 $B --op write --sizes 128M --json "$R/bench_kv_one_message.json" > "$R/bench_kv_one_message.txt" 2>/dev/null; pack bench_kv_one_message.txt 3
 fi
 has copylat && { timeout 60 "$BIN/unit" gpu::tests::copy_latency --ignored --exact --nocapture > "$R/copy_latency.txt" 2>&1; pack copy_latency.txt 6; }
+has contention && { timeout 60 "$BIN/unit" gpu::tests::copy_contention --ignored --exact --nocapture > "$R/copy_contention.txt" 2>&1; pack copy_contention.txt 5; }
 has copy && { timeout 60 "$BIN/unit" gpu::tests::copy_rates --ignored --exact --nocapture > "$R/copy_rates.txt" 2>&1; pack copy_rates.txt 8; }
 if has plugin16; then
   for c in 4M 2M; do

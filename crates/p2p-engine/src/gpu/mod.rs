@@ -672,6 +672,121 @@ mod tests {
         }
     }
 
+    /// What the staged copies get when the rest of a transfer runs beside
+    /// them: 8 threads each copying 1 MiB windows GPU 0 → pinned slots, 4
+    /// in flight (as the socket net's send threads do), alone; beside 8
+    /// threads copying pinned slots → GPU 1 the same way (the receiver's
+    /// copies); and beside both, 16 threads copying host memory as the
+    /// kernel's socket copies do (1 MiB memcpy between 4 MiB buffers), with
+    /// and without the H2D threads.
+    /// GB/s of each kind, summed over its threads. GPU only (two GPUs for
+    /// the second and third rows):
+    /// `cargo test --release -p tcpx-p2p gpu::tests::copy_contention -- --ignored --nocapture`
+    #[test]
+    #[ignore]
+    fn copy_contention() {
+        use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+        if !available() {
+            eprintln!("no GPU: skipped");
+            return;
+        }
+        const WIN: usize = 1 << 20;
+        const DEPTH: usize = 4;
+        let two = device_count() >= 2;
+        let run = |h2d: bool, cpu: usize, touch: bool| -> (f64, f64, f64) {
+            let stop = AtomicBool::new(false);
+            let moved: [AtomicU64; 3] = Default::default();
+            let t0 = std::time::Instant::now();
+            std::thread::scope(|sc| {
+                let gpu_side = |dev_i: i32, to_host: bool, slot: usize| {
+                    let (stop, moved) = (&stop, &moved);
+                    sc.spawn(move || {
+                        let dev = Device::get(dev_i).unwrap();
+                        dev.bind().unwrap();
+                        let s = Stream::new().unwrap();
+                        let g = DeviceBuf::new(&dev, DEPTH * WIN).unwrap();
+                        let host = PinnedBuf::new(DEPTH * WIN).unwrap();
+                        let evs: Vec<Event> = (0..DEPTH).map(|_| Event::new().unwrap()).collect();
+                        let mut i = 0usize;
+                        while !stop.load(Ordering::Relaxed) {
+                            let k = i % DEPTH;
+                            if i >= DEPTH {
+                                evs[k].synchronize().unwrap();
+                                moved[slot].fetch_add(WIN as u64, Ordering::Relaxed);
+                                if touch && to_host {
+                                    // Read the window as a socket write would.
+                                    let w = &host.as_slice(DEPTH * WIN)[k * WIN..(k + 1) * WIN];
+                                    let sum = w.chunks(64).fold(0u8, |a, c| a ^ c[0]);
+                                    std::hint::black_box(sum);
+                                }
+                            }
+                            if touch && !to_host {
+                                // Fill the window as a socket read would.
+                                // SAFETY: the slot's previous copy was
+                                // waited for above; the range is inside it.
+                                unsafe {
+                                    std::ptr::write_bytes(host.as_ptr().add(k * WIN), i as u8, WIN)
+                                };
+                            }
+                            let h = host.as_ptr() as u64 + (k * WIN) as u64;
+                            let d = g.ptr + (k * WIN) as u64;
+                            let (dst, src) = if to_host { (h, d) } else { (d, h) };
+                            // SAFETY: both ranges lie inside this thread's buffers.
+                            unsafe { s.copy_batch(&[CopyOp { dst, src, len: WIN }]) }.unwrap();
+                            evs[k].record(&s).unwrap();
+                            i += 1;
+                        }
+                        s.synchronize().unwrap();
+                    });
+                };
+                for _ in 0..8 {
+                    gpu_side(0, true, 0);
+                    if h2d {
+                        gpu_side(1, false, 1);
+                    }
+                }
+                for _ in 0..cpu {
+                    let (stop, moved) = (&stop, &moved);
+                    sc.spawn(move || {
+                        let a = vec![1u8; DEPTH * WIN];
+                        let mut b = vec![0u8; DEPTH * WIN];
+                        let mut i = 0usize;
+                        while !stop.load(Ordering::Relaxed) {
+                            let k = (i % DEPTH) * WIN;
+                            b[k..k + WIN].copy_from_slice(&a[k..k + WIN]);
+                            std::hint::black_box(&b);
+                            moved[2].fetch_add(WIN as u64, Ordering::Relaxed);
+                            i += 1;
+                        }
+                    });
+                }
+                std::thread::sleep(std::time::Duration::from_millis(2000));
+                stop.store(true, Ordering::Relaxed);
+            });
+            let secs = t0.elapsed().as_secs_f64();
+            let r = |i: usize| moved[i].load(Ordering::Relaxed) as f64 / secs / 1e9;
+            (r(0), r(1), r(2))
+        };
+        let (d, _, _) = run(false, 0, false);
+        eprintln!("8 threads D2H (GPU 0), 1 MiB x 4 in flight each: {d:.2} GB/s");
+        let (d, _, _) = run(false, 0, true);
+        eprintln!("  each window read by its thread once landed (as a socket write reads it): {d:.2} GB/s");
+        if !two {
+            eprintln!("one GPU: the rows with H2D on GPU 1 need two");
+            return;
+        }
+        let (d, h, _) = run(true, 0, false);
+        eprintln!("  beside 8 threads H2D (GPU 1): D2H {d:.2} GB/s, H2D {h:.2}");
+        let (d, h, _) = run(true, 0, true);
+        eprintln!("  the same, D2H windows read once landed, H2D windows written before: D2H {d:.2} GB/s, H2D {h:.2}");
+        let (d, _, c) = run(false, 16, false);
+        eprintln!("  beside 16 threads of CPU memcpy: D2H {d:.2} GB/s, memcpy {c:.2}");
+        let (d, h, c) = run(true, 16, false);
+        eprintln!(
+            "  beside H2D and 16 threads of CPU memcpy: D2H {d:.2} GB/s, H2D {h:.2}, memcpy {c:.2}"
+        );
+    }
+
     #[test]
     fn no_cuda_is_a_normal_state() {
         // Must not panic whether or not CUDA is here.
