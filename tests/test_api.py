@@ -155,6 +155,43 @@ def test_small_messages_received_one_at_a_time(local, peers):
         assert got[off : off + n] == src[off : off + n], f"message {i} ({n} bytes)"
 
 
+def test_large_messages_back_to_back(local, peers):
+    """Large messages sent back to back, small ones between them, all posted
+    at once: each stream stages the next part's windows while writing this
+    one's, and the receiver reads the next window while earlier ones are
+    still being copied -- across part and message boundaries, with parts of
+    several windows on both sides (the receiver's slices are smaller than
+    its parts and fewer than a part's windows, so slots are reused within a
+    part)."""
+    ep, bufs = local
+    peer = peers({"TCPX_P2P_STREAMS": "2", "TCPX_P2P_STAGING_SLICE": "256K", "TCPX_P2P_STAGING_DEPTH": "2"})
+    cid, pcid = connect(ep, peer)
+    sizes = [(5 << 20) + 4097, 4096, 9 << 20, (3 << 20) + 1, 100, (12 << 20) + 12345, 700_001, 17 << 20]
+    offs = [sum(sizes[:i]) for i in range(len(sizes))]
+    total = sum(sizes)
+    rb, rptr = peer.call("alloc", total)
+    ok, rmr = peer.ep("reg", rptr, total)
+    rxs = []
+    for off, n in zip(offs, sizes):
+        ok, rx = peer.ep("recv_async", pcid, rmr, rptr + off, n)
+        assert ok
+        rxs.append(rx)
+    sb, sptr = bufs.alloc(total, seed=37)
+    ok, smr = ep.reg(sptr, total)
+    txs = []
+    for off, n in zip(offs, sizes):
+        ok, tx = ep.send_async(cid, smr, sptr + off, n)
+        assert ok, ep.last_error()
+        txs.append(tx)
+    for tx in txs:
+        assert ep.wait(tx), ep.last_error()
+    for i, rx in enumerate(rxs):
+        assert peer.ep("wait", rx), f"receive {i} failed"
+    src = pattern(total, 37)
+    for i, (off, n) in enumerate(zip(offs, sizes)):
+        assert peer.call("digest", rb, off, n) == digest(src[off : off + n]), f"message {i} ({n} bytes)"
+
+
 # --------------------------------------------------------------- one-sided
 
 

@@ -440,6 +440,16 @@ impl Event {
             cu::event::synchronize(self.0)
         })
     }
+    /// Whether the work before the event's last record has completed
+    /// (without waiting).
+    pub fn is_done(&self) -> Result<bool, CudaError> {
+        // SAFETY: the event is live.
+        match unsafe { sys::cuEventQuery(self.0) } {
+            sys::CUresult::CUDA_SUCCESS => Ok(true),
+            sys::CUresult::CUDA_ERROR_NOT_READY => Ok(false),
+            r => check("cuEventQuery", r).map(|()| false),
+        }
+    }
 }
 
 impl Drop for Event {

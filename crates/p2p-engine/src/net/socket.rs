@@ -1526,6 +1526,27 @@ impl Staging {
         Ok(())
     }
 
+    /// Completes the parts behind the oldest slots whose copies have
+    /// landed, without waiting (one stream: they land in order, so it stops
+    /// at the first that has not).
+    fn reap(&mut self, shared: &RecvShared) -> Result<(), String> {
+        let depth = self.depth();
+        for step in 1..=depth {
+            let j = (self.fill_slot + step) % depth;
+            if !self.slots[j].2 {
+                continue;
+            }
+            if !self.slots[j].1.is_done().map_err(|e| e.to_string())? {
+                break;
+            }
+            self.slots[j].2 = false;
+            for l in self.landing[j].drain(..) {
+                part_done(shared, l);
+            }
+        }
+        Ok(())
+    }
+
     /// The slot to read the next `need` bytes into: the one being filled
     /// while they fit and it is not sealed, else the next one (its copies
     /// waited for, the parts behind them completed), the filled one sealed
@@ -1637,6 +1658,9 @@ fn rx_windows(
         // the posted buffer.
         unsafe { st.stream.copy_batch(&ops) }.map_err(|e| e.to_string())?;
         st.seal(k)?;
+        // Parts whose copies have landed complete now, not when their
+        // slot is next needed (a window of another message may come first).
+        st.reap(shared)?;
         timing::mark(Spent::Driver);
     }
     Ok(())
