@@ -559,9 +559,9 @@ impl Staging {
             );
             off += m.len;
         }
+        timing::mark(Spent::Other);
         // SAFETY: the parts fit the slot together, back to back; each
         // device range was checked by the engine.
-        timing::mark(Spent::Other);
         unsafe { self.stream.copy_batch(&ops) }.map_err(|e| e.to_string())?;
         slot.1.record(&self.stream).map_err(|e| e.to_string())?;
         timing::mark(Spent::Driver);
@@ -880,17 +880,16 @@ fn large_gpu(op: &TxOp, slice: usize) -> Option<i32> {
     }
 }
 
-/// Large device-memory parts through one [`TxPipe`]: `first`, and the parts
-/// queued behind it on the same GPU, taken while a slot is free for them
-/// (the first that does not join is left in `held`). Each is finished when
-/// written; after a failure, all of them with it.
+/// Large device-memory parts of GPU `dev` through one [`TxPipe`]: `first`,
+/// and those `next` hands over (parts queued behind it that join it) while
+/// a slot is free for them. Each is finished when written; after a
+/// failure, all of them with it.
 fn tx_gpu_stream(
     s: &TcpStream,
     first: TxOp,
     dev: i32,
-    rx: &Receiver<TxOp>,
-    held: &mut Option<TxOp>,
     stager: &mut Stager,
+    next: &mut dyn FnMut() -> Option<TxOp>,
     finish: &dyn Fn(&TxOp, &Result<(), String>),
 ) {
     let st = match stager.get(dev) {
@@ -902,15 +901,10 @@ fn tx_gpu_stream(
     let wins = windows(&first.pieces, slice);
     pipe.push(Some(first), wins);
     let res = loop {
-        while held.is_none() && pipe.wants_more(st) {
-            match rx.try_recv() {
-                Ok(o) if large_gpu(&o, slice) == Some(dev) => {
-                    let wins = windows(&o.pieces, slice);
-                    pipe.push(Some(o), wins);
-                }
-                Ok(o) => *held = Some(o),
-                Err(_) => break,
-            }
+        while pipe.wants_more(st) {
+            let Some(o) = next() else { break };
+            let wins = windows(&o.pieces, slice);
+            pipe.push(Some(o), wins);
         }
         match pipe.write_next(s, st) {
             Ok(Some(PipePart { op: Some(op), .. })) => finish(&op, &Ok(())),
@@ -1078,7 +1072,27 @@ fn tx_loop(
             continue;
         }
         if let Some(dev) = large_gpu(&op, slice) {
-            tx_gpu_stream(&s, op, dev, &rx, &mut held, &mut stager, &finish);
+            // The parts queued behind it on the same GPU join it; the first
+            // that does not (or any, once the comm has failed) is held for
+            // this loop.
+            let mut next = || {
+                if held.is_some() {
+                    return None;
+                }
+                match rx.try_recv() {
+                    Ok(o)
+                        if large_gpu(&o, slice) == Some(dev) && shared.failed.lock().is_none() =>
+                    {
+                        Some(o)
+                    }
+                    Ok(o) => {
+                        held = Some(o);
+                        None
+                    }
+                    Err(_) => None,
+                }
+            };
+            tx_gpu_stream(&s, op, dev, &mut stager, &mut next, &finish);
             continue;
         }
         if !batchable(&op) {
@@ -1678,7 +1692,12 @@ fn rx_gpu_large(
     shared: &RecvShared,
 ) -> Result<(), String> {
     rx_windows(r, run, st, shared)?;
-    st.landing[st.fill_slot].push(land);
+    if st.slots[st.fill_slot].2 {
+        st.landing[st.fill_slot].push(land);
+    } else {
+        // Its last copy has landed already (reaped after its window).
+        part_done(shared, land);
+    }
     Ok(())
 }
 
