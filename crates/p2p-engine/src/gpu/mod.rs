@@ -780,8 +780,19 @@ mod tests {
             eprintln!("no GPU: skipped");
             return;
         }
-        const WIN: usize = 1 << 20;
-        const DEPTH: usize = 4;
+        // Window and slots per thread (`COPY_CONTENTION_WIN`, `..._DEPTH`
+        // to try other footprints).
+        let env = |k: &str, d: usize| {
+            std::env::var(k)
+                .ok()
+                .and_then(|v| crate::config::parse_size(&v))
+                .unwrap_or(d)
+        };
+        let (win, depth) = (
+            env("COPY_CONTENTION_WIN", 1 << 20),
+            env("COPY_CONTENTION_DEPTH", 4),
+        );
+        eprintln!("windows of {win} bytes, {depth} per thread");
         let two = device_count() >= 2;
         let run = |h2d: bool, cpu: usize, touch: bool, huge: bool| -> (f64, f64, f64) {
             let stop = AtomicBool::new(false);
@@ -794,22 +805,22 @@ mod tests {
                         let dev = Device::get(dev_i).unwrap();
                         dev.bind().unwrap();
                         let s = Stream::new().unwrap();
-                        let g = DeviceBuf::new(&dev, DEPTH * WIN).unwrap();
+                        let g = DeviceBuf::new(&dev, depth * win).unwrap();
                         let host = if huge {
-                            PinnedBuf::new_huge(DEPTH * WIN).unwrap()
+                            PinnedBuf::new_huge(depth * win).unwrap()
                         } else {
-                            PinnedBuf::new(DEPTH * WIN).unwrap()
+                            PinnedBuf::new(depth * win).unwrap()
                         };
-                        let evs: Vec<Event> = (0..DEPTH).map(|_| Event::new().unwrap()).collect();
+                        let evs: Vec<Event> = (0..depth).map(|_| Event::new().unwrap()).collect();
                         let mut i = 0usize;
                         while !stop.load(Ordering::Relaxed) {
-                            let k = i % DEPTH;
-                            if i >= DEPTH {
+                            let k = i % depth;
+                            if i >= depth {
                                 evs[k].synchronize().unwrap();
-                                moved[slot].fetch_add(WIN as u64, Ordering::Relaxed);
+                                moved[slot].fetch_add(win as u64, Ordering::Relaxed);
                                 if touch && to_host {
                                     // Read the window as a socket write would.
-                                    let w = &host.as_slice(DEPTH * WIN)[k * WIN..(k + 1) * WIN];
+                                    let w = &host.as_slice(depth * win)[k * win..(k + 1) * win];
                                     let sum = w.chunks(64).fold(0u8, |a, c| a ^ c[0]);
                                     std::hint::black_box(sum);
                                 }
@@ -819,14 +830,14 @@ mod tests {
                                 // SAFETY: the slot's previous copy was
                                 // waited for above; the range is inside it.
                                 unsafe {
-                                    std::ptr::write_bytes(host.as_ptr().add(k * WIN), i as u8, WIN)
+                                    std::ptr::write_bytes(host.as_ptr().add(k * win), i as u8, win)
                                 };
                             }
-                            let h = host.as_ptr() as u64 + (k * WIN) as u64;
-                            let d = g.ptr + (k * WIN) as u64;
+                            let h = host.as_ptr() as u64 + (k * win) as u64;
+                            let d = g.ptr + (k * win) as u64;
                             let (dst, src) = if to_host { (h, d) } else { (d, h) };
                             // SAFETY: both ranges lie inside this thread's buffers.
-                            unsafe { s.copy_batch(&[CopyOp { dst, src, len: WIN }]) }.unwrap();
+                            unsafe { s.copy_batch(&[CopyOp { dst, src, len: win }]) }.unwrap();
                             evs[k].record(&s).unwrap();
                             i += 1;
                         }
@@ -842,14 +853,14 @@ mod tests {
                 for _ in 0..cpu {
                     let (stop, moved) = (&stop, &moved);
                     sc.spawn(move || {
-                        let a = vec![1u8; DEPTH * WIN];
-                        let mut b = vec![0u8; DEPTH * WIN];
+                        let a = vec![1u8; depth * win];
+                        let mut b = vec![0u8; depth * win];
                         let mut i = 0usize;
                         while !stop.load(Ordering::Relaxed) {
-                            let k = (i % DEPTH) * WIN;
-                            b[k..k + WIN].copy_from_slice(&a[k..k + WIN]);
+                            let k = (i % depth) * win;
+                            b[k..k + win].copy_from_slice(&a[k..k + win]);
                             std::hint::black_box(&b);
-                            moved[2].fetch_add(WIN as u64, Ordering::Relaxed);
+                            moved[2].fetch_add(win as u64, Ordering::Relaxed);
                             i += 1;
                         }
                     });
@@ -862,7 +873,7 @@ mod tests {
             (r(0), r(1), r(2))
         };
         let (d, _, _) = run(false, 0, false, false);
-        eprintln!("8 threads D2H (GPU 0), 1 MiB x 4 in flight each: {d:.2} GB/s");
+        eprintln!("8 threads D2H (GPU 0), {win} B x {depth} in flight each: {d:.2} GB/s");
         let (d, _, _) = run(false, 0, true, false);
         eprintln!("  each window read by its thread once landed (as a socket write reads it): {d:.2} GB/s");
         let (d, _, _) = run(false, 0, false, true);
