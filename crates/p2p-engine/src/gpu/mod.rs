@@ -625,6 +625,15 @@ mod tests {
         );
     }
 
+    /// GPU 0 for the GPU-only tests below, or None (said so) without one.
+    fn gpu0() -> Option<Arc<Device>> {
+        if !available() {
+            eprintln!("no GPU: skipped");
+            return None;
+        }
+        Some(Device::get(0).unwrap())
+    }
+
     /// One small staged copy, as a lone message's path does it: how long
     /// from queueing it to knowing it landed, by way of queueing and of
     /// waiting, with the pinned side just written by the CPU or not.
@@ -633,11 +642,7 @@ mod tests {
     #[test]
     #[ignore]
     fn copy_latency() {
-        if !available() {
-            eprintln!("no GPU: skipped");
-            return;
-        }
-        let dev = Device::get(0).unwrap();
+        let Some(dev) = gpu0() else { return };
         dev.bind().unwrap();
         let s = Stream::new().unwrap();
         let ev = Event::new().unwrap();
@@ -701,11 +706,7 @@ mod tests {
     #[test]
     #[ignore]
     fn copy_rates() {
-        if !available() {
-            eprintln!("no GPU: skipped");
-            return;
-        }
-        let dev = Device::get(0).unwrap();
+        let Some(dev) = gpu0() else { return };
         let (n, bs) = (4096usize, 32usize << 10);
         let gpu = DeviceBuf::new(&dev, n * bs).unwrap();
         // how: 0 one call each, 1 batch calls, 3 contiguous joined
@@ -776,8 +777,7 @@ mod tests {
     #[ignore]
     fn copy_contention() {
         use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-        if !available() {
-            eprintln!("no GPU: skipped");
+        if gpu0().is_none() {
             return;
         }
         // Window and slots per thread (`COPY_CONTENTION_WIN`, `..._DEPTH`
