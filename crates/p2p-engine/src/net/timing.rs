@@ -24,6 +24,7 @@ pub enum Spent {
     Other,
 }
 
+/// Every kind, in the order of their discriminants (an account's slots).
 const KINDS: [(Spent, &str); 5] = [
     (Spent::Socket, "socket"),
     (Spent::Copies, "copies"),
@@ -101,8 +102,7 @@ pub fn mark(what: Spent) {
     ACCOUNT.with(|a| {
         if let Some(a) = a.borrow_mut().as_mut() {
             let now = Instant::now();
-            let i = KINDS.iter().position(|k| k.0 == what).unwrap_or(0);
-            a.spent[i] += now.duration_since(a.last);
+            a.spent[what as usize] += now.duration_since(a.last);
             a.last = now;
         }
     });
@@ -156,6 +156,13 @@ mod tests {
             "{s}"
         );
         assert!(s.contains("copies 0.0%"), "{s}");
+    }
+
+    #[test]
+    fn kinds_are_listed_in_discriminant_order() {
+        for (i, (k, _)) in KINDS.iter().enumerate() {
+            assert_eq!(*k as usize, i, "{k:?}");
+        }
     }
 
     #[test]
