@@ -1938,7 +1938,7 @@ fn rx_loop(s: Arc<TcpStream>, shared: Arc<RecvShared>, lane: Lane) {
                 // Staging is remade for another GPU: finish the old one first.
                 let other = stager.cur.as_ref().is_some_and(|st| st.device != d);
                 let flushed = if other { stager.flush(&shared) } else { Ok(()) };
-                let small = small_gpu_part(&dst, len, lane.slice).is_some();
+                let small = len <= BATCH_PART.min(lane.slice);
                 flushed.and_then(|()| stager.get(d)).and_then(|st| {
                     if small {
                         rx_gpu_small(&mut r, &dst, len, st, land, &shared)
