@@ -3,20 +3,24 @@
 # as most changes): bash benchmarks/ab_compare.sh OLD_WHEEL NEW_WHEEL OUTDIR [ROUNDS]
 # Each round runs, for each wheel in turn, GPU → GPU latency and throughput
 # at AB_SIZES (default 4K,64K,1M) and, unless AB_KV=0, a scattered
-# 4,096 × 32 KiB KV writev.
+# 4,096 × 32 KiB KV writev. AB_MEMORY=host measures host memory instead
+# (no KV), AB_ARGS adds bench options (e.g. --reference for raw TCP's
+# figures beside each run), AB_MORE="tag=WHEEL ..." alternates more builds.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OLD=$1 NEW=$2 O=$3 ROUNDS=${4:-2}
+MEM=${AB_MEMORY:-gpu}
 mkdir -p "$O"
 for r in $(seq 1 "$ROUNDS"); do
-  for tag in old new; do
-    w=$OLD; [ $tag = new ] && w=$NEW
+  for tw in "old=$OLD" "new=$NEW" ${AB_MORE:-}; do
+    tag=${tw%%=*} w=${tw#*=}
     (
       . benchmarks/device_env.sh "$w"
-      B="python3 -m tcpx_p2p.bench pair --memory gpu"
-      timeout 90 $B --sizes "${AB_SIZES:-4K,64K,1M}" --json "$O/${tag}_r${r}_lat.json" > "$O/${tag}_r${r}_lat.txt" 2>/dev/null
-      [ "${AB_KV:-1}" = 0 ] || timeout 60 $B --op write --kv-blocks 4096 --block-size 32K --json "$O/${tag}_r${r}_kv.json" > "$O/${tag}_r${r}_kv.txt" 2>/dev/null
+      B="python3 -m tcpx_p2p.bench pair --memory $MEM"
+      # shellcheck disable=SC2086
+      timeout 90 $B --sizes "${AB_SIZES:-4K,64K,1M}" ${AB_ARGS:-} --json "$O/${tag}_r${r}_lat.json" > "$O/${tag}_r${r}_lat.txt" 2>/dev/null
+      [ "${AB_KV:-1}" = 0 ] || [ "$MEM" = host ] || timeout 60 $B --op write --kv-blocks 4096 --block-size 32K --json "$O/${tag}_r${r}_kv.json" > "$O/${tag}_r${r}_kv.txt" 2>/dev/null
     )
-    echo "== $tag round $r"; grep -E "^(send|write) " "$O/${tag}_r${r}_lat.txt" "$O/${tag}_r${r}_kv.txt" 2>/dev/null | sed 's/^[^:]*://'
+    echo "== $tag round $r"; grep -E "^(send|write) |one-way" "$O/${tag}_r${r}_lat.txt" "$O/${tag}_r${r}_kv.txt" 2>/dev/null | sed 's/^[^:]*://'
   done
 done
