@@ -29,9 +29,6 @@ use crate::wire::{self, Control, Hello, RmaItem};
 /// Longest a waiting thread sleeps before it looks again by itself.
 const WAIT_SLICE: Duration = Duration::from_millis(10);
 
-/// Waiters of transfers up to this size may spin (see [`Conn::wait_on`]).
-const SPIN_WAIT_MAX: usize = 1 << 20;
-
 /// Milliseconds on a process-wide monotonic clock.
 pub(crate) fn now_ms() -> u64 {
     static EPOCH: OnceLock<Instant> = OnceLock::new();
@@ -119,9 +116,6 @@ pub struct Conn {
     pending_writes: Mutex<HashMap<u64, Vec<ChunkOp>>>,
     /// Threads blocked in [`Conn::wait_on`]: the net's waker wakes them.
     waiters: Arc<Mutex<Vec<Thread>>>,
-    /// How many times the net's waker has been called: a waiter allowed to
-    /// spin watches it instead of sleeping until unparked.
-    wakes: Arc<AtomicU64>,
     threads: Mutex<Vec<JoinHandle<()>>>,
 }
 
@@ -230,12 +224,9 @@ impl Conn {
         let pt = progress_thread.clone();
         let waiters: Arc<Mutex<Vec<Thread>>> = Arc::new(Mutex::new(Vec::new()));
         let wt = waiters.clone();
-        let wakes = Arc::new(AtomicU64::new(0));
-        let wk = wakes.clone();
         // A thread waiting on a transfer runs the round itself; else the
         // progress thread does.
         let waker: Waker = Arc::new(move || {
-            wk.fetch_add(1, Ordering::Release);
             let waiting = wt.lock();
             if waiting.is_empty() {
                 if let Some(t) = pt.get() {
@@ -326,7 +317,6 @@ impl Conn {
             live: Mutex::new(HashMap::new()),
             pending_writes: Mutex::new(HashMap::new()),
             waiters,
-            wakes,
             threads: Mutex::new(Vec::new()),
         });
         let weak = Arc::downgrade(&conn);
@@ -396,38 +386,16 @@ impl Conn {
     /// completes the transfer itself: one thread hand-off per message
     /// (I/O thread to waiter), not two (through the progress thread).
     pub(crate) fn wait_on(&self, t: &Transfer, deadline: Option<Instant>) {
-        // Where spinning is allowed (many cores), the waiter of a small
-        // transfer watches the waker's count for up to the spin time
-        // instead of sleeping: a thread wake-up (5-30 µs on a VM) is a
-        // large part of a small message's trip. A large transfer's waiter
-        // sleeps: its many wakes would each cost a round on this thread.
-        let mut seen = self.wakes.load(Ordering::Acquire);
-        let spin = if (1..=SPIN_WAIT_MAX).contains(&t.bytes()) {
-            self.engine.spin()
-        } else {
-            Duration::ZERO
-        };
-        let spin_until = Instant::now() + spin;
         let me = std::thread::current();
         t.set_waiter(Some(me.clone()));
         self.waiters.lock().push(me.clone());
         while !t.ended() {
-            let now = Instant::now();
-            let left = deadline.map(|d| d.saturating_duration_since(now));
+            let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
             if left == Some(Duration::ZERO) {
                 break;
             }
-            if now < spin_until {
-                let w = self.wakes.load(Ordering::Acquire);
-                if w == seen {
-                    std::hint::spin_loop();
-                    continue;
-                }
-                seen = w;
-            } else {
-                // The bound only guards against a missed wake-up.
-                std::thread::park_timeout(left.map_or(WAIT_SLICE, |l| l.min(WAIT_SLICE)));
-            }
+            // The bound only guards against a missed wake-up.
+            std::thread::park_timeout(left.map_or(WAIT_SLICE, |l| l.min(WAIT_SLICE)));
             tracing::trace!(xfer = t.id, "lat: waiter woke");
             if t.ended() {
                 break;
@@ -585,7 +553,6 @@ impl Conn {
         let regions: Vec<_> = items.iter().map(|(_, r)| r.clone()).collect();
         let plan = self.plan(items.iter().map(|(m, _)| m.len));
         let xfer = Transfer::new(xfer_id, self.id, plan.len(), regions);
-        xfer.set_bytes(items.iter().map(|(m, _)| m.len).sum());
         self.track(&xfer);
         let ops = self.ops_for(&xfer, &items, &plan, false);
         self.submit(if send {
@@ -615,7 +582,6 @@ impl Conn {
         let plan = self.plan(local.iter().map(|(m, _)| m.len));
         // +1: the target's WriteDone / ReadAck.
         let xfer = Transfer::new(xfer_id, self.id, plan.len() + 1, regions);
-        xfer.set_bytes(local.iter().map(|(m, _)| m.len).sum());
         self.track(&xfer);
         let mut ops = Some(self.ops_for(&xfer, &local, &plan, true));
         let msg = if read {

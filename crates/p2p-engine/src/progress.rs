@@ -383,11 +383,6 @@ impl Engine {
         }
     }
 
-    /// How long threads may spin instead of sleeping (0 on small machines).
-    pub fn spin(&self) -> Duration {
-        self.spin
-    }
-
     /// Runs one round if no other thread is running one (see `round`; a
     /// round not run here needs the progress thread).
     pub fn try_step(&self) -> Result<bool, String> {

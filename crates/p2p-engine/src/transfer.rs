@@ -54,8 +54,6 @@ pub struct Transfer {
     _regions: Vec<Arc<Region>>,
     /// A thread parked until the transfer ends (see `Conn::wait_on`).
     waiter: Mutex<Option<Thread>>,
-    /// Bytes it moves, where the poster said (0: not said).
-    bytes: AtomicUsize,
 }
 
 impl Transfer {
@@ -72,22 +70,11 @@ impl Transfer {
             poison: Mutex::new(None),
             _regions: regions,
             waiter: Mutex::new(None),
-            bytes: AtomicUsize::new(0),
         });
         if events == 0 {
             t.end(Status::Done);
         }
         t
-    }
-
-    /// Records how many bytes the transfer moves.
-    pub fn set_bytes(&self, n: usize) {
-        self.bytes.store(n, Ordering::Relaxed);
-    }
-
-    /// Bytes the transfer moves (0 when its poster did not say).
-    pub fn bytes(&self) -> usize {
-        self.bytes.load(Ordering::Relaxed)
     }
 
     /// Runs `f` when the transfer ends (at once if it already has).
