@@ -2512,6 +2512,39 @@ mod tests {
     }
 
     #[test]
+    fn polling_reader_gets_a_payload_that_arrives_in_pieces() {
+        // A small first part's reader polls between reads instead of
+        // blocking; bytes that come late, in pieces, still all arrive in
+        // order, through the buffer and in place, polling or not.
+        for spin in [Duration::ZERO, Duration::from_millis(50)] {
+            let l = TcpListener::bind("127.0.0.1:0").unwrap();
+            let addr = l.local_addr().unwrap();
+            let data: Vec<u8> = (0..200_000u32).map(|i| (i * 7 % 251) as u8).collect();
+            let sent = data.clone();
+            let writer = std::thread::spawn(move || {
+                let mut w = TcpStream::connect(addr).unwrap();
+                for piece in sent.chunks(70_000) {
+                    w.write_all(piece).unwrap();
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+            });
+            let (s, _) = l.accept().unwrap();
+            let mut r = StreamReader::new(Arc::new(s));
+            r.spin = spin;
+            let mut head = [0u8; 100];
+            r.read_head(&mut head, true).unwrap();
+            let mut small = vec![0u8; 1_000];
+            r.read_exact(&mut small).unwrap();
+            let mut rest = vec![0u8; data.len() - 1_100];
+            r.read_into(&mut [&mut rest[..]]).unwrap();
+            writer.join().unwrap();
+            assert_eq!(&head[..], &data[..100]);
+            assert_eq!(&small[..], &data[100..1_100]);
+            assert!(rest == data[1_100..], "spin {spin:?}: payload differs");
+        }
+    }
+
+    #[test]
     fn peer_drop_fails_pending_receive() {
         let (s, mut r) = pair(2);
         let mut dst = vec![0u8; 100];
