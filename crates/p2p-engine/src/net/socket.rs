@@ -1447,13 +1447,7 @@ impl StreamReader {
 
     /// Polls (up to `spin`) until the socket has bytes to read.
     fn ready(&self) {
-        if self.spin.is_zero() {
-            return;
-        }
-        let start = Instant::now();
-        while !readable_now(&self.s) && start.elapsed() < self.spin {
-            std::hint::spin_loop();
-        }
+        poll_readable(&self.s, self.spin);
     }
 
     /// Reads from the socket into `dst` until it is full.
@@ -1660,6 +1654,18 @@ fn readable_now(s: &TcpStream) -> bool {
     r == 0 && n > 0
 }
 
+/// Spins until `s` has bytes to read or `spin` has passed (at once when
+/// `spin` is zero).
+fn poll_readable(s: &TcpStream, spin: Duration) {
+    if spin.is_zero() {
+        return;
+    }
+    let start = Instant::now();
+    while !readable_now(s) && start.elapsed() < spin {
+        std::hint::spin_loop();
+    }
+}
+
 /// A small GPU part: read into the slot being filled, its copy to the
 /// device queued, and its completion deferred until that copy has landed
 /// (a slot's copies are waited for when the slot is needed again or the
@@ -1846,10 +1852,7 @@ impl Lane {
             q.cv.wait_for(&mut book, Duration::from_micros(100));
         }
         drop(book);
-        let start = Instant::now();
-        while !readable_now(s) && start.elapsed() < self.spin {
-            std::hint::spin_loop();
-        }
+        poll_readable(s, self.spin);
     }
 }
 
