@@ -872,30 +872,39 @@ mod tests {
             let r = |i: usize| moved[i].load(Ordering::Relaxed) as f64 / secs / 1e9;
             (r(0), r(1), r(2))
         };
-        let (d, _, _) = run(false, 0, false, false);
-        eprintln!("8 threads D2H (GPU 0), {win} B x {depth} in flight each: {d:.2} GB/s");
-        let (d, _, _) = run(false, 0, true, false);
-        eprintln!("  each window read by its thread once landed (as a socket write reads it): {d:.2} GB/s");
-        let (d, _, _) = run(false, 0, false, true);
-        eprintln!("  huge-page pinned memory: {d:.2} GB/s");
-        let (d, _, _) = run(false, 0, true, true);
-        eprintln!("  huge-page pinned memory, each window read once landed: {d:.2} GB/s");
-        if !two {
-            eprintln!("one GPU: the rows with H2D on GPU 1 need two");
-            return;
+        eprintln!("8 threads D2H (GPU 0), {win} B x {depth} in flight each:");
+        // (H2D threads on GPU 1, CPU memcpy threads, windows touched by the
+        // CPU as the socket calls do, huge-page pinned memory, what it is).
+        #[rustfmt::skip]
+        let rows: [(bool, usize, bool, bool, &str); 9] = [
+            (false, 0, false, false, "alone"),
+            (false, 0, true, false, "each window read by its thread once landed (as a socket write reads it)"),
+            (false, 0, false, true, "huge-page pinned memory"),
+            (false, 0, true, true, "huge-page pinned memory, each window read once landed"),
+            (true, 0, false, false, "beside 8 threads H2D (GPU 1)"),
+            (true, 0, true, false, "the same, D2H windows read once landed, H2D windows written before"),
+            (true, 0, true, true, "the same in huge-page pinned memory"),
+            (false, 16, false, false, "beside 16 threads of CPU memcpy"),
+            (true, 16, false, false, "beside H2D and 16 threads of CPU memcpy"),
+        ];
+        for (h2d, cpu, touch, huge, what) in rows {
+            if h2d && !two {
+                eprintln!("one GPU: the rows with H2D on GPU 1 need two");
+                return;
+            }
+            let (d, h, c) = run(h2d, cpu, touch, huge);
+            let h = if h2d {
+                format!(", H2D {h:.2}")
+            } else {
+                String::new()
+            };
+            let c = if cpu > 0 {
+                format!(", memcpy {c:.2}")
+            } else {
+                String::new()
+            };
+            eprintln!("  {what}: D2H {d:.2} GB/s{h}{c}");
         }
-        let (d, h, _) = run(true, 0, false, false);
-        eprintln!("  beside 8 threads H2D (GPU 1): D2H {d:.2} GB/s, H2D {h:.2}");
-        let (d, h, _) = run(true, 0, true, false);
-        eprintln!("  the same, D2H windows read once landed, H2D windows written before: D2H {d:.2} GB/s, H2D {h:.2}");
-        let (d, h, _) = run(true, 0, true, true);
-        eprintln!("  the same in huge-page pinned memory: D2H {d:.2} GB/s, H2D {h:.2}");
-        let (d, _, c) = run(false, 16, false, false);
-        eprintln!("  beside 16 threads of CPU memcpy: D2H {d:.2} GB/s, memcpy {c:.2}");
-        let (d, h, c) = run(true, 16, false, false);
-        eprintln!(
-            "  beside H2D and 16 threads of CPU memcpy: D2H {d:.2} GB/s, H2D {h:.2}, memcpy {c:.2}"
-        );
     }
 
     #[test]
