@@ -41,6 +41,9 @@ pub struct Config {
     pub staging_depth: usize,
     /// Kernel socket buffer size (0 = leave the kernel's default).
     pub sockbuf: usize,
+    /// Socket net: lend GPU staging to the socket (`vmsplice` + `splice`)
+    /// instead of writing it, saving the sender's copy.
+    pub splice: bool,
     /// How long idle threads spin before sleeping while work is in flight
     /// (a thread wake-up costs tens of microseconds in a VM).
     pub spin: Duration,
@@ -75,6 +78,7 @@ impl Default for Config {
             staging_slice: 1 << 20,
             staging_depth: 4,
             sockbuf: 0,
+            splice: true,
             spin: default_spin(),
             keepalive: Duration::from_millis(1000),
             deadline: Duration::from_millis(10_000),
@@ -135,6 +139,7 @@ impl Config {
     /// | `TCPX_P2P_SEND_WINDOW`, `TCPX_P2P_RECV_WINDOW` | requests in flight per comm (capped by the net: 16 for plugins) | the net's most |
     /// | `TCPX_P2P_STAGING_SLICE`, `TCPX_P2P_STAGING_DEPTH` | pinned staging for GPU memory | 1M, 4 |
     /// | `TCPX_P2P_SOCKBUF` | SO_SNDBUF/SO_RCVBUF | kernel default |
+    /// | `TCPX_P2P_SPLICE` | lend GPU staging to the socket (`0`/`1`) | 1 |
     /// | `TCPX_P2P_SPIN_US` | busy-wait before sleeping, µs | 300 with 8+ cores, else 0 |
     /// | `TCPX_P2P_KEEPALIVE_MS`, `TCPX_P2P_DEADLINE_MS` | keep-alive interval; silence after which a connection fails | 1000, 10000 |
     /// | `TCPX_P2P_CONNECT_TIMEOUT_MS` | connect + handshake deadline | 20000 |
@@ -195,6 +200,9 @@ impl Config {
         }
         if let Some(n) = size_var(&["TCPX_P2P_SOCKBUF"], 0, 1 << 30)? {
             c.sockbuf = n;
+        }
+        if let Some(n) = size_var(&["TCPX_P2P_SPLICE"], 0, 1)? {
+            c.splice = n == 1;
         }
         if let Some(n) = size_var(&["TCPX_P2P_SPIN_US"], 0, 1_000_000)? {
             c.spin = Duration::from_micros(n as u64);

@@ -89,6 +89,7 @@ fn make_net(
             spin: cfg.spin,
             cpus,
             gpu,
+            splice: cfg.splice,
         }))),
         NetKind::Plugin => PluginNet::load(&cfg.plugin_path, gpu)
             .map(|n| Arc::new(n) as Arc<dyn Net>)

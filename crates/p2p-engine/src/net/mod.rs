@@ -12,6 +12,7 @@ pub use crate::wire::NET_HANDLE_LEN;
 
 pub mod plugin;
 pub mod socket;
+mod splice;
 mod timing;
 
 /// The opaque handle `listen` writes and the peer passes to `connect`.

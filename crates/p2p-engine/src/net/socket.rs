@@ -21,6 +21,7 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{Receiver, Sender};
 use parking_lot::{Condvar, Mutex};
 
+use super::splice::{CreditBack, Splicer, SPLICED};
 use super::timing::{self, Spent};
 use super::{
     DeviceProps, ListenComm, MemRef, MrHandle, Net, NetHandle, RecvComm, ReqId, SendComm, Waker,
@@ -32,7 +33,7 @@ use crate::topo;
 
 const NET: &str = "socket";
 const HANDLE_MAGIC: u32 = 0x4b43_4f53; // "SOCK"
-const HELLO_MAGIC: u64 = 0x324c_4c45_484b_4353; // "SCKHELL2"
+const HELLO_MAGIC: u64 = 0x334c_4c45_484b_4353; // "SCKHELL3"
 /// Part header: message sequence number, offset, length, message total,
 /// part count, and the shape of a gathered message's segments.
 const HDR_LEN: usize = 48;
@@ -56,6 +57,9 @@ pub struct SocketConfig {
     /// The endpoint's GPU: its pinned staging is made when a comm starts,
     /// not inside the first transfer.
     pub gpu: Option<i32>,
+    /// Lend large GPU windows' staging to the socket instead of writing it
+    /// (`vmsplice` + `splice`; see [`super::splice`]).
+    pub splice: bool,
 }
 
 /// The transport: stateless apart from its settings.
@@ -426,17 +430,28 @@ struct Staging {
     /// Receive side: copies out of the slot being filled, not yet queued
     /// (queued as one batch when the slot is sealed or flushed).
     pending: Vec<gpu::CopyOp>,
+    /// Send side, slots lent to the socket: per slot, the lent count at the
+    /// end of its last window (the credit it waits for before it is
+    /// written again; see [`super::splice`]).
+    lent: Vec<u64>,
 }
 
 impl Staging {
-    fn new(device: i32, slice: usize, depth: usize) -> Result<Staging, String> {
+    /// `mapped`: slots in memory mapped here and registered with CUDA
+    /// rather than allocated by it (see [`Stager::mapped`]).
+    fn new(device: i32, slice: usize, depth: usize, mapped: bool) -> Result<Staging, String> {
         let dev = gpu::Device::get(device).map_err(|e| e.to_string())?;
         dev.bind().map_err(|e| e.to_string())?;
         let stream = gpu::Stream::new().map_err(|e| e.to_string())?;
         let mut slots = Vec::with_capacity(depth);
         for _ in 0..depth.max(1) {
+            let buf = if mapped {
+                gpu::PinnedBuf::new_mapped(slice)
+            } else {
+                gpu::PinnedBuf::new(slice)
+            };
             slots.push((
-                gpu::PinnedBuf::new(slice).map_err(|e| e.to_string())?,
+                buf.map_err(|e| e.to_string())?,
                 gpu::Event::new().map_err(|e| e.to_string())?,
                 false,
             ));
@@ -449,6 +464,7 @@ impl Staging {
             fill_slot: 0,
             fill_used: 0,
             pending: Vec::new(),
+            lent: vec![0; depth.max(1)],
         })
     }
 
@@ -470,6 +486,34 @@ impl Staging {
         Ok(())
     }
 
+    /// Whether every slot can be lent to a pipe.
+    fn probe_lend(&self, sp: &Splicer) -> io::Result<()> {
+        self.slots
+            .iter()
+            .try_for_each(|(b, _, _)| sp.probe(b.as_slice(b.len())))
+    }
+
+    /// Whether slot `k` may be written: not lent, or credited since (taking
+    /// the credits that have come; with `block`, waiting for its own).
+    fn unlent(&self, k: usize, sp: Option<&mut Splicer>, block: bool) -> Result<bool, String> {
+        let mark = self.lent[k];
+        let Some(sp) = sp.filter(|sp| mark > sp.credited()) else {
+            return Ok(true);
+        };
+        sp.poll_credits().map_err(|e| e.to_string())?;
+        if mark > sp.credited() && block {
+            timing::mark(Spent::Other);
+            sp.wait_credit(mark).map_err(|e| e.to_string())?;
+            timing::mark(Spent::Socket);
+        }
+        Ok(mark <= sp.credited())
+    }
+
+    /// The highest credit any slot waits for.
+    fn lent_mark(&self) -> u64 {
+        self.lent.iter().copied().max().unwrap_or(0)
+    }
+
     /// Waits for slot `k`'s copies, if any are queued.
     fn wait(&mut self, k: usize) -> Result<(), String> {
         if self.slots[k].2 {
@@ -487,6 +531,21 @@ struct Stager {
     cur: Option<Staging>,
     slice: usize,
     depth: usize,
+    /// Slots in memory mapped here and registered with CUDA: set when the
+    /// driver's own pinned memory cannot be lent to a pipe (`vmsplice`).
+    mapped: bool,
+    /// Send side: lending large GPU windows to the socket.
+    lend: Lend,
+}
+
+/// Whether a send stream lends its staging to the socket
+/// ([`super::splice`]).
+enum Lend {
+    Off,
+    /// Wanted; set up (pipe made, staging probed) at the first large GPU
+    /// part.
+    Wanted(Arc<TcpStream>),
+    On(Splicer),
 }
 
 impl Stager {
@@ -496,6 +555,8 @@ impl Stager {
             cur: None,
             slice,
             depth,
+            mapped: false,
+            lend: Lend::Off,
         }
     }
 
@@ -516,13 +577,59 @@ impl Stager {
     /// The staging for GPU `device`, made (or remade) if needed. A receive
     /// side must have flushed the old one first.
     fn get(&mut self, device: i32) -> Result<&mut Staging, String> {
-        if self.cur.as_ref().is_some_and(|s| s.device != device) {
+        if let Some(old) = self.cur.as_ref().filter(|s| s.device != device) {
+            // Its lent slots go back to the allocator only once read.
+            if let Lend::On(sp) = &mut self.lend {
+                sp.wait_credit(old.lent_mark()).map_err(|e| e.to_string())?;
+            }
             self.cur = None;
         }
         if self.cur.is_none() {
-            self.cur = Some(Staging::new(device, self.slice, self.depth)?);
+            self.cur = Some(Staging::new(device, self.slice, self.depth, self.mapped)?);
         }
         self.cur.as_mut().ok_or_else(|| "staging".to_string())
+    }
+
+    /// The staging for GPU `device` and, where this stream lends its large
+    /// windows to the socket, the splicer: set up at the first call, the
+    /// slots probed (remade in mapped memory if the driver's cannot be
+    /// lent; not lent at all if neither can).
+    fn lending(&mut self, device: i32) -> Result<(&mut Staging, Option<&mut Splicer>), String> {
+        if let Lend::Wanted(sock) = &self.lend {
+            let sock = sock.clone();
+            self.lend = Lend::Off;
+            match Splicer::new(sock, self.slice) {
+                Ok(sp) => {
+                    let mut probe = self.get(device)?.probe_lend(&sp);
+                    if let Err(e) = &probe {
+                        tracing::debug!(
+                            gpu = device,
+                            "staging not lendable ({e}): remade in mapped memory"
+                        );
+                        self.mapped = true;
+                        self.cur = None;
+                        probe = self.get(device)?.probe_lend(&sp);
+                    }
+                    match probe {
+                        Ok(()) => self.lend = Lend::On(sp),
+                        Err(e) => tracing::info!(
+                            gpu = device,
+                            "socket net: staging cannot be lent to the socket ({e}); written instead"
+                        ),
+                    }
+                }
+                Err(e) => tracing::info!(
+                    "socket net: no pipe to lend staging through ({e}); written instead"
+                ),
+            }
+        }
+        self.get(device)?;
+        let sp = match &mut self.lend {
+            Lend::On(sp) => Some(sp),
+            _ => None,
+        };
+        let st = self.cur.as_mut().ok_or_else(|| "staging".to_string())?;
+        Ok((st, sp))
     }
 
     /// Whether parts wait on copies that have not been waited for.
@@ -782,11 +889,11 @@ fn tx_part(s: &TcpStream, op: &TxOp, stager: &mut Stager) -> Result<(), String> 
                 write_all_slices(s, &v).map_err(|e| e.to_string())?;
             }
             MemKind::Cuda(dev) => {
-                let st = stager.get(dev)?;
+                let (st, mut sp) = stager.lending(dev)?;
                 let mut pipe = TxPipe::default();
                 pipe.push(None, windows(run, st.slice()));
                 while !pipe.is_empty() {
-                    pipe.write_next(s, st)?;
+                    pipe.write_next(s, st, sp.as_deref_mut(), false)?;
                 }
             }
         }
@@ -837,14 +944,22 @@ impl TxPipe {
             && self.parts.back().is_none_or(|p| p.issued == p.wins.len())
     }
 
-    /// Queues the copies of the next windows into the free slots.
-    fn top_up(&mut self, st: &mut Staging) -> Result<(), String> {
+    /// Queues the copies of the next windows into the free slots. With
+    /// `sp`, a slot still lent to the socket is free once the receiver has
+    /// credited it; the pipe blocks for that credit only when it has
+    /// nothing else to write.
+    fn top_up(&mut self, st: &mut Staging, mut sp: Option<&mut Splicer>) -> Result<(), String> {
         let depth = st.depth();
         while self.issued - self.written < depth {
             let Some(p) = self.parts.iter_mut().find(|p| p.issued < p.wins.len()) else {
                 break;
             };
             let k = self.issued % depth;
+            // Block for a lent slot's credit only with nothing staged to
+            // write meanwhile.
+            if !st.unlent(k, sp.as_deref_mut(), self.issued == self.written)? {
+                break;
+            }
             let ops = window_copies(&p.wins[p.issued].1, st.slots[k].0.as_ptr() as u64, true);
             // SAFETY: the window fits the slot, whose previous window was
             // written (so nothing reads it); the device ranges were checked
@@ -858,10 +973,19 @@ impl TxPipe {
     }
 
     /// Tops the copies up, then writes the oldest window once its copy has
-    /// landed; returns the part when that was its last window.
-    fn write_next(&mut self, s: &TcpStream, st: &mut Staging) -> Result<Option<PipePart>, String> {
+    /// landed (with `lend`: lends it to the socket through `sp`, its part's
+    /// header marked [`SPLICED`]); returns the part when that was its last
+    /// window. `sp` is the stream's splicer, if any, whose credits free
+    /// lent slots.
+    fn write_next(
+        &mut self,
+        s: &TcpStream,
+        st: &mut Staging,
+        mut sp: Option<&mut Splicer>,
+        lend: bool,
+    ) -> Result<Option<PipePart>, String> {
         timing::mark(Spent::Other);
-        self.top_up(st)?;
+        self.top_up(st, sp.as_deref_mut())?;
         timing::mark(Spent::Driver);
         let depth = st.depth();
         let Some(p) = self.parts.front_mut() else {
@@ -871,11 +995,24 @@ impl TxPipe {
         st.wait(k)?;
         timing::mark(Spent::Copies);
         let data = st.slots[k].0.as_slice(p.wins[p.written].0);
-        match (&p.op, p.written) {
-            (Some(op), 0) => write_all_slices(s, &[&op.hdr, data]),
-            _ => write_all_slices(s, &[data]),
+        match (sp.filter(|_| lend), &p.op, p.written) {
+            (Some(sp), op, w) => {
+                if let (Some(op), 0) = (op, w) {
+                    let mut hdr = op.hdr;
+                    let field = u64::from_le_bytes(hdr[32..40].try_into().unwrap_or_default());
+                    hdr[32..40].copy_from_slice(&(field | SPLICED).to_le_bytes());
+                    write_all_slices(s, &[&hdr]).map_err(|e| e.to_string())?;
+                }
+                timing::mark(Spent::Other);
+                st.lent[k] = sp.send(data).map_err(|e| e.to_string())?;
+                timing::mark(Spent::Socket);
+                timing::bytes(data.len());
+            }
+            (None, Some(op), 0) => {
+                write_all_slices(s, &[&op.hdr, data]).map_err(|e| e.to_string())?
+            }
+            (None, _, _) => write_all_slices(s, &[data]).map_err(|e| e.to_string())?,
         }
-        .map_err(|e| e.to_string())?;
         p.written += 1;
         self.written += 1;
         if p.written == p.wins.len() {
@@ -909,8 +1046,8 @@ fn tx_gpu_stream(
     next: &mut dyn FnMut() -> Option<TxOp>,
     finish: &dyn Fn(&TxOp, &Result<(), String>),
 ) {
-    let st = match stager.get(dev) {
-        Ok(st) => st,
+    let (st, mut sp) = match stager.lending(dev) {
+        Ok(x) => x,
         Err(e) => return finish(&first, &Err(e)),
     };
     let slice = st.slice();
@@ -923,7 +1060,7 @@ fn tx_gpu_stream(
             let wins = windows(&o.pieces, slice);
             pipe.push(Some(o), wins);
         }
-        match pipe.write_next(s, st) {
+        match pipe.write_next(s, st, sp.as_deref_mut(), true) {
             Ok(Some(PipePart { op: Some(op), .. })) => finish(&op, &Ok(())),
             Ok(_) => {}
             Err(e) => break Err(e),
@@ -978,7 +1115,8 @@ fn tx_gpu_batch(
     dev: i32,
     stager: &mut Stager,
 ) -> Result<(), String> {
-    let st = stager.get(dev)?;
+    let (st, sp) = stager.lending(dev)?;
+    st.unlent(0, sp, true)?;
     let mems: Vec<MemRef> = batch
         .iter()
         .flat_map(|o| o.pieces.iter().copied())
@@ -1057,6 +1195,9 @@ fn tx_loop(
         format!("tx stream {} to {peer}", lane.index)
     });
     let mut stager = Stager::ahead(lane.gpu, slice, depth);
+    if lane.splice {
+        stager.lend = Lend::Wanted(s.clone());
+    }
     let mut held: Option<TxOp> = None;
     let finish = |op: &TxOp, r: &Result<(), String>| {
         queued.fetch_sub(1, Ordering::AcqRel);
@@ -1430,6 +1571,8 @@ struct StreamReader {
     /// part, whose remainder is usually a few µs behind its start: a
     /// blocked reader's wake-up costs more than that.
     spin: Duration,
+    /// Credits owed for lent payload bytes (see [`super::splice`]).
+    credit: CreditBack,
 }
 
 const READ_BUF: usize = 256 << 10;
@@ -1442,21 +1585,28 @@ impl StreamReader {
             pos: 0,
             end: 0,
             spin: Duration::ZERO,
+            credit: CreditBack::default(),
         }
     }
 
-    /// Polls (up to `spin`) until the socket has bytes to read.
-    fn ready(&self) {
+    /// Before a read: credits what a read that blocks would leave owed,
+    /// then polls (up to `spin`) until the socket has bytes to read.
+    fn ready(&mut self) -> io::Result<()> {
+        self.credit.before_read(&self.s)?;
         poll_readable(&self.s, self.spin);
+        Ok(())
     }
 
     /// Reads from the socket into `dst` until it is full.
-    fn fill(&self, mut dst: &mut [u8]) -> io::Result<()> {
+    fn fill(&mut self, mut dst: &mut [u8]) -> io::Result<()> {
         while !dst.is_empty() {
-            self.ready();
+            self.ready()?;
             match (&*self.s).read(dst) {
                 Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
-                Ok(n) => dst = &mut dst[n..],
+                Ok(n) => {
+                    dst = &mut dst[n..];
+                    self.credit.taken(&self.s, n)?;
+                }
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) => return Err(e),
             }
@@ -1481,6 +1631,7 @@ impl StreamReader {
             let n = bufs[i].len().min(self.end - self.pos);
             bufs[i][..n].copy_from_slice(&self.buf[self.pos..self.pos + n]);
             self.pos += n;
+            self.credit.taken(&self.s, n)?;
             if n < bufs[i].len() {
                 let rest = std::mem::take(&mut bufs[i]);
                 bufs[i] = &mut rest[n..];
@@ -1497,12 +1648,13 @@ impl StreamReader {
         let mut iov = &mut iov[..];
         while !iov.is_empty() {
             let k = iov.len().min(1024);
-            self.ready();
+            self.ready()?;
             let n = (&*self.s).read_vectored(&mut iov[..k])?;
             if n == 0 {
                 return Err(io::ErrorKind::UnexpectedEof.into());
             }
             IoSliceMut::advance_slices(&mut iov, n);
+            self.credit.taken(&self.s, n)?;
         }
         Ok(())
     }
@@ -1519,10 +1671,11 @@ impl StreamReader {
                 dst[..n].copy_from_slice(&self.buf[self.pos..self.pos + n]);
                 self.pos += n;
                 dst = &mut dst[n..];
+                self.credit.taken(&self.s, n)?;
             } else if dst.len() >= READ_BUF / 4 {
                 return self.fill(dst);
             } else {
-                self.ready();
+                self.ready()?;
                 let n = (&*self.s).read(&mut self.buf)?;
                 if n == 0 {
                     return Err(io::ErrorKind::UnexpectedEof.into());
@@ -1646,7 +1799,7 @@ impl Staging {
 }
 
 /// Whether the socket has bytes waiting to be read.
-fn readable_now(s: &TcpStream) -> bool {
+pub(super) fn readable_now(s: &TcpStream) -> bool {
     use std::os::fd::AsRawFd;
     let mut n: libc::c_int = 0;
     // SAFETY: FIONREAD writes one int through the pointer given.
@@ -1809,6 +1962,8 @@ struct Lane {
     gpu: Option<i32>,
     slice: usize,
     depth: usize,
+    /// Send side: lend large GPU windows to the socket.
+    splice: bool,
 }
 
 impl Lane {
@@ -1819,6 +1974,7 @@ impl Lane {
             gpu: cfg.gpu,
             slice: cfg.staging_slice,
             depth: cfg.staging_depth,
+            splice: cfg.splice,
         }
     }
 
@@ -1910,8 +2066,15 @@ fn rx_loop(s: Arc<TcpStream>, shared: Arc<RecvShared>, lane: Lane) {
         }
         let field =
             |i: usize| u64::from_le_bytes(hdr[i * 8..i * 8 + 8].try_into().unwrap_or_default());
-        let (seq, off, len, total, nparts, shape) =
-            (field(0), field(1), field(2), field(3), field(4), field(5));
+        let (seq, off, len, total, nparts, shape) = (
+            field(0),
+            field(1),
+            field(2),
+            field(3),
+            field(4) & (SPLICED - 1),
+            field(5),
+        );
+        let lent = field(4) & SPLICED != 0;
         tracing::trace!(seq, "lat: rx header");
         timing::mark(Spent::Waiting);
         timing::bytes(HDR_LEN);
@@ -1980,6 +2143,9 @@ fn rx_loop(s: Arc<TcpStream>, shared: Arc<RecvShared>, lane: Lane) {
             }
         }
         let len = len as usize;
+        if lent {
+            r.credit.begin(len);
+        }
         large_before = len >= READ_BUF / 4;
         // A small message's first part: its caller waits on these bytes.
         r.spin = if off == 0 && len <= INLINE_MAX {
@@ -2122,6 +2288,7 @@ mod tests {
             spin: Duration::from_micros(20),
             cpus: None,
             gpu: None,
+            splice: true,
         }
     }
 
