@@ -16,10 +16,14 @@
 //! reuses a slot once the credits reach the count at the end of that slot's
 //! bytes.
 //!
-//! Measured on h200-x2 (`benchmarks/results/…-splice/`), eight loopback
-//! streams from 4 MiB rings: 45.7-47.7 GB/s spliced vs 31.9-35.3 GB/s
-//! written; on the 2-core box the same test read 3.4-3.6 vs 5.6-5.8, so the
-//! socket net lends only GPU staging (machines with GPUs have the cores).
+//! Measured (`benchmarks/results/2026-11-22-h200x2-splice/`): host memory
+//! over eight loopback streams (`benchmarks/splice_vs_send.c`) 45.7-61.8
+//! GB/s lent vs 31.9-39.3 written on h200-x2; GPU -> GPU through the socket
+//! net 21.7-24.1 / 22.5-25.2 GB/s at 16 / 256 MiB lent vs 18.2-21.3 /
+//! 18.7-21.6 written. On the 2-core box the host test read 3.4-3.7 lent vs
+//! 5.6-6.1 written (the pipe and page references cost more CPU than the
+//! copy they save), so only GPU staging is lent: host-memory parts are
+//! still written.
 //!
 //! System calls on raw descriptors and lent memory: `unsafe` is allowed here.
 #![allow(unsafe_code)]
