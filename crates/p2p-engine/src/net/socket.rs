@@ -4,7 +4,8 @@
 //! (message sequence number, offset, length, total, part count) so the
 //! receiver places it without knowing the split. GPU memory is staged
 //! through pinned host slices, the CUDA copies of one slice overlapped with
-//! the network I/O of the others.
+//! the network I/O of the others; a sender lends its landed slices to the
+//! socket rather than writing them ([`super::splice`]).
 //!
 //! This module reads and writes raw user memory (the engine has checked the
 //! ranges against registered regions), so `unsafe` is allowed here.
