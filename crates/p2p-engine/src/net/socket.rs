@@ -1273,6 +1273,11 @@ fn tx_loop(
         );
         let slices: Vec<&[u8]> = batch.iter().flat_map(host_slices).collect();
         let r = write_all_slices(&s, &slices).map_err(|e| e.to_string());
+        tracing::trace!(
+            seq = u64::from_le_bytes(batch[0].hdr[..8].try_into().unwrap_or_default()),
+            n = batch.len(),
+            "lat: tx wrote"
+        );
         for o in &batch {
             finish(o, &r);
         }
