@@ -292,7 +292,7 @@ impl Conn {
             [recvs, recvs_rma],
             p.windows,
             rx,
-            net.needs_polling(),
+            net.as_ref(),
             p.spin,
         )));
         let reader = oob

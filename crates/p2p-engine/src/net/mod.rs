@@ -74,6 +74,13 @@ pub trait Net: Send + Sync {
     /// True when requests progress only inside `test` (the engine then polls
     /// continuously); false when the transport calls the [`Waker`].
     fn needs_polling(&self) -> bool;
+    /// Whether a request may be reported done (by `test`) before older
+    /// ones: the engine then frees a full window's slots out of order when
+    /// its oldest request stalls. ncclNet plugins complete receives in
+    /// posting order (TCPX's unpack slots are FIFO): false.
+    fn completes_out_of_order(&self) -> bool {
+        false
+    }
     /// Most requests one comm may have in flight (ncclNet plugins: 16).
     fn max_requests(&self) -> usize {
         16

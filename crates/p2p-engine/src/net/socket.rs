@@ -216,6 +216,10 @@ impl Net for SocketNet {
         false
     }
 
+    fn completes_out_of_order(&self) -> bool {
+        true
+    }
+
     fn max_requests(&self) -> usize {
         256
     }
@@ -2283,25 +2287,52 @@ impl Drop for SocketRecv {
     }
 }
 
+/// Settings for tests: loopback, `streams` streams, 4 KiB parts.
+#[cfg(test)]
+pub(crate) fn test_config(streams: usize) -> SocketConfig {
+    SocketConfig {
+        addr: "127.0.0.1".parse().unwrap(),
+        streams,
+        min_part: 4096,
+        sockbuf: 0,
+        staging_slice: 1 << 20,
+        staging_depth: 2,
+        connect_timeout: Duration::from_secs(5),
+        spin: Duration::from_micros(20),
+        cpus: None,
+        gpu: None,
+        splice: true,
+    }
+}
+
+/// A connected comm pair (tests): from a net set up as `tx` to one set up
+/// as `rx`.
+#[cfg(test)]
+pub(crate) fn test_pair(
+    tx: SocketConfig,
+    rx: SocketConfig,
+) -> (Box<dyn SendComm>, Box<dyn RecvComm>) {
+    let waker: Waker = Arc::new(|| {});
+    let mut l = SocketNet::new(rx).listen(0).unwrap();
+    let s = SocketNet::new(tx)
+        .connect(0, &l.handle(), waker.clone())
+        .unwrap()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        if let Some(r) = l.accept(waker.clone()).unwrap() {
+            return (s, r);
+        }
+        assert!(Instant::now() < deadline);
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn cfg(streams: usize) -> SocketConfig {
-        SocketConfig {
-            addr: "127.0.0.1".parse().unwrap(),
-            streams,
-            min_part: 4096,
-            sockbuf: 0,
-            staging_slice: 1 << 20,
-            staging_depth: 2,
-            connect_timeout: Duration::from_secs(5),
-            spin: Duration::from_micros(20),
-            cpus: None,
-            gpu: None,
-            splice: true,
-        }
-    }
+    use super::{test_config as cfg, test_pair as pair_of};
 
     #[test]
     fn split_covers_every_byte_once() {
@@ -2337,24 +2368,6 @@ mod tests {
 
     fn pair(streams: usize) -> (Box<dyn SendComm>, Box<dyn RecvComm>) {
         pair_of(cfg(streams), cfg(streams))
-    }
-
-    /// A comm from a net set up as `tx` to one set up as `rx`.
-    fn pair_of(tx: SocketConfig, rx: SocketConfig) -> (Box<dyn SendComm>, Box<dyn RecvComm>) {
-        let waker: Waker = Arc::new(|| {});
-        let mut l = SocketNet::new(rx).listen(0).unwrap();
-        let s = SocketNet::new(tx)
-            .connect(0, &l.handle(), waker.clone())
-            .unwrap()
-            .unwrap();
-        let deadline = Instant::now() + Duration::from_secs(5);
-        loop {
-            if let Some(r) = l.accept(waker.clone()).unwrap() {
-                return (s, r);
-            }
-            assert!(Instant::now() < deadline);
-            std::thread::sleep(Duration::from_millis(1));
-        }
     }
 
     fn wait<F: FnMut() -> Result<Option<usize>, NetError>>(mut f: F) -> usize {
