@@ -1743,12 +1743,17 @@ impl Staging {
         r.map_err(|e| e.to_string())
     }
 
-    /// Waits for slot `k`'s copies and completes the parts behind them.
-    fn reclaim(&mut self, k: usize, shared: &RecvShared) -> Result<(), String> {
-        self.wait(k)?;
+    /// Completes the parts whose copies out of slot `k` have landed.
+    fn landed(&mut self, k: usize, shared: &RecvShared) {
         for l in self.landing[k].drain(..) {
             part_done(shared, l);
         }
+    }
+
+    /// Waits for slot `k`'s copies and completes the parts behind them.
+    fn reclaim(&mut self, k: usize, shared: &RecvShared) -> Result<(), String> {
+        self.wait(k)?;
+        self.landed(k, shared);
         Ok(())
     }
 
@@ -1766,9 +1771,7 @@ impl Staging {
                 break;
             }
             self.slots[j].2 = false;
-            for l in self.landing[j].drain(..) {
-                part_done(shared, l);
-            }
+            self.landed(j, shared);
         }
         Ok(())
     }
@@ -1802,11 +1805,9 @@ impl Staging {
         let k = self.fill_slot;
         self.seal(k)?;
         self.wait(k)?;
-        for (slot, landed) in self.slots.iter_mut().zip(&mut self.landing) {
-            slot.2 = false;
-            for l in landed.drain(..) {
-                part_done(shared, l);
-            }
+        for j in 0..self.depth() {
+            self.slots[j].2 = false;
+            self.landed(j, shared);
         }
         self.fill_used = 0;
         Ok(())

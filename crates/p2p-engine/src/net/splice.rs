@@ -91,18 +91,9 @@ impl Splicer {
     /// rather than in the middle of a transfer.
     pub(super) fn probe(&self, buf: &[u8]) -> io::Result<()> {
         let n = buf.len().min(4096);
-        let iov = libc::iovec {
-            iov_base: buf.as_ptr() as *mut libc::c_void,
-            iov_len: n,
-        };
-        // SAFETY: lends `n` bytes of `buf`, which outlives the call below
-        // that drains them from the pipe again.
-        let r = unsafe { libc::vmsplice(self.wr.as_raw_fd(), &iov, 1, 0) };
-        if r < 0 {
-            return last_error("vmsplice");
-        }
+        // `buf` outlives the loop below, which drains the pipe again.
+        let mut left = self.to_pipe(&buf[..n])?;
         let mut sink = vec![0u8; n];
-        let mut left = r as usize;
         while left > 0 {
             // SAFETY: reads into the local buffer, at most its length.
             let m = unsafe {
@@ -131,29 +122,37 @@ impl Splicer {
         self.credited
     }
 
+    /// Lends (the start of) `data` to the pipe: the pages are referenced,
+    /// not copied, so they must stay unwritten until the bytes have been
+    /// read at the far end. Returns how many bytes the pipe took.
+    fn to_pipe(&self, data: &[u8]) -> io::Result<usize> {
+        let iov = libc::iovec {
+            iov_base: data.as_ptr() as *mut libc::c_void,
+            iov_len: data.len(),
+        };
+        // SAFETY: lends pages of `data`; the callers keep them unwritten
+        // until their bytes are read (see the module comment).
+        let n = unsafe { libc::vmsplice(self.wr.as_raw_fd(), &iov, 1, 0) };
+        if n <= 0 {
+            return last_error("vmsplice");
+        }
+        Ok(n as usize)
+    }
+
     /// Lends `data` to the socket; returns the lent count at its end (the
     /// credit after which its memory may be written again). `data` must
     /// stay untouched until then.
     pub(super) fn send(&mut self, data: &[u8]) -> io::Result<u64> {
         let mut off = 0;
         while off < data.len() {
-            let iov = libc::iovec {
-                iov_base: data[off..].as_ptr() as *mut libc::c_void,
-                iov_len: data.len() - off,
+            let n = self.to_pipe(&data[off..])?;
+            let more = if off + n < data.len() {
+                libc::SPLICE_F_MORE
+            } else {
+                0
             };
-            // SAFETY: lends pages of `data`; the caller keeps them unwritten
-            // until the receiver credits them (see the module comment).
-            let n = unsafe { libc::vmsplice(self.wr.as_raw_fd(), &iov, 1, 0) };
-            if n <= 0 {
-                return last_error("vmsplice");
-            }
-            let mut left = n as usize;
+            let mut left = n;
             while left > 0 {
-                let more = if off + (n as usize) < data.len() {
-                    libc::SPLICE_F_MORE
-                } else {
-                    0
-                };
                 // SAFETY: moves pipe contents to the socket; no user memory
                 // is passed.
                 let m = unsafe {
@@ -178,7 +177,7 @@ impl Splicer {
                 }
                 left -= m as usize;
             }
-            off += n as usize;
+            off += n;
         }
         self.lent += data.len() as u64;
         Ok(self.lent)
