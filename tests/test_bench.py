@@ -36,6 +36,19 @@ def test_pair_send_with_reference(tmp_path):
     assert [r["size"] for r in rows] == [4096, 1 << 20]
     assert all(r["verified"] and "raw_tcp_GBps" in r and "ratio_vs_raw_tcp" in r for r in rows)
     assert "rawTCP" in table and "GB/s" in table
+    # Three rounds each by default under --reference, alternated; the row
+    # holds the medians and the ratio of the medians.
+    for r in rows:
+        assert len(r["rounds_GBps"]) == 3 and len(r["raw_tcp_rounds_GBps"]) == 3
+        assert r["GBps"] == sorted(r["rounds_GBps"])[1]
+        assert r["raw_tcp_GBps"] == sorted(r["raw_tcp_rounds_GBps"])[1]
+        assert abs(r["ratio_vs_raw_tcp"] * r["raw_tcp_GBps"] / r["GBps"] - 1) < 0.02
+
+
+def test_rounds_without_reference(tmp_path):
+    doc, _ = bench(tmp_path, "--sizes", "64K", "--rounds", "2")
+    (row,) = doc["rows"]
+    assert len(row["rounds_GBps"]) == 2 and "raw_tcp_GBps" not in row and row["verified"]
 
 
 def test_pair_write_kv_blocks(tmp_path):
