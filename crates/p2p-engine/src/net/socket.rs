@@ -439,6 +439,41 @@ struct Staging {
     /// end of its last window (the credit it waits for before it is
     /// written again; see [`super::splice`]).
     lent: Vec<u64>,
+    /// Send side: why the pipe waited (counted with `debug` logging only).
+    stats: PipeStats,
+}
+
+/// Why a send thread's [`TxPipe`] waited, logged (`debug`) when its
+/// staging is dropped: how often the oldest window's copy had not landed
+/// when it was due, how far the copies ran ahead then, and why topping
+/// the copies up stopped.
+#[derive(Default)]
+struct PipeStats {
+    on: bool,
+    windows: u64,
+    not_landed: u64,
+    ahead_at_wait: u64,
+    stop_lent: u64,
+    stop_dry: u64,
+    credit_blocks: u64,
+}
+
+impl Drop for Staging {
+    fn drop(&mut self) {
+        let p = &self.stats;
+        if p.on && p.windows > 0 {
+            tracing::debug!(
+                windows = p.windows,
+                not_landed = p.not_landed,
+                mean_ahead_at_wait = p.ahead_at_wait as f64 / p.not_landed.max(1) as f64,
+                stop_lent = p.stop_lent,
+                stop_dry = p.stop_dry,
+                credit_blocks = p.credit_blocks,
+                depth = self.slots.len(),
+                "tx pipe waits"
+            );
+        }
+    }
 }
 
 impl Staging {
@@ -470,6 +505,10 @@ impl Staging {
             fill_used: 0,
             pending: Vec::new(),
             lent: vec![0; depth.max(1)],
+            stats: PipeStats {
+                on: tracing::enabled!(tracing::Level::DEBUG),
+                ..PipeStats::default()
+            },
         })
     }
 
@@ -943,10 +982,19 @@ impl TxPipe {
         self.parts.is_empty()
     }
 
-    /// Whether a slot is free and every known window is already copied.
-    fn wants_more(&self, st: &Staging) -> bool {
-        self.issued - self.written < st.depth()
-            && self.parts.back().is_none_or(|p| p.issued == p.wins.len())
+    /// Whether the pipe knows fewer windows not yet written than it has
+    /// slots: the parts queued behind are then taken in, so that their
+    /// copies can run ahead. (It used to take one only once every known
+    /// window's copy was queued -- which happens inside `write_next`, after
+    /// the taking: with one window per part, the usual 1 MiB part, each
+    /// copy was queued, waited for and written one at a time; measured on
+    /// h200-x2, every window's copy still running when it was due.)
+    fn wants_more(&self, depth: usize) -> bool {
+        self.parts
+            .iter()
+            .map(|p| p.wins.len() - p.written)
+            .sum::<usize>()
+            < depth
     }
 
     /// Queues the copies of the next windows into the free slots. With
@@ -957,12 +1005,18 @@ impl TxPipe {
         let depth = st.depth();
         while self.issued - self.written < depth {
             let Some(p) = self.parts.iter_mut().find(|p| p.issued < p.wins.len()) else {
+                st.stats.stop_dry += 1;
                 break;
             };
             let k = self.issued % depth;
             // Block for a lent slot's credit only with nothing staged to
             // write meanwhile.
-            if !st.unlent(k, sp.as_deref_mut(), self.issued == self.written)? {
+            let block = self.issued == self.written;
+            if st.stats.on && block && st.lent[k] > sp.as_ref().map_or(u64::MAX, |x| x.credited()) {
+                st.stats.credit_blocks += 1;
+            }
+            if !st.unlent(k, sp.as_deref_mut(), block)? {
+                st.stats.stop_lent += 1;
                 break;
             }
             let ops = window_copies(&p.wins[p.issued].1, st.slots[k].0.as_ptr() as u64, true);
@@ -997,6 +1051,13 @@ impl TxPipe {
             return Ok(None);
         };
         let k = self.written % depth;
+        if st.stats.on {
+            st.stats.windows += 1;
+            if st.slots[k].2 && !st.slots[k].1.is_done().unwrap_or(true) {
+                st.stats.not_landed += 1;
+                st.stats.ahead_at_wait += (self.issued - self.written) as u64;
+            }
+        }
         st.wait(k)?;
         timing::mark(Spent::Copies);
         let data = st.slots[k].0.as_slice(p.wins[p.written].0);
@@ -1060,7 +1121,7 @@ fn tx_gpu_stream(
     let wins = windows(&first.pieces, slice);
     pipe.push(Some(first), wins);
     let res = loop {
-        while pipe.wants_more(st) {
+        while pipe.wants_more(st.depth()) {
             let Some(o) = next() else { break };
             let wins = windows(&o.pieces, slice);
             pipe.push(Some(o), wins);
@@ -2451,6 +2512,28 @@ mod tests {
         seen.sort();
         let bytes: usize = seen.iter().map(|x| x.1).sum();
         assert_eq!(bytes, 1050);
+    }
+
+    #[test]
+    fn send_pipe_takes_parts_until_its_slots_are_covered() {
+        // One-window parts (a 1 MiB part through 1 MiB slots): the pipe
+        // keeps taking them until it knows a window for every slot, so
+        // their copies can be queued ahead of the writes.
+        let one = |addr| windows(&[host(addr, 1 << 20)], 1 << 20);
+        let mut pipe = TxPipe::default();
+        assert!(pipe.wants_more(4));
+        for i in 0..3 {
+            pipe.push(None, one(i << 20));
+            assert!(pipe.wants_more(4), "{} parts known", i + 1);
+        }
+        pipe.push(None, one(3 << 20));
+        assert!(!pipe.wants_more(4));
+        // Written windows no longer count; a part of several windows does.
+        pipe.parts[0].written = 1;
+        assert!(pipe.wants_more(4));
+        let mut pipe = TxPipe::default();
+        pipe.push(None, windows(&[host(0, 5 << 20)], 1 << 20));
+        assert!(!pipe.wants_more(4));
     }
 
     #[test]
