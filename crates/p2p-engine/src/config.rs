@@ -140,6 +140,7 @@ impl Config {
     /// | `TCPX_P2P_STAGING_SLICE`, `TCPX_P2P_STAGING_DEPTH` | pinned staging for GPU memory (a sender lending it keeps twice the slices) | 1M, 4 |
     /// | `TCPX_P2P_SOCKBUF` | SO_SNDBUF/SO_RCVBUF | kernel default |
     /// | `TCPX_P2P_SPLICE` | lend GPU staging to the socket (`0`/`1`) | 1 |
+    /// | `TCPX_P2P_COPY_KERNEL` | scattered staged copies through one kernel launch per window (`0`/`1`; read in `gpu::unpack`) | 1 |
     /// | `TCPX_P2P_SPIN_US` | busy-wait before sleeping, µs | 300 with 8+ cores, else 0 |
     /// | `TCPX_P2P_KEEPALIVE_MS`, `TCPX_P2P_DEADLINE_MS` | keep-alive interval; silence after which a connection fails | 1000, 10000 |
     /// | `TCPX_P2P_CONNECT_TIMEOUT_MS` | connect + handshake deadline | 20000 |

@@ -286,6 +286,102 @@ fn function(dev: &Device) -> Result<Func, CudaError> {
     Ok(Func(f))
 }
 
+/// Whether scattered staged copies may go through [`CopyKernel`]
+/// (`TCPX_P2P_COPY_KERNEL=0`: the copy engines do every copy).
+pub fn copy_kernel_allowed() -> bool {
+    static ON: OnceLock<bool> = OnceLock::new();
+    *ON.get_or_init(|| !std::env::var("TCPX_P2P_COPY_KERNEL").is_ok_and(|v| v == "0"))
+}
+
+/// Many scattered copies between a pinned staging slot and device memory
+/// (a window of KV blocks) in one launch of the unpack kernel, instead of
+/// a copy-engine transfer -- and the driver's per-copy work -- each. The
+/// descriptors live in pinned memory the GPU reads directly; one
+/// `CopyKernel` per staging slot, so a launch's descriptors are rewritten
+/// only once the slot's previous copies have completed.
+pub struct CopyKernel {
+    func: Func,
+    descs: PinnedBuf,
+    cap: usize,
+}
+
+impl CopyKernel {
+    /// Loads the kernel on `dev` (compiled once per process) with room for
+    /// `cap` copies a launch. The device's context must be current.
+    pub fn new(dev: &Device, cap: usize) -> Result<Self, CudaError> {
+        let cap = cap.max(1);
+        Ok(CopyKernel {
+            func: function(dev)?,
+            descs: PinnedBuf::new(cap * std::mem::size_of::<CopyDesc>())?,
+            cap,
+        })
+    }
+
+    /// The most copies one launch takes.
+    pub fn capacity(&self) -> usize {
+        self.cap
+    }
+
+    /// Queues `ops` on `stream` as one launch.
+    ///
+    /// # Safety
+    /// Each range must be device memory or pinned host memory the device
+    /// reaches at the same address, valid and otherwise untouched until the
+    /// stream has run the kernel; this kernel's previous launch must have
+    /// completed (its descriptors are rewritten here).
+    pub unsafe fn launch(
+        &mut self,
+        stream: &Stream,
+        ops: &[super::CopyOp],
+    ) -> Result<(), CudaError> {
+        if ops.is_empty() {
+            return Ok(());
+        }
+        if ops.len() > self.cap {
+            return Err(CudaError::Driver {
+                call: "copy kernel",
+                msg: format!("{} copies exceed a launch's {}", ops.len(), self.cap),
+            });
+        }
+        let descs = self.descs.as_ptr() as *mut CopyDesc;
+        for (i, op) in ops.iter().enumerate() {
+            let len = u32::try_from(op.len).map_err(|_| CudaError::Driver {
+                call: "copy kernel",
+                msg: format!("a copy of {} bytes exceeds 4 GiB", op.len),
+            })?;
+            let d = CopyDesc {
+                src: op.src,
+                dst: op.dst,
+                len,
+                pad: 0,
+            };
+            // SAFETY: the buffer holds `cap` descriptors and i < cap; the
+            // previous launch has completed (the caller's contract).
+            unsafe { descs.add(i).write_unaligned(d) };
+        }
+        let mut dptr = self.descs.as_ptr() as u64;
+        let mut count = ops.len() as u32;
+        let mut params = [
+            &mut dptr as *mut u64 as *mut c_void,
+            &mut count as *mut u32 as *mut c_void,
+        ];
+        // SAFETY: a function of a loaded module; the parameters match the
+        // kernel's (pointer, unsigned int); the descriptors are pinned
+        // memory the GPU reads at the same address; the ranges are valid
+        // by the caller's contract.
+        drv("cuLaunchKernel", unsafe {
+            cu::launch_kernel(
+                self.func.0,
+                (ops.len().min(MAX_BLOCKS) as u32, 1, 1),
+                (THREADS, 1, 1),
+                0,
+                stream.raw(),
+                &mut params,
+            )
+        })
+    }
+}
+
 /// Runs the unpack kernel on one GPU: a stream, an event, and descriptor
 /// buffers (pinned on the host, copied to the device with each launch).
 pub struct Unpacker {
