@@ -699,7 +699,9 @@ mod tests {
     /// scattered blocks one driver call each and in batch calls of 128, and
     /// contiguous blocks joined into one copy. Only the copying is timed.
     /// (A gather/scatter kernel in launches of 128 measured 44-50 GB/s here
-    /// on nvidia-h200-x2, no better than batch calls, and was dropped.)
+    /// on nvidia-h200-x2, as fast as batch calls; in the transfer it won,
+    /// where the batch calls' per-copy driver work took the stream threads'
+    /// time: see `unpack::CopyKernel`.)
     /// GPU only:
     /// `cargo test --release -p tcpx-p2p gpu::tests::copy_rates -- --ignored --nocapture`
     #[test]

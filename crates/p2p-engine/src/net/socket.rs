@@ -538,9 +538,9 @@ impl Staging {
         self.slots[0].0.len()
     }
 
-    /// Queues `ops` (one window's copies, to or from slot `k`) on the
-    /// stream: many in one launch of slot `k`'s copy kernel, few -- or all,
-    /// without the kernel -- through the copy engines.
+    /// Queues `ops` (one window's copies of a large part, to or from slot
+    /// `k`) on the stream: many in one launch of slot `k`'s copy kernel,
+    /// few -- or all, without the kernel -- through the copy engines.
     ///
     /// # Safety
     /// Each range must be device memory or this staging's pinned memory,
@@ -1859,15 +1859,14 @@ impl Staging {
 
     /// Queues the copies out of the slot being filled, in one batch.
     fn issue_pending(&mut self) -> Result<(), String> {
-        let ops = std::mem::take(&mut self.pending);
-        // SAFETY: each copy reads bytes already read into the fill slot,
-        // which stay untouched until its next event completes (its previous
-        // one was waited for before it was filled), and writes inside a
-        // posted receive buffer.
-        let r = unsafe { self.queue_copies(self.fill_slot, &ops) };
-        self.pending = ops;
+        // Small parts' copies stay on the copy engines: the kernel was
+        // measured on windows of scattered blocks only.
+        // SAFETY: each copy reads bytes already read into the slot, which
+        // stay untouched until the slot's next event completes, and writes
+        // inside a posted receive buffer.
+        let r = unsafe { self.stream.copy_batch(&self.pending) };
         self.pending.clear();
-        r
+        r.map_err(|e| e.to_string())
     }
 
     /// Completes the parts whose copies out of slot `k` have landed.
