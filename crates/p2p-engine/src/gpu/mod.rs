@@ -696,12 +696,13 @@ mod tests {
 
     /// Copy rates of 4096 x 32 KiB copies between GPU memory and pinned
     /// memory, from 1 thread and from 8 at once (as the I/O threads do):
-    /// scattered blocks one driver call each and in batch calls of 128, and
-    /// contiguous blocks joined into one copy. Only the copying is timed.
-    /// (A gather/scatter kernel in launches of 128 measured 44-50 GB/s here
-    /// on nvidia-h200-x2, as fast as batch calls; in the transfer it won,
-    /// where the batch calls' per-copy driver work took the stream threads'
-    /// time: see `unpack::CopyKernel`.)
+    /// scattered blocks one driver call each, in batch calls of 32 (a 1 MiB
+    /// staging window's worth), in launches of 32 of the copy kernel (four
+    /// kernels in turn, as the staging slots use them), and contiguous
+    /// blocks joined into one copy; beside each rate, the calling thread's
+    /// time per 32 copies spent in the calls themselves (what a stream
+    /// thread pays per window: the reason the kernel is used for scattered
+    /// windows, see `unpack::CopyKernel`). Only the copying is timed.
     /// GPU only:
     /// `cargo test --release -p tcpx-p2p gpu::tests::copy_rates -- --ignored --nocapture`
     #[test]
@@ -710,11 +711,11 @@ mod tests {
         let Some(dev) = gpu0() else { return };
         let (n, bs) = (4096usize, 32usize << 10);
         let gpu = DeviceBuf::new(&dev, n * bs).unwrap();
-        // how: 0 one call each, 1 batch calls, 3 contiguous joined
-        let run = |k: usize, how: u8, d2h: bool| -> f64 {
+        // how: 0 one call each, 1 batch calls, 2 copy kernel, 3 contiguous joined
+        let run = |k: usize, how: u8, d2h: bool| -> (f64, f64) {
             let per = n / k;
             let barrier = std::sync::Barrier::new(k);
-            let secs: Vec<f64> = std::thread::scope(|sc| {
+            let secs: Vec<(f64, f64)> = std::thread::scope(|sc| {
                 let hs: Vec<_> = (0..k)
                     .map(|t| {
                         let (dev, base, barrier) = (dev.clone(), gpu.ptr, &barrier);
@@ -723,6 +724,15 @@ mod tests {
                             let s = Stream::new().unwrap();
                             let host = PinnedBuf::new(per * bs).unwrap();
                             let ev = Event::new().unwrap();
+                            let mut kernels: Vec<(unpack::CopyKernel, Event, bool)> = (0..4)
+                                .map(|_| {
+                                    (
+                                        unpack::CopyKernel::new(&dev, 32).unwrap(),
+                                        Event::new().unwrap(),
+                                        false,
+                                    )
+                                })
+                                .collect();
                             let mut ops = Vec::new();
                             for i in 0..per {
                                 let blk = t * per + i;
@@ -734,31 +744,54 @@ mod tests {
                             }
                             barrier.wait();
                             let t0 = std::time::Instant::now();
+                            let mut calls = std::time::Duration::ZERO;
+                            let mut launches = 0usize;
                             for _round in 0..5 {
-                                for c in ops.chunks(if how == 0 { 1 } else { 128 }) {
-                                    // SAFETY: ranges inside the two buffers.
-                                    unsafe { s.copy_batch(c) }.unwrap();
+                                for c in ops.chunks(if how == 0 { 1 } else { 32 }) {
+                                    if how == 2 {
+                                        let (kn, kev, used) = &mut kernels[launches % 4];
+                                        if *used {
+                                            // Its descriptors are rewritten below.
+                                            kev.synchronize().unwrap();
+                                        }
+                                        let c0 = std::time::Instant::now();
+                                        // SAFETY: ranges inside the two buffers;
+                                        // this kernel's previous launch completed.
+                                        unsafe { kn.launch(&s, c) }.unwrap();
+                                        calls += c0.elapsed();
+                                        kev.record(&s).unwrap();
+                                        *used = true;
+                                        launches += 1;
+                                    } else {
+                                        let c0 = std::time::Instant::now();
+                                        // SAFETY: ranges inside the two buffers.
+                                        unsafe { s.copy_batch(c) }.unwrap();
+                                        calls += c0.elapsed();
+                                    }
                                 }
                                 ev.record(&s).unwrap();
                                 ev.synchronize().unwrap();
                             }
-                            t0.elapsed().as_secs_f64()
+                            (t0.elapsed().as_secs_f64(), calls.as_secs_f64())
                         })
                     })
                     .collect();
                 hs.into_iter().map(|h| h.join().unwrap()).collect()
             });
-            (5 * n * bs) as f64 / secs.iter().cloned().fold(0.0, f64::max) / 1e9
+            let wall = secs.iter().map(|x| x.0).fold(0.0, f64::max);
+            let calls: f64 = secs.iter().map(|x| x.1).sum();
+            // Per 32 copies (one 1 MiB window of 32 KiB blocks), µs.
+            let per_window = calls * 1e6 / (5 * n / 32) as f64;
+            ((5 * n * bs) as f64 / wall / 1e9, per_window)
         };
         eprintln!("batch API present: {}", batch_copies());
         for d2h in [true, false] {
             for k in [1, 8] {
+                let r: Vec<(f64, f64)> = [0, 1, 2, 3].iter().map(|&h| run(k, h, d2h)).collect();
                 eprintln!(
-                    "{} {k} thread(s), {n} x 32 KiB scattered: one call each {:.2} GB/s, batch calls {:.2}; contiguous as one copy {:.2}",
+                    "{} {k} thread(s), {n} x 32 KiB scattered: one call each {:.2} GB/s ({:.1} us per 32 in calls), batch calls of 32 {:.2} ({:.1}), copy kernel launches of 32 {:.2} ({:.1}); contiguous as one copy {:.2}",
                     if d2h { "D2H" } else { "H2D" },
-                    run(k, 0, d2h),
-                    run(k, 1, d2h),
-                    run(k, 3, d2h),
+                    r[0].0, r[0].1, r[1].0, r[1].1, r[2].0, r[2].1, r[3].0,
                 );
             }
         }

@@ -317,11 +317,6 @@ impl CopyKernel {
         })
     }
 
-    /// The most copies one launch takes.
-    pub fn capacity(&self) -> usize {
-        self.cap
-    }
-
     /// Queues `ops` on `stream` as one launch.
     ///
     /// # Safety
