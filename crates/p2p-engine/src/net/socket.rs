@@ -602,13 +602,14 @@ impl Staging {
 
     /// Whether slot `k` may be written: not lent, or credited since (taking
     /// the credits that have come; with `block`, waiting for its own).
-    fn unlent(&self, k: usize, sp: Option<&mut Splicer>, block: bool) -> Result<bool, String> {
+    fn unlent(&mut self, k: usize, sp: Option<&mut Splicer>, block: bool) -> Result<bool, String> {
         let mark = self.lent[k];
         let Some(sp) = sp.filter(|sp| mark > sp.credited()) else {
             return Ok(true);
         };
         sp.poll_credits().map_err(|e| e.to_string())?;
         if mark > sp.credited() && block {
+            self.stats.credit_blocks += 1;
             timing::mark(Spent::Other);
             sp.wait_credit(mark).map_err(|e| e.to_string())?;
             timing::mark(Spent::Socket);
@@ -1074,11 +1075,7 @@ impl TxPipe {
             let k = self.issued % depth;
             // Block for a lent slot's credit only with nothing staged to
             // write meanwhile.
-            let block = self.issued == self.written;
-            if st.stats.on && block && st.lent[k] > sp.as_ref().map_or(u64::MAX, |x| x.credited()) {
-                st.stats.credit_blocks += 1;
-            }
-            if !st.unlent(k, sp.as_deref_mut(), block)? {
+            if !st.unlent(k, sp.as_deref_mut(), self.issued == self.written)? {
                 st.stats.stop_lent += 1;
                 break;
             }

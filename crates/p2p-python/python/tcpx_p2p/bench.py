@@ -354,10 +354,12 @@ def measure(ep, ctl, conn, a, gpu, size, nblk, raw):
             ctl.recv()
         return total * iters / (time.perf_counter() - t0) / 1e9
 
-    def raw_timed():
+    if raw is not None:
         from tcpx_p2p import _native
 
         ip, port, streams = raw
+
+    def raw_timed():
         return total * iters / _native.rawtcp_run(ip, port, streams, total, iters, False)[0] / 1e9
 
     # Ours and raw TCP alternated, round by round; the row keeps the median
@@ -403,9 +405,6 @@ def measure(ep, ctl, conn, a, gpu, size, nblk, raw):
     if len(ours) > 1:
         row["rounds_GBps"] = [round(x, 3) for x in ours]
     if raw is not None:
-        from tcpx_p2p import _native
-
-        ip, port, streams = raw
         row["raw_tcp_GBps"] = round(statistics.median(refs), 3)
         row["ratio_vs_raw_tcp"] = round(gbps / row["raw_tcp_GBps"], 3)
         if len(refs) > 1:
