@@ -24,6 +24,7 @@ use tcpx_p2p::net::plugin::sys::*;
 use crate::config::EmuConfig;
 use crate::cuda::{self, HostMem, MappedMem};
 use crate::pool::{self, BouncePool, Lease, PoolKind, Rng, BLOCK, PAGE};
+use crate::stage::{self, RxStage, TxStage};
 
 /// Requests in flight per comm, as TCPX's MAX_REQUESTS.
 pub const MAX_REQUESTS: usize = 16;
@@ -35,8 +36,6 @@ const MSG_MAGIC: u32 = 0x3155_4d45; // "EMU1"
 const HDR: usize = 24;
 /// Where connect keeps its progress inside the caller's handle buffer.
 const STAGE_AT: usize = 64;
-/// Pinned staging for GPU buffers in plain mode.
-const STAGING: usize = 4 << 20;
 
 /// Why a call failed: the code to return and a line for the log. `loud`
 /// marks a broken TCPX rule.
@@ -594,60 +593,108 @@ impl SendComm {
     }
 }
 
-/// GPU staging of one I/O thread.
-struct Staging {
-    dev: i32,
-    buf: gpu::PinnedBuf,
+/// A send waiting in the send thread: `allowed` of its bytes go out (fewer
+/// under fault injection), the copies of `staged` of them out of GPU memory
+/// are queued.
+struct TxItem {
+    op: SendOp,
+    allowed: usize,
+    staged: usize,
 }
 
-fn staging(st: &mut Option<Staging>, dev: i32, len: usize) -> Result<&mut Staging, String> {
-    cuda::bind(dev)?;
-    if st
-        .as_ref()
-        .is_some_and(|s| s.dev != dev || s.buf.len() < len)
-    {
-        *st = None;
-    }
-    if st.is_none() {
-        *st = Some(Staging {
-            dev,
-            buf: gpu::PinnedBuf::new(len.max(STAGING)).map_err(|e| e.to_string())?,
-        });
-    }
-    st.as_mut().ok_or_else(|| "staging".to_string())
-}
-
-/// Writes the first `n` bytes of `op`'s payload.
-fn write_payload(
-    s: &mut &TcpStream,
-    op: &SendOp,
-    n: usize,
-    st: &mut Option<Staging>,
-) -> Result<(), String> {
-    if n == 0 {
+/// Queues copies out of GPU memory for the sends in `items`, in order, while
+/// the stage has a free buffer. Stops at a send of another GPU: the stage
+/// is rebuilt for it once everything before it is written.
+fn stage_ahead(stage: &mut Option<TxStage>, items: &mut VecDeque<TxItem>) -> Result<(), String> {
+    let Some(stg) = stage.as_mut() else {
         return Ok(());
+    };
+    for it in items.iter_mut() {
+        let MemKind::Cuda(dev) = it.op.kind else {
+            continue;
+        };
+        if dev != stg.dev() {
+            break;
+        }
+        while it.staged < it.allowed {
+            if !stg.has_room() {
+                return Ok(());
+            }
+            let l = stage::SLOT.min(it.allowed - it.staged);
+            // SAFETY: the range lies inside the send's registration and the
+            // caller keeps it until the send is reported done, which is
+            // after its bytes were written (or the stage was reset).
+            unsafe { stg.queue(it.op.addr + it.staged as u64, l) }?;
+            it.staged += l;
+        }
     }
-    match op.kind {
+    Ok(())
+}
+
+/// Writes the payload of the oldest send (`items[0]`): host memory straight
+/// from the buffer, GPU memory from its staged copies, queueing further
+/// copies (of this send and the next) as buffers free up.
+fn write_front(
+    s: &mut &TcpStream,
+    rx: &mpsc::Receiver<SendOp>,
+    items: &mut VecDeque<TxItem>,
+    stage: &mut Option<TxStage>,
+    planned: &mut u64,
+    drop_after: Option<u64>,
+) -> Result<(), String> {
+    let (kind, addr, allowed) = {
+        let it = &items[0];
+        (it.op.kind, it.op.addr, it.allowed)
+    };
+    match kind {
         MemKind::Host => {
             // SAFETY: the range was checked against the comm's registration
             // and stays valid until the request is reported done.
-            let data = unsafe { std::slice::from_raw_parts(op.addr as *const u8, n) };
+            let data = unsafe { std::slice::from_raw_parts(addr as *const u8, allowed) };
             s.write_all(data).map_err(|e| e.to_string())
         }
         MemKind::Cuda(dev) => {
-            let stg = staging(st, dev, STAGING)?;
-            let mut off = 0;
-            while off < n {
-                let l = STAGING.min(n - off);
-                // SAFETY: the staging buffer holds ≥ l bytes; the device range
-                // lies inside the registration.
-                unsafe { cuda::dtoh(stg.buf.as_ptr(), op.addr + off as u64, l) }?;
-                s.write_all(stg.buf.as_slice(l))
-                    .map_err(|e| e.to_string())?;
-                off += l;
+            if stage.as_ref().is_none_or(|st| st.dev() != dev) {
+                // Everything staged before was written: nothing is queued.
+                *stage = None;
+                *stage = Some(TxStage::new(dev)?);
+            }
+            let mut written = 0;
+            while written < allowed {
+                take_posted(rx, items, planned, drop_after);
+                stage_ahead(stage, items)?;
+                let stg = stage.as_mut().ok_or("staging")?;
+                let chunk = stg.front()?;
+                s.write_all(chunk).map_err(|e| e.to_string())?;
+                written += chunk.len();
+                stg.pop();
             }
             Ok(())
         }
+    }
+}
+
+/// Moves the sends posted since into `items` (without waiting).
+fn take_posted(
+    rx: &mpsc::Receiver<SendOp>,
+    items: &mut VecDeque<TxItem>,
+    planned: &mut u64,
+    drop_after: Option<u64>,
+) {
+    while let Ok(op) = rx.try_recv() {
+        items.push_back(tx_item(op, planned, drop_after));
+    }
+}
+
+fn tx_item(op: SendOp, planned: &mut u64, drop_after: Option<u64>) -> TxItem {
+    let allowed = drop_after.map_or(op.len, |limit| {
+        (limit.saturating_sub(*planned) as usize).min(op.len)
+    });
+    *planned += allowed as u64;
+    TxItem {
+        op,
+        allowed,
+        staged: 0,
     }
 }
 
@@ -657,43 +704,74 @@ fn tx_loop(
     sh: Arc<SendShared>,
     drop_after: Option<u64>,
 ) {
-    let mut st = None;
-    let mut sent: u64 = 0;
+    let mut stage: Option<TxStage> = None;
+    let mut items: VecDeque<TxItem> = VecDeque::new();
+    // Bytes given to the socket or planned for it, for fault injection.
+    let mut planned: u64 = 0;
     let mut s = &sock;
-    while let Ok(op) = rx.recv() {
+    loop {
+        if items.is_empty() {
+            match rx.recv() {
+                Ok(op) => items.push_back(tx_item(op, &mut planned, drop_after)),
+                Err(_) => return,
+            }
+        }
+        take_posted(&rx, &mut items, &mut planned, drop_after);
         if let Some(f) = sh.failed.lock().clone() {
-            op.cell.fail(&f);
+            // No copy may read a send's memory once it is reported.
+            if let Some(st) = stage.as_mut() {
+                st.reset();
+            }
+            for it in items.drain(..) {
+                it.op.cell.fail(&f);
+            }
             continue;
         }
+        let (seq, len, allowed) = {
+            let it = &items[0];
+            (it.op.seq, it.op.len, it.allowed)
+        };
         let mut hdr = [0u8; HDR];
         hdr[0..4].copy_from_slice(&MSG_MAGIC.to_le_bytes());
-        hdr[8..16].copy_from_slice(&op.seq.to_le_bytes());
-        hdr[16..24].copy_from_slice(&(op.len as u64).to_le_bytes());
-        let allowed = drop_after.map_or(op.len, |limit| {
-            (limit.saturating_sub(sent) as usize).min(op.len)
+        hdr[8..16].copy_from_slice(&seq.to_le_bytes());
+        hdr[16..24].copy_from_slice(&(len as u64).to_le_bytes());
+        let r = s.write_all(&hdr).map_err(|e| e.to_string()).and_then(|_| {
+            if allowed == 0 {
+                Ok(())
+            } else {
+                write_front(
+                    &mut s,
+                    &rx,
+                    &mut items,
+                    &mut stage,
+                    &mut planned,
+                    drop_after,
+                )
+            }
         });
-        let r = s
-            .write_all(&hdr)
-            .map_err(|e| e.to_string())
-            .and_then(|_| write_payload(&mut s, &op, allowed, &mut st));
-        sent += allowed as u64;
         let why = match r {
             Err(e) => Some(format!("send: {e}")),
-            Ok(()) if allowed < op.len => {
+            Ok(()) if allowed < len => {
                 crate::warn(&format!(
-                    "fault injection: dropping the peer after {sent} bytes (NCCL_NET_EMU_DROP_AFTER_BYTES)"
+                    "fault injection: dropping the peer after {planned} bytes (NCCL_NET_EMU_DROP_AFTER_BYTES)"
                 ));
                 let _ = sock.shutdown(std::net::Shutdown::Both);
                 Some(format!(
-                    "connection dropped after {sent} bytes (fault injection)"
+                    "connection dropped after {planned} bytes (fault injection)"
                 ))
             }
             Ok(()) => None,
         };
+        let Some(it) = items.pop_front() else {
+            continue;
+        };
         match why {
-            None => op.cell.done(op.len, None),
+            None => it.op.cell.done(len, None),
             Some(w) => {
-                op.cell.fail(&w);
+                if let Some(st) = stage.as_mut() {
+                    st.reset();
+                }
+                it.op.cell.fail(&w);
                 sh.failed.lock().get_or_insert(w);
             }
         }
@@ -1045,6 +1123,68 @@ fn fail_recv(sh: &RecvShared, why: String) {
     sh.cv.notify_all();
 }
 
+/// A received message whose payload is landing in GPU memory: reported
+/// (its loadMeta published first, in UNPACK mode) once its copies are in.
+struct Arrived {
+    p: PostedRecv,
+    len: usize,
+    lease: Option<Lease>,
+    metas: Option<Vec<LoadMeta>>,
+}
+
+fn report(un: Option<&UnpackRes>, a: Arrived) {
+    if let (Some(u), Some(m)) = (un, &a.metas) {
+        u.publish(a.p.slot, m);
+    }
+    a.p.cell.done(a.len, a.lease);
+}
+
+type Landing = Option<RxStage<Arrived>>;
+
+/// Reports `a` now -- after every message still landing, so that receives
+/// complete in order.
+fn report_now(
+    stage: &mut Landing,
+    done: &mut impl FnMut(Arrived),
+    a: Arrived,
+) -> Result<(), String> {
+    if let Some(st) = stage.as_mut().filter(|s| s.pending()) {
+        st.finish(done)?;
+    }
+    done(a);
+    Ok(())
+}
+
+/// The receive staging for GPU `dev` (the one before, if for another GPU,
+/// finished first).
+fn stage_for<'a>(
+    stage: &'a mut Landing,
+    dev: i32,
+    done: &mut impl FnMut(Arrived),
+) -> Result<&'a mut RxStage<Arrived>, String> {
+    if let Some(st) = stage.as_mut().filter(|s| s.dev() != dev) {
+        st.finish(done)?;
+        *stage = None;
+    }
+    if stage.is_none() {
+        *stage = Some(RxStage::new(dev)?);
+    }
+    stage.as_mut().ok_or_else(|| "staging".to_string())
+}
+
+/// Whether bytes (or the end) wait to be read, without waiting.
+fn readable(sock: &TcpStream) -> bool {
+    use std::os::fd::AsRawFd;
+    let mut pfd = libc::pollfd {
+        fd: sock.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd, no timeout.
+    let n = unsafe { libc::poll(&mut pfd, 1, 0) };
+    n > 0
+}
+
 fn rx_loop(
     sock: TcpStream,
     sh: Arc<RecvShared>,
@@ -1058,48 +1198,83 @@ fn rx_loop(
             return;
         }
     }
+    let unr = un.as_deref();
+    let mut done = |a: Arrived| report(unr, a);
+    let mut stage: Landing = None;
+    let res = rx_run(&sock, &sh, unr, &cfg, &mut stage, &mut done);
+    // The messages read before the end are whole once their copies land.
+    if let Some(st) = stage.as_mut() {
+        if let Err(e) = st.finish(&mut done) {
+            for a in st.abandon() {
+                a.p.cell.fail(&e);
+            }
+        }
+    }
+    if let Err(why) = res {
+        if !sh.closing.load(Ordering::Acquire) {
+            fail_recv(&sh, why);
+        }
+    }
+}
+
+/// Receives messages until the comm closes (Ok) or fails (Err: why).
+fn rx_run(
+    sock: &TcpStream,
+    sh: &RecvShared,
+    un: Option<&UnpackRes>,
+    cfg: &EmuConfig,
+    stage: &mut Landing,
+    done: &mut impl FnMut(Arrived),
+) -> Result<(), String> {
     let peer = sock.peer_addr().map(|a| a.to_string()).unwrap_or_default();
-    let mut r = &sock;
-    let mut st: Option<Staging> = None;
-    let mut image: Option<gpu::PinnedBuf> = None;
-    let mut rng = Rng::new(un.as_ref().map_or(cfg.seed, |u| u.seed));
+    let mut r = sock;
+    let mut rng = Rng::new(un.map_or(cfg.seed, |u| u.seed));
     let mut expect: u64 = 0;
     loop {
+        // Report what has landed; before waiting on a quiet socket, all.
+        if let Some(st) = stage.as_mut().filter(|s| s.pending()) {
+            st.poll(done)?;
+            if st.pending() && !readable(sock) {
+                st.finish(done)?;
+            }
+        }
         let mut hdr = [0u8; HDR];
         if let Err(e) = r.read_exact(&mut hdr) {
-            if !sh.closing.load(Ordering::Acquire) {
-                let why = if e.kind() == std::io::ErrorKind::UnexpectedEof {
-                    format!("the peer {peer} closed the connection")
-                } else {
-                    format!("receiving from {peer}: {e}")
-                };
-                fail_recv(&sh, why);
+            if sh.closing.load(Ordering::Acquire) {
+                return Ok(());
             }
-            return;
+            return Err(if e.kind() == std::io::ErrorKind::UnexpectedEof {
+                format!("the peer {peer} closed the connection")
+            } else {
+                format!("receiving from {peer}: {e}")
+            });
         }
         let magic = u32::from_le_bytes(hdr[0..4].try_into().unwrap_or_default());
         let seq = u64::from_le_bytes(hdr[8..16].try_into().unwrap_or_default());
         let len = u64::from_le_bytes(hdr[16..24].try_into().unwrap_or_default()) as usize;
         if magic != MSG_MAGIC || seq != expect {
-            fail_recv(
-                &sh,
-                format!("protocol error from {peer}: message #{seq} (expected #{expect})"),
-            );
-            return;
+            return Err(format!(
+                "protocol error from {peer}: message #{seq} (expected #{expect})"
+            ));
         }
         expect += 1;
         // The matching receive: the oldest posted one.
-        let p = {
+        let p = loop {
             let mut posted = sh.posted.lock();
-            loop {
-                if sh.closing.load(Ordering::Acquire) {
-                    return;
-                }
-                if let Some(p) = posted.pop_front() {
-                    break p;
-                }
-                sh.cv.wait_for(&mut posted, Duration::from_millis(50));
+            if sh.closing.load(Ordering::Acquire) {
+                return Ok(());
             }
+            if let Some(p) = posted.pop_front() {
+                break p;
+            }
+            // The application may wait for the receives still landing
+            // before it posts another.
+            if let Some(st) = stage.as_mut().filter(|s| s.pending()) {
+                drop(posted);
+                st.finish(done)?;
+                continue;
+            }
+            sh.cv.wait_for(&mut posted, Duration::from_millis(50));
         };
         debug_assert_eq!(p.seq, seq);
         if len > p.cap {
@@ -1109,60 +1284,73 @@ fn rx_loop(
             );
             crate::violation_log(&why);
             p.cell.fail(&why);
-            fail_recv(&sh, why);
-            return;
+            return Err(why);
         }
-        let res = match &un {
-            None => recv_plain(&mut r, &p, len, &mut st).map(|_| None),
-            Some(u) => {
-                recv_unpack(&mut r, &p, len, u, &cfg, &mut rng, &mut image, &sh.closing).map(Some)
-            }
+        let cell = p.cell.clone();
+        let res = match un {
+            None => recv_plain(&mut r, p, len, stage, done),
+            Some(u) => recv_unpack(&mut r, p, len, u, cfg, &mut rng, stage, done, &sh.closing),
         };
-        match res {
-            Ok(lease) => p.cell.done(len, lease),
-            Err(e) => {
-                if !sh.closing.load(Ordering::Acquire) {
-                    let why = format!("receiving from {peer}: {e}");
-                    p.cell.fail(&why);
-                    fail_recv(&sh, why);
-                }
-                return;
+        if let Err(e) = res {
+            if sh.closing.load(Ordering::Acquire) {
+                return Ok(());
             }
+            let why = format!("receiving from {peer}: {e}");
+            cell.fail(&why);
+            return Err(why);
         }
     }
 }
 
 fn recv_plain(
     r: &mut &TcpStream,
-    p: &PostedRecv,
+    p: PostedRecv,
     len: usize,
-    st: &mut Option<Staging>,
+    stage: &mut Landing,
+    done: &mut impl FnMut(Arrived),
 ) -> Result<(), String> {
-    if len == 0 {
-        return Ok(());
-    }
-    match p.kind {
-        MemKind::Host => {
-            // SAFETY: the receive buffer was checked against its registration
-            // and belongs to the plugin until the receive is reported done.
-            let buf = unsafe { std::slice::from_raw_parts_mut(p.addr as *mut u8, len) };
-            r.read_exact(buf).map_err(|e| e.to_string())
-        }
-        MemKind::Cuda(dev) => {
-            let stg = staging(st, dev, STAGING)?;
-            let mut off = 0;
-            while off < len {
-                let l = STAGING.min(len - off);
-                r.read_exact(stg.buf.as_mut_slice(l))
-                    .map_err(|e| e.to_string())?;
-                // SAFETY: l bytes were read into the staging buffer; the device
-                // range lies inside the receive buffer.
-                unsafe { cuda::htod(p.addr + off as u64, stg.buf.as_ptr(), l) }?;
-                off += l;
+    let dev = match p.kind {
+        MemKind::Cuda(dev) if len > 0 => dev,
+        _ => {
+            if len > 0 {
+                // SAFETY: the receive buffer was checked against its
+                // registration and belongs to the plugin until the receive
+                // is reported done.
+                let buf = unsafe { std::slice::from_raw_parts_mut(p.addr as *mut u8, len) };
+                r.read_exact(buf).map_err(|e| e.to_string())?;
             }
-            Ok(())
+            let a = Arrived {
+                p,
+                len,
+                lease: None,
+                metas: None,
+            };
+            return report_now(stage, done, a);
         }
+    };
+    let st = stage_for(stage, dev, done)?;
+    let mut p = Some(p);
+    let mut off = 0;
+    while off < len {
+        let l = stage::SLOT.min(len - off);
+        let (i, buf) = st.buf(l, done)?;
+        // SAFETY: the buffer holds ≥ l bytes and is ours until sealed.
+        r.read_exact(unsafe { std::slice::from_raw_parts_mut(buf, l) })
+            .map_err(|e| e.to_string())?;
+        let addr = p.as_ref().map_or(0, |p| p.addr);
+        // SAFETY: l bytes were read into the buffer; the device range lies
+        // inside the receive buffer, the plugin's until reported done.
+        unsafe { st.queue(i, 0, addr + off as u64, l) }?;
+        off += l;
+        let last = (off == len).then(|| p.take()).flatten().map(|p| Arrived {
+            p,
+            len,
+            lease: None,
+            metas: None,
+        });
+        st.seal(i, last)?;
     }
+    Ok(())
 }
 
 /// Reads a message's fragments, in order, each to `at(fragment)`, with as
@@ -1202,16 +1390,27 @@ unsafe fn read_frags(
 #[allow(clippy::too_many_arguments)]
 fn recv_unpack(
     r: &mut &TcpStream,
-    p: &PostedRecv,
+    p: PostedRecv,
     len: usize,
     u: &UnpackRes,
     cfg: &EmuConfig,
     rng: &mut Rng,
-    image: &mut Option<gpu::PinnedBuf>,
+    stage: &mut Landing,
+    done: &mut impl FnMut(Arrived),
     closing: &AtomicBool,
-) -> Result<Lease, String> {
+) -> Result<(), String> {
     let plan = pool::plan(len, cfg.split_pct, rng).inspect_err(|e| crate::violation_log(e))?;
-    let lease = u.pool.take(pool::blocks_for(&plan), closing)?;
+    let blocks = pool::blocks_for(&plan);
+    let lease = match u.pool.try_take(blocks)? {
+        Some(l) => l,
+        None => {
+            // Messages still landing hold blocks until they are consumed.
+            if let Some(st) = stage.as_mut().filter(|s| s.pending()) {
+                st.finish(done)?;
+            }
+            u.pool.take(blocks, closing)?
+        }
+    };
     match u.pool.kind {
         PoolKind::Host => {
             let base = u.pool.base;
@@ -1225,41 +1424,51 @@ fn recv_unpack(
                     (base + off as u64) as *mut u8
                 })
             }?;
+            let metas = pool::load_metas(&plan, &lease.blocks, rng);
+            let a = Arrived {
+                p,
+                len,
+                lease: Some(lease),
+                metas: Some(metas),
+            };
+            report_now(stage, done, a)
         }
-        PoolKind::Gpu(_) => {
-            // The leased pages as one image in pinned memory, then one copy
-            // per block.
-            let bytes = plan.len() * PAGE;
-            if image.as_ref().is_none_or(|b| b.len() < bytes) {
-                *image = Some(gpu::PinnedBuf::new(bytes.max(STAGING)).map_err(|e| e.to_string())?);
-            }
-            let img = image.as_mut().ok_or("staging")?;
-            let base = img.as_ptr();
-            // SAFETY: the image holds plan.len() pages and each fragment lies
-            // inside a page of its own (no overlap); the image is borrowed
-            // mutably for this whole read.
+        PoolKind::Gpu(dev) => {
+            // The leased pages as one image in a pinned buffer, then one
+            // copy per block, landing while the next message is read.
+            let st = stage_for(stage, dev, done)?;
+            let (i, base) = st.buf(plan.len() * PAGE, done)?;
+            // SAFETY: the buffer holds plan.len() pages and each fragment
+            // lies inside a page of its own (no overlap); the buffer is ours
+            // until sealed.
             unsafe {
                 read_frags(r, &plan, |f| {
                     base.wrapping_add(f.page as usize * PAGE + f.in_page as usize)
                 })
             }?;
-            for (i, &b) in lease.blocks.iter().enumerate() {
-                let pages = (plan.len() - i * pool::BLOCK_PAGES).min(pool::BLOCK_PAGES);
-                // SAFETY: the image holds `bytes` ≥ (i*64 + pages) pages; the
+            for (k, &b) in lease.blocks.iter().enumerate() {
+                let pages = (plan.len() - k * pool::BLOCK_PAGES).min(pool::BLOCK_PAGES);
+                // SAFETY: the buffer holds ≥ (k*64 + pages) pages; the
                 // destination is a block of the pool held by this lease.
                 unsafe {
-                    cuda::htod(
+                    st.queue(
+                        i,
+                        k * BLOCK,
                         u.pool.base + (b as usize * BLOCK) as u64,
-                        img.as_ptr().add(i * BLOCK),
                         pages * PAGE,
                     )
                 }?;
             }
+            let metas = pool::load_metas(&plan, &lease.blocks, rng);
+            let a = Arrived {
+                p,
+                len,
+                lease: Some(lease),
+                metas: Some(metas),
+            };
+            st.seal(i, Some(a))
         }
     }
-    let metas = pool::load_metas(&plan, &lease.blocks, rng);
-    u.publish(p.slot, &metas);
-    Ok(lease)
 }
 
 pub fn irecv(t: usize, n: c_int, data: u64, size: c_int, mh: usize) -> R<usize> {

@@ -26,6 +26,11 @@
 //!   `test` reports no size in UNPACK mode (TCPX does not).
 //! - Plain mode (`NCCL_NET_EMU_UNPACK=0`): the payload goes straight into
 //!   the receive buffer (a CUDA copy for GPU memory); `test` reports sizes.
+//! - GPU payloads cross pinned host buffers (TCPX's NIC reaches GPU
+//!   memory directly; a plain socket cannot), pipelined as the socket
+//!   net's are (see [`stage`]): copies out run ahead of the writes, copies
+//!   in land while the next message is read, so the plugin net is compared
+//!   with the socket net without a cost TCPX does not have.
 //! - Faults by environment variable: see [`config`].
 //!
 //! Every entry point catches panics and returns an error code. This crate
@@ -41,6 +46,7 @@ pub mod comm;
 pub mod config;
 pub mod cuda;
 pub mod pool;
+pub mod stage;
 
 use comm::{error, Fail};
 

@@ -164,27 +164,41 @@ impl BouncePool {
     /// Takes `n` blocks, waiting while others hold them; gives up when
     /// `closing` is set.
     pub fn take(self: &Arc<Self>, n: usize, closing: &AtomicBool) -> Result<Lease, String> {
-        if n > self.blocks {
-            return Err(format!(
-                "a message needs {n} bounce blocks of {BLOCK} bytes; the pool has {} (raise NCCL_NET_EMU_POOL_MB)",
-                self.blocks
-            ));
-        }
+        self.fits(n)?;
         let mut free = self.free.lock();
         loop {
-            if free.len() >= n {
-                let at = free.len() - n;
-                let blocks = free.split_off(at);
-                return Ok(Lease {
-                    pool: self.clone(),
-                    blocks,
-                });
+            if let Some(l) = self.grab(&mut free, n) {
+                return Ok(l);
             }
             if closing.load(Ordering::Acquire) {
                 return Err("comm closed".into());
             }
             self.cv.wait_for(&mut free, Duration::from_millis(50));
         }
+    }
+
+    /// Takes `n` blocks if they are free now.
+    pub fn try_take(self: &Arc<Self>, n: usize) -> Result<Option<Lease>, String> {
+        self.fits(n)?;
+        Ok(self.grab(&mut self.free.lock(), n))
+    }
+
+    fn fits(&self, n: usize) -> Result<(), String> {
+        if n > self.blocks {
+            return Err(format!(
+                "a message needs {n} bounce blocks of {BLOCK} bytes; the pool has {} (raise NCCL_NET_EMU_POOL_MB)",
+                self.blocks
+            ));
+        }
+        Ok(())
+    }
+
+    fn grab(self: &Arc<Self>, free: &mut Vec<u32>, n: usize) -> Option<Lease> {
+        let at = free.len().checked_sub(n)?;
+        Some(Lease {
+            pool: self.clone(),
+            blocks: free.split_off(at),
+        })
     }
 
     pub fn free_blocks(&self) -> usize {
@@ -266,6 +280,10 @@ mod tests {
         let a = pool.take(3, &closing).unwrap();
         assert_eq!(pool.free_blocks(), 1);
         assert!(pool.take(5, &closing).is_err());
+        assert!(pool.try_take(2).unwrap().is_none(), "one block is free");
+        let b = pool.try_take(1).unwrap().expect("one block is free");
+        assert_eq!(pool.free_blocks(), 0);
+        drop(b);
         closing.store(true, Ordering::Release);
         assert!(pool.take(2, &closing).is_err());
         drop(a);
