@@ -538,16 +538,23 @@ impl Staging {
         self.slots[0].0.len()
     }
 
-    /// Queues `ops` (one window's copies of a large part, to or from slot
-    /// `k`) on the stream: many in one launch of slot `k`'s copy kernel,
-    /// few -- or all, without the kernel -- through the copy engines.
+    /// Queues `ops` (one window's copies, to or from slot `k`) on the
+    /// stream: many of a large part (`large`) in one launch of slot `k`'s
+    /// copy kernel, few -- or all, without the kernel -- through the copy
+    /// engines. (Small parts' copies stay on the copy engines, where they
+    /// were measured.)
     ///
     /// # Safety
     /// Each range must be device memory or this staging's pinned memory,
     /// untouched until slot `k`'s next event completes; slot `k`'s previous
     /// event has completed.
-    unsafe fn queue_copies(&mut self, k: usize, ops: &[gpu::CopyOp]) -> Result<(), String> {
-        let many = (KERNEL_MIN_COPIES..=KERNEL_MAX_COPIES).contains(&ops.len());
+    unsafe fn queue_copies(
+        &mut self,
+        k: usize,
+        ops: &[gpu::CopyOp],
+        large: bool,
+    ) -> Result<(), String> {
+        let many = large && (KERNEL_MIN_COPIES..=KERNEL_MAX_COPIES).contains(&ops.len());
         if many && self.kernels.is_none() {
             let n = self.slots.len();
             self.kernels = Some(if gpu::unpack::copy_kernel_allowed() && !self.mapped {
@@ -999,7 +1006,7 @@ fn tx_part(s: &TcpStream, op: &TxOp, stager: &mut Stager) -> Result<(), String> 
             MemKind::Cuda(dev) => {
                 let (st, mut sp) = stager.lending(dev)?;
                 let mut pipe = TxPipe::default();
-                pipe.push(None, windows(run, st.slice()));
+                pipe.push(Vec::new(), windows(run, st.slice()), false);
                 while !pipe.is_empty() {
                     pipe.write_next(s, st, sp.as_deref_mut(), false)?;
                 }
@@ -1009,13 +1016,24 @@ fn tx_part(s: &TcpStream, op: &TxOp, stager: &mut Stager) -> Result<(), String> 
     Ok(())
 }
 
-/// One part in a [`TxPipe`]: its windows, and the op it completes (whose
-/// header goes before its first window), if any.
+/// One part in a [`TxPipe`]: its windows and the ops it completes. One op:
+/// a large part, its header before its first window. Several: small parts
+/// sharing one window (a batch), each header before its own bytes. None:
+/// a piece of a part the caller writes the rest of.
 struct PipePart {
-    op: Option<TxOp>,
+    ops: Vec<TxOp>,
     wins: Vec<Window>,
+    /// Whether its windows may be lent to the socket (not a batch's).
+    lend: bool,
     issued: usize,
     written: usize,
+}
+
+impl PipePart {
+    /// A batch that small parts may still join: its copy not yet queued.
+    fn open_batch(&self) -> bool {
+        !self.lend && self.issued == 0 && !self.ops.is_empty() && self.ops.len() < BATCH_OPS
+    }
 }
 
 /// Device-memory windows written through the pinned slots in order: the
@@ -1033,13 +1051,49 @@ struct TxPipe {
 }
 
 impl TxPipe {
-    fn push(&mut self, op: Option<TxOp>, wins: Vec<Window>) {
+    fn push(&mut self, ops: Vec<TxOp>, wins: Vec<Window>, lend: bool) {
         self.parts.push_back(PipePart {
-            op,
+            ops,
             wins,
+            lend,
             issued: 0,
             written: 0,
         });
+    }
+
+    /// Adds a whole part of the stream's GPU: a large one on its own
+    /// (lendable windows); a small one to the open batch at the tail if it
+    /// fits in its window, else as a new batch.
+    fn add(&mut self, op: TxOp, slice: usize) {
+        if gpu_batchable(&op, slice).is_none() {
+            let wins = windows(&op.pieces, slice);
+            return self.push(vec![op], wins, true);
+        }
+        if let Some(t) = self.parts.back_mut().filter(|t| t.open_batch()) {
+            if t.wins[0].0 + op.len <= slice {
+                let w = &mut t.wins[0];
+                for m in &op.pieces {
+                    match w.1.last_mut() {
+                        // Contiguous in the GPU and in the slot: one copy.
+                        Some(l) if l.0 + l.2 as u64 == m.addr && l.1 + l.2 == w.0 => l.2 += m.len,
+                        _ => w.1.push((m.addr, w.0, m.len)),
+                    }
+                    w.0 += m.len;
+                }
+                t.ops.push(op);
+                return;
+            }
+        }
+        let wins = windows(&op.pieces, slice);
+        self.push(vec![op], wins, false);
+    }
+
+    /// Whether the pipe takes in another part: while it knows fewer
+    /// unwritten windows than slots (see [`TxPipe::wants_more`]), and one
+    /// more while the batch at its tail may still grow.
+    fn takes_more(&self, depth: usize) -> bool {
+        let tail_open = self.parts.back().is_some_and(|t| t.open_batch());
+        self.wants_more(depth) || (tail_open && self.wants_more(depth + 1))
     }
 
     fn is_empty(&self) -> bool {
@@ -1083,7 +1137,7 @@ impl TxPipe {
             // SAFETY: the window fits the slot, whose previous window was
             // written once its copies had landed (so nothing reads it); the
             // device ranges were checked by the engine.
-            unsafe { st.queue_copies(k, &ops) }?;
+            unsafe { st.queue_copies(k, &ops, p.lend) }?;
             st.seal(k)?;
             p.issued += 1;
             self.issued += 1;
@@ -1121,9 +1175,9 @@ impl TxPipe {
         st.wait(k)?;
         timing::mark(Spent::Copies);
         let data = st.slots[k].0.as_slice(p.wins[p.written].0);
-        match (sp.filter(|_| lend), &p.op, p.written) {
-            (Some(sp), op, w) => {
-                if let (Some(op), 0) = (op, w) {
+        match (sp.filter(|_| lend && p.lend), p.ops.as_slice(), p.written) {
+            (Some(sp), ops, w) => {
+                if let ([op], 0) = (ops, w) {
                     let mut hdr = op.hdr;
                     let field = u64::from_le_bytes(hdr[32..40].try_into().unwrap_or_default());
                     hdr[32..40].copy_from_slice(&(field | SPLICED).to_le_bytes());
@@ -1134,10 +1188,21 @@ impl TxPipe {
                 timing::mark(Spent::Socket);
                 timing::bytes(data.len());
             }
-            (None, Some(op), 0) => {
-                write_all_slices(s, &[&op.hdr, data]).map_err(|e| e.to_string())?
+            (None, [op], 0) => write_all_slices(s, &[&op.hdr, data]).map_err(|e| e.to_string())?,
+            (None, [], _) | (None, [_], _) => {
+                write_all_slices(s, &[data]).map_err(|e| e.to_string())?
             }
-            (None, _, _) => write_all_slices(s, &[data]).map_err(|e| e.to_string())?,
+            (None, ops, _) => {
+                // A batch: each part's header, then its bytes.
+                let mut at = 0;
+                let mut slices: Vec<&[u8]> = Vec::with_capacity(ops.len() * 2);
+                for o in ops {
+                    slices.push(&o.hdr);
+                    slices.push(&data[at..at + o.len]);
+                    at += o.len;
+                }
+                write_all_slices(s, &slices).map_err(|e| e.to_string())?
+            }
         }
         p.written += 1;
         self.written += 1;
@@ -1148,10 +1213,13 @@ impl TxPipe {
     }
 }
 
-/// The GPU of a whole device-memory part too large to batch: written
-/// through the slots by [`tx_gpu_stream`].
-fn large_gpu(op: &TxOp, slice: usize) -> Option<i32> {
-    if op.skip != 0 || op.owned.is_some() || op.len == 0 || gpu_batchable(op, slice).is_some() {
+/// The GPU of a whole device-memory part written through the slots by
+/// [`tx_gpu_stream`]: large ones window by window, small ones batched.
+fn piped_gpu(op: &TxOp, slice: usize) -> Option<i32> {
+    if let Some(d) = gpu_batchable(op, slice) {
+        return Some(d);
+    }
+    if op.skip != 0 || op.owned.is_some() || op.len == 0 {
         return None;
     }
     match uniform_kind(&op.pieces) {
@@ -1160,10 +1228,10 @@ fn large_gpu(op: &TxOp, slice: usize) -> Option<i32> {
     }
 }
 
-/// Large device-memory parts of GPU `dev` through one [`TxPipe`]: `first`,
-/// and those `next` hands over (parts queued behind it that join it) while
-/// a slot is free for them. Each is finished when written; after a
-/// failure, all of them with it.
+/// Device-memory parts of GPU `dev` through one [`TxPipe`]: `first`, and
+/// those `next` hands over (parts queued behind it that join it) while a
+/// slot is free for them -- small ones batched into shared windows. Each
+/// is finished when written; after a failure, all of them with it.
 fn tx_gpu_stream(
     s: &TcpStream,
     first: TxOp,
@@ -1178,17 +1246,19 @@ fn tx_gpu_stream(
     };
     let slice = st.slice();
     let mut pipe = TxPipe::default();
-    let wins = windows(&first.pieces, slice);
-    pipe.push(Some(first), wins);
+    pipe.add(first, slice);
     let res = loop {
-        while pipe.wants_more(st.depth()) {
+        while pipe.takes_more(st.depth()) {
             let Some(o) = next() else { break };
-            let wins = windows(&o.pieces, slice);
-            pipe.push(Some(o), wins);
+            pipe.add(o, slice);
         }
         match pipe.write_next(s, st, sp.as_deref_mut(), true) {
-            Ok(Some(PipePart { op: Some(op), .. })) => finish(&op, &Ok(())),
-            Ok(_) => {}
+            Ok(Some(part)) => {
+                for op in &part.ops {
+                    finish(op, &Ok(()));
+                }
+            }
+            Ok(None) => {}
             Err(e) => break Err(e),
         }
         if pipe.is_empty() {
@@ -1196,7 +1266,7 @@ fn tx_gpu_stream(
         }
     };
     if let Err(e) = res {
-        for op in pipe.parts.drain(..).filter_map(|p| p.op) {
+        for op in pipe.parts.drain(..).flat_map(|p| p.ops) {
             finish(&op, &Err(e.clone()));
         }
     }
@@ -1220,6 +1290,9 @@ fn next_op(rx: &Receiver<TxOp>, spin: Duration) -> Option<TxOp> {
 /// Small host-memory parts queued together go out in one system call.
 const BATCH_PART: usize = 256 << 10;
 const BATCH_BYTES: usize = 1 << 20;
+/// Parts at most in one batch (host memory: one system call; GPU memory:
+/// one staged window).
+const BATCH_OPS: usize = 128;
 
 fn batchable(op: &TxOp) -> bool {
     host_only(op) && op.len <= BATCH_PART && op.skip == 0
@@ -1229,33 +1302,6 @@ fn batchable(op: &TxOp) -> bool {
 /// (and one wait for it) with the parts queued behind it.
 fn gpu_batchable(op: &TxOp, slice: usize) -> Option<i32> {
     small_gpu_part(&op.pieces, op.len, slice).filter(|_| op.skip == 0 && op.owned.is_none())
-}
-
-/// Small GPU parts: all copied into one pinned slot (one wait for the
-/// lot), then written, headers between payloads, with as few system calls
-/// as it takes. Without this each 32 KiB KV block cost a copy, a wait and
-/// a write of its own.
-fn tx_gpu_batch(
-    s: &TcpStream,
-    batch: &[TxOp],
-    dev: i32,
-    stager: &mut Stager,
-) -> Result<(), String> {
-    let (st, sp) = stager.lending(dev)?;
-    st.unlent(0, sp, true)?;
-    let mems: Vec<MemRef> = batch
-        .iter()
-        .flat_map(|o| o.pieces.iter().copied())
-        .collect();
-    let staged = st.stage_out(&mems)?;
-    let mut at = 0;
-    let mut slices: Vec<&[u8]> = Vec::with_capacity(batch.len() * 2);
-    for o in batch {
-        slices.push(&o.hdr);
-        slices.push(&staged[at..at + o.len]);
-        at += o.len;
-    }
-    write_all_slices(s, &slices).map_err(|e| e.to_string())
 }
 
 /// `first` and the ops queued behind it that join it (`joins(op, bytes so
@@ -1270,7 +1316,7 @@ fn take_batch(
 ) -> Vec<TxOp> {
     let mut bytes = first.len;
     let mut batch = vec![first];
-    while batch.len() < 128 && more(bytes) {
+    while batch.len() < BATCH_OPS && more(bytes) {
         match rx.try_recv() {
             Ok(o) if joins(&o, bytes) => {
                 bytes += o.len;
@@ -1346,21 +1392,7 @@ fn tx_loop(
             (shared.waker)();
             continue;
         }
-        if let Some(dev) = gpu_batchable(&op, slice) {
-            let batch = take_batch(
-                &rx,
-                op,
-                &mut held,
-                |_| true,
-                |o, bytes| gpu_batchable(o, slice) == Some(dev) && bytes + o.len <= slice,
-            );
-            let r = tx_gpu_batch(&s, &batch, dev, &mut stager);
-            for o in &batch {
-                finish(o, &r);
-            }
-            continue;
-        }
-        if let Some(dev) = large_gpu(&op, slice) {
+        if let Some(dev) = piped_gpu(&op, slice) {
             // The parts queued behind it on the same GPU join it; the first
             // that does not (or any, once the comm has failed) is held for
             // this loop.
@@ -1370,7 +1402,7 @@ fn tx_loop(
                 }
                 match rx.try_recv() {
                     Ok(o)
-                        if large_gpu(&o, slice) == Some(dev) && shared.failed.lock().is_none() =>
+                        if piped_gpu(&o, slice) == Some(dev) && shared.failed.lock().is_none() =>
                     {
                         Some(o)
                     }
@@ -2018,7 +2050,7 @@ fn rx_windows(
         // SAFETY: the slot holds the window just read and is not touched
         // again until its event completes (its previous one has: the slot
         // was free); the device ranges lie inside the posted buffer.
-        unsafe { st.queue_copies(k, &ops) }?;
+        unsafe { st.queue_copies(k, &ops, true) }?;
         st.seal(k)?;
         // Parts whose copies have landed complete now, not when their
         // slot is next needed (a window of another message may come first).
@@ -2585,17 +2617,72 @@ mod tests {
         let mut pipe = TxPipe::default();
         assert!(pipe.wants_more(4));
         for i in 0..3 {
-            pipe.push(None, one(i << 20));
+            pipe.push(Vec::new(), one(i << 20), true);
             assert!(pipe.wants_more(4), "{} parts known", i + 1);
         }
-        pipe.push(None, one(3 << 20));
+        pipe.push(Vec::new(), one(3 << 20), true);
         assert!(!pipe.wants_more(4));
         // Written windows no longer count; a part of several windows does.
         pipe.parts[0].written = 1;
         assert!(pipe.wants_more(4));
         let mut pipe = TxPipe::default();
-        pipe.push(None, windows(&[host(0, 5 << 20)], 1 << 20));
+        pipe.push(Vec::new(), windows(&[host(0, 5 << 20)], 1 << 20), true);
         assert!(!pipe.wants_more(4));
+    }
+
+    #[test]
+    fn small_gpu_parts_share_windows_in_the_send_pipe() {
+        let part = |addr: u64, len: usize| TxOp {
+            hdr: [0; HDR_LEN],
+            pieces: vec![MemRef {
+                addr,
+                len,
+                kind: MemKind::Cuda(0),
+            }],
+            len,
+            req: Arc::new(SendReq {
+                parts_left: AtomicUsize::new(1),
+                size: len,
+                error: Mutex::new(None),
+            }),
+            skip: 0,
+            owned: None,
+        };
+        let slice = 1 << 20;
+        let mut pipe = TxPipe::default();
+        // 128 KiB parts of 1 MiB messages: eight share one 1 MiB window;
+        // parts that follow each other in GPU memory are one copy.
+        for i in 0..8u64 {
+            let addr = if i < 4 {
+                i << 17
+            } else {
+                (10 << 20) + (i << 20)
+            };
+            pipe.add(part(addr, 128 << 10), slice);
+        }
+        assert_eq!(pipe.parts.len(), 1);
+        let w = &pipe.parts[0].wins[0];
+        assert_eq!(w.0, slice);
+        assert_eq!(w.1.len(), 5, "four contiguous parts, then four apart");
+        assert_eq!(w.1[0], (0, 0, 512 << 10));
+        assert_eq!(w.1[1], ((10 << 20) + (4 << 20), 512 << 10, 128 << 10));
+        assert!(!pipe.parts[0].lend, "a batch is written, not lent");
+        // A full window: the next one starts a batch of its own, which the
+        // pipe keeps filling one window beyond its slots.
+        pipe.add(part(1 << 30, 4096), slice);
+        assert_eq!(pipe.parts.len(), 2);
+        assert!(pipe.takes_more(2) && !pipe.wants_more(2));
+        assert!(!pipe.takes_more(1));
+        // Once its copy is queued a batch takes no more.
+        pipe.parts[1].issued = 1;
+        pipe.add(part(2 << 30, 4096), slice);
+        assert_eq!(pipe.parts.len(), 3);
+        // A large part is a part of its own, lent.
+        pipe.add(part(3 << 30, 3 << 20), slice);
+        assert_eq!(pipe.parts.len(), 4);
+        assert!(pipe.parts[3].lend);
+        assert_eq!(pipe.parts[3].wins.len(), 3);
+        assert_eq!(pipe.parts.iter().map(|p| p.ops.len()).sum::<usize>(), 11);
     }
 
     #[test]
