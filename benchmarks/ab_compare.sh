@@ -5,7 +5,8 @@
 # at AB_SIZES (default 4K,64K,1M) and, unless AB_KV=0, a scattered
 # 4,096 × 32 KiB KV writev. AB_MEMORY=host measures host memory instead
 # (no KV), AB_ARGS adds bench options (e.g. --reference for raw TCP's
-# figures beside each run), AB_MORE="tag=WHEEL ..." alternates more builds,
+# figures beside each run), AB_MORE="tag=WHEEL[@VAR=V,VAR=V] ..." alternates
+# more builds (or one build with other settings),
 # AB_NET=plugin runs the plugin net through each wheel's own TCPX stand-in.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -14,8 +15,10 @@ MEM=${AB_MEMORY:-gpu}
 mkdir -p "$O"
 for r in $(seq 1 "$ROUNDS"); do
   for tw in "old=$OLD" "new=$NEW" ${AB_MORE:-}; do
-    tag=${tw%%=*} w=${tw#*=}
+    tag=${tw%%=*} w=${tw#*=} set_env=""
+    case $w in *@*) set_env=${w#*@} w=${w%%@*};; esac
     (
+      for kv in ${set_env//,/ }; do export "${kv?}"; done
       . benchmarks/device_env.sh "$w"
       B="python3 -m tcpx_p2p.bench pair --memory $MEM"
       if [ "${AB_NET:-socket}" = plugin ]; then

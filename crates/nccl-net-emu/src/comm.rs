@@ -24,7 +24,7 @@ use tcpx_p2p::net::plugin::sys::*;
 use crate::config::EmuConfig;
 use crate::cuda::{self, HostMem, MappedMem};
 use crate::pool::{self, BouncePool, Lease, PoolKind, Rng, BLOCK, PAGE};
-use crate::stage::{self, RxStage, TxStage};
+use crate::stage::{self, RxStage, Spent, Stats, TxStage};
 
 /// Requests in flight per comm, as TCPX's MAX_REQUESTS.
 pub const MAX_REQUESTS: usize = 16;
@@ -562,13 +562,13 @@ impl SendComm {
             .map_err(|e| error(NCCL_SYSTEM_ERROR, format!("connect: {e}")))?;
         let (tx, rx) = mpsc::channel::<SendOp>();
         let sh = shared.clone();
-        let drop_after = cfg.drop_after;
+        let (drop_after, bufs) = (cfg.drop_after, cfg.stage_bufs);
         let thread = std::thread::Builder::new()
             .name("emu-tx".into())
             .spawn(move || {
                 let sh2 = sh.clone();
                 let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                    tx_loop(io, rx, sh, drop_after)
+                    tx_loop(io, rx, sh, drop_after, bufs)
                 }));
                 if r.is_err() {
                     sh2.failed
@@ -602,99 +602,117 @@ struct TxItem {
     staged: usize,
 }
 
-/// Queues copies out of GPU memory for the sends in `items`, in order, while
-/// the stage has a free buffer. Stops at a send of another GPU: the stage
-/// is rebuilt for it once everything before it is written.
-fn stage_ahead(stage: &mut Option<TxStage>, items: &mut VecDeque<TxItem>) -> Result<(), String> {
-    let Some(stg) = stage.as_mut() else {
-        return Ok(());
-    };
-    for it in items.iter_mut() {
-        let MemKind::Cuda(dev) = it.op.kind else {
-            continue;
+/// A send thread's sends in order, and its staging.
+struct TxState {
+    items: VecDeque<TxItem>,
+    stage: Option<TxStage>,
+    /// Bytes given to the socket or planned for it, for fault injection.
+    planned: u64,
+    drop_after: Option<u64>,
+    bufs: usize,
+    stats: Stats,
+}
+
+impl TxState {
+    /// Moves the sends posted since into `items` (without waiting).
+    fn take_posted(&mut self, rx: &mpsc::Receiver<SendOp>) {
+        while let Ok(op) = rx.try_recv() {
+            self.push(op);
+        }
+    }
+
+    fn push(&mut self, op: SendOp) {
+        let allowed = self.drop_after.map_or(op.len, |limit| {
+            (limit.saturating_sub(self.planned) as usize).min(op.len)
+        });
+        self.planned += allowed as u64;
+        self.items.push_back(TxItem {
+            op,
+            allowed,
+            staged: 0,
+        });
+    }
+
+    /// Queues copies out of GPU memory for the sends, in order, while the
+    /// stage has a free buffer. Stops at a send of another GPU: the stage
+    /// is rebuilt for it once everything before it is written.
+    fn stage_ahead(&mut self) -> Result<(), String> {
+        let Some(stg) = self.stage.as_mut() else {
+            return Ok(());
         };
-        if dev != stg.dev() {
-            break;
-        }
-        while it.staged < it.allowed {
-            if !stg.has_room() {
-                return Ok(());
+        for it in self.items.iter_mut() {
+            let MemKind::Cuda(dev) = it.op.kind else {
+                continue;
+            };
+            if dev != stg.dev() {
+                break;
             }
-            let l = stage::SLOT.min(it.allowed - it.staged);
-            // SAFETY: the range lies inside the send's registration and the
-            // caller keeps it until the send is reported done, which is
-            // after its bytes were written (or the stage was reset).
-            unsafe { stg.queue(it.op.addr + it.staged as u64, l) }?;
-            it.staged += l;
+            while it.staged < it.allowed {
+                if !stg.has_room() {
+                    return Ok(());
+                }
+                let l = stage::SLOT.min(it.allowed - it.staged);
+                // SAFETY: the range lies inside the send's registration and
+                // the caller keeps it until the send is reported done, which
+                // is after its bytes were written (or the stage was reset).
+                unsafe { stg.queue(it.op.addr + it.staged as u64, l) }?;
+                it.staged += l;
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes the payload of the oldest send: host memory straight from the
+    /// buffer, GPU memory from its staged copies, queueing further copies
+    /// (of this send and the next) as buffers free up.
+    fn write_front(
+        &mut self,
+        s: &mut &TcpStream,
+        rx: &mpsc::Receiver<SendOp>,
+    ) -> Result<(), String> {
+        let (kind, addr, allowed) = {
+            let it = &self.items[0];
+            (it.op.kind, it.op.addr, it.allowed)
+        };
+        match kind {
+            MemKind::Host => {
+                // SAFETY: the range was checked against the comm's
+                // registration and stays valid until the request is
+                // reported done.
+                let data = unsafe { std::slice::from_raw_parts(addr as *const u8, allowed) };
+                s.write_all(data).map_err(|e| e.to_string())?;
+                self.stats.mark(Spent::Socket);
+                Ok(())
+            }
+            MemKind::Cuda(dev) => {
+                if self.stage.as_ref().is_none_or(|st| st.dev() != dev) {
+                    // Everything staged before was written: nothing is queued.
+                    self.stage = None;
+                    self.stage = Some(TxStage::new(dev, self.bufs)?);
+                }
+                let mut written = 0;
+                while written < allowed {
+                    self.take_posted(rx);
+                    self.stage_ahead()?;
+                    let stg = self.stage.as_mut().ok_or("staging")?;
+                    self.stats.mark(Spent::Other);
+                    let chunk = stg.front()?;
+                    self.stats.mark(Spent::Copies);
+                    s.write_all(chunk).map_err(|e| e.to_string())?;
+                    self.stats.mark(Spent::Socket);
+                    written += chunk.len();
+                    stg.pop();
+                }
+                Ok(())
+            }
         }
     }
-    Ok(())
-}
 
-/// Writes the payload of the oldest send (`items[0]`): host memory straight
-/// from the buffer, GPU memory from its staged copies, queueing further
-/// copies (of this send and the next) as buffers free up.
-fn write_front(
-    s: &mut &TcpStream,
-    rx: &mpsc::Receiver<SendOp>,
-    items: &mut VecDeque<TxItem>,
-    stage: &mut Option<TxStage>,
-    planned: &mut u64,
-    drop_after: Option<u64>,
-) -> Result<(), String> {
-    let (kind, addr, allowed) = {
-        let it = &items[0];
-        (it.op.kind, it.op.addr, it.allowed)
-    };
-    match kind {
-        MemKind::Host => {
-            // SAFETY: the range was checked against the comm's registration
-            // and stays valid until the request is reported done.
-            let data = unsafe { std::slice::from_raw_parts(addr as *const u8, allowed) };
-            s.write_all(data).map_err(|e| e.to_string())
+    /// No copy may read a send's memory once it is reported.
+    fn reset_stage(&mut self) {
+        if let Some(st) = self.stage.as_mut() {
+            st.reset();
         }
-        MemKind::Cuda(dev) => {
-            if stage.as_ref().is_none_or(|st| st.dev() != dev) {
-                // Everything staged before was written: nothing is queued.
-                *stage = None;
-                *stage = Some(TxStage::new(dev)?);
-            }
-            let mut written = 0;
-            while written < allowed {
-                take_posted(rx, items, planned, drop_after);
-                stage_ahead(stage, items)?;
-                let stg = stage.as_mut().ok_or("staging")?;
-                let chunk = stg.front()?;
-                s.write_all(chunk).map_err(|e| e.to_string())?;
-                written += chunk.len();
-                stg.pop();
-            }
-            Ok(())
-        }
-    }
-}
-
-/// Moves the sends posted since into `items` (without waiting).
-fn take_posted(
-    rx: &mpsc::Receiver<SendOp>,
-    items: &mut VecDeque<TxItem>,
-    planned: &mut u64,
-    drop_after: Option<u64>,
-) {
-    while let Ok(op) = rx.try_recv() {
-        items.push_back(tx_item(op, planned, drop_after));
-    }
-}
-
-fn tx_item(op: SendOp, planned: &mut u64, drop_after: Option<u64>) -> TxItem {
-    let allowed = drop_after.map_or(op.len, |limit| {
-        (limit.saturating_sub(*planned) as usize).min(op.len)
-    });
-    *planned += allowed as u64;
-    TxItem {
-        op,
-        allowed,
-        staged: 0,
     }
 }
 
@@ -703,74 +721,75 @@ fn tx_loop(
     rx: mpsc::Receiver<SendOp>,
     sh: Arc<SendShared>,
     drop_after: Option<u64>,
+    bufs: usize,
 ) {
-    let mut stage: Option<TxStage> = None;
-    let mut items: VecDeque<TxItem> = VecDeque::new();
-    // Bytes given to the socket or planned for it, for fault injection.
-    let mut planned: u64 = 0;
+    let mut tx = TxState {
+        items: VecDeque::new(),
+        stage: None,
+        planned: 0,
+        drop_after,
+        bufs,
+        stats: Stats::new("tx"),
+    };
     let mut s = &sock;
     loop {
-        if items.is_empty() {
-            match rx.recv() {
-                Ok(op) => items.push_back(tx_item(op, &mut planned, drop_after)),
+        if tx.items.is_empty() {
+            tx.stats.mark(Spent::Other);
+            let op = rx.recv();
+            tx.stats.mark(Spent::Idle);
+            match op {
+                Ok(op) => tx.push(op),
                 Err(_) => return,
             }
         }
-        take_posted(&rx, &mut items, &mut planned, drop_after);
+        tx.take_posted(&rx);
         if let Some(f) = sh.failed.lock().clone() {
-            // No copy may read a send's memory once it is reported.
-            if let Some(st) = stage.as_mut() {
-                st.reset();
-            }
-            for it in items.drain(..) {
+            tx.reset_stage();
+            for it in tx.items.drain(..) {
                 it.op.cell.fail(&f);
             }
             continue;
         }
         let (seq, len, allowed) = {
-            let it = &items[0];
+            let it = &tx.items[0];
             (it.op.seq, it.op.len, it.allowed)
         };
         let mut hdr = [0u8; HDR];
         hdr[0..4].copy_from_slice(&MSG_MAGIC.to_le_bytes());
         hdr[8..16].copy_from_slice(&seq.to_le_bytes());
         hdr[16..24].copy_from_slice(&(len as u64).to_le_bytes());
+        tx.stats.mark(Spent::Other);
         let r = s.write_all(&hdr).map_err(|e| e.to_string()).and_then(|_| {
             if allowed == 0 {
                 Ok(())
             } else {
-                write_front(
-                    &mut s,
-                    &rx,
-                    &mut items,
-                    &mut stage,
-                    &mut planned,
-                    drop_after,
-                )
+                tx.write_front(&mut s, &rx)
             }
         });
         let why = match r {
             Err(e) => Some(format!("send: {e}")),
             Ok(()) if allowed < len => {
                 crate::warn(&format!(
-                    "fault injection: dropping the peer after {planned} bytes (NCCL_NET_EMU_DROP_AFTER_BYTES)"
+                    "fault injection: dropping the peer after {} bytes (NCCL_NET_EMU_DROP_AFTER_BYTES)",
+                    tx.planned
                 ));
                 let _ = sock.shutdown(std::net::Shutdown::Both);
                 Some(format!(
-                    "connection dropped after {planned} bytes (fault injection)"
+                    "connection dropped after {} bytes (fault injection)",
+                    tx.planned
                 ))
             }
             Ok(()) => None,
         };
-        let Some(it) = items.pop_front() else {
+        let Some(it) = tx.items.pop_front() else {
             continue;
         };
+        tx.stats.msgs += 1;
+        tx.stats.bytes += allowed as u64;
         match why {
             None => it.op.cell.done(len, None),
             Some(w) => {
-                if let Some(st) = stage.as_mut() {
-                    st.reset();
-                }
+                tx.reset_stage();
                 it.op.cell.fail(&w);
                 sh.failed.lock().get_or_insert(w);
             }
@@ -1160,6 +1179,7 @@ fn report_now(
 fn stage_for<'a>(
     stage: &'a mut Landing,
     dev: i32,
+    bufs: usize,
     done: &mut impl FnMut(Arrived),
 ) -> Result<&'a mut RxStage<Arrived>, String> {
     if let Some(st) = stage.as_mut().filter(|s| s.dev() != dev) {
@@ -1167,7 +1187,7 @@ fn stage_for<'a>(
         *stage = None;
     }
     if stage.is_none() {
-        *stage = Some(RxStage::new(dev)?);
+        *stage = Some(RxStage::new(dev, bufs)?);
     }
     stage.as_mut().ok_or_else(|| "staging".to_string())
 }
@@ -1230,16 +1250,21 @@ fn rx_run(
     let mut r = sock;
     let mut rng = Rng::new(un.map_or(cfg.seed, |u| u.seed));
     let mut expect: u64 = 0;
+    let mut stats = Stats::new("rx");
     loop {
         // Report what has landed; before waiting on a quiet socket, all.
+        stats.mark(Spent::Other);
         if let Some(st) = stage.as_mut().filter(|s| s.pending()) {
             st.poll(done)?;
             if st.pending() && !readable(sock) {
                 st.finish(done)?;
             }
         }
+        stats.mark(Spent::Copies);
         let mut hdr = [0u8; HDR];
-        if let Err(e) = r.read_exact(&mut hdr) {
+        let got = r.read_exact(&mut hdr);
+        stats.mark(Spent::Idle);
+        if let Err(e) = got {
             if sh.closing.load(Ordering::Acquire) {
                 return Ok(());
             }
@@ -1276,6 +1301,9 @@ fn rx_run(
             }
             sh.cv.wait_for(&mut posted, Duration::from_millis(50));
         };
+        stats.mark(Spent::Idle);
+        stats.msgs += 1;
+        stats.bytes += len as u64;
         debug_assert_eq!(p.seq, seq);
         if len > p.cap {
             let why = format!(
@@ -1288,8 +1316,19 @@ fn rx_run(
         }
         let cell = p.cell.clone();
         let res = match un {
-            None => recv_plain(&mut r, p, len, stage, done),
-            Some(u) => recv_unpack(&mut r, p, len, u, cfg, &mut rng, stage, done, &sh.closing),
+            None => recv_plain(&mut r, p, len, cfg, stage, done, &mut stats),
+            Some(u) => recv_unpack(
+                &mut r,
+                p,
+                len,
+                u,
+                cfg,
+                &mut rng,
+                stage,
+                done,
+                &sh.closing,
+                &mut stats,
+            ),
         };
         if let Err(e) = res {
             if sh.closing.load(Ordering::Acquire) {
@@ -1306,8 +1345,10 @@ fn recv_plain(
     r: &mut &TcpStream,
     p: PostedRecv,
     len: usize,
+    cfg: &EmuConfig,
     stage: &mut Landing,
     done: &mut impl FnMut(Arrived),
+    stats: &mut Stats,
 ) -> Result<(), String> {
     let dev = match p.kind {
         MemKind::Cuda(dev) if len > 0 => dev,
@@ -1318,6 +1359,7 @@ fn recv_plain(
                 // is reported done.
                 let buf = unsafe { std::slice::from_raw_parts_mut(p.addr as *mut u8, len) };
                 r.read_exact(buf).map_err(|e| e.to_string())?;
+                stats.mark(Spent::Socket);
             }
             let a = Arrived {
                 p,
@@ -1328,15 +1370,17 @@ fn recv_plain(
             return report_now(stage, done, a);
         }
     };
-    let st = stage_for(stage, dev, done)?;
+    let st = stage_for(stage, dev, cfg.stage_bufs, done)?;
     let mut p = Some(p);
     let mut off = 0;
     while off < len {
         let l = stage::SLOT.min(len - off);
         let (i, buf) = st.buf(l, done)?;
+        stats.mark(Spent::Copies);
         // SAFETY: the buffer holds ≥ l bytes and is ours until sealed.
         r.read_exact(unsafe { std::slice::from_raw_parts_mut(buf, l) })
             .map_err(|e| e.to_string())?;
+        stats.mark(Spent::Socket);
         let addr = p.as_ref().map_or(0, |p| p.addr);
         // SAFETY: l bytes were read into the buffer; the device range lies
         // inside the receive buffer, the plugin's until reported done.
@@ -1350,6 +1394,10 @@ fn recv_plain(
         });
         st.seal(i, last)?;
     }
+    if !cfg.land_late {
+        st.finish(done)?;
+    }
+    stats.mark(Spent::Copies);
     Ok(())
 }
 
@@ -1398,6 +1446,7 @@ fn recv_unpack(
     stage: &mut Landing,
     done: &mut impl FnMut(Arrived),
     closing: &AtomicBool,
+    stats: &mut Stats,
 ) -> Result<(), String> {
     let plan = pool::plan(len, cfg.split_pct, rng).inspect_err(|e| crate::violation_log(e))?;
     let blocks = pool::blocks_for(&plan);
@@ -1408,7 +1457,9 @@ fn recv_unpack(
             if let Some(st) = stage.as_mut().filter(|s| s.pending()) {
                 st.finish(done)?;
             }
-            u.pool.take(blocks, closing)?
+            let l = u.pool.take(blocks, closing)?;
+            stats.mark(Spent::Idle);
+            l
         }
     };
     match u.pool.kind {
@@ -1424,6 +1475,7 @@ fn recv_unpack(
                     (base + off as u64) as *mut u8
                 })
             }?;
+            stats.mark(Spent::Socket);
             let metas = pool::load_metas(&plan, &lease.blocks, rng);
             let a = Arrived {
                 p,
@@ -1436,8 +1488,10 @@ fn recv_unpack(
         PoolKind::Gpu(dev) => {
             // The leased pages as one image in a pinned buffer, then one
             // copy per block, landing while the next message is read.
-            let st = stage_for(stage, dev, done)?;
+            let st = stage_for(stage, dev, cfg.stage_bufs, done)?;
+            stats.mark(Spent::Other);
             let (i, base) = st.buf(plan.len() * PAGE, done)?;
+            stats.mark(Spent::Copies);
             // SAFETY: the buffer holds plan.len() pages and each fragment
             // lies inside a page of its own (no overlap); the buffer is ours
             // until sealed.
@@ -1446,6 +1500,7 @@ fn recv_unpack(
                     base.wrapping_add(f.page as usize * PAGE + f.in_page as usize)
                 })
             }?;
+            stats.mark(Spent::Socket);
             for (k, &b) in lease.blocks.iter().enumerate() {
                 let pages = (plan.len() - k * pool::BLOCK_PAGES).min(pool::BLOCK_PAGES);
                 // SAFETY: the buffer holds ≥ (k*64 + pages) pages; the
@@ -1466,7 +1521,12 @@ fn recv_unpack(
                 lease: Some(lease),
                 metas: Some(metas),
             };
-            st.seal(i, Some(a))
+            st.seal(i, Some(a))?;
+            if !cfg.land_late {
+                st.finish(done)?;
+            }
+            stats.mark(Spent::Copies);
+            Ok(())
         }
     }
 }

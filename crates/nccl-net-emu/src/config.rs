@@ -16,6 +16,9 @@
 //! | `NCCL_NET_EMU_REFUSE_AFTER` | connects after the first N fail | off |
 //! | `NCCL_NET_EMU_DELAY_MS` | completions are reported N ms late | 0 |
 //! | `NCCL_NET_EMU_DROP_AFTER_BYTES` | a send comm drops its peer after N payload bytes | off |
+//! | `NCCL_NET_EMU_STAGE_BUFS` | pinned buffers per I/O thread for GPU payloads (1: each copy waited for before its write / after its read) | 4 |
+//! | `NCCL_NET_EMU_LAND_LATE` | `1`: a GPU receive is reported once its copies land, while the next is read; `0`: its copies are waited for at once | `1` |
+//! | `NCCL_NET_EMU_STATS` | file each I/O thread appends a line to when it ends: messages, bytes, seconds waiting for copies / in socket calls / idle | off |
 //! | `NCCL_NET_EMU_TRACE` | `1`: an INFO line per data-path call (isend, irecv, finished test, iflush, irecvConsumed, regMr) | off |
 
 use std::net::{IpAddr, Ipv4Addr};
@@ -37,6 +40,8 @@ pub struct EmuConfig {
     pub delay: Duration,
     pub drop_after: Option<u64>,
     pub trace: bool,
+    pub stage_bufs: usize,
+    pub land_late: bool,
 }
 
 fn var(name: &str) -> Option<String> {
@@ -137,6 +142,8 @@ impl EmuConfig {
             delay: Duration::from_millis(num("NCCL_NET_EMU_DELAY_MS").unwrap_or(0)),
             drop_after: num("NCCL_NET_EMU_DROP_AFTER_BYTES"),
             trace: flag("NCCL_NET_EMU_TRACE", false),
+            stage_bufs: num("NCCL_NET_EMU_STAGE_BUFS").map_or(4, |n| n.clamp(1, 64) as usize),
+            land_late: flag("NCCL_NET_EMU_LAND_LATE", true),
         }
     }
 }

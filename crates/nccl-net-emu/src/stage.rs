@@ -17,11 +17,9 @@ use tcpx_p2p::gpu;
 
 use crate::cuda;
 
-/// Bytes per send buffer (receive buffers grow to the largest message
-/// piece they carry).
+/// Bytes per buffer (receive buffers grow to the largest message piece
+/// they carry; see [`RxStage::buf`]).
 pub const SLOT: usize = 1 << 20;
-/// Buffers per thread.
-pub const SLOTS: usize = 4;
 
 struct Buf {
     mem: gpu::PinnedBuf,
@@ -63,20 +61,37 @@ impl Ring {
         })
     }
 
-    /// The next buffer in turn, of at least `len` bytes, once the copies
-    /// last queued on it have completed.
+    /// The next buffer in turn, once the copies last queued on it have
+    /// completed; it must hold `len` bytes.
     fn take(&mut self, len: usize) -> Result<usize, String> {
-        let i = self.next;
-        self.next = (i + 1) % self.bufs.len();
+        let (i, n) = (self.next, self.bufs.len());
         let b = &mut self.bufs[i];
+        if b.mem.len() < len {
+            return Err(format!(
+                "a staged piece of {len} bytes exceeds its buffer of {}",
+                b.mem.len()
+            ));
+        }
+        self.next = (i + 1) % n;
         if b.busy {
             b.ev.synchronize().map_err(cuda_err)?;
             b.busy = false;
         }
-        if b.mem.len() < len {
-            b.mem = gpu::PinnedBuf::new(len).map_err(cuda_err)?;
-        }
         Ok(i)
+    }
+
+    /// Makes every buffer hold at least `len` bytes, once all queued
+    /// copies have completed (their bytes are then no longer needed).
+    fn grow_all(&mut self, len: usize) -> Result<(), String> {
+        self.stream.synchronize().map_err(cuda_err)?;
+        let size = len.next_power_of_two();
+        for b in &mut self.bufs {
+            b.busy = false;
+            if b.mem.len() < size {
+                b.mem = gpu::PinnedBuf::new(size).map_err(cuda_err)?;
+            }
+        }
+        Ok(())
     }
 
     /// Marks the end of the copies queued on buffer `i`.
@@ -109,8 +124,8 @@ impl Drop for Ring {
     }
 }
 
-/// A send thread's staging: copies out of GPU memory queued up to
-/// [`SLOTS`] buffers ahead of the socket, taken in the order queued.
+/// A send thread's staging: copies out of GPU memory queued a few buffers
+/// ahead of the socket, taken in the order queued.
 pub struct TxStage {
     ring: Ring,
     /// Queued copies, oldest first: (buffer, bytes).
@@ -118,12 +133,12 @@ pub struct TxStage {
 }
 
 impl TxStage {
-    /// Staging for payloads in the memory of GPU `dev` (bound to this
-    /// thread from now on).
-    pub fn new(dev: i32) -> Result<TxStage, String> {
+    /// Staging through `bufs` buffers for payloads in the memory of GPU
+    /// `dev` (bound to this thread from now on).
+    pub fn new(dev: i32, bufs: usize) -> Result<TxStage, String> {
         Ok(TxStage {
-            ring: Ring::new(dev, SLOTS, SLOT)?,
-            queued: VecDeque::with_capacity(SLOTS),
+            ring: Ring::new(dev, bufs.max(1), SLOT)?,
+            queued: VecDeque::with_capacity(bufs),
         })
     }
 
@@ -192,12 +207,12 @@ pub struct RxStage<T> {
 }
 
 impl<T> RxStage<T> {
-    /// Staging for receives into the memory of GPU `dev` (bound to this
-    /// thread from now on).
-    pub fn new(dev: i32) -> Result<RxStage<T>, String> {
+    /// Staging through `bufs` buffers for receives into the memory of GPU
+    /// `dev` (bound to this thread from now on).
+    pub fn new(dev: i32, bufs: usize) -> Result<RxStage<T>, String> {
         Ok(RxStage {
-            ring: Ring::new(dev, SLOTS, SLOT)?,
-            landing: VecDeque::with_capacity(SLOTS),
+            ring: Ring::new(dev, bufs.max(1), SLOT)?,
+            landing: VecDeque::with_capacity(bufs),
         })
     }
 
@@ -213,11 +228,20 @@ impl<T> RxStage<T> {
     /// The next buffer in turn, of at least `len` bytes, to read into: its
     /// index and address. Reports the messages whose copies completed
     /// while waiting for it.
+    ///
+    /// A piece larger than the buffers grows all of them at once (to a
+    /// power of two), so that the pieces after it -- likely as large -- find
+    /// them grown: allocating and freeing pinned memory may wait for the
+    /// whole GPU, and one buffer at a time, on every comm, that cost came
+    /// message after message (p99 of 16 MiB 10-15 ms on h200-x2).
     pub fn buf(
         &mut self,
         len: usize,
         done: &mut impl FnMut(T),
     ) -> Result<(usize, *mut u8), String> {
+        if self.ring.bufs[self.ring.next].mem.len() < len {
+            self.ring.grow_all(len)?;
+        }
         let i = self.ring.take(len)?;
         // Every copy queued up to buffer i's last one has completed.
         self.poll(done)?;
@@ -284,5 +308,87 @@ impl<T> RxStage<T> {
     pub fn abandon(&mut self) -> Vec<T> {
         let _ = self.ring.stream.synchronize();
         self.landing.drain(..).map(|(_, w)| w).collect()
+    }
+}
+
+/// Where an I/O thread's time went, appended as one line to the file
+/// `NCCL_NET_EMU_STATS` names when the thread ends (off when unset).
+pub struct Stats {
+    path: Option<std::path::PathBuf>,
+    what: &'static str,
+    born: std::time::Instant,
+    mark: std::time::Instant,
+    /// Seconds: waiting for copies, in socket calls, idle (no request).
+    pub copies: f64,
+    pub socket: f64,
+    pub idle: f64,
+    pub msgs: u64,
+    pub bytes: u64,
+}
+
+/// What the time since the last mark was spent on.
+#[derive(Clone, Copy)]
+pub enum Spent {
+    Copies,
+    Socket,
+    Idle,
+    Other,
+}
+
+impl Stats {
+    pub fn new(what: &'static str) -> Stats {
+        let now = std::time::Instant::now();
+        Stats {
+            path: std::env::var_os("NCCL_NET_EMU_STATS").map(Into::into),
+            what,
+            born: now,
+            mark: now,
+            copies: 0.0,
+            socket: 0.0,
+            idle: 0.0,
+            msgs: 0,
+            bytes: 0,
+        }
+    }
+
+    /// Charges the time since the last mark to `to`.
+    pub fn mark(&mut self, to: Spent) {
+        if self.path.is_none() {
+            return;
+        }
+        let now = std::time::Instant::now();
+        let dt = (now - self.mark).as_secs_f64();
+        self.mark = now;
+        match to {
+            Spent::Copies => self.copies += dt,
+            Spent::Socket => self.socket += dt,
+            Spent::Idle => self.idle += dt,
+            Spent::Other => {}
+        }
+    }
+}
+
+impl Drop for Stats {
+    fn drop(&mut self) {
+        let Some(p) = &self.path else { return };
+        let life = self.born.elapsed().as_secs_f64();
+        let line = format!(
+            "{} msgs={} bytes={} life_s={life:.3} copies_s={:.3} socket_s={:.3} idle_s={:.3} other_s={:.3}\n",
+            self.what,
+            self.msgs,
+            self.bytes,
+            self.copies,
+            self.socket,
+            self.idle,
+            life - self.copies - self.socket - self.idle
+        );
+        use std::io::Write;
+        if let Ok(mut f) = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(p)
+        {
+            let _ = f.write_all(line.as_bytes());
+        }
     }
 }
