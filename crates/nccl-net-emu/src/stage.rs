@@ -34,6 +34,12 @@ struct Ring {
     stream: gpu::Stream,
     bufs: Vec<Buf>,
     next: usize,
+    /// Buffers outgrown, freed with the ring: freeing pinned memory waits
+    /// for the whole GPU (`cuMemFreeHost` synchronizes), and NCCL's kernels
+    /// may be spinning there until this thread's next receive lands -- a
+    /// deadlock (seen with NCCL in UNPACK mode when 128 KiB receives were
+    /// followed by 1 MiB ones).
+    retired: Vec<gpu::PinnedBuf>,
 }
 
 fn cuda_err(e: tcpx_p2p::error::CudaError) -> String {
@@ -58,6 +64,7 @@ impl Ring {
             stream,
             bufs,
             next: 0,
+            retired: Vec::new(),
         })
     }
 
@@ -88,7 +95,9 @@ impl Ring {
         for b in &mut self.bufs {
             b.busy = false;
             if b.mem.len() < size {
-                b.mem = gpu::PinnedBuf::new(size).map_err(cuda_err)?;
+                let old =
+                    std::mem::replace(&mut b.mem, gpu::PinnedBuf::new(size).map_err(cuda_err)?);
+                self.retired.push(old);
             }
         }
         Ok(())
@@ -230,10 +239,11 @@ impl<T> RxStage<T> {
     /// while waiting for it.
     ///
     /// A piece larger than the buffers grows all of them at once (to a
-    /// power of two), so that the pieces after it -- likely as large -- find
-    /// them grown: allocating and freeing pinned memory may wait for the
-    /// whole GPU, and one buffer at a time, on every comm, that cost came
-    /// message after message (p99 of 16 MiB 10-15 ms on h200-x2).
+    /// power of two; the old ones are kept until the ring is dropped), so
+    /// that the pieces after it -- likely as large -- find them grown:
+    /// allocating pinned memory is slow, and freeing it waits for the whole
+    /// GPU; one buffer at a time, on every comm, that cost came message
+    /// after message (p99 of 16 MiB 10-15 ms on h200-x2).
     pub fn buf(
         &mut self,
         len: usize,
