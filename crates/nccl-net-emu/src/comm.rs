@@ -759,6 +759,7 @@ fn tx_loop(
         hdr[8..16].copy_from_slice(&seq.to_le_bytes());
         hdr[16..24].copy_from_slice(&(len as u64).to_le_bytes());
         tx.stats.mark(Spent::Other);
+        tx.stats.begin();
         let r = s.write_all(&hdr).map_err(|e| e.to_string()).and_then(|_| {
             if allowed == 0 {
                 Ok(())
@@ -784,8 +785,7 @@ fn tx_loop(
         let Some(it) = tx.items.pop_front() else {
             continue;
         };
-        tx.stats.msgs += 1;
-        tx.stats.bytes += allowed as u64;
+        tx.stats.end(allowed);
         match why {
             None => it.op.cell.done(len, None),
             Some(w) => {
@@ -1264,6 +1264,7 @@ fn rx_run(
         let mut hdr = [0u8; HDR];
         let got = r.read_exact(&mut hdr);
         stats.mark(Spent::Idle);
+        stats.begin();
         if let Err(e) = got {
             if sh.closing.load(Ordering::Acquire) {
                 return Ok(());
@@ -1302,8 +1303,6 @@ fn rx_run(
             sh.cv.wait_for(&mut posted, Duration::from_millis(50));
         };
         stats.mark(Spent::Idle);
-        stats.msgs += 1;
-        stats.bytes += len as u64;
         debug_assert_eq!(p.seq, seq);
         if len > p.cap {
             let why = format!(
@@ -1330,6 +1329,7 @@ fn rx_run(
                 &mut stats,
             ),
         };
+        stats.end(len);
         if let Err(e) = res {
             if sh.closing.load(Ordering::Acquire) {
                 return Ok(());

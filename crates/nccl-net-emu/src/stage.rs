@@ -322,12 +322,18 @@ impl<T> RxStage<T> {
 }
 
 /// Where an I/O thread's time went, appended as one line to the file
-/// `NCCL_NET_EMU_STATS` names when the thread ends (off when unset).
+/// `NCCL_NET_EMU_STATS` names when the thread ends (off when unset): also
+/// its active span, from its first message's start to its last one's end,
+/// and how much of that span it was busy (waiting for copies or in socket
+/// calls) -- near 100 % the thread bounds the comm's rate, well below it
+/// the thread waits for its caller.
 pub struct Stats {
     path: Option<std::path::PathBuf>,
     what: &'static str,
     born: std::time::Instant,
     mark: std::time::Instant,
+    first: Option<std::time::Instant>,
+    last: Option<std::time::Instant>,
     /// Seconds: waiting for copies, in socket calls, idle (no request).
     pub copies: f64,
     pub socket: f64,
@@ -353,11 +359,29 @@ impl Stats {
             what,
             born: now,
             mark: now,
+            first: None,
+            last: None,
             copies: 0.0,
             socket: 0.0,
             idle: 0.0,
             msgs: 0,
             bytes: 0,
+        }
+    }
+
+    /// A message begins (its first byte is at hand).
+    pub fn begin(&mut self) {
+        if self.path.is_some() && self.first.is_none() {
+            self.first = Some(std::time::Instant::now());
+        }
+    }
+
+    /// A message of `bytes` ended.
+    pub fn end(&mut self, bytes: usize) {
+        self.msgs += 1;
+        self.bytes += bytes as u64;
+        if self.path.is_some() {
+            self.last = Some(std::time::Instant::now());
         }
     }
 
@@ -382,8 +406,17 @@ impl Drop for Stats {
     fn drop(&mut self) {
         let Some(p) = &self.path else { return };
         let life = self.born.elapsed().as_secs_f64();
+        let active = match (self.first, self.last) {
+            (Some(a), Some(b)) if b > a => (b - a).as_secs_f64(),
+            _ => 0.0,
+        };
+        let busy_pct = if active > 0.0 {
+            100.0 * (self.copies + self.socket) / active
+        } else {
+            0.0
+        };
         let line = format!(
-            "{} msgs={} bytes={} life_s={life:.3} copies_s={:.3} socket_s={:.3} idle_s={:.3} other_s={:.3}\n",
+            "{} msgs={} bytes={} life_s={life:.3} active_s={active:.3} busy_pct={busy_pct:.1} copies_s={:.3} socket_s={:.3} idle_s={:.3} other_s={:.3}\n",
             self.what,
             self.msgs,
             self.bytes,
