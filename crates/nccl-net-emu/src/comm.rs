@@ -24,7 +24,8 @@ use tcpx_p2p::net::plugin::sys::*;
 use crate::config::EmuConfig;
 use crate::cuda::{self, HostMem, MappedMem};
 use crate::pool::{self, BouncePool, Lease, PoolKind, Rng, BLOCK, PAGE};
-use crate::stage::{self, RxStage, Spent, Stats, TxStage};
+use crate::stage::{self, RxStage, TxStage};
+use tcpx_p2p::net::timing::{self, Spent};
 
 /// Requests in flight per comm, as TCPX's MAX_REQUESTS.
 pub const MAX_REQUESTS: usize = 16;
@@ -610,7 +611,6 @@ struct TxState {
     planned: u64,
     drop_after: Option<u64>,
     bufs: usize,
-    stats: Stats,
 }
 
 impl TxState {
@@ -681,7 +681,7 @@ impl TxState {
                 // reported done.
                 let data = unsafe { std::slice::from_raw_parts(addr as *const u8, allowed) };
                 s.write_all(data).map_err(|e| e.to_string())?;
-                self.stats.mark(Spent::Socket);
+                timing::mark(Spent::Socket);
                 Ok(())
             }
             MemKind::Cuda(dev) => {
@@ -695,11 +695,11 @@ impl TxState {
                     self.take_posted(rx);
                     self.stage_ahead()?;
                     let stg = self.stage.as_mut().ok_or("staging")?;
-                    self.stats.mark(Spent::Other);
+                    timing::mark(Spent::Other);
                     let chunk = stg.front()?;
-                    self.stats.mark(Spent::Copies);
+                    timing::mark(Spent::Copies);
                     s.write_all(chunk).map_err(|e| e.to_string())?;
-                    self.stats.mark(Spent::Socket);
+                    timing::mark(Spent::Socket);
                     written += chunk.len();
                     stg.pop();
                 }
@@ -729,14 +729,17 @@ fn tx_loop(
         planned: 0,
         drop_after,
         bufs,
-        stats: Stats::new("tx"),
     };
+    let _account = stage::account(|| {
+        let peer = sock.peer_addr().map(|a| a.to_string()).unwrap_or_default();
+        format!("emu tx to {peer}")
+    });
     let mut s = &sock;
     loop {
         if tx.items.is_empty() {
-            tx.stats.mark(Spent::Other);
+            timing::mark(Spent::Other);
             let op = rx.recv();
-            tx.stats.mark(Spent::Idle);
+            timing::mark(Spent::Waiting);
             match op {
                 Ok(op) => tx.push(op),
                 Err(_) => return,
@@ -758,8 +761,7 @@ fn tx_loop(
         hdr[0..4].copy_from_slice(&MSG_MAGIC.to_le_bytes());
         hdr[8..16].copy_from_slice(&seq.to_le_bytes());
         hdr[16..24].copy_from_slice(&(len as u64).to_le_bytes());
-        tx.stats.mark(Spent::Other);
-        tx.stats.begin();
+        timing::mark(Spent::Other);
         let r = s.write_all(&hdr).map_err(|e| e.to_string()).and_then(|_| {
             if allowed == 0 {
                 Ok(())
@@ -785,7 +787,7 @@ fn tx_loop(
         let Some(it) = tx.items.pop_front() else {
             continue;
         };
-        tx.stats.end(allowed);
+        timing::bytes(HDR + allowed);
         match why {
             None => it.op.cell.done(len, None),
             Some(w) => {
@@ -1151,6 +1153,17 @@ struct Arrived {
     metas: Option<Vec<LoadMeta>>,
 }
 
+impl Arrived {
+    fn new(p: PostedRecv, len: usize, lease: Option<Lease>, metas: Option<Vec<LoadMeta>>) -> Self {
+        Arrived {
+            p,
+            len,
+            lease,
+            metas,
+        }
+    }
+}
+
 fn report(un: Option<&UnpackRes>, a: Arrived) {
     if let (Some(u), Some(m)) = (un, &a.metas) {
         u.publish(a.p.slot, m);
@@ -1160,6 +1173,14 @@ fn report(un: Option<&UnpackRes>, a: Arrived) {
 
 type Landing = Option<RxStage<Arrived>>;
 
+/// Reports every message still landing, once its copies are in.
+fn land_all(stage: &mut Landing, done: &mut impl FnMut(Arrived)) -> Result<(), String> {
+    match stage.as_mut().filter(|s| s.pending()) {
+        Some(st) => st.finish(done),
+        None => Ok(()),
+    }
+}
+
 /// Reports `a` now -- after every message still landing, so that receives
 /// complete in order.
 fn report_now(
@@ -1167,9 +1188,7 @@ fn report_now(
     done: &mut impl FnMut(Arrived),
     a: Arrived,
 ) -> Result<(), String> {
-    if let Some(st) = stage.as_mut().filter(|s| s.pending()) {
-        st.finish(done)?;
-    }
+    land_all(stage, done)?;
     done(a);
     Ok(())
 }
@@ -1250,21 +1269,20 @@ fn rx_run(
     let mut r = sock;
     let mut rng = Rng::new(un.map_or(cfg.seed, |u| u.seed));
     let mut expect: u64 = 0;
-    let mut stats = Stats::new("rx");
+    let _account = stage::account(|| format!("emu rx from {peer}"));
     loop {
         // Report what has landed; before waiting on a quiet socket, all.
-        stats.mark(Spent::Other);
+        timing::mark(Spent::Other);
         if let Some(st) = stage.as_mut().filter(|s| s.pending()) {
             st.poll(done)?;
             if st.pending() && !readable(sock) {
                 st.finish(done)?;
             }
         }
-        stats.mark(Spent::Copies);
+        timing::mark(Spent::Copies);
         let mut hdr = [0u8; HDR];
         let got = r.read_exact(&mut hdr);
-        stats.mark(Spent::Idle);
-        stats.begin();
+        timing::mark(Spent::Waiting);
         if let Err(e) = got {
             if sh.closing.load(Ordering::Acquire) {
                 return Ok(());
@@ -1295,14 +1313,14 @@ fn rx_run(
             }
             // The application may wait for the receives still landing
             // before it posts another.
-            if let Some(st) = stage.as_mut().filter(|s| s.pending()) {
+            if stage.as_ref().is_some_and(|s| s.pending()) {
                 drop(posted);
-                st.finish(done)?;
+                land_all(stage, done)?;
                 continue;
             }
             sh.cv.wait_for(&mut posted, Duration::from_millis(50));
         };
-        stats.mark(Spent::Idle);
+        timing::mark(Spent::Waiting);
         debug_assert_eq!(p.seq, seq);
         if len > p.cap {
             let why = format!(
@@ -1315,21 +1333,19 @@ fn rx_run(
         }
         let cell = p.cell.clone();
         let res = match un {
-            None => recv_plain(&mut r, p, len, cfg, stage, done, &mut stats),
-            Some(u) => recv_unpack(
-                &mut r,
-                p,
-                len,
-                u,
-                cfg,
-                &mut rng,
-                stage,
-                done,
-                &sh.closing,
-                &mut stats,
-            ),
+            None => recv_plain(&mut r, p, len, cfg, stage, done),
+            Some(u) => recv_unpack(&mut r, p, len, u, cfg, &mut rng, stage, done, &sh.closing),
         };
-        stats.end(len);
+        timing::bytes(HDR + len);
+        // Without late landing, each receive is reported once its copies
+        // are in, before the next is read.
+        let res = res.and_then(|()| {
+            if cfg.land_late {
+                Ok(())
+            } else {
+                land_all(stage, done)
+            }
+        });
         if let Err(e) = res {
             if sh.closing.load(Ordering::Acquire) {
                 return Ok(());
@@ -1348,7 +1364,6 @@ fn recv_plain(
     cfg: &EmuConfig,
     stage: &mut Landing,
     done: &mut impl FnMut(Arrived),
-    stats: &mut Stats,
 ) -> Result<(), String> {
     let dev = match p.kind {
         MemKind::Cuda(dev) if len > 0 => dev,
@@ -1359,45 +1374,34 @@ fn recv_plain(
                 // is reported done.
                 let buf = unsafe { std::slice::from_raw_parts_mut(p.addr as *mut u8, len) };
                 r.read_exact(buf).map_err(|e| e.to_string())?;
-                stats.mark(Spent::Socket);
+                timing::mark(Spent::Socket);
             }
-            let a = Arrived {
-                p,
-                len,
-                lease: None,
-                metas: None,
-            };
-            return report_now(stage, done, a);
+            return report_now(stage, done, Arrived::new(p, len, None, None));
         }
     };
     let st = stage_for(stage, dev, cfg.stage_bufs, done)?;
+    let addr = p.addr;
     let mut p = Some(p);
     let mut off = 0;
     while off < len {
         let l = stage::SLOT.min(len - off);
         let (i, buf) = st.buf(l, done)?;
-        stats.mark(Spent::Copies);
+        timing::mark(Spent::Copies);
         // SAFETY: the buffer holds ≥ l bytes and is ours until sealed.
         r.read_exact(unsafe { std::slice::from_raw_parts_mut(buf, l) })
             .map_err(|e| e.to_string())?;
-        stats.mark(Spent::Socket);
-        let addr = p.as_ref().map_or(0, |p| p.addr);
+        timing::mark(Spent::Socket);
         // SAFETY: l bytes were read into the buffer; the device range lies
         // inside the receive buffer, the plugin's until reported done.
         unsafe { st.queue(i, 0, addr + off as u64, l) }?;
         off += l;
-        let last = (off == len).then(|| p.take()).flatten().map(|p| Arrived {
-            p,
-            len,
-            lease: None,
-            metas: None,
-        });
+        let last = (off == len)
+            .then(|| p.take())
+            .flatten()
+            .map(|p| Arrived::new(p, len, None, None));
         st.seal(i, last)?;
     }
-    if !cfg.land_late {
-        st.finish(done)?;
-    }
-    stats.mark(Spent::Copies);
+    timing::mark(Spent::Copies);
     Ok(())
 }
 
@@ -1446,7 +1450,6 @@ fn recv_unpack(
     stage: &mut Landing,
     done: &mut impl FnMut(Arrived),
     closing: &AtomicBool,
-    stats: &mut Stats,
 ) -> Result<(), String> {
     let plan = pool::plan(len, cfg.split_pct, rng).inspect_err(|e| crate::violation_log(e))?;
     let blocks = pool::blocks_for(&plan);
@@ -1454,15 +1457,14 @@ fn recv_unpack(
         Some(l) => l,
         None => {
             // Messages still landing hold blocks until they are consumed.
-            if let Some(st) = stage.as_mut().filter(|s| s.pending()) {
-                st.finish(done)?;
-            }
+            land_all(stage, done)?;
             let l = u.pool.take(blocks, closing)?;
-            stats.mark(Spent::Idle);
+            timing::mark(Spent::Waiting);
             l
         }
     };
-    match u.pool.kind {
+    // The buffer the pages went through, for a GPU pool.
+    let staged = match u.pool.kind {
         PoolKind::Host => {
             let base = u.pool.base;
             // SAFETY: each fragment has a page of its own (no two overlap)
@@ -1475,23 +1477,16 @@ fn recv_unpack(
                     (base + off as u64) as *mut u8
                 })
             }?;
-            stats.mark(Spent::Socket);
-            let metas = pool::load_metas(&plan, &lease.blocks, rng);
-            let a = Arrived {
-                p,
-                len,
-                lease: Some(lease),
-                metas: Some(metas),
-            };
-            report_now(stage, done, a)
+            timing::mark(Spent::Socket);
+            None
         }
         PoolKind::Gpu(dev) => {
             // The leased pages as one image in a pinned buffer, then one
             // copy per block, landing while the next message is read.
             let st = stage_for(stage, dev, cfg.stage_bufs, done)?;
-            stats.mark(Spent::Other);
+            timing::mark(Spent::Other);
             let (i, base) = st.buf(plan.len() * PAGE, done)?;
-            stats.mark(Spent::Copies);
+            timing::mark(Spent::Copies);
             // SAFETY: the buffer holds plan.len() pages and each fragment
             // lies inside a page of its own (no overlap); the buffer is ours
             // until sealed.
@@ -1500,7 +1495,7 @@ fn recv_unpack(
                     base.wrapping_add(f.page as usize * PAGE + f.in_page as usize)
                 })
             }?;
-            stats.mark(Spent::Socket);
+            timing::mark(Spent::Socket);
             for (k, &b) in lease.blocks.iter().enumerate() {
                 let pages = (plan.len() - k * pool::BLOCK_PAGES).min(pool::BLOCK_PAGES);
                 // SAFETY: the buffer holds ≥ (k*64 + pages) pages; the
@@ -1514,20 +1509,14 @@ fn recv_unpack(
                     )
                 }?;
             }
-            let metas = pool::load_metas(&plan, &lease.blocks, rng);
-            let a = Arrived {
-                p,
-                len,
-                lease: Some(lease),
-                metas: Some(metas),
-            };
-            st.seal(i, Some(a))?;
-            if !cfg.land_late {
-                st.finish(done)?;
-            }
-            stats.mark(Spent::Copies);
-            Ok(())
+            Some(i)
         }
+    };
+    let metas = pool::load_metas(&plan, &lease.blocks, rng);
+    let a = Arrived::new(p, len, Some(lease), Some(metas));
+    match staged {
+        Some(i) => stage.as_mut().ok_or("staging")?.seal(i, Some(a)),
+        None => report_now(stage, done, a),
     }
 }
 

@@ -18,7 +18,7 @@
 //! | `NCCL_NET_EMU_DROP_AFTER_BYTES` | a send comm drops its peer after N payload bytes | off |
 //! | `NCCL_NET_EMU_STAGE_BUFS` | pinned buffers per I/O thread for GPU payloads (1: each copy waited for before its write / after its read) | 4 |
 //! | `NCCL_NET_EMU_LAND_LATE` | `1`: a GPU receive is reported once its copies land, while the next is read; `0`: its copies are waited for at once | `1` |
-//! | `NCCL_NET_EMU_STATS` | file each I/O thread appends a line to when it ends: messages, bytes, seconds waiting for copies / in socket calls / idle | off |
+//! | `NCCL_NET_EMU_STATS` | file each I/O thread appends its time account to when it ends (the engine's `net::timing` line: GB, seconds, shares in socket calls / waiting for copies / waiting for work / other) | off |
 //! | `NCCL_NET_EMU_TRACE` | `1`: an INFO line per data-path call (isend, irecv, finished test, iflush, irecvConsumed, regMr) | off |
 
 use std::net::{IpAddr, Ipv4Addr};

@@ -14,6 +14,7 @@
 use std::collections::VecDeque;
 
 use tcpx_p2p::gpu;
+use tcpx_p2p::net::timing;
 
 use crate::cuda;
 
@@ -80,20 +81,25 @@ impl Ring {
             ));
         }
         self.next = (i + 1) % n;
-        if b.busy {
-            b.ev.synchronize().map_err(cuda_err)?;
+        self.wait(i)?;
+        Ok(i)
+    }
+
+    /// Waits for every queued copy; every buffer is then idle.
+    fn settle(&mut self) -> Result<(), String> {
+        self.stream.synchronize().map_err(cuda_err)?;
+        for b in &mut self.bufs {
             b.busy = false;
         }
-        Ok(i)
+        Ok(())
     }
 
     /// Makes every buffer hold at least `len` bytes, once all queued
     /// copies have completed (their bytes are then no longer needed).
     fn grow_all(&mut self, len: usize) -> Result<(), String> {
-        self.stream.synchronize().map_err(cuda_err)?;
+        self.settle()?;
         let size = len.next_power_of_two();
         for b in &mut self.bufs {
-            b.busy = false;
             if b.mem.len() < size {
                 let old =
                     std::mem::replace(&mut b.mem, gpu::PinnedBuf::new(size).map_err(cuda_err)?);
@@ -160,10 +166,6 @@ impl TxStage {
         self.queued.len() < self.ring.bufs.len()
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.queued.is_empty()
-    }
-
     /// Queues the copy of `len` ≤ [`SLOT`] bytes at device address `src`
     /// into the next free buffer (call only when [`TxStage::has_room`]).
     ///
@@ -197,10 +199,7 @@ impl TxStage {
 
     /// Forgets every queued copy once it has completed (after a failure).
     pub fn reset(&mut self) {
-        let _ = self.ring.stream.synchronize();
-        for b in &mut self.ring.bufs {
-            b.busy = false;
-        }
+        let _ = self.ring.settle();
         self.queued.clear();
     }
 }
@@ -303,10 +302,7 @@ impl<T> RxStage<T> {
 
     /// Waits for every queued copy and reports every message.
     pub fn finish(&mut self, done: &mut impl FnMut(T)) -> Result<(), String> {
-        self.ring.stream.synchronize().map_err(cuda_err)?;
-        for b in &mut self.ring.bufs {
-            b.busy = false;
-        }
+        self.ring.settle()?;
         for (_, w) in self.landing.drain(..) {
             done(w);
         }
@@ -316,122 +312,39 @@ impl<T> RxStage<T> {
     /// Hands out the messages still landing without reporting them (the
     /// thread gives up); their copies are waited for.
     pub fn abandon(&mut self) -> Vec<T> {
-        let _ = self.ring.stream.synchronize();
+        let _ = self.ring.settle();
         self.landing.drain(..).map(|(_, w)| w).collect()
     }
 }
 
-/// Where an I/O thread's time went, appended as one line to the file
-/// `NCCL_NET_EMU_STATS` names when the thread ends (off when unset): also
-/// its active span, from its first message's start to its last one's end,
-/// and how much of that span it was busy (waiting for copies or in socket
-/// calls) -- near 100 % the thread bounds the comm's rate, well below it
-/// the thread waits for its caller.
-pub struct Stats {
-    path: Option<std::path::PathBuf>,
-    what: &'static str,
-    born: std::time::Instant,
-    mark: std::time::Instant,
-    first: Option<std::time::Instant>,
-    last: Option<std::time::Instant>,
-    /// Seconds: waiting for copies, in socket calls, idle (no request).
-    pub copies: f64,
-    pub socket: f64,
-    pub idle: f64,
-    pub msgs: u64,
-    pub bytes: u64,
+/// With `NCCL_NET_EMU_STATS=FILE`, an I/O thread's time account -- the
+/// engine's own (`tcpx_p2p::net::timing`: bytes, seconds, and the shares
+/// spent in socket calls, waiting for copies, waiting for work, other) --
+/// whose summary line is appended to FILE when the thread ends (the
+/// stand-in has no log of its own to carry it). The thread charges its
+/// time with `timing::mark`.
+pub struct Account(Option<std::path::PathBuf>);
+
+/// Opens this thread's account if `NCCL_NET_EMU_STATS` names a file.
+pub fn account(name: impl FnOnce() -> String) -> Account {
+    let path = std::env::var_os("NCCL_NET_EMU_STATS").map(std::path::PathBuf::from);
+    if path.is_some() {
+        timing::open(name());
+    }
+    Account(path)
 }
 
-/// What the time since the last mark was spent on.
-#[derive(Clone, Copy)]
-pub enum Spent {
-    Copies,
-    Socket,
-    Idle,
-    Other,
-}
-
-impl Stats {
-    pub fn new(what: &'static str) -> Stats {
-        let now = std::time::Instant::now();
-        Stats {
-            path: std::env::var_os("NCCL_NET_EMU_STATS").map(Into::into),
-            what,
-            born: now,
-            mark: now,
-            first: None,
-            last: None,
-            copies: 0.0,
-            socket: 0.0,
-            idle: 0.0,
-            msgs: 0,
-            bytes: 0,
-        }
-    }
-
-    /// A message begins (its first byte is at hand).
-    pub fn begin(&mut self) {
-        if self.path.is_some() && self.first.is_none() {
-            self.first = Some(std::time::Instant::now());
-        }
-    }
-
-    /// A message of `bytes` ended.
-    pub fn end(&mut self, bytes: usize) {
-        self.msgs += 1;
-        self.bytes += bytes as u64;
-        if self.path.is_some() {
-            self.last = Some(std::time::Instant::now());
-        }
-    }
-
-    /// Charges the time since the last mark to `to`.
-    pub fn mark(&mut self, to: Spent) {
-        if self.path.is_none() {
-            return;
-        }
-        let now = std::time::Instant::now();
-        let dt = (now - self.mark).as_secs_f64();
-        self.mark = now;
-        match to {
-            Spent::Copies => self.copies += dt,
-            Spent::Socket => self.socket += dt,
-            Spent::Idle => self.idle += dt,
-            Spent::Other => {}
-        }
-    }
-}
-
-impl Drop for Stats {
+impl Drop for Account {
     fn drop(&mut self) {
-        let Some(p) = &self.path else { return };
-        let life = self.born.elapsed().as_secs_f64();
-        let active = match (self.first, self.last) {
-            (Some(a), Some(b)) if b > a => (b - a).as_secs_f64(),
-            _ => 0.0,
-        };
-        let busy_pct = if active > 0.0 {
-            100.0 * (self.copies + self.socket) / active
-        } else {
-            0.0
-        };
-        let line = format!(
-            "{} msgs={} bytes={} life_s={life:.3} active_s={active:.3} busy_pct={busy_pct:.1} copies_s={:.3} socket_s={:.3} idle_s={:.3} other_s={:.3}\n",
-            self.what,
-            self.msgs,
-            self.bytes,
-            self.copies,
-            self.socket,
-            self.idle,
-            life - self.copies - self.socket - self.idle
-        );
+        let Some(p) = &self.0 else { return };
+        let Some(line) = timing::finish() else { return };
         use std::io::Write;
         if let Ok(mut f) = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
             .open(p)
         {
-            let _ = f.write_all(line.as_bytes());
+            let _ = writeln!(f, "{line}");
         }
     }
 }

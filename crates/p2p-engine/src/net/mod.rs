@@ -13,7 +13,7 @@ pub use crate::wire::NET_HANDLE_LEN;
 pub mod plugin;
 pub mod socket;
 mod splice;
-mod timing;
+pub mod timing;
 
 /// The opaque handle `listen` writes and the peer passes to `connect`.
 pub type NetHandle = [u8; NET_HANDLE_LEN];

@@ -404,16 +404,27 @@ fn windows(run: &[MemRef], slice: usize) -> Vec<Window> {
 }
 
 /// The copies between a window's device pieces and a slot at `slot`:
-/// into the slot (`to_slot`, sending) or out of it (receiving).
-fn window_copies(pieces: &[(u64, usize, usize)], slot: u64, to_slot: bool) -> Vec<gpu::CopyOp> {
-    pieces
-        .iter()
-        .map(|&(dev, at, len)| {
-            let host = slot + at as u64;
-            let (dst, src) = if to_slot { (host, dev) } else { (dev, host) };
-            gpu::CopyOp { dst, src, len }
-        })
-        .collect()
+/// into the slot (`to_slot`, sending) or out of it (receiving). With
+/// `merge`, pieces that follow each other both in the GPU and in the slot
+/// are one copy ([`gpu::push_copy`]; a batch of small parts).
+fn window_copies(
+    pieces: &[(u64, usize, usize)],
+    slot: u64,
+    to_slot: bool,
+    merge: bool,
+) -> Vec<gpu::CopyOp> {
+    let mut ops = Vec::with_capacity(pieces.len());
+    for &(dev, at, len) in pieces {
+        let host = slot + at as u64;
+        let (dst, src) = if to_slot { (host, dev) } else { (dev, host) };
+        let op = gpu::CopyOp { dst, src, len };
+        if merge {
+            gpu::push_copy(&mut ops, op);
+        } else {
+            ops.push(op);
+        }
+    }
+    ops
 }
 
 // --------------------------------------------------------- GPU staging
@@ -1073,11 +1084,7 @@ impl TxPipe {
             if t.wins[0].0 + op.len <= slice {
                 let w = &mut t.wins[0];
                 for m in &op.pieces {
-                    match w.1.last_mut() {
-                        // Contiguous in the GPU and in the slot: one copy.
-                        Some(l) if l.0 + l.2 as u64 == m.addr && l.1 + l.2 == w.0 => l.2 += m.len,
-                        _ => w.1.push((m.addr, w.0, m.len)),
-                    }
+                    w.1.push((m.addr, w.0, m.len));
                     w.0 += m.len;
                 }
                 t.ops.push(op);
@@ -1133,7 +1140,8 @@ impl TxPipe {
                 st.stats.stop_lent += 1;
                 break;
             }
-            let ops = window_copies(&p.wins[p.issued].1, st.slots[k].0.as_ptr() as u64, true);
+            let slot = st.slots[k].0.as_ptr() as u64;
+            let ops = window_copies(&p.wins[p.issued].1, slot, true, !p.lend);
             // SAFETY: the window fits the slot, whose previous window was
             // written once its copies had landed (so nothing reads it); the
             // device ranges were checked by the engine.
@@ -1298,27 +1306,21 @@ fn batchable(op: &TxOp) -> bool {
     host_only(op) && op.len <= BATCH_PART && op.skip == 0
 }
 
-/// The GPU of a small device-memory part that can share one staged copy
-/// (and one wait for it) with the parts queued behind it.
+/// The GPU of a small device-memory part that can share a window of the
+/// send pipe (one staged copy, one wait) with the parts queued behind it.
 fn gpu_batchable(op: &TxOp, slice: usize) -> Option<i32> {
     small_gpu_part(&op.pieces, op.len, slice).filter(|_| op.skip == 0 && op.owned.is_none())
 }
 
-/// `first` and the ops queued behind it that join it (`joins(op, bytes so
-/// far)`), up to 128 and while `more(bytes so far)`; the first op that does
-/// not join is kept in `held` for the next round.
-fn take_batch(
-    rx: &Receiver<TxOp>,
-    first: TxOp,
-    held: &mut Option<TxOp>,
-    more: impl Fn(usize) -> bool,
-    joins: impl Fn(&TxOp, usize) -> bool,
-) -> Vec<TxOp> {
+/// `first` (a small host-memory part) and the small host-memory parts
+/// queued behind it, up to [`BATCH_OPS`] and while under [`BATCH_BYTES`];
+/// the first op that does not join is kept in `held` for the next round.
+fn take_host_batch(rx: &Receiver<TxOp>, first: TxOp, held: &mut Option<TxOp>) -> Vec<TxOp> {
     let mut bytes = first.len;
     let mut batch = vec![first];
-    while batch.len() < BATCH_OPS && more(bytes) {
+    while batch.len() < BATCH_OPS && bytes < BATCH_BYTES {
         match rx.try_recv() {
-            Ok(o) if joins(&o, bytes) => {
+            Ok(o) if batchable(&o) => {
                 bytes += o.len;
                 batch.push(o);
             }
@@ -1421,13 +1423,7 @@ fn tx_loop(
             finish(&op, &r);
             continue;
         }
-        let batch = take_batch(
-            &rx,
-            op,
-            &mut held,
-            |bytes| bytes < BATCH_BYTES,
-            |o, _| batchable(o),
-        );
+        let batch = take_host_batch(&rx, op, &mut held);
         let slices: Vec<&[u8]> = batch.iter().flat_map(host_slices).collect();
         let r = write_all_slices(&s, &slices).map_err(|e| e.to_string());
         tracing::trace!(
@@ -2046,7 +2042,7 @@ fn rx_windows(
             .map_err(|e| e.to_string())?;
         timing::mark(Spent::Socket);
         timing::bytes(wlen);
-        let ops = window_copies(&pieces, st.slots[k].0.as_ptr() as u64, false);
+        let ops = window_copies(&pieces, st.slots[k].0.as_ptr() as u64, false, false);
         // SAFETY: the slot holds the window just read and is not touched
         // again until its event completes (its previous one has: the slot
         // was free); the device ranges lie inside the posted buffer.
@@ -2663,9 +2659,16 @@ mod tests {
         assert_eq!(pipe.parts.len(), 1);
         let w = &pipe.parts[0].wins[0];
         assert_eq!(w.0, slice);
-        assert_eq!(w.1.len(), 5, "four contiguous parts, then four apart");
-        assert_eq!(w.1[0], (0, 0, 512 << 10));
-        assert_eq!(w.1[1], ((10 << 20) + (4 << 20), 512 << 10, 128 << 10));
+        assert_eq!(w.1.len(), 8);
+        let slot = 1 << 40;
+        let copies = window_copies(&w.1, slot, true, !pipe.parts[0].lend);
+        assert_eq!(copies.len(), 5, "four contiguous parts, then four apart");
+        let copy = |dst: u64, src: u64, len: usize| gpu::CopyOp { dst, src, len };
+        assert_eq!(copies[0], copy(slot, 0, 512 << 10));
+        assert_eq!(
+            copies[1],
+            copy(slot + (512 << 10), (10 << 20) + (4 << 20), 128 << 10)
+        );
         assert!(!pipe.parts[0].lend, "a batch is written, not lent");
         // A full window: the next one starts a batch of its own, which the
         // pipe keeps filling one window beyond its slots.

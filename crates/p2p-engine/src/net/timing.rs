@@ -84,7 +84,10 @@ pub fn start(name: impl FnOnce() -> String) -> Open {
     Open
 }
 
-fn open(name: String) {
+/// Opens this thread's account whatever the log level, for a caller that
+/// takes the summary from [`finish`] itself (the TCPX stand-in writes it
+/// to a file).
+pub fn open(name: String) {
     let now = Instant::now();
     ACCOUNT.with(|a| {
         *a.borrow_mut() = Some(Account {
