@@ -10,15 +10,22 @@
 # as it goes, so a cut-off round still returns what it did.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-WHEEL=$1 O=$2 STEPS=${3:-suites,bench,kv}
-mkdir -p "$O"
+WHEEL=$1 OUTDIR=$2 STEPS=${3:-suites,bench,kv}
+# Everything is written to a scratch folder and packed into OUTDIR/round.tgz
+# after each step (with summary.txt beside it), so few files come back.
+O=$(mktemp -d)/round
+mkdir -p "$O" "$OUTDIR"
 . benchmarks/device_env.sh "$WHEEL"
 EMU=$(python3 -c 'import tcpx_p2p; print(tcpx_p2p.emulator_plugin_path())')
 NG=$(nvidia-smi -L 2>/dev/null | wc -l)
 GPUS=0,$((NG > 1 ? 1 : 0))
 { date -u +%FT%TZ; nvidia-smi -L; echo "gpus used: $GPUS"; } > "$O/device.txt" 2>&1
 has() { case ",$STEPS," in *",$1,"*) return 0;; *) return 1;; esac; }
-note() { tail -"${2:-3}" "$O/$1" | sed "s|^|$1: |" >> "$O/summary.txt"; }
+note() {
+  tail -"${2:-3}" "$O/$1" | sed "s|^|$1: |" >> "$O/summary.txt"
+  cp "$O/summary.txt" "$OUTDIR/summary.txt"
+  tar -C "$(dirname "$O")" -czf "$OUTDIR/round.tgz" round
+}
 PT="python3 -m pytest -p no:cacheprovider -q -rs"
 if has suites; then
   timeout 200 $PT tests/test_api.py -k cuda > "$O/suite_socket_cuda.txt" 2>&1; note suite_socket_cuda.txt 1
