@@ -9,6 +9,8 @@ pub mod conn;
 pub mod endpoint;
 pub mod error;
 pub mod gpu;
+pub mod handler;
+pub mod handshake;
 pub mod memory;
 pub mod net;
 pub mod progress;
