@@ -40,7 +40,7 @@ pub(crate) fn now_ms() -> u64 {
 const PEER_CLOSED: &str = "peer closed the connection";
 
 /// Writes one length-prefixed frame.
-pub(crate) fn write_frame(s: &mut impl Write, body: &[u8]) -> std::io::Result<()> {
+pub fn write_frame(s: &mut impl Write, body: &[u8]) -> std::io::Result<()> {
     let mut v = Vec::with_capacity(4 + body.len());
     v.extend_from_slice(&(body.len() as u32).to_le_bytes());
     v.extend_from_slice(body);
@@ -48,7 +48,7 @@ pub(crate) fn write_frame(s: &mut impl Write, body: &[u8]) -> std::io::Result<()
 }
 
 /// Reads one length-prefixed frame of at most `max` bytes.
-pub(crate) fn read_frame(s: &mut impl Read, max: usize) -> std::io::Result<Vec<u8>> {
+pub fn read_frame(s: &mut impl Read, max: usize) -> std::io::Result<Vec<u8>> {
     let mut len = [0u8; 4];
     s.read_exact(&mut len)?;
     let n = u32::from_le_bytes(len) as usize;
