@@ -8,6 +8,7 @@ pub mod config;
 pub mod conn;
 pub mod endpoint;
 pub mod error;
+mod fuzzing;
 pub mod gpu;
 pub mod handler;
 pub mod handshake;
@@ -28,6 +29,7 @@ pub use config::{Config, NetKind};
 #[doc(hidden)]
 pub mod internal {
     pub use crate::conn::{read_frame, write_frame};
+    pub use crate::fuzzing::{control_handler, Seen, LIMITS};
     pub use crate::handler::{Action, Book, Ctx, Limits, ProtocolError};
     pub use crate::handshake::{
         check_handles, negotiate, nonce, proof, verify, Agreed, Refusal, Role,
