@@ -61,6 +61,20 @@ pub struct Config {
     pub gpu_nics: Option<String>,
     /// Where the I/O threads run.
     pub cpu_affinity: CpuAffinity,
+    /// Per connection: the peer's one-sided requests we hold at once (see
+    /// [`crate::handler::Limits`]).
+    pub max_requests: usize,
+    /// Per connection: pieces (items and net requests) of those requests.
+    pub max_pending_items: usize,
+    /// Per connection: TCP connections the peer's listen handles may ask
+    /// us to open (channels × 2 × streams).
+    pub max_peer_streams: usize,
+    /// Handshakes in progress at once, in all and from one address.
+    pub max_handshakes: usize,
+    pub max_handshakes_per_ip: usize,
+    /// How long `dereg` waits for transfers still using the region before
+    /// it refuses (the registration is then kept).
+    pub dereg_wait: Duration,
 }
 
 impl Default for Config {
@@ -87,6 +101,12 @@ impl Default for Config {
             plugin_path: "/usr/local/tcpx/lib64/libnccl-net-tcpx.so".into(),
             gpu_nics: None,
             cpu_affinity: CpuAffinity::Gpu,
+            max_requests: 16_384,
+            max_pending_items: 1 << 20,
+            max_peer_streams: 1024,
+            max_handshakes: 64,
+            max_handshakes_per_ip: 16,
+            dereg_wait: Duration::from_secs(10),
         }
     }
 }
@@ -147,6 +167,11 @@ impl Config {
     /// | `TCPX_P2P_AUTH_TOKEN` | shared secret peers must present | none |
     /// | `TCPX_P2P_PLUGIN_PATH`, `UCCL_TCPX_PLUGIN_PATH` | ncclNet plugin | GCP path |
     /// | `TCPX_P2P_GPU_NICS` | static GPU → NIC map (`0-1:eth1;2-3:eth2;…`) | PCI distance |
+    /// | `TCPX_P2P_MAX_REQUESTS` | a peer's one-sided requests held at once, per connection (more are refused) | 16384 |
+    /// | `TCPX_P2P_MAX_PENDING_ITEMS` | pieces (items + net requests) of those requests, per connection | 1048576 |
+    /// | `TCPX_P2P_MAX_PEER_STREAMS` | TCP connections a peer's listen handles may ask for, per connection | 1024 |
+    /// | `TCPX_P2P_MAX_HANDSHAKES`, `TCPX_P2P_MAX_HANDSHAKES_PER_IP` | handshakes in progress at once (more are closed at once) | 64, 16 |
+    /// | `TCPX_P2P_DEREG_WAIT_MS` | how long `dereg` waits for transfers using the region before refusing | 10000 |
     pub fn from_env() -> Result<Self> {
         let mut c = Config::default();
         if let Some((name, v)) = var(&["TCPX_P2P_NET"]) {
@@ -236,6 +261,24 @@ impl Config {
                     ))
                 })?),
             };
+        }
+        if let Some(n) = size_var(&["TCPX_P2P_MAX_REQUESTS"], 1, 1 << 24)? {
+            c.max_requests = n;
+        }
+        if let Some(n) = size_var(&["TCPX_P2P_MAX_PENDING_ITEMS"], 1, 1 << 30)? {
+            c.max_pending_items = n;
+        }
+        if let Some(n) = size_var(&["TCPX_P2P_MAX_PEER_STREAMS"], 2, 1 << 16)? {
+            c.max_peer_streams = n;
+        }
+        if let Some(n) = size_var(&["TCPX_P2P_MAX_HANDSHAKES"], 1, 1 << 16)? {
+            c.max_handshakes = n;
+        }
+        if let Some(n) = size_var(&["TCPX_P2P_MAX_HANDSHAKES_PER_IP"], 1, 1 << 16)? {
+            c.max_handshakes_per_ip = n;
+        }
+        if let Some(n) = size_var(&["TCPX_P2P_DEREG_WAIT_MS"], 0, 3_600_000)? {
+            c.dereg_wait = Duration::from_millis(n as u64);
         }
         if let Some((_, v)) = var(&["TCPX_P2P_PLUGIN_PATH", "UCCL_TCPX_PLUGIN_PATH"]) {
             c.plugin_path = v;

@@ -18,13 +18,15 @@ use crossbeam_channel::Sender;
 use parking_lot::Mutex;
 
 use crate::error::{Error, Result};
+use crate::handler::{Action, Book, Ctx, Limits};
+use crate::handshake::{self, Role};
 use crate::memory::Registry;
-use crate::net::{MemRef, Net, NetHandle, RecvComm, SendComm, Waker};
+use crate::net::{MemRef, Net, RecvComm, SendComm, Waker};
 use crate::progress::{ChunkOp, Cmd, Engine, Progress, Set};
 use crate::rma;
 use crate::topo;
 use crate::transfer::{plan_ops, Failure, Gather, OpPlan, Transfer};
-use crate::wire::{self, Control, Hello, RmaItem};
+use crate::wire::{self, Control, RmaItem};
 
 /// Longest a waiting thread sleeps before it looks again by itself.
 const WAIT_SLICE: Duration = Duration::from_millis(10);
@@ -38,7 +40,7 @@ pub(crate) fn now_ms() -> u64 {
 const PEER_CLOSED: &str = "peer closed the connection";
 
 /// Writes one length-prefixed frame.
-pub(crate) fn write_frame(s: &mut impl Write, body: &[u8]) -> std::io::Result<()> {
+pub fn write_frame(s: &mut impl Write, body: &[u8]) -> std::io::Result<()> {
     let mut v = Vec::with_capacity(4 + body.len());
     v.extend_from_slice(&(body.len() as u32).to_le_bytes());
     v.extend_from_slice(body);
@@ -46,7 +48,7 @@ pub(crate) fn write_frame(s: &mut impl Write, body: &[u8]) -> std::io::Result<()
 }
 
 /// Reads one length-prefixed frame of at most `max` bytes.
-pub(crate) fn read_frame(s: &mut impl Read, max: usize) -> std::io::Result<Vec<u8>> {
+pub fn read_frame(s: &mut impl Read, max: usize) -> std::io::Result<Vec<u8>> {
     let mut len = [0u8; 4];
     s.read_exact(&mut len)?;
     let n = u32::from_le_bytes(len) as usize;
@@ -61,17 +63,6 @@ pub(crate) fn read_frame(s: &mut impl Read, max: usize) -> std::io::Result<Vec<u
     Ok(b)
 }
 
-/// FNV-1a digest of the shared secret, so that it is not sent as is.
-pub(crate) fn auth_digest(token: Option<&str>) -> u64 {
-    let Some(t) = token else { return 0 };
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in b"tcpx-p2p-auth:".iter().chain(t.as_bytes()) {
-        h ^= *b as u64;
-        h = h.wrapping_mul(0x0100_0000_01b3);
-    }
-    h | 1
-}
-
 /// What the endpoint gives every connection.
 #[derive(Clone)]
 pub(crate) struct ConnParams {
@@ -82,7 +73,12 @@ pub(crate) struct ConnParams {
     pub channels: usize,
     pub chunk: usize,
     pub windows: (usize, usize),
-    pub auth: u64,
+    /// The shared secret both sides prove in the handshake (empty: none).
+    pub auth_key: Arc<[u8]>,
+    /// What a peer may make us hold (see [`Limits`]).
+    pub limits: Limits,
+    /// Most TCP connections a peer's listen handles may ask us to open.
+    pub max_peer_streams: usize,
     pub timeout: Duration,
     pub spin: Duration,
     /// CPUs the connection's threads are pinned to (None: not pinned).
@@ -114,6 +110,8 @@ pub struct Conn {
     live: Mutex<HashMap<u64, Arc<Transfer>>>,
     /// Writes waiting for the target's clear-to-send.
     pending_writes: Mutex<HashMap<u64, Vec<ChunkOp>>>,
+    /// The one-sided bookkeeping: answers awaited, work held for the peer.
+    book: Mutex<Book>,
     /// Threads blocked in [`Conn::wait_on`]: the net's waker wakes them.
     waiters: Arc<Mutex<Vec<Thread>>>,
     threads: Mutex<Vec<JoinHandle<()>>>,
@@ -137,86 +135,39 @@ impl Conn {
         };
         oob.set_nodelay(true)
             .map_err(|e| Error::io("control connection", e))?;
-        oob.set_read_timeout(Some(p.timeout))
-            .map_err(|e| Error::io("control connection", e))?;
+        // One deadline for the whole handshake and the net's channels,
+        // however slowly the peer sends.
+        let deadline = Instant::now() + p.timeout;
         let net = &p.net;
-        let listen_all = |n: usize| -> Result<Vec<Box<dyn crate::net::ListenComm>>> {
-            (0..2 * n)
-                .map(|i| {
-                    let dev = p.devices[(i % n) % p.devices.len()];
-                    net.listen(dev)
-                        .map_err(|e| cerr(format!("net listen (device {dev}): {e}")))
-                })
-                .collect()
-        };
-        let hello = |channels: usize, chunk: usize, handles: Vec<NetHandle>| Hello {
-            version: wire::VERSION,
+        let ndev = p.devices.len();
+        let device = |i: usize, n: usize| p.devices[(i % n) % ndev];
+        let local = handshake::Local {
+            net: net.as_ref(),
             gpu_index: p.gpu_index,
-            gpu_bdf: p.gpu_bdf.clone(),
-            net: net.name().to_string(),
-            channels: channels as u8,
-            chunk: chunk as u64,
-            auth: p.auth,
-            handles,
+            gpu_bdf: &p.gpu_bdf,
+            // The acceptor's offer is its ceiling: it answers the lower.
+            channels: if initiator {
+                p.channels
+            } else {
+                wire::MAX_CHANNELS as usize
+            },
+            chunk: p.chunk,
+            key: &p.auth_key,
+            max_connections: p.max_peer_streams,
+            device: &device,
         };
-        let send_hello = |oob: &mut TcpStream, h: &Hello| -> Result<()> {
-            let mut v = Vec::new();
-            h.encode(&mut v);
-            write_frame(oob, &v).map_err(|e| cerr(format!("sending handshake: {e}")))
-        };
-        let recv_hello = |oob: &mut TcpStream| -> Result<Hello> {
-            let b =
-                read_frame(oob, 64 << 10).map_err(|e| cerr(format!("reading handshake: {e}")))?;
-            if b.len() == 1 {
-                return Err(cerr("the peer refused the handshake (version, net or auth token mismatch; see the peer's log)".into()));
-            }
-            let h = Hello::decode(&b).map_err(|e| {
-                let _ = write_frame(oob, &[0]);
-                cerr(format!("bad handshake: {e}"))
-            })?;
-            if h.auth != p.auth {
-                let _ = write_frame(oob, &[0]);
-                return Err(cerr(
-                    "authentication failed: the peer's TCPX_P2P_AUTH_TOKEN differs from ours"
-                        .into(),
-                ));
-            }
-            if h.net != net.name() {
-                let _ = write_frame(oob, &[0]);
-                return Err(cerr(format!(
-                    "net mismatch: we use {:?}, the peer uses {:?}",
-                    net.name(),
-                    h.net
-                )));
-            }
-            Ok(h)
-        };
-        let (mine, theirs, listens) = if initiator {
-            let listens = listen_all(p.channels)?;
-            let mine = hello(
-                p.channels,
-                p.chunk,
-                listens.iter().map(|l| l.handle()).collect(),
-            );
-            send_hello(&mut oob, &mine)?;
-            let theirs = recv_hello(&mut oob)?;
-            if theirs.channels != mine.channels || theirs.chunk != mine.chunk {
-                return Err(cerr("the peer answered with other channel settings".into()));
-            }
-            (mine, theirs, listens)
+        let role = if initiator {
+            Role::Initiator
         } else {
-            let theirs = recv_hello(&mut oob)?;
-            let listens = listen_all(theirs.channels as usize)?;
-            let mine = hello(
-                theirs.channels as usize,
-                theirs.chunk as usize,
-                listens.iter().map(|l| l.handle()).collect(),
-            );
-            send_hello(&mut oob, &mine)?;
-            (mine, theirs, listens)
+            Role::Acceptor
         };
-        let channels = mine.channels as usize;
-        let chunk = mine.chunk as usize;
+        let shaken =
+            handshake::run(&mut oob, role, &local, deadline).map_err(|e| cerr(e.to_string()))?;
+        let theirs = shaken.theirs;
+        let listens = shaken.listens;
+        let their_handles = shaken.handles;
+        let channels = shaken.agreed.channels;
+        let chunk = shaken.agreed.chunk;
 
         // Connect our send comms to their listeners, accept ours; both may
         // need to be called again (resumable, as in ncclNet).
@@ -240,7 +191,6 @@ impl Conn {
         let mut sends: Vec<Option<Box<dyn SendComm>>> = (0..2 * channels).map(|_| None).collect();
         let mut recvs: Vec<Option<Box<dyn RecvComm>>> = (0..2 * channels).map(|_| None).collect();
         let mut listens = listens;
-        let deadline = Instant::now() + p.timeout;
         loop {
             let mut all = true;
             for (i, slot) in sends.iter_mut().enumerate() {
@@ -248,7 +198,7 @@ impl Conn {
                     *slot = net
                         .connect(
                             p.devices[(i % channels) % p.devices.len()],
-                            &theirs.handles[i],
+                            &their_handles[i],
                             waker.clone(),
                         )
                         .map_err(|e| cerr(format!("net connect (channel {i}): {e}")))?;
@@ -316,6 +266,7 @@ impl Conn {
             last_tx: AtomicU64::new(now_ms()),
             live: Mutex::new(HashMap::new()),
             pending_writes: Mutex::new(HashMap::new()),
+            book: Mutex::new(Book::new(p.limits)),
             waiters,
             threads: Mutex::new(Vec::new()),
         });
@@ -583,6 +534,8 @@ impl Conn {
         // +1: the target's WriteDone / ReadAck.
         let xfer = Transfer::new(xfer_id, self.id, plan.len() + 1, regions);
         self.track(&xfer);
+        // Its one answer is expected before the request can be answered.
+        self.book.lock().expect(xfer_id, read);
         let mut ops = Some(self.ops_for(&xfer, &local, &plan, true));
         let msg = if read {
             Control::ReadReq {
@@ -663,134 +616,131 @@ impl Conn {
         }
     }
 
-    /// Target side: checks every item of a request against our own records,
-    /// then merges each run (which must be contiguous in one region).
-    fn resolve_items(
-        &self,
-        items: &[RmaItem],
-        runs: &[u32],
-    ) -> std::result::Result<Vec<(MemRef, Arc<crate::memory::Region>)>, String> {
-        let each = items
-            .iter()
-            .enumerate()
-            .map(|(i, it)| {
-                let r = self
-                    .registry
-                    .resolve(it.token, it.addr, it.len, self.id)
-                    .map_err(|e| format!("item {i}: {e}"))?;
-                let kind = r.kind;
-                Ok((
-                    MemRef {
-                        addr: it.addr,
-                        len: it.len as usize,
-                        kind,
-                    },
-                    r,
-                ))
-            })
-            .collect::<std::result::Result<Vec<_>, String>>()?;
-        rma::merge_runs(each, runs)
-    }
-
+    /// Carries out what [`Book::on_control`] decided about a message.
     fn on_control(self: &Arc<Self>, m: Control) -> std::result::Result<(), String> {
-        match m {
-            Control::KeepAlive => {}
-            Control::WriteReq { xfer, items, runs } => match self.resolve_items(&items, &runs) {
-                Err(reason) => {
-                    tracing::warn!(
-                        conn = self.id,
-                        "refused a write from {}: {reason}",
-                        self.peer
-                    );
-                    self.send_control(&Control::Refused { xfer, reason })
-                        .map_err(|e| e.to_string())?;
-                }
-                Ok(local) => {
-                    let plan = self.plan(local.iter().map(|(m, _)| m.len));
-                    let regions = local.iter().map(|(_, r)| r.clone()).collect();
-                    let inner = Transfer::new(0, self.id, plan.len(), regions);
-                    let weak = Arc::downgrade(self);
-                    inner.on_end(move |s| {
-                        if let Some(c) = weak.upgrade() {
-                            let m = match s {
-                                crate::transfer::Status::Done => Control::WriteDone { xfer },
-                                crate::transfer::Status::Failed(f) => Control::Refused {
-                                    xfer,
-                                    reason: f.to_string(),
-                                },
-                                crate::transfer::Status::Pending => return,
-                            };
-                            let _ = c.send_control(&m);
-                        }
-                    });
-                    let ops = self.ops_for(&inner, &local, &plan, true);
-                    let mut body = Vec::new();
-                    Control::WriteCts { xfer }.encode(&mut body);
-                    let mut oob = self.oob.lock();
-                    self.enqueue(Cmd::Recv(Set::Rma, ops));
-                    let written = self.write_locked(&mut oob, &body);
-                    drop(oob);
-                    written.map_err(|e| e.to_string())?;
-                    self.kick();
-                }
-            },
-            Control::WriteCts { xfer } => {
-                let ops = self.pending_writes.lock().remove(&xfer);
-                match ops {
-                    Some(ops) => self.submit(Cmd::Send(Set::Rma, ops)),
-                    None => return Err(format!("clear-to-send for unknown write {xfer}")),
-                }
+        let cx = Ctx {
+            registry: &self.registry,
+            conn: self.id,
+            chunk: self.chunk,
+            gather: self.gather,
+        };
+        let action = self
+            .book
+            .lock()
+            .on_control(cx, m)
+            .map_err(|e| e.to_string())?;
+        match action {
+            Action::Nothing => {}
+            Action::RefuseWrite { xfer, reason } => {
+                tracing::warn!(
+                    conn = self.id,
+                    "refused a write from {}: {reason}",
+                    self.peer
+                );
+                self.send_control(&Control::Refused { xfer, reason })
+                    .map_err(|e| e.to_string())?;
             }
-            Control::WriteDone { xfer } | Control::ReadAck { xfer } => {
+            Action::AcceptWrite {
+                xfer,
+                local,
+                plan,
+                weight,
+            } => {
+                let regions = local.iter().map(|(_, r)| r.clone()).collect();
+                let inner = Transfer::new(0, self.id, plan.len(), regions);
+                let weak = Arc::downgrade(self);
+                inner.on_end(move |s| {
+                    if let Some(c) = weak.upgrade() {
+                        c.book.lock().served_end(weight);
+                        let m = match s {
+                            crate::transfer::Status::Done => Control::WriteDone { xfer },
+                            crate::transfer::Status::Failed(f) => Control::Refused {
+                                xfer,
+                                reason: f.to_string(),
+                            },
+                            crate::transfer::Status::Pending => return,
+                        };
+                        let _ = c.send_control(&m);
+                    }
+                });
+                let ops = self.ops_for(&inner, &local, &plan, true);
+                let mut body = Vec::new();
+                Control::WriteCts { xfer }.encode(&mut body);
+                let mut oob = self.oob.lock();
+                self.enqueue(Cmd::Recv(Set::Rma, ops));
+                let written = self.write_locked(&mut oob, &body);
+                drop(oob);
+                written.map_err(|e| e.to_string())?;
+                self.kick();
+            }
+            Action::AcceptRead {
+                xfer,
+                local,
+                plan,
+                weight,
+            } => {
+                // The reader posted one receive per request of its plan of
+                // the runs' lengths: ours pairs with it request for request.
+                let regions = local.iter().map(|(_, r)| r.clone()).collect();
+                let inner = Transfer::new(0, self.id, plan.len(), regions);
+                let weak = Arc::downgrade(self);
+                inner.on_end(move |_| {
+                    if let Some(c) = weak.upgrade() {
+                        c.book.lock().served_end(weight);
+                    }
+                });
+                let ops = self.ops_for(&inner, &local, &plan, true);
+                self.send_control(&Control::ReadAck { xfer })
+                    .map_err(|e| e.to_string())?;
+                self.submit(Cmd::Send(Set::Rma, ops));
+            }
+            Action::RefuseRead {
+                xfer,
+                reason,
+                fillers,
+            } => {
+                tracing::warn!(
+                    conn = self.id,
+                    "refused a read from {}: {reason}",
+                    self.peer
+                );
+                // The reader has posted its receives: fill each with an
+                // empty message so both sides stay in step.
+                let inner = Transfer::new(0, self.id, fillers, vec![]);
+                let weak = Arc::downgrade(self);
+                inner.on_end(move |_| {
+                    if let Some(c) = weak.upgrade() {
+                        c.book.lock().fillers_sent(fillers);
+                    }
+                });
+                let ops = (0..fillers)
+                    .map(|_| ChunkOp {
+                        segs: vec![],
+                        xfer: inner.clone(),
+                        expect: None,
+                    })
+                    .collect();
+                self.send_control(&Control::Refused { xfer, reason })
+                    .map_err(|e| e.to_string())?;
+                self.submit(Cmd::Send(Set::Rma, ops));
+            }
+            Action::SendWrite { xfer } => match self.pending_writes.lock().remove(&xfer) {
+                Some(ops) => self.submit(Cmd::Send(Set::Rma, ops)),
+                None => return Err(format!("clear-to-send for unknown write {xfer}")),
+            },
+            Action::Acked { xfer } => {
                 let t = self.live.lock().get(&xfer).cloned();
                 if let Some(t) = t {
                     t.complete_one();
                 }
             }
-            Control::ReadReq { xfer, items, runs } => {
-                let resolved = self.resolve_items(&items, &runs);
-                // The reader posted one receive per request of its plan of
-                // the runs' lengths: ours pairs with it request for request.
-                let lens = wire::run_lengths(&items, &runs)
-                    .ok_or("read request whose run lengths overflow")?;
-                let plan = self.plan(lens.iter().map(|&l| l as usize));
-                let (reply, ops) = match resolved {
-                    Ok(local) => {
-                        let regions = local.iter().map(|(_, r)| r.clone()).collect();
-                        let inner = Transfer::new(0, self.id, plan.len(), regions);
-                        let ops = self.ops_for(&inner, &local, &plan, true);
-                        (Control::ReadAck { xfer }, ops)
-                    }
-                    Err(reason) => {
-                        tracing::warn!(
-                            conn = self.id,
-                            "refused a read from {}: {reason}",
-                            self.peer
-                        );
-                        // The reader has posted its receives: fill each with
-                        // an empty message so both sides stay in step.
-                        let inner = Transfer::new(0, self.id, plan.len(), vec![]);
-                        let fillers = (0..plan.len())
-                            .map(|_| ChunkOp {
-                                segs: vec![],
-                                xfer: inner.clone(),
-                                expect: None,
-                            })
-                            .collect();
-                        (Control::Refused { xfer, reason }, fillers)
-                    }
-                };
-                self.send_control(&reply).map_err(|e| e.to_string())?;
-                self.submit(Cmd::Send(Set::Rma, ops));
-            }
-            Control::Refused { xfer, reason } => {
+            Action::PeerRefused { xfer, reason } => {
                 self.pending_writes.lock().remove(&xfer);
                 let t = self.live.lock().get(&xfer).cloned();
                 if let Some(t) = t {
                     t.fail(Failure::Refused(reason));
                 }
             }
-            Control::Close => return Err(PEER_CLOSED.into()),
         }
         Ok(())
     }

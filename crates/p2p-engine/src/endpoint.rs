@@ -11,8 +11,9 @@ use std::time::{Duration, Instant};
 use parking_lot::{Condvar, Mutex, RwLock};
 
 use crate::config::{Config, NetKind};
-use crate::conn::{auth_digest, Conn, ConnParams};
+use crate::conn::{Conn, ConnParams};
 use crate::error::{Error, Result};
+use crate::handler::Limits;
 use crate::memory::Registry;
 use crate::net::plugin::PluginNet;
 use crate::net::socket::{SocketConfig, SocketNet};
@@ -61,6 +62,7 @@ struct Inner {
     next_conn: AtomicU64,
     next_xfer: AtomicU64,
     stopping: AtomicBool,
+    handshakes: Mutex<Handshakes>,
 }
 
 /// A transfer engine endpoint.
@@ -103,11 +105,24 @@ impl Endpoint {
     pub fn new(gpu: Option<i32>, cfg: Config) -> Result<Self> {
         let (gpu_index, gpu_bdf) = match gpu {
             Some(i) if gpu::available() => {
+                let n = gpu::device_count();
+                if i < 0 || i as usize >= n {
+                    return Err(Error::invalid(format!(
+                        "Endpoint: GPU index {i} does not exist: this machine has {n} GPU(s), indices 0 to {}",
+                        n.saturating_sub(1)
+                    )));
+                }
                 let d = gpu::Device::get(i)?;
                 d.bind()?;
                 (i, d.bdf.clone())
             }
-            Some(i) => (i, String::new()),
+            // Without CUDA, index 0 names "this machine" (host memory).
+            Some(0) => (0, String::new()),
+            Some(i) => {
+                return Err(Error::invalid(format!(
+                    "Endpoint: GPU index {i} does not exist: this machine has no usable GPU (CUDA unavailable); use 0 or no GPU for host memory"
+                )))
+            }
             None => (-1, String::new()),
         };
         let ip = topo::oob_ip(cfg.ifname.as_deref()).map_err(Error::Config)?;
@@ -144,7 +159,18 @@ impl Endpoint {
             channels: cfg.channels,
             chunk,
             windows,
-            auth: auth_digest(cfg.auth_token.as_deref()),
+            auth_key: cfg
+                .auth_token
+                .as_deref()
+                .unwrap_or("")
+                .as_bytes()
+                .to_vec()
+                .into(),
+            limits: Limits {
+                max_requests: cfg.max_requests,
+                max_items: cfg.max_pending_items,
+            },
+            max_peer_streams: cfg.max_peer_streams,
             timeout: cfg.connect_timeout,
             spin: cfg.spin,
             cpus,
@@ -167,6 +193,7 @@ impl Endpoint {
             next_conn: AtomicU64::new(0),
             next_xfer: AtomicU64::new(1),
             stopping: AtomicBool::new(false),
+            handshakes: Mutex::new(Handshakes::default()),
         });
         let weak = Arc::downgrade(&inner);
         let acceptor = std::thread::Builder::new()
@@ -346,12 +373,16 @@ impl Endpoint {
         Ok(self.inner.registry.register(ptr, len)?.id)
     }
 
-    /// Deregisters a region: its advertisements stop working at once; waits
-    /// (up to 10 s) for transfers still using it.
+    /// Deregisters a region. Its advertisements stop working at once, then
+    /// it waits (up to `TCPX_P2P_DEREG_WAIT_MS`) for transfers still using
+    /// it, a peer's write whose receives are posted into it included. If
+    /// some remain, it refuses: the error says so and the region stays
+    /// registered (and advertised) as before, so that no byte can land in
+    /// memory the caller believes released. Ok means no byte will land.
     pub fn dereg(&self, mr: u64) -> Result<()> {
         self.inner
             .registry
-            .deregister(mr, Duration::from_secs(10))?;
+            .deregister(mr, self.inner.cfg.dereg_wait)?;
         for c in self.inner.conns.read().values() {
             c.drop_region(mr);
         }
@@ -645,13 +676,104 @@ fn watchdog_loop(inner: Weak<Inner>) {
     }
 }
 
+/// Handshakes in progress: in all and by source address (bounded, so that
+/// slow or silent peers cannot take every thread and descriptor).
+#[derive(Default)]
+struct Handshakes {
+    total: usize,
+    by_ip: HashMap<IpAddr, usize>,
+}
+
+/// One handshake's place; given back when dropped.
+struct HandshakeSlot {
+    inner: Weak<Inner>,
+    ip: IpAddr,
+}
+
+impl Drop for HandshakeSlot {
+    fn drop(&mut self) {
+        if let Some(ep) = self.inner.upgrade() {
+            let mut h = ep.handshakes.lock();
+            h.total = h.total.saturating_sub(1);
+            if let Some(n) = h.by_ip.get_mut(&self.ip) {
+                *n -= 1;
+                if *n == 0 {
+                    h.by_ip.remove(&self.ip);
+                }
+            }
+        }
+    }
+}
+
+/// Takes a handshake place for a peer at `ip`, or says why not.
+fn handshake_slot(ep: &Arc<Inner>, ip: IpAddr) -> std::result::Result<HandshakeSlot, String> {
+    let mut h = ep.handshakes.lock();
+    let (max, per_ip) = (ep.cfg.max_handshakes, ep.cfg.max_handshakes_per_ip);
+    let mine = h.by_ip.get(&ip).copied().unwrap_or(0);
+    if h.total >= max {
+        return Err(format!(
+            "{} handshakes in progress (TCPX_P2P_MAX_HANDSHAKES={max})",
+            h.total
+        ));
+    }
+    if mine >= per_ip {
+        return Err(format!(
+            "{mine} handshakes in progress from {ip} (TCPX_P2P_MAX_HANDSHAKES_PER_IP={per_ip})"
+        ));
+    }
+    h.total += 1;
+    *h.by_ip.entry(ip).or_default() += 1;
+    Ok(HandshakeSlot {
+        inner: Arc::downgrade(ep),
+        ip,
+    })
+}
+
 fn accept_loop(inner: Weak<Inner>, listener: TcpListener) {
+    // Back-off after a failed accept (EMFILE, ENFILE, ENOBUFS): retrying at
+    // once would spin on a core while the condition lasts.
+    let mut backoff = Duration::ZERO;
+    let mut last_warn: Option<Instant> = None;
     for s in listener.incoming() {
         let Some(ep) = inner.upgrade() else { return };
         if ep.stopping.load(Ordering::Acquire) {
             return;
         }
-        let Ok(s) = s else { continue };
+        let s = match s {
+            Ok(s) => {
+                backoff = Duration::ZERO;
+                s
+            }
+            Err(e) => {
+                if e.kind() == std::io::ErrorKind::Interrupted
+                    || e.kind() == std::io::ErrorKind::ConnectionAborted
+                {
+                    continue;
+                }
+                backoff = (backoff * 2).clamp(Duration::from_millis(10), Duration::from_secs(1));
+                if last_warn.is_none_or(|t| t.elapsed() > Duration::from_secs(10)) {
+                    tracing::warn!(
+                        "accepting control connections failed: {e} (out of file descriptors? \
+                         raise `ulimit -n`); retrying in {backoff:?}"
+                    );
+                    last_warn = Some(Instant::now());
+                }
+                drop(ep);
+                std::thread::sleep(backoff);
+                continue;
+            }
+        };
+        let ip = match s.peer_addr() {
+            Ok(a) => a.ip(),
+            Err(_) => continue,
+        };
+        let slot = match handshake_slot(&ep, ip) {
+            Ok(slot) => slot,
+            Err(why) => {
+                tracing::warn!("closed a control connection from {ip} at once: {why}");
+                continue;
+            }
+        };
         let weak = Arc::downgrade(&ep);
         let params = ep.params.clone();
         let id = ep.next_conn.fetch_add(1, Ordering::Relaxed);
@@ -660,7 +782,9 @@ fn accept_loop(inner: Weak<Inner>, listener: TcpListener) {
             .name("tcpx-handshake".into())
             .spawn(move || {
                 let peer = s.peer_addr().map(|a| a.to_string()).unwrap_or_default();
-                match Conn::establish(id, s, false, &params) {
+                let res = Conn::establish(id, s, false, &params);
+                drop(slot);
+                match res {
                     Ok(conn) => {
                         let Some(ep) = weak.upgrade() else {
                             conn.close();

@@ -8,7 +8,10 @@ pub mod config;
 pub mod conn;
 pub mod endpoint;
 pub mod error;
+mod fuzzing;
 pub mod gpu;
+pub mod handler;
+pub mod handshake;
 pub mod memory;
 pub mod net;
 pub mod progress;
@@ -19,6 +22,21 @@ pub mod transfer;
 pub mod wire;
 
 pub use config::{Config, NetKind};
+
+/// What the test suite's hostile peer and the fuzz targets reach inside
+/// the engine: the control framing, the handshake's pieces and the control
+/// handler. Not a stable interface.
+#[doc(hidden)]
+pub mod internal {
+    pub use crate::conn::{read_frame, write_frame};
+    pub use crate::fuzzing::{control_handler, Seen, LIMITS};
+    pub use crate::handler::{Action, Book, Ctx, Limits, ProtocolError};
+    pub use crate::handshake::{
+        check_handles, negotiate, nonce, proof, verify, Agreed, Refusal, Role,
+    };
+    pub use crate::memory::Registry;
+    pub use crate::transfer::{plan_len, Gather, OpPlan};
+}
 pub use endpoint::{Accepted, Buf, Endpoint, RemoteGpu};
 pub use error::{Error, Result};
 

@@ -68,6 +68,54 @@ pub fn random_u64() -> u64 {
     h.finish()
 }
 
+/// Host memory must be mapped, every page of it: a range that runs into an
+/// unmapped page would fail later as a transport error mid-transfer.
+#[allow(unsafe_code)]
+fn check_mapped(addr: u64, len: usize) -> Result<()> {
+    // SAFETY: sysconf has no preconditions.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(4096) as u64;
+    let start = addr & !(page - 1);
+    let end = addr
+        .checked_add(len as u64)
+        .and_then(|e| e.checked_add(page - 1))
+        .map(|e| e & !(page - 1))
+        .ok_or_else(|| {
+            Error::invalid(format!(
+                "reg: range {addr:#x}+{len} wraps around the address space"
+            ))
+        })?;
+    // Pages are asked about in batches: the answer vector stays small.
+    const BATCH: u64 = 1 << 16;
+    let mut vec = vec![0u8; BATCH.min((end - start) / page) as usize];
+    let mut at = start;
+    while at < end {
+        let pages = ((end - at) / page).min(BATCH);
+        // SAFETY: `vec` holds at least `pages` bytes; mincore only reads the
+        // page tables of `[at, at + pages * page)` and writes `vec`.
+        let r = unsafe {
+            libc::mincore(
+                at as *mut libc::c_void,
+                (pages * page) as libc::size_t,
+                vec.as_mut_ptr(),
+            )
+        };
+        if r != 0 {
+            let e = std::io::Error::last_os_error();
+            if e.raw_os_error() == Some(libc::ENOMEM) {
+                return Err(Error::invalid(format!(
+                    "reg: {len} bytes at {addr:#x} are not all mapped memory of this process \
+                     (unmapped page(s) in {at:#x}..{:#x}); register only memory you allocated",
+                    at + pages * page
+                )));
+            }
+            // Other errors (EINVAL on odd kernels) say nothing about the range.
+            return Ok(());
+        }
+        at += pages * page;
+    }
+    Ok(())
+}
+
 /// Regions and advertisements of one endpoint.
 #[derive(Default)]
 pub struct Registry {
@@ -109,7 +157,10 @@ impl Registry {
                 }
                 MemKind::Cuda(d)
             }
-            None => MemKind::Host,
+            None => {
+                check_mapped(addr, len)?;
+                MemKind::Host
+            }
         };
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let r = Arc::new(Region {
@@ -146,19 +197,40 @@ impl Registry {
     }
 
     /// Removes the region and every advertisement of it, then waits (up to
-    /// `wait`) for transfers still using it to finish.
+    /// `wait`) for transfers still using it (a peer's write whose receives
+    /// are posted into it holds it too). If some remain, puts the region
+    /// and its advertisements back and refuses: no byte may land in memory
+    /// its owner believes released.
     pub fn deregister(&self, id: u64, wait: Duration) -> Result<()> {
         let r = self
             .regions
             .write()
             .remove(&id)
             .ok_or_else(|| Error::invalid(format!("dereg: unknown memory region id {id}")))?;
-        self.adverts.write().retain(|_, a| a.region != id);
+        let mut gone = Vec::new();
+        self.adverts.write().retain(|&tid, a| {
+            if a.region == id {
+                gone.push((tid, a.clone()));
+            }
+            a.region != id
+        });
         let deadline = Instant::now() + wait;
         while Arc::strong_count(&r) > 1 && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(1));
         }
-        Ok(())
+        let users = Arc::strong_count(&r) - 1;
+        if users == 0 {
+            return Ok(());
+        }
+        self.regions.write().insert(id, r.clone());
+        self.adverts.write().extend(gone);
+        Err(Error::invalid(format!(
+            "dereg: region {id} ({} bytes at {:#x}) is still in use by {users} transfer(s) after {:.1} s \
+             (a peer's write may be posted into it); it stays registered: wait for them or remove the connection, then dereg again",
+            r.len,
+            r.addr,
+            wait.as_secs_f64()
+        )))
     }
 
     /// Offers `[addr, addr+len)` of region `id` to `conn` (or to any peer).
@@ -257,10 +329,32 @@ mod tests {
 
         let any = reg.advertise(r.id, base, 4096, None).unwrap();
         assert!(reg.resolve(any, base, 4096, 12345).is_ok());
-        reg.deregister(r.id, Duration::from_millis(10)).unwrap();
+        // In use (we hold it): refused, and everything stays as it was.
+        let err = reg.deregister(r.id, Duration::from_millis(10)).unwrap_err();
+        assert!(err.to_string().contains("still in use"), "{err}");
+        assert!(reg.resolve(t, base + 100, 200, 7).is_ok(), "kept");
+        let id = r.id;
+        drop(r);
+        reg.deregister(id, Duration::from_millis(10)).unwrap();
         assert!(reg.resolve(t, base + 100, 200, 7).is_err(), "stale");
         assert!(reg.resolve(any, base, 1, 1).is_err(), "stale");
-        assert!(reg.deregister(r.id, Duration::ZERO).is_err());
+        assert!(reg.deregister(id, Duration::ZERO).is_err());
+    }
+
+    #[test]
+    fn unmapped_host_memory_is_refused_at_reg() {
+        let reg = Registry::new();
+        let buf = vec![0u8; 1 << 16];
+        let base = buf.as_ptr() as u64;
+        // Past the end of the mapping: far beyond the heap's top.
+        let err = reg.register(base, 1 << 40).unwrap_err().to_string();
+        assert!(
+            err.contains("not all mapped") && err.contains(&format!("{base:#x}")),
+            "{err}"
+        );
+        // Page 0 is never mapped.
+        assert!(reg.register(4096, 4096).is_err());
+        assert!(reg.register(base, buf.len()).is_ok());
     }
 
     #[test]

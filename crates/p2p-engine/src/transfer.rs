@@ -249,6 +249,33 @@ pub fn plan_ops(lens: &[usize], chunk: usize, g: Gather) -> Vec<OpPlan> {
     plan
 }
 
+/// How many requests [`plan_ops`] would plan for items of lengths `lens`,
+/// counted without allocating (a peer's claimed lengths may be absurd).
+pub fn plan_len(lens: &[u64], chunk: usize, g: Gather) -> u64 {
+    let small = |l: u64| g.segs > 1 && l > 0 && l <= g.item_max as u64;
+    let mut n = 0u64;
+    let mut i = 0;
+    while i < lens.len() {
+        let (mut j, mut bytes) = (i, 0u64);
+        while j < lens.len()
+            && j - i < g.segs
+            && small(lens[j])
+            && bytes + lens[j] <= g.bytes as u64
+        {
+            bytes += lens[j];
+            j += 1;
+        }
+        if j - i >= 2 {
+            n = n.saturating_add(1);
+            i = j;
+            continue;
+        }
+        n = n.saturating_add(lens[i].div_ceil(chunk.max(1) as u64).max(1));
+        i += 1;
+    }
+    n
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -387,5 +414,34 @@ mod tests {
         // The byte limit follows the chunk.
         let plan = plan_ops(&[64 << 10; 64], 1 << 20, Gather::new(1 << 20, 1024));
         assert_eq!(plan.len(), 4);
+    }
+
+    #[test]
+    fn plan_len_counts_what_plan_ops_plans() {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand::rngs::StdRng::seed_from_u64(3);
+        for _ in 0..2000 {
+            let n = rng.random_range(0..40);
+            let lens: Vec<usize> = (0..n)
+                .map(|_| match rng.random_range(0..4) {
+                    0 => 0,
+                    1 => rng.random_range(1..5000),
+                    2 => rng.random_range(1..70_000),
+                    _ => rng.random_range(1..300_000),
+                })
+                .collect();
+            let chunk = [4096, 65536, 1 << 20][rng.random_range(0..3)];
+            let g = Gather::new(chunk, [1, 4, 1024][rng.random_range(0..3)]);
+            let l64: Vec<u64> = lens.iter().map(|&l| l as u64).collect();
+            assert_eq!(
+                plan_len(&l64, chunk, g),
+                plan_ops(&lens, chunk, g).len() as u64
+            );
+        }
+        assert_eq!(plan_len(&[1 << 62], 4096, Gather::new(4096, 64)), 1 << 50);
+        assert_eq!(
+            plan_len(&[u64::MAX, u64::MAX], 1, Gather::new(1, 1)),
+            u64::MAX
+        );
     }
 }

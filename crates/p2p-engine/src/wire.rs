@@ -299,12 +299,17 @@ pub fn decode_descs(b: &[u8]) -> Result<Vec<DescEntry>, WireError> {
 pub const MAGIC: u64 = 0x3150_3250_5850_4354; // "TCPXP2P1"
 /// 3: small items of a vector are gathered into one request (both peers
 /// must plan requests alike). 4: the socket net's listen handle carries
-/// the receiver's smallest part, which the sender adopts.
-pub const VERSION: u16 = 4;
+/// the receiver's smallest part, which the sender adopts. 5: mutual
+/// challenge-response authentication (fresh nonces, HMAC-SHA256 proofs)
+/// before any listen handle is exchanged; handles travel in their own frame.
+pub const VERSION: u16 = 5;
 /// An ncclNet listen handle is at most this long.
 pub const NET_HANDLE_LEN: usize = 128;
 /// Most channels per set a connection may have.
 pub const MAX_CHANNELS: u8 = 32;
+/// Length of a handshake nonce and of an authentication proof.
+pub const NONCE_LEN: usize = 32;
+pub const PROOF_LEN: usize = 32;
 
 /// The first message on a new control connection, each side sends one.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -317,11 +322,9 @@ pub struct Hello {
     /// the acceptor answers with the value both will use.
     pub channels: u8,
     pub chunk: u64,
-    /// Keyed digest of the shared secret (0 when none is set).
-    pub auth: u64,
-    /// The listen handles of this side's receive comms: `2 * channels` of them
-    /// (two-sided set first, then one-sided).
-    pub handles: Vec<[u8; NET_HANDLE_LEN]>,
+    /// Fresh random bytes: both sides' proofs cover both nonces, so a
+    /// proof seen on the wire is worth nothing on another connection.
+    pub nonce: [u8; NONCE_LEN],
 }
 
 impl Hello {
@@ -333,11 +336,7 @@ impl Hello {
         put_string(out, &self.net);
         out.push(self.channels);
         out.extend_from_slice(&self.chunk.to_le_bytes());
-        out.extend_from_slice(&self.auth.to_le_bytes());
-        out.push(self.handles.len() as u8);
-        for h in &self.handles {
-            out.extend_from_slice(h);
-        }
+        out.extend_from_slice(&self.nonce);
     }
     pub fn decode(b: &[u8]) -> Result<Self, WireError> {
         let mut r = Reader::new(b, "handshake");
@@ -372,20 +371,7 @@ impl Hello {
                 value: chunk,
             });
         }
-        let auth = r.u64_le()?;
-        let n = r.u8()? as usize;
-        if n != 2 * channels as usize {
-            return Err(WireError::BadLength {
-                what: "handshake handles",
-                len: n,
-            });
-        }
-        let mut handles = Vec::with_capacity(n);
-        for _ in 0..n {
-            let mut h = [0u8; NET_HANDLE_LEN];
-            h.copy_from_slice(r.take(NET_HANDLE_LEN)?);
-            handles.push(h);
-        }
+        let nonce = r.array()?;
         r.finish()?;
         Ok(Hello {
             version,
@@ -394,11 +380,90 @@ impl Hello {
             net,
             channels,
             chunk,
-            auth,
-            handles,
+            nonce,
         })
     }
 }
+
+/// The handshake's later frames, after both hellos (see `handshake`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HandshakeMsg {
+    /// The side refuses the connection; the reason is for the log.
+    Refuse(String),
+    /// HMAC-SHA256 proof of the shared secret over both hellos.
+    Proof([u8; PROOF_LEN]),
+    /// The listen handles of this side's receive comms: `2 * channels` of
+    /// them (two-sided set first, then one-sided).
+    Handles(Vec<[u8; NET_HANDLE_LEN]>),
+}
+
+const H_REFUSE: u8 = 0;
+const H_PROOF: u8 = 1;
+const H_HANDLES: u8 = 2;
+/// Longest refusal reason in a handshake.
+pub const MAX_HANDSHAKE_REASON: usize = 256;
+
+impl HandshakeMsg {
+    pub fn encode(&self, out: &mut Vec<u8>) {
+        match self {
+            HandshakeMsg::Refuse(r) => {
+                out.push(H_REFUSE);
+                put_string(out, &r[..floor_char_boundary(r, MAX_HANDSHAKE_REASON)]);
+            }
+            HandshakeMsg::Proof(p) => {
+                out.push(H_PROOF);
+                out.extend_from_slice(p);
+            }
+            HandshakeMsg::Handles(hs) => {
+                out.push(H_HANDLES);
+                out.push(hs.len().min(u8::MAX as usize) as u8);
+                for h in hs.iter().take(u8::MAX as usize) {
+                    out.extend_from_slice(h);
+                }
+            }
+        }
+    }
+
+    pub fn decode(b: &[u8]) -> Result<Self, WireError> {
+        let mut r = Reader::new(b, "handshake message");
+        let m = match r.u8()? {
+            H_REFUSE => {
+                // A bare refusal byte (older peers) carries no reason.
+                if r.remaining() == 0 {
+                    HandshakeMsg::Refuse(String::new())
+                } else {
+                    HandshakeMsg::Refuse(r.string(MAX_HANDSHAKE_REASON)?)
+                }
+            }
+            H_PROOF => HandshakeMsg::Proof(r.array()?),
+            H_HANDLES => {
+                let n = r.u8()? as usize;
+                if n == 0 || n > 2 * MAX_CHANNELS as usize {
+                    return Err(WireError::BadLength {
+                        what: "handshake handles",
+                        len: n,
+                    });
+                }
+                let mut hs = Vec::with_capacity(n);
+                for _ in 0..n {
+                    hs.push(r.array()?);
+                }
+                HandshakeMsg::Handles(hs)
+            }
+            other => {
+                return Err(WireError::BadValue {
+                    what: "handshake message type",
+                    value: other as u64,
+                })
+            }
+        };
+        r.finish()?;
+        Ok(m)
+    }
+}
+
+/// Longest handshake frame accepted from a peer (a full handle list).
+pub const MAX_HANDSHAKE_FRAME: usize = 2 + 2 * MAX_CHANNELS as usize * NET_HANDLE_LEN;
 
 // -------------------------------------------------------- control messages
 
@@ -714,8 +779,7 @@ mod tests {
             net: "socket".into(),
             channels: 2,
             chunk: 1 << 20,
-            auth: 42,
-            handles: vec![[7u8; NET_HANDLE_LEN]; 4],
+            nonce: [7u8; NONCE_LEN],
         };
         let mut v = Vec::new();
         h.encode(&mut v);
@@ -730,6 +794,27 @@ mod tests {
             })
         ));
         assert!(Hello::decode(&v[..v.len() - 1]).is_err());
+    }
+
+    #[test]
+    fn handshake_messages_round_trip() {
+        for m in [
+            HandshakeMsg::Refuse("no".into()),
+            HandshakeMsg::Proof([3u8; PROOF_LEN]),
+            HandshakeMsg::Handles(vec![[9u8; NET_HANDLE_LEN]; 4]),
+        ] {
+            let mut v = Vec::new();
+            m.encode(&mut v);
+            assert!(v.len() <= MAX_HANDSHAKE_FRAME);
+            assert_eq!(HandshakeMsg::decode(&v).unwrap(), m);
+            assert!(HandshakeMsg::decode(&v[..v.len() - 1]).is_err() || v.len() == 1);
+        }
+        assert_eq!(
+            HandshakeMsg::decode(&[0]).unwrap(),
+            HandshakeMsg::Refuse(String::new())
+        );
+        assert!(HandshakeMsg::decode(&[2, 0]).is_err(), "no handles");
+        assert!(HandshakeMsg::decode(&[9]).is_err());
     }
 
     #[test]
@@ -810,6 +895,7 @@ mod tests {
             let _ = FifoItem::decode(&b);
             let _ = decode_descs(&b);
             let _ = Hello::decode(&b);
+            let _ = HandshakeMsg::decode(&b);
             let _ = Control::decode(&b);
         }
     }

@@ -95,6 +95,21 @@ pub trait Net: Send + Sync {
     fn max_segments(&self) -> usize {
         1
     }
+    /// Where connecting to a peer's listen handle would dial, and how many
+    /// TCP connections it would open: the engine refuses handles that point
+    /// anywhere but the peer, or ask for too many connections. None: this
+    /// net's handles are opaque (ncclNet plugins), nothing can be checked.
+    fn handle_target(&self, _handle: &NetHandle) -> Result<Option<HandleTarget>, NetError> {
+        Ok(None)
+    }
+}
+
+/// What a listen handle asks its connector to dial (see [`Net::handle_target`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HandleTarget {
+    pub addr: std::net::SocketAddr,
+    /// TCP connections one `connect` to the handle opens.
+    pub connections: usize,
 }
 
 pub trait ListenComm: Send {

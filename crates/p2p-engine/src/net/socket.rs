@@ -227,6 +227,11 @@ impl Net for SocketNet {
     fn max_segments(&self) -> usize {
         MAX_SEGS
     }
+
+    fn handle_target(&self, handle: &NetHandle) -> Result<Option<super::HandleTarget>, NetError> {
+        let (addr, connections, _, _) = decode_handle(handle)?;
+        Ok(Some(super::HandleTarget { addr, connections }))
+    }
 }
 
 // -------------------------------------------------------------- listening

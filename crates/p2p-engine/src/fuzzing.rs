@@ -1,0 +1,357 @@
+//! The control handler's fuzz harness, shared by the cargo-fuzz target
+//! (`fuzz/fuzz_targets/handler.rs`) and the stable test that runs it over
+//! seeded random inputs (`tests/handler_fuzz.rs`).
+//!
+//! Bytes are read as a program: each step builds one control message that
+//! decodes (built with the encoders, then decoded) or a local event (our
+//! own request going out, a served request ending), and feeds it to a
+//! [`Book`] over a small registry of real memory. After each step it
+//! checks: no panic; everything accepted lies inside an advertisement made
+//! to this connection, and is carried out on a shadow of the memory; what
+//! the book holds stays within its limits; every one of our requests gets
+//! at most one answer. At the end, no byte outside the advertised ranges
+//! has changed.
+
+use std::collections::HashMap;
+
+use crate::handler::{Action, Book, Ctx, Limits};
+use crate::memory::Registry;
+use crate::transfer::{Gather, OpPlan};
+use crate::wire::{Control, RmaItem, Token};
+
+struct Bytes<'a>(&'a [u8]);
+
+impl Bytes<'_> {
+    fn u8(&mut self) -> u8 {
+        match self.0.split_first() {
+            Some((&b, rest)) => {
+                self.0 = rest;
+                b
+            }
+            None => 0,
+        }
+    }
+    fn u16(&mut self) -> u16 {
+        u16::from_le_bytes([self.u8(), self.u8()])
+    }
+    fn u64(&mut self) -> u64 {
+        (0..8).fold(0u64, |a, _| a << 8 | self.u8() as u64)
+    }
+    fn done(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+/// The connection the harness plays; adverts for others must be refused.
+const CONN: u64 = 1;
+/// Limits small enough for short inputs to reach them.
+pub const LIMITS: Limits = Limits {
+    max_requests: 8,
+    max_items: 4096,
+};
+const MEM: usize = 64 << 10;
+
+/// What a run saw, for the stable harness's counts.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Seen {
+    pub steps: u64,
+    pub accepted: u64,
+    pub refused: u64,
+    pub protocol_errors: u64,
+}
+
+/// Runs one input. Panics on any broken invariant (that is the finding).
+pub fn control_handler(data: &[u8]) -> Seen {
+    let mut seen = Seen::default();
+    let mut b = Bytes(data);
+    let reg = Registry::new();
+    let mut mem = vec![0u8; MEM];
+    let base = mem.as_ptr() as u64;
+    let region = reg
+        .register(base, MEM)
+        .expect("register the harness memory");
+    let rid = region.id;
+    drop(region);
+    // (token, offset, len) of each advertisement, and who may use it.
+    let ours = [(4096u64, 8192u64), (16384, 100)];
+    let t0 = reg
+        .advertise(rid, base + 4096, 8192, Some(CONN))
+        .expect("advert");
+    let t1 = reg.advertise(rid, base + 16384, 100, None).expect("advert");
+    let t2 = reg
+        .advertise(rid, base + 32768, 4096, Some(CONN + 1))
+        .expect("advert");
+    // A stale one: its region is gone.
+    let other = vec![0u8; 4096];
+    let r2 = reg.register(other.as_ptr() as u64, 4096).expect("register");
+    let r2id = r2.id;
+    drop(r2);
+    let t3 = reg
+        .advertise(r2id, other.as_ptr() as u64, 4096, Some(CONN))
+        .expect("advert");
+    reg.deregister(r2id, std::time::Duration::ZERO)
+        .expect("dereg");
+    let tokens = [t0, t1, t2, t3];
+    let advert_len = [8192u64, 100, 4096, 4096];
+    let advert_off = [4096u64, 16384, 32768, 0];
+
+    let cx = Ctx {
+        registry: &reg,
+        conn: CONN,
+        chunk: 4096,
+        gather: Gather::new(4096, 16),
+    };
+    let mut book = Book::new(LIMITS);
+    // Our requests and whether each was answered; weights served.
+    let mut asked: HashMap<u64, (bool, u8)> = HashMap::new();
+    let mut served: Vec<usize> = Vec::new();
+    let mut fillers: Vec<usize> = Vec::new();
+    let inside_ours = |off: u64, len: u64| {
+        ours.iter()
+            .any(|&(o, l)| off >= o && off.checked_add(len).is_some_and(|e| e <= o + l))
+    };
+
+    for _ in 0..256 {
+        if b.done() {
+            break;
+        }
+        seen.steps += 1;
+        // An answer's transfer: mostly one we asked about.
+        let mut pick = |b: &mut Bytes<'_>| {
+            let r = b.u8();
+            let mut keys: Vec<u64> = asked.keys().copied().collect();
+            keys.sort_unstable();
+            if r & 3 != 0 && !keys.is_empty() {
+                Some(keys[r as usize % keys.len()])
+            } else if r & 0x1C == 0 {
+                Some(r as u64 % 16)
+            } else {
+                None // an unknown answer, now and then only
+            }
+        };
+        let op = match b.u8() % 16 {
+            0..=4 => 0,
+            5..=8 => 1,
+            9 => 2,
+            10 => 3,
+            11 => 4,
+            12 => 5,
+            13 => 6,
+            14 => 7,
+            _ => 8,
+        };
+        let msg = match op {
+            0 | 1 => {
+                let n = if b.u8() & 0x80 != 0 {
+                    1 + b.u16() as usize % 5000
+                } else {
+                    1 + b.u8() as usize % 8
+                };
+                let items: Vec<RmaItem> = (0..n)
+                    .map(|_| {
+                        let k = b.u8() as usize % 12;
+                        if k < 6 {
+                            // Valid: inside one of our advertisements.
+                            let t = k % 2;
+                            let (off, len) = ours[t];
+                            let at = b.u16() as u64 % len;
+                            let l = b.u16() as u64 % (len - at + 1);
+                            return RmaItem {
+                                token: tokens[t],
+                                addr: base + off + at,
+                                len: l,
+                            };
+                        }
+                        let k = k - 6;
+                        let token = match k {
+                            0..=3 => tokens[k],
+                            4 => Token {
+                                id: tokens[0].id,
+                                secret: tokens[0].secret ^ 1,
+                            },
+                            _ => Token {
+                                id: b.u64(),
+                                secret: b.u64(),
+                            },
+                        };
+                        let ki = k.min(3);
+                        let addr = match b.u8() % 4 {
+                            0 => base + advert_off[ki],
+                            1 => base + advert_off[ki] + b.u16() as u64 % 256,
+                            2 => base.wrapping_add(b.u16() as u64),
+                            _ => b.u64(),
+                        };
+                        let len = match b.u8() % 5 {
+                            0 => advert_len[ki],
+                            1 => b.u8() as u64,
+                            2 => b.u16() as u64,
+                            3 => 1 << 62,
+                            _ => b.u64(),
+                        };
+                        RmaItem { token, addr, len }
+                    })
+                    .collect();
+                // A random partition of the items into runs.
+                let mut runs = Vec::new();
+                let mut left = n as u32;
+                while left > 0 {
+                    let r = 1 + (b.u8() as u32 % left.min(16));
+                    runs.push(r);
+                    left -= r;
+                }
+                let xfer = b.u8() as u64 % 16;
+                if op == 0 {
+                    Control::WriteReq { xfer, items, runs }
+                } else {
+                    Control::ReadReq { xfer, items, runs }
+                }
+            }
+            2..=5 => {
+                let Some(xfer) = pick(&mut b) else {
+                    continue;
+                };
+                match op {
+                    2 => Control::WriteCts { xfer },
+                    3 => Control::WriteDone { xfer },
+                    4 => Control::ReadAck { xfer },
+                    _ => Control::Refused {
+                        xfer,
+                        reason: "no".into(),
+                    },
+                }
+            }
+            6 => Control::KeepAlive,
+            7 => {
+                // Local events.
+                match b.u8() % 4 {
+                    0 | 3 => {
+                        let xfer = b.u8() as u64 % 16;
+                        let read = b.u8() & 1 == 1;
+                        // Ids are never reused while outstanding.
+                        if let std::collections::hash_map::Entry::Vacant(e) = asked.entry(xfer) {
+                            book.expect(xfer, read);
+                            e.insert((read, 0));
+                        }
+                    }
+                    1 => {
+                        if let Some(w) = served.pop() {
+                            book.served_end(w);
+                        }
+                    }
+                    _ => {
+                        if let Some(f) = fillers.pop() {
+                            book.fillers_sent(f);
+                        }
+                    }
+                }
+                continue;
+            }
+            _ if b.u8() == 0xFF => Control::Close,
+            _ => Control::KeepAlive,
+        };
+        // Only messages that decode reach the handler.
+        let mut wire_bytes = Vec::new();
+        msg.encode(&mut wire_bytes);
+        let Ok(msg) = Control::decode(&wire_bytes) else {
+            continue;
+        };
+        let action = match book.on_control(cx, msg) {
+            Ok(a) => a,
+            Err(_) => {
+                // The connection ends: nothing more reaches it.
+                seen.protocol_errors += 1;
+                break;
+            }
+        };
+        match action {
+            Action::AcceptWrite {
+                local,
+                plan,
+                weight,
+                ..
+            }
+            | Action::AcceptRead {
+                local,
+                plan,
+                weight,
+                ..
+            } => {
+                seen.accepted += 1;
+                let write = op == 0;
+                assert!(weight <= LIMITS.max_items && plan.len() <= LIMITS.max_items);
+                for (m, r) in &local {
+                    assert_eq!(r.id, rid, "accepted memory of another region");
+                    let off = m.addr.wrapping_sub(base);
+                    assert!(
+                        inside_ours(off, m.len as u64),
+                        "accepted {} bytes at offset {off:#x}, outside what was advertised",
+                        m.len
+                    );
+                }
+                for p in &plan {
+                    let pieces: Vec<(u64, usize)> = match *p {
+                        OpPlan::Piece { item, off, len, .. } => {
+                            let (m, _) = &local[item];
+                            assert!(off + len <= m.len);
+                            vec![(m.addr + off as u64, len)]
+                        }
+                        OpPlan::Gather { start, end } => local[start..end]
+                            .iter()
+                            .map(|(m, _)| (m.addr, m.len))
+                            .collect(),
+                    };
+                    if write {
+                        for (addr, len) in pieces {
+                            let off = (addr - base) as usize;
+                            mem[off..off + len].fill(0xAB);
+                        }
+                    }
+                }
+                served.push(weight);
+            }
+            Action::RefuseWrite { .. } => seen.refused += 1,
+            Action::RefuseRead { fillers: f, .. } => {
+                seen.refused += 1;
+                fillers.push(f);
+            }
+            Action::SendWrite { xfer } => {
+                let a = asked
+                    .get_mut(&xfer)
+                    .expect("clear-to-send for a write we made");
+                assert!(!a.0 && a.1 == 0, "clear-to-send for a read or twice");
+                a.1 = 1;
+            }
+            Action::Acked { xfer } => {
+                let a = asked.remove(&xfer).expect("an answer to a request we made");
+                assert!(
+                    a.0 || a.1 == 1,
+                    "a write acknowledged before it was cleared"
+                );
+            }
+            Action::PeerRefused { xfer, .. } => {
+                asked.remove(&xfer).expect("a refusal of a request we made");
+            }
+            Action::Nothing => {}
+        }
+        let (reqs, items, fill) = book.held();
+        assert!(reqs <= LIMITS.max_requests);
+        assert!(items <= LIMITS.max_items);
+        assert!(fill <= LIMITS.max_items);
+        assert_eq!(
+            book.awaiting(),
+            asked.len(),
+            "the book and the model disagree"
+        );
+    }
+    // Nothing outside the advertised ranges changed.
+    for (i, &x) in mem.iter().enumerate() {
+        if x != 0 {
+            assert!(
+                inside_ours(i as u64, 1),
+                "byte {i:#x} written outside what was advertised"
+            );
+        }
+    }
+    drop(other);
+    seen
+}

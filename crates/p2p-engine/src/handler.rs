@@ -1,0 +1,537 @@
+//! What a connection does with each control message, as a pure state
+//! machine: [`Book::on_control`] takes a decoded message and returns the
+//! [`Action`] to carry out (or the protocol error that ends the
+//! connection); [`crate::conn::Conn`] does the I/O. Tested and fuzzed
+//! without sockets.
+//!
+//! Rules: a peer's request is resolved against our own records (the
+//! registry's advertisements) before anything is sized or allocated from
+//! it; what we hold for a peer is bounded ([`Limits`]); every one of our
+//! requests gets exactly one answer, and any other answer is a protocol
+//! error.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use crate::memory::{Region, Registry};
+use crate::net::MemRef;
+use crate::rma;
+use crate::transfer::{plan_len, plan_ops, Gather, OpPlan};
+use crate::wire::{self, Control, RmaItem};
+
+/// What one connection may make us hold for its peer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// One-sided requests of the peer accepted and not yet finished
+    /// (`TCPX_P2P_MAX_REQUESTS`).
+    pub max_requests: usize,
+    /// Pieces held for the peer's accepted requests: one per item plus one
+    /// per net request they need (`TCPX_P2P_MAX_PENDING_ITEMS`). The empty
+    /// messages that keep a refused read in step have a budget of the same
+    /// size of their own.
+    pub max_items: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_requests: 16_384,
+            max_items: 1 << 20,
+        }
+    }
+}
+
+/// The answer one of our own one-sided requests waits for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Awaiting {
+    /// A write before the peer's clear-to-send.
+    Cts,
+    /// A cleared write: `WriteDone` (or a refusal) comes next.
+    Done,
+    /// A read: `ReadAck` (or a refusal).
+    ReadAck,
+}
+
+/// A peer broke the protocol: the connection fails with this reason.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ProtocolError {
+    #[error("peer broke the protocol: {what} for transfer {xfer}, which awaits no such answer (duplicate or unknown)")]
+    Unexpected { what: &'static str, xfer: u64 },
+    #[error("peer broke the protocol: read request {xfer} has run lengths that overflow")]
+    Overflow { xfer: u64 },
+    #[error(
+        "peer broke the protocol: read request {xfer} cannot be refused in step: its {fillers} \
+         empty messages exceed the {left} left of TCPX_P2P_MAX_PENDING_ITEMS"
+    )]
+    TooManyFillers {
+        xfer: u64,
+        fillers: u64,
+        left: usize,
+    },
+    #[error("peer closed the connection")]
+    Closed,
+}
+
+/// What the connection must do about a control message.
+#[derive(Debug)]
+pub enum Action {
+    Nothing,
+    /// The peer's write is accepted: post receives for `plan` over `local`,
+    /// then send `WriteCts`. Hand `weight` back with [`Book::served_end`]
+    /// when the receives end.
+    AcceptWrite {
+        xfer: u64,
+        local: Vec<(MemRef, Arc<Region>)>,
+        plan: Vec<OpPlan>,
+        weight: usize,
+    },
+    /// The peer's read is accepted: send `ReadAck`, then `local` per `plan`.
+    AcceptRead {
+        xfer: u64,
+        local: Vec<(MemRef, Arc<Region>)>,
+        plan: Vec<OpPlan>,
+        weight: usize,
+    },
+    /// Refuse the peer's write: send `Refused`.
+    RefuseWrite {
+        xfer: u64,
+        reason: String,
+    },
+    /// Refuse the peer's read: send `Refused`, then `fillers` empty
+    /// messages (the reader posted that many receives). Hand them back with
+    /// [`Book::fillers_sent`].
+    RefuseRead {
+        xfer: u64,
+        reason: String,
+        fillers: usize,
+    },
+    /// The peer cleared our write `xfer`: send its data.
+    SendWrite {
+        xfer: u64,
+    },
+    /// The peer's one acknowledgement of our transfer `xfer`.
+    Acked {
+        xfer: u64,
+    },
+    /// The peer refused our transfer `xfer`.
+    PeerRefused {
+        xfer: u64,
+        reason: String,
+    },
+}
+
+/// What the handler needs to know of its connection.
+#[derive(Clone, Copy)]
+pub struct Ctx<'a> {
+    pub registry: &'a Registry,
+    pub conn: u64,
+    pub chunk: usize,
+    pub gather: Gather,
+}
+
+/// One connection's one-sided bookkeeping.
+#[derive(Debug, Default)]
+pub struct Book {
+    limits: Limits,
+    /// Our own requests, by transfer id: the answer each awaits.
+    ours: HashMap<u64, Awaiting>,
+    /// Accepted requests of the peer not yet finished, and their pieces.
+    served: usize,
+    served_items: usize,
+    /// Empty messages of refused reads not yet sent.
+    fillers: usize,
+}
+
+impl Book {
+    pub fn new(limits: Limits) -> Self {
+        Book {
+            limits,
+            ..Default::default()
+        }
+    }
+
+    /// Our request `xfer` is about to go out: its answer is now expected.
+    pub fn expect(&mut self, xfer: u64, read: bool) {
+        self.ours.insert(
+            xfer,
+            if read {
+                Awaiting::ReadAck
+            } else {
+                Awaiting::Cts
+            },
+        );
+    }
+
+    /// Forgets our request `xfer` (it could not be sent).
+    pub fn forget(&mut self, xfer: u64) {
+        self.ours.remove(&xfer);
+    }
+
+    /// An accepted request of the peer ended.
+    pub fn served_end(&mut self, weight: usize) {
+        self.served = self.served.saturating_sub(1);
+        self.served_items = self.served_items.saturating_sub(weight);
+    }
+
+    /// Empty messages of a refused read were sent (or dropped).
+    pub fn fillers_sent(&mut self, n: usize) {
+        self.fillers = self.fillers.saturating_sub(n);
+    }
+
+    /// What we hold for the peer: accepted requests, their pieces, fillers.
+    pub fn held(&self) -> (usize, usize, usize) {
+        (self.served, self.served_items, self.fillers)
+    }
+
+    /// Our requests still awaiting an answer.
+    pub fn awaiting(&self) -> usize {
+        self.ours.len()
+    }
+
+    /// Decides what to do about one control message.
+    pub fn on_control(&mut self, cx: Ctx<'_>, m: Control) -> Result<Action, ProtocolError> {
+        Ok(match m {
+            Control::KeepAlive => Action::Nothing,
+            Control::Close => return Err(ProtocolError::Closed),
+            Control::WriteReq { xfer, items, runs } => match self.admit(cx, &items, &runs) {
+                Ok((local, plan, weight)) => Action::AcceptWrite {
+                    xfer,
+                    local,
+                    plan,
+                    weight,
+                },
+                Err(reason) => Action::RefuseWrite { xfer, reason },
+            },
+            Control::ReadReq { xfer, items, runs } => match self.admit(cx, &items, &runs) {
+                Ok((local, plan, weight)) => Action::AcceptRead {
+                    xfer,
+                    local,
+                    plan,
+                    weight,
+                },
+                Err(reason) => {
+                    // The reader posted one receive per request of its plan
+                    // of the runs' lengths: each gets an empty message. Its
+                    // count is computed, never allocated, from the claim.
+                    let lens =
+                        wire::run_lengths(&items, &runs).ok_or(ProtocolError::Overflow { xfer })?;
+                    let fillers = plan_len(&lens, cx.chunk, cx.gather);
+                    let left = self.limits.max_items.saturating_sub(self.fillers);
+                    if fillers > left as u64 {
+                        return Err(ProtocolError::TooManyFillers {
+                            xfer,
+                            fillers,
+                            left,
+                        });
+                    }
+                    self.fillers += fillers as usize;
+                    Action::RefuseRead {
+                        xfer,
+                        reason,
+                        fillers: fillers as usize,
+                    }
+                }
+            },
+            Control::WriteCts { xfer } => match self.ours.get_mut(&xfer) {
+                Some(a @ Awaiting::Cts) => {
+                    *a = Awaiting::Done;
+                    Action::SendWrite { xfer }
+                }
+                _ => {
+                    return Err(ProtocolError::Unexpected {
+                        what: "WriteCts",
+                        xfer,
+                    })
+                }
+            },
+            Control::WriteDone { xfer } => self.answer(xfer, Awaiting::Done, "WriteDone")?,
+            Control::ReadAck { xfer } => self.answer(xfer, Awaiting::ReadAck, "ReadAck")?,
+            Control::Refused { xfer, reason } => match self.ours.remove(&xfer) {
+                Some(_) => Action::PeerRefused { xfer, reason },
+                None => {
+                    return Err(ProtocolError::Unexpected {
+                        what: "Refused",
+                        xfer,
+                    })
+                }
+            },
+        })
+    }
+
+    fn answer(
+        &mut self,
+        xfer: u64,
+        want: Awaiting,
+        what: &'static str,
+    ) -> Result<Action, ProtocolError> {
+        if self.ours.get(&xfer) == Some(&want) {
+            self.ours.remove(&xfer);
+            Ok(Action::Acked { xfer })
+        } else {
+            Err(ProtocolError::Unexpected { what, xfer })
+        }
+    }
+
+    /// Admits a request of the peer: within the limits, every item inside
+    /// an advertisement of ours, each run contiguous in one region. Sizes
+    /// come from our records only once they have bounded the claim.
+    #[allow(clippy::type_complexity)]
+    fn admit(
+        &mut self,
+        cx: Ctx<'_>,
+        items: &[RmaItem],
+        runs: &[u32],
+    ) -> Result<(Vec<(MemRef, Arc<Region>)>, Vec<OpPlan>, usize), String> {
+        let Limits {
+            max_requests,
+            max_items,
+        } = self.limits;
+        if self.served >= max_requests {
+            return Err(format!(
+                "too many outstanding requests on this connection (limit {max_requests}, TCPX_P2P_MAX_REQUESTS)"
+            ));
+        }
+        let left = max_items.saturating_sub(self.served_items);
+        if items.len() > left {
+            return Err(format!(
+                "{} items exceed the {left} pieces left of the limit of {max_items} outstanding (TCPX_P2P_MAX_PENDING_ITEMS)",
+                items.len()
+            ));
+        }
+        let each = items
+            .iter()
+            .enumerate()
+            .map(|(i, it)| {
+                let r = cx
+                    .registry
+                    .resolve(it.token, it.addr, it.len, cx.conn)
+                    .map_err(|e| format!("item {i}: {e}"))?;
+                Ok((
+                    MemRef {
+                        addr: it.addr,
+                        len: it.len as usize,
+                        kind: r.kind,
+                    },
+                    r,
+                ))
+            })
+            .collect::<Result<Vec<_>, String>>()?;
+        let local = rma::merge_runs(each, runs)?;
+        // Bounded by our regions now; still counted before planned.
+        let lens: Vec<u64> = local.iter().map(|(m, _)| m.len as u64).collect();
+        let pieces = plan_len(&lens, cx.chunk, cx.gather);
+        let weight = (items.len() as u64).saturating_add(pieces);
+        if weight > left as u64 {
+            return Err(format!(
+                "the request needs {weight} pieces, more than the {left} left of the limit of {max_items} outstanding (TCPX_P2P_MAX_PENDING_ITEMS)"
+            ));
+        }
+        let lens: Vec<usize> = local.iter().map(|(m, _)| m.len).collect();
+        let plan = plan_ops(&lens, cx.chunk, cx.gather);
+        self.served += 1;
+        self.served_items += weight as usize;
+        Ok((local, plan, weight as usize))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wire::Token;
+
+    struct Fixture {
+        reg: Registry,
+        buf: Vec<u8>,
+        token: Token,
+    }
+
+    fn fixture() -> Fixture {
+        let reg = Registry::new();
+        let buf = vec![0u8; 1 << 16];
+        let base = buf.as_ptr() as u64;
+        let r = reg.register(base, buf.len()).unwrap();
+        let token = reg.advertise(r.id, base + 4096, 8192, Some(1)).unwrap();
+        Fixture { reg, buf, token }
+    }
+
+    fn cx(f: &Fixture) -> Ctx<'_> {
+        Ctx {
+            registry: &f.reg,
+            conn: 1,
+            chunk: 4096,
+            gather: Gather::new(4096, 64),
+        }
+    }
+
+    fn item(f: &Fixture, off: u64, len: u64, token: Token) -> RmaItem {
+        RmaItem {
+            token,
+            addr: f.buf.as_ptr() as u64 + off,
+            len,
+        }
+    }
+
+    #[test]
+    fn a_huge_claim_with_a_made_up_token_is_refused_without_sizing_it() {
+        let f = fixture();
+        let mut b = Book::new(Limits::default());
+        let bogus = Token { id: 999, secret: 1 };
+        let m = Control::ReadReq {
+            xfer: 7,
+            items: vec![item(&f, 0, 1 << 62, bogus)],
+            runs: vec![1],
+        };
+        // 2^62 bytes in 4 KiB chunks: far more fillers than the budget.
+        assert!(matches!(
+            b.on_control(cx(&f), m),
+            Err(ProtocolError::TooManyFillers { xfer: 7, .. })
+        ));
+        let m = Control::WriteReq {
+            xfer: 8,
+            items: vec![item(&f, 0, 1 << 62, bogus)],
+            runs: vec![1],
+        };
+        assert!(matches!(
+            b.on_control(cx(&f), m),
+            Ok(Action::RefuseWrite { xfer: 8, .. })
+        ));
+        // A small refused read is kept in step with a few empty messages.
+        let m = Control::ReadReq {
+            xfer: 9,
+            items: vec![item(&f, 0, 3 * 4096, bogus)],
+            runs: vec![1],
+        };
+        assert!(matches!(
+            b.on_control(cx(&f), m),
+            Ok(Action::RefuseRead {
+                xfer: 9,
+                fillers: 3,
+                ..
+            })
+        ));
+        assert_eq!(b.held(), (0, 0, 3));
+        b.fillers_sent(3);
+        assert_eq!(b.held(), (0, 0, 0));
+    }
+
+    #[test]
+    fn accepted_requests_stay_inside_the_advertisement_and_count() {
+        let f = fixture();
+        let mut b = Book::new(Limits {
+            max_requests: 2,
+            max_items: 6,
+        });
+        let w = |xfer, off, len| Control::WriteReq {
+            xfer,
+            items: vec![item(&f, off, len, f.token)],
+            runs: vec![1],
+        };
+        match b.on_control(cx(&f), w(1, 4096, 8192)).unwrap() {
+            Action::AcceptWrite {
+                local,
+                plan,
+                weight,
+                ..
+            } => {
+                assert_eq!(local[0].0.addr, f.buf.as_ptr() as u64 + 4096);
+                assert_eq!(plan.len(), 2);
+                assert_eq!(weight, 3);
+            }
+            a => panic!("{a:?}"),
+        }
+        assert!(matches!(
+            b.on_control(cx(&f), w(2, 4095, 10)).unwrap(),
+            Action::RefuseWrite { .. }
+        ));
+        assert!(matches!(
+            b.on_control(cx(&f), w(3, 4096, 1)).unwrap(),
+            Action::AcceptWrite { .. }
+        ));
+        // Third request: over the request limit.
+        match b.on_control(cx(&f), w(4, 4096, 1)).unwrap() {
+            Action::RefuseWrite { reason, .. } => assert!(reason.contains("TCPX_P2P_MAX_REQUESTS")),
+            a => panic!("{a:?}"),
+        }
+        b.served_end(2);
+        // Pieces: 3 held, 6 allowed; two items of a piece each (4) do not fit.
+        let m = Control::WriteReq {
+            xfer: 5,
+            items: vec![item(&f, 4096, 4096, f.token), item(&f, 8192, 4096, f.token)],
+            runs: vec![1, 1],
+        };
+        match b.on_control(cx(&f), m).unwrap() {
+            Action::RefuseWrite { reason, .. } => {
+                assert!(reason.contains("TCPX_P2P_MAX_PENDING_ITEMS"))
+            }
+            a => panic!("{a:?}"),
+        }
+    }
+
+    #[test]
+    fn exactly_one_answer_per_request() {
+        let f = fixture();
+        let mut b = Book::new(Limits::default());
+        b.expect(1, true);
+        assert!(matches!(
+            b.on_control(cx(&f), Control::ReadAck { xfer: 1 }),
+            Ok(Action::Acked { xfer: 1 })
+        ));
+        assert!(
+            b.on_control(cx(&f), Control::ReadAck { xfer: 1 }).is_err(),
+            "duplicate"
+        );
+        assert!(
+            b.on_control(cx(&f), Control::ReadAck { xfer: 2 }).is_err(),
+            "unknown"
+        );
+        b.expect(3, false);
+        assert!(
+            b.on_control(cx(&f), Control::WriteDone { xfer: 3 })
+                .is_err(),
+            "done before cts"
+        );
+        let mut b = Book::new(Limits::default());
+        b.expect(3, false);
+        assert!(matches!(
+            b.on_control(cx(&f), Control::WriteCts { xfer: 3 }),
+            Ok(Action::SendWrite { .. })
+        ));
+        assert!(
+            b.on_control(cx(&f), Control::WriteCts { xfer: 3 }).is_err(),
+            "second cts"
+        );
+        let mut b = Book::new(Limits::default());
+        b.expect(3, false);
+        b.on_control(cx(&f), Control::WriteCts { xfer: 3 }).unwrap();
+        assert!(
+            b.on_control(cx(&f), Control::ReadAck { xfer: 3 }).is_err(),
+            "wrong kind"
+        );
+        let mut b = Book::new(Limits::default());
+        b.expect(3, false);
+        b.on_control(cx(&f), Control::WriteCts { xfer: 3 }).unwrap();
+        assert!(matches!(
+            b.on_control(cx(&f), Control::WriteDone { xfer: 3 }),
+            Ok(Action::Acked { .. })
+        ));
+        assert!(b
+            .on_control(cx(&f), Control::WriteDone { xfer: 3 })
+            .is_err());
+        b.expect(4, true);
+        let r = Control::Refused {
+            xfer: 4,
+            reason: "no".into(),
+        };
+        assert!(matches!(
+            b.on_control(cx(&f), r.clone()),
+            Ok(Action::PeerRefused { .. })
+        ));
+        assert!(b.on_control(cx(&f), r).is_err(), "refused twice");
+        assert_eq!(
+            b.on_control(cx(&f), Control::Close).unwrap_err(),
+            ProtocolError::Closed
+        );
+        assert_eq!(b.awaiting(), 0);
+    }
+}

@@ -1,0 +1,730 @@
+//! A hostile peer against a live endpoint on 127.0.0.1. It speaks our
+//! handshake and control messages through the encoders of `wire` (and our
+//! own socket net for the data channels), and breaks the rules on purpose.
+//! Each test checks that the endpoint lives, that nothing was written
+//! outside what was advertised, that a legitimate peer on another
+//! connection still transfers, and that threads and descriptors return to
+//! their baseline.
+
+use std::io::Read;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use tcpx_p2p::internal::{nonce, proof, read_frame, write_frame, Role};
+use tcpx_p2p::memory::MemKind;
+use tcpx_p2p::net::socket::{SocketConfig, SocketNet};
+use tcpx_p2p::net::{ListenComm, MemRef, Net, RecvComm, SendComm, Waker};
+use tcpx_p2p::wire::{self, Control, FifoItem, HandshakeMsg, Hello, RmaItem, Token};
+use tcpx_p2p::{Config, Endpoint};
+
+mod common;
+use common::{buf, pattern};
+
+/// These tests count the process's threads and descriptors: one at a time.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn serial() -> MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+const LO: IpAddr = IpAddr::V4(Ipv4Addr::LOCALHOST);
+const CHUNK: u64 = 256 << 10;
+
+fn cfg() -> Config {
+    Config {
+        ifname: Some("lo".into()),
+        streams: 2,
+        chunk: CHUNK as usize,
+        min_part: 16 << 10,
+        connect_timeout: Duration::from_secs(5),
+        ..Config::default()
+    }
+}
+
+fn counts() -> (usize, usize) {
+    let n = |p| std::fs::read_dir(p).map(|d| d.count()).unwrap_or(0);
+    (n("/proc/self/fd"), n("/proc/self/task"))
+}
+
+/// Waits (bounded) until threads and descriptors are back to `base`.
+fn back_to(base: (usize, usize)) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let now = counts();
+        if now.0 <= base.0 && now.1 <= base.1 {
+            return;
+        }
+        if Instant::now() > deadline {
+            let fds: Vec<_> = std::fs::read_dir("/proc/self/fd")
+                .map(|d| {
+                    d.flatten()
+                        .filter_map(|e| std::fs::read_link(e.path()).ok())
+                        .collect()
+                })
+                .unwrap_or_default();
+            panic!("descriptors/threads {now:?} did not return to {base:?}: {fds:?}");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// The target `b`, and a legitimate peer `a` connected to it.
+struct World {
+    a: Endpoint,
+    b: Endpoint,
+    ca: u64,
+    cb: u64,
+}
+
+fn world(a_cfg: Config, b_cfg: Config) -> World {
+    let b = Endpoint::new(None, b_cfg).unwrap();
+    let a = Endpoint::new(None, a_cfg).unwrap();
+    let addr = b.local_addr();
+    let ca = a
+        .connect(&addr.ip().to_string(), addr.port(), None)
+        .unwrap();
+    let cb = b.accept(Some(Duration::from_secs(10))).unwrap().conn;
+    World { a, b, ca, cb }
+}
+
+/// The legitimate peer writes into an advertised range of the target and
+/// reads it back; every byte is checked, and the guard bytes around it.
+fn legit_transfer(w: &World, seed: u8) {
+    let n = 300 << 10;
+    let mut target = vec![0xEEu8; n + 8192];
+    let tb = buf(&w.b, &mut target);
+    let d = w.b.advertise(w.cb, tb.mr, tb.ptr + 4096, n).unwrap();
+    let meta = FifoItem::decode(&d).unwrap();
+    let mut src = pattern(n, seed);
+    let sb = buf(&w.a, &mut src);
+    let x = w.a.write_async(w.ca, &[sb], &[meta]).unwrap();
+    assert!(w.a.wait(x, Some(Duration::from_secs(30))).unwrap());
+    assert_eq!(&target[4096..4096 + n], &src[..], "legitimate write landed");
+    assert!(target[..4096]
+        .iter()
+        .chain(&target[4096 + n..])
+        .all(|&b| b == 0xEE));
+    let mut back = vec![0u8; n];
+    let bb = buf(&w.a, &mut back);
+    let x = w.a.read_async(w.ca, &[bb], &[meta]).unwrap();
+    assert!(w.a.wait(x, Some(Duration::from_secs(30))).unwrap());
+    assert_eq!(back, src, "legitimate read");
+    w.a.dereg(sb.mr).unwrap();
+    w.a.dereg(bb.mr).unwrap();
+    w.b.dereg(tb.mr).unwrap();
+}
+
+// ------------------------------------------------------------ the hostile peer
+
+fn socket_net(streams: usize) -> SocketNet {
+    SocketNet::new(SocketConfig {
+        addr: LO,
+        streams,
+        min_part: 16 << 10,
+        sockbuf: 0,
+        staging_slice: 1 << 20,
+        staging_depth: 2,
+        connect_timeout: Duration::from_secs(5),
+        spin: Duration::ZERO,
+        cpus: None,
+        gpu: None,
+        splice: false,
+    })
+}
+
+fn hello(channels: u8) -> Hello {
+    Hello {
+        version: wire::VERSION,
+        gpu_index: -1,
+        gpu_bdf: String::new(),
+        net: "socket".into(),
+        channels,
+        chunk: CHUNK,
+        nonce: nonce().unwrap(),
+    }
+}
+
+fn bytes_of(h: &Hello) -> Vec<u8> {
+    let mut v = Vec::new();
+    h.encode(&mut v);
+    v
+}
+
+fn send_hs(s: &mut TcpStream, m: &HandshakeMsg) {
+    let mut v = Vec::new();
+    m.encode(&mut v);
+    write_frame(s, &v).unwrap();
+}
+
+fn send_ctl(s: &mut TcpStream, m: &Control) -> std::io::Result<()> {
+    let mut v = Vec::new();
+    m.encode(&mut v);
+    write_frame(s, &v)
+}
+
+fn recv_hs(s: &mut TcpStream) -> HandshakeMsg {
+    HandshakeMsg::decode(&read_frame(s, 1 << 20).unwrap()).unwrap()
+}
+
+/// The next control message other than a keep-alive (None: closed).
+fn recv_ctl(s: &mut TcpStream) -> Option<Control> {
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    loop {
+        let b = read_frame(s, wire::MAX_FRAME).ok()?;
+        match Control::decode(&b).unwrap() {
+            Control::KeepAlive => continue,
+            m => return Some(m),
+        }
+    }
+}
+
+/// Reads until the endpoint closes the connection (bounded).
+fn expect_closed(s: &mut TcpStream) {
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let mut b = [0u8; 4096];
+    loop {
+        match s.read(&mut b) {
+            Ok(0) => return,
+            Ok(_) => continue,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                panic!("the endpoint kept the connection open")
+            }
+            Err(_) => return,
+        }
+    }
+}
+
+/// A hostile peer with a finished handshake and its data channels.
+struct Hostile {
+    oob: TcpStream,
+    channels: usize,
+    sends: Vec<Box<dyn SendComm>>,
+    _recvs: Vec<Box<dyn RecvComm>>,
+}
+
+fn noop() -> Waker {
+    Arc::new(|| {})
+}
+
+/// Proves `key` as `role` (without checking the other side's proof).
+/// Returns the agreed channels, or the endpoint's refusal.
+fn prove(s: &mut TcpStream, role: Role, key: &[u8], channels: u8) -> Result<usize, String> {
+    match role {
+        Role::Initiator => {
+            let mine = bytes_of(&hello(channels));
+            write_frame(s, &mine).unwrap();
+            let tb = read_frame(s, 1 << 20).unwrap();
+            let theirs = Hello::decode(&tb).map_err(|e| e.to_string())?;
+            send_hs(s, &HandshakeMsg::Proof(proof(key, role, &mine, &tb)));
+            match recv_hs(s) {
+                HandshakeMsg::Proof(_) => Ok(theirs.channels as usize),
+                HandshakeMsg::Refuse(why) => Err(why),
+                m => panic!("{m:?}"),
+            }
+        }
+        Role::Acceptor => {
+            let tb = read_frame(s, 1 << 20).unwrap();
+            let theirs = Hello::decode(&tb).unwrap();
+            let ch = theirs.channels.min(channels);
+            let mine = bytes_of(&hello(ch));
+            write_frame(s, &mine).unwrap();
+            match recv_hs(s) {
+                HandshakeMsg::Proof(_) => {}
+                m => panic!("{m:?}"),
+            }
+            send_hs(s, &HandshakeMsg::Proof(proof(key, role, &tb, &mine)));
+            Ok(ch as usize)
+        }
+    }
+}
+
+impl Hostile {
+    /// Completes the handshake as `role` and sets up the data channels.
+    fn shake(mut oob: TcpStream, role: Role, key: &[u8]) -> Hostile {
+        let channels = prove(&mut oob, role, key, 1).unwrap();
+        let net = socket_net(2);
+        let mut listens: Vec<Box<dyn ListenComm>> =
+            (0..2 * channels).map(|_| net.listen(0).unwrap()).collect();
+        send_hs(
+            &mut oob,
+            &HandshakeMsg::Handles(listens.iter().map(|l| l.handle()).collect()),
+        );
+        let HandshakeMsg::Handles(theirs) = recv_hs(&mut oob) else {
+            panic!("no handles")
+        };
+        let mut sends: Vec<Option<Box<dyn SendComm>>> = (0..2 * channels).map(|_| None).collect();
+        let mut recvs: Vec<Option<Box<dyn RecvComm>>> = (0..2 * channels).map(|_| None).collect();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while sends.iter().any(Option::is_none) || recvs.iter().any(Option::is_none) {
+            for (i, s) in sends.iter_mut().enumerate() {
+                if s.is_none() {
+                    *s = net.connect(0, &theirs[i], noop()).unwrap();
+                }
+            }
+            for (i, r) in recvs.iter_mut().enumerate() {
+                if r.is_none() {
+                    *r = listens[i].accept(noop()).unwrap();
+                }
+            }
+            assert!(Instant::now() < deadline, "channels not set up");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        oob.set_read_timeout(None).unwrap();
+        Hostile {
+            oob,
+            channels,
+            sends: sends.into_iter().flatten().collect(),
+            _recvs: recvs.into_iter().flatten().collect(),
+        }
+    }
+
+    fn connect(to: SocketAddr, key: &[u8]) -> Hostile {
+        Hostile::shake(TcpStream::connect(to).unwrap(), Role::Initiator, key)
+    }
+}
+
+/// A target endpoint's connection from a hostile peer, and a region of
+/// `len` bytes advertised to it (filled with 0xEE).
+fn advertised(b: &Endpoint, conn: u64, mem: &mut [u8]) -> (u64, Token, u64) {
+    mem.fill(0xEE);
+    let tb = buf(b, mem);
+    let d = FifoItem::decode(&b.advertise(conn, tb.mr, tb.ptr, mem.len()).unwrap()).unwrap();
+    (tb.mr, d.token, tb.ptr)
+}
+
+// --------------------------------------------------------------------- tests
+
+/// Defect 1: a read claiming 2^62 bytes with a made-up token used to abort
+/// the process (the refusal sized its fillers from the claim).
+#[test]
+fn d1_huge_claims_with_made_up_tokens_do_not_kill_the_endpoint() {
+    let _g = serial();
+    let w = world(cfg(), cfg());
+    legit_transfer(&w, 1);
+    let base = counts();
+    let mut mem = vec![0u8; 64 << 10];
+    {
+        let mut h = Hostile::connect(w.b.local_addr(), b"");
+        let cb = w.b.accept(Some(Duration::from_secs(10))).unwrap().conn;
+        let (_, token, ptr) = advertised(&w.b, cb, &mut mem);
+        let bogus = Token {
+            id: 424242,
+            secret: 7,
+        };
+        let huge = |token| RmaItem {
+            token,
+            addr: ptr,
+            len: 1 << 62,
+        };
+        // A write with a made-up token and a huge length: refused, nothing held.
+        send_ctl(
+            &mut h.oob,
+            &Control::WriteReq {
+                xfer: 1,
+                items: vec![huge(bogus)],
+                runs: vec![1],
+            },
+        )
+        .unwrap();
+        match recv_ctl(&mut h.oob) {
+            Some(Control::Refused { xfer: 1, reason }) => {
+                assert!(reason.contains("unknown or stale"), "{reason}")
+            }
+            m => panic!("{m:?}"),
+        }
+        // With the real token but a length past the advertisement: refused.
+        send_ctl(
+            &mut h.oob,
+            &Control::WriteReq {
+                xfer: 2,
+                items: vec![huge(token)],
+                runs: vec![1],
+            },
+        )
+        .unwrap();
+        match recv_ctl(&mut h.oob) {
+            Some(Control::Refused { xfer: 2, reason }) => {
+                assert!(reason.contains("outside the advertised"), "{reason}")
+            }
+            m => panic!("{m:?}"),
+        }
+        // A read of 2^62 bytes cannot be refused in step: the endpoint
+        // drops the connection instead of sizing anything from the claim.
+        send_ctl(
+            &mut h.oob,
+            &Control::ReadReq {
+                xfer: 3,
+                items: vec![huge(bogus)],
+                runs: vec![1],
+            },
+        )
+        .unwrap();
+        expect_closed(&mut h.oob);
+    }
+    assert!(
+        mem.iter().all(|&b| b == 0xEE),
+        "nothing written to the advertised range"
+    );
+    legit_transfer(&w, 2);
+    back_to(base);
+}
+
+/// Defect 3: one hello used to make the endpoint dial thousands of
+/// connections (channels × streams) anywhere, before any authentication.
+#[test]
+fn d3_listen_handles_cannot_amplify_connections() {
+    let _g = serial();
+    let mut bcfg = cfg();
+    bcfg.auth_token = Some("s3cret-token-of-the-test".into());
+    let mut acfg = cfg();
+    acfg.auth_token = bcfg.auth_token.clone();
+    let w = world(acfg, bcfg.clone());
+    let base = counts();
+    // Handles that ask for 2 × 32 channels × 64 streams = 4,096 connections.
+    let net = socket_net(64);
+    let mut listens: Vec<Box<dyn ListenComm>> = (0..64).map(|_| net.listen(0).unwrap()).collect();
+    let handles = HandshakeMsg::Handles(listens.iter().map(|l| l.handle()).collect());
+    {
+        // Unauthenticated: a wrong proof, the handles sent right behind it.
+        let mut s = TcpStream::connect(w.b.local_addr()).unwrap();
+        let mine = bytes_of(&hello(32));
+        write_frame(&mut s, &mine).unwrap();
+        let tb = read_frame(&mut s, 1 << 20).unwrap();
+        send_hs(
+            &mut s,
+            &HandshakeMsg::Proof(proof(b"guess", Role::Initiator, &mine, &tb)),
+        );
+        send_hs(&mut s, &handles);
+        match recv_hs(&mut s) {
+            HandshakeMsg::Refuse(why) => assert!(why.contains("authentication failed"), "{why}"),
+            m => panic!("{m:?}"),
+        }
+        expect_closed(&mut s);
+    }
+    {
+        // Authenticated (the endpoint without a token), but too many streams.
+        let c = Endpoint::new(None, cfg()).unwrap();
+        let mut s = TcpStream::connect(c.local_addr()).unwrap();
+        let ch = prove(&mut s, Role::Initiator, b"", 32).unwrap();
+        assert_eq!(ch, 32);
+        let HandshakeMsg::Handles(_) = recv_hs(&mut s) else {
+            panic!()
+        };
+        send_hs(&mut s, &handles);
+        match recv_hs(&mut s) {
+            HandshakeMsg::Refuse(why) => {
+                assert!(why.contains("TCPX_P2P_MAX_PEER_STREAMS"), "{why}")
+            }
+            m => panic!("{m:?}"),
+        }
+        expect_closed(&mut s);
+    }
+    // Nobody dialed the handles.
+    for l in &mut listens {
+        assert!(l.accept(noop()).unwrap().is_none(), "a handle was dialed");
+    }
+    drop(listens);
+    legit_transfer(&w, 3);
+    back_to(base);
+}
+
+/// Defect 4: a handshake trickled one byte at a time used to be held
+/// forever, and nothing bounded how many were in progress.
+#[test]
+fn d4_slow_handshakes_end_at_one_deadline_and_are_capped_per_address() {
+    let _g = serial();
+    let mut bcfg = cfg();
+    bcfg.connect_timeout = Duration::from_millis(1000);
+    bcfg.max_handshakes_per_ip = 4;
+    let w = world(cfg(), bcfg);
+    let base = counts();
+    let to = w.b.local_addr();
+    // From another loopback address: 8 connections, each sending a hello one
+    // byte every 200 ms (the whole hello would take over 10 s).
+    let tricklers: Vec<_> = (0..8)
+        .map(|_| {
+            std::thread::spawn(move || {
+                let sock = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)
+                    .unwrap();
+                sock.bind(&SocketAddr::new("127.0.0.2".parse().unwrap(), 0).into())
+                    .unwrap();
+                sock.connect(&to.into()).unwrap();
+                let mut s: TcpStream = sock.into();
+                let mut frame = Vec::new();
+                let h = bytes_of(&hello(1));
+                frame.extend_from_slice(&(h.len() as u32).to_le_bytes());
+                frame.extend_from_slice(&h);
+                s.set_read_timeout(Some(Duration::from_millis(200)))
+                    .unwrap();
+                // The index of the byte after which the endpoint closed.
+                let last = frame.len() - 1;
+                for (i, b) in frame.into_iter().enumerate() {
+                    if std::io::Write::write_all(&mut s, &[b]).is_err() {
+                        return i < last;
+                    }
+                    let mut x = [0u8; 64];
+                    match s.read(&mut x) {
+                        Ok(0) => return i < last,
+                        Ok(_) => {} // the handshake goes on: not closed
+                        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                        Err(_) => return i < last,
+                    }
+                }
+                false
+            })
+        })
+        .collect();
+    // Meanwhile a legitimate peer connects and transfers.
+    std::thread::sleep(Duration::from_millis(300));
+    let c = Endpoint::new(None, cfg()).unwrap();
+    let cc = c.connect(&to.ip().to_string(), to.port(), None).unwrap();
+    let cb = w.b.accept(Some(Duration::from_secs(10))).unwrap().conn;
+    let w2 = World {
+        a: c,
+        b: w.b,
+        ca: cc,
+        cb,
+    };
+    legit_transfer(&w2, 4);
+    for t in tricklers {
+        assert!(
+            t.join().unwrap(),
+            "a trickled handshake was held until its hello was complete, past its deadline"
+        );
+    }
+    let World { a: c, b, .. } = w2;
+    drop(c);
+    let w = World {
+        a: w.a,
+        b,
+        ca: w.ca,
+        cb: w.cb,
+    };
+    legit_transfer(&w, 5);
+    back_to(base);
+}
+
+/// Defect 5: the token's digest went in clear and logged in when replayed.
+#[test]
+fn d5_wrong_and_replayed_proofs_are_refused() {
+    let _g = serial();
+    let token = "s3cret-token-of-the-test";
+    let mut bcfg = cfg();
+    bcfg.auth_token = Some(token.into());
+    let w = world(bcfg.clone(), bcfg.clone());
+    let base = counts();
+    // A wrong secret.
+    let mut s = TcpStream::connect(w.b.local_addr()).unwrap();
+    let r = prove(&mut s, Role::Initiator, b"s3cret-token-of-the-tesT", 1);
+    assert!(r.unwrap_err().contains("authentication failed"));
+    drop(s);
+    // A fake server harvests a legitimate initiator's proof...
+    let fake = TcpListener::bind((LO, 0)).unwrap();
+    let fake_addr = fake.local_addr().unwrap();
+    let harvest = std::thread::spawn(move || {
+        let (mut s, _) = fake.accept().unwrap();
+        let hi = read_frame(&mut s, 1 << 20).unwrap();
+        let ha = bytes_of(&hello(1));
+        write_frame(&mut s, &ha).unwrap();
+        let HandshakeMsg::Proof(p) = recv_hs(&mut s) else {
+            panic!()
+        };
+        send_hs(&mut s, &HandshakeMsg::Refuse("bye".into()));
+        (hi, p)
+    });
+    let victim = Endpoint::new(None, bcfg).unwrap();
+    assert!(victim
+        .connect(&fake_addr.ip().to_string(), fake_addr.port(), None)
+        .is_err());
+    let (hi, p) = harvest.join().unwrap();
+    // ...and replays the hello and the proof to the real endpoint.
+    let mut s = TcpStream::connect(w.b.local_addr()).unwrap();
+    write_frame(&mut s, &hi).unwrap();
+    let _theirs = read_frame(&mut s, 1 << 20).unwrap();
+    send_hs(&mut s, &HandshakeMsg::Proof(p));
+    match recv_hs(&mut s) {
+        HandshakeMsg::Refuse(why) => assert!(why.contains("authentication failed"), "{why}"),
+        m => panic!("replayed proof accepted: {m:?}"),
+    }
+    expect_closed(&mut s);
+    drop(s);
+    drop(victim);
+    legit_transfer(&w, 6);
+    back_to(base);
+}
+
+/// Defect 6: a second ReadAck used to complete a read before its data.
+#[test]
+fn d6_a_duplicate_acknowledgement_fails_the_connection() {
+    let _g = serial();
+    let w = world(cfg(), cfg());
+    let base = counts();
+    let fake = TcpListener::bind((LO, 0)).unwrap();
+    let fake_addr = fake.local_addr().unwrap();
+    let target = std::thread::spawn(move || {
+        let (s, _) = fake.accept().unwrap();
+        let mut h = Hostile::shake(s, Role::Acceptor, b"");
+        let Some(Control::ReadReq { xfer, .. }) = recv_ctl(&mut h.oob) else {
+            panic!()
+        };
+        send_ctl(&mut h.oob, &Control::ReadAck { xfer }).unwrap();
+        send_ctl(&mut h.oob, &Control::ReadAck { xfer }).unwrap();
+        expect_closed(&mut h.oob);
+    });
+    let ca =
+        w.a.connect(&fake_addr.ip().to_string(), fake_addr.port(), None)
+            .unwrap();
+    let mut dst = vec![0x11u8; 64 << 10];
+    let db = buf(&w.a, &mut dst);
+    let meta = FifoItem {
+        addr: 0x10000,
+        size: 64 << 10,
+        rkey: 1,
+        nmsgs: 1,
+        rid: 0,
+        idx: 1,
+        token: Token { id: 1, secret: 2 },
+    };
+    let x = w.a.read_async(ca, &[db], &[meta]).unwrap();
+    match w.a.wait(x, Some(Duration::from_secs(30))) {
+        Err(e) => assert!(e.to_string().contains("ReadAck"), "{e}"),
+        Ok(done) => panic!("a read without data ended with {done}"),
+    }
+    target.join().unwrap();
+    assert!(dst.iter().all(|&b| b == 0x11), "no byte landed");
+    w.a.dereg(db.mr).unwrap();
+    legit_transfer(&w, 7);
+    back_to(base);
+}
+
+/// Defect 7: a peer holding one descriptor could make the endpoint hold
+/// any number of requests and items.
+#[test]
+fn d7_outstanding_requests_and_items_are_capped() {
+    let _g = serial();
+    let mut bcfg = cfg();
+    bcfg.max_pending_items = 20_000;
+    bcfg.max_requests = 8;
+    let w = world(cfg(), bcfg);
+    let base = counts();
+    let mut mem = vec![0u8; 64 << 10];
+    {
+        let mut h = Hostile::connect(w.b.local_addr(), b"");
+        let cb = w.b.accept(Some(Duration::from_secs(10))).unwrap().conn;
+        let (_, token, ptr) = advertised(&w.b, cb, &mut mem);
+        // 20 writes of 4,096 one-byte items each, data never sent.
+        let items: Vec<RmaItem> = (0..4096)
+            .map(|i| RmaItem {
+                token,
+                addr: ptr + i * 2,
+                len: 1,
+            })
+            .collect();
+        for xfer in 0..20 {
+            let m = Control::WriteReq {
+                xfer,
+                items: items.clone(),
+                runs: vec![1; 4096],
+            };
+            send_ctl(&mut h.oob, &m).unwrap();
+        }
+        let (mut cts, mut refused) = (0, 0);
+        for _ in 0..20 {
+            match recv_ctl(&mut h.oob) {
+                Some(Control::WriteCts { .. }) => cts += 1,
+                Some(Control::Refused { reason, .. }) => {
+                    assert!(reason.contains("TCPX_P2P_MAX_PENDING_ITEMS"), "{reason}");
+                    refused += 1
+                }
+                m => panic!("{m:?}"),
+            }
+        }
+        // Each request holds 4,096 items and 4 gathered requests.
+        assert_eq!((cts, refused), (4, 16));
+        assert!(h.sends.len() == 2 * h.channels);
+    }
+    assert!(mem.iter().all(|&b| b == 0xEE), "nothing written");
+    legit_transfer(&w, 8);
+    back_to(base);
+}
+
+/// Defect 2: dereg while a peer's write is posted into the region used to
+/// return Ok, and the bytes landed afterwards.
+#[test]
+fn d2_dereg_refuses_while_a_peer_write_is_posted_into_the_region() {
+    let _g = serial();
+    let mut bcfg = cfg();
+    bcfg.dereg_wait = Duration::from_millis(300);
+    let w = world(cfg(), bcfg);
+    let n = 4096usize;
+    let mut mem = vec![0u8; n];
+    let mut h = Hostile::connect(w.b.local_addr(), b"");
+    let cb = w.b.accept(Some(Duration::from_secs(10))).unwrap().conn;
+    let (mr, token, ptr) = advertised(&w.b, cb, &mut mem);
+    let m = Control::WriteReq {
+        xfer: 9,
+        items: vec![RmaItem {
+            token,
+            addr: ptr,
+            len: n as u64,
+        }],
+        runs: vec![1],
+    };
+    send_ctl(&mut h.oob, &m).unwrap();
+    assert_eq!(recv_ctl(&mut h.oob), Some(Control::WriteCts { xfer: 9 }));
+    // The receive is posted into the region: dereg refuses and keeps it.
+    let e = w.b.dereg(mr).unwrap_err().to_string();
+    assert!(e.contains("still in use"), "{e}");
+    assert!(
+        w.b.advertise(cb, mr, ptr, n).is_ok(),
+        "the region stays registered"
+    );
+    // The peer sends; the bytes land in memory that is still registered.
+    let src = pattern(n, 9);
+    let mem_ref = MemRef {
+        addr: src.as_ptr() as u64,
+        len: n,
+        kind: MemKind::Host,
+    };
+    let send = &mut h.sends[h.channels];
+    let mrh = send.reg_mr(mem_ref).unwrap();
+    let req = loop {
+        if let Some(r) = send.isend(mem_ref, mrh).unwrap() {
+            break r;
+        }
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while send.test(req).unwrap().is_none() {
+        assert!(Instant::now() < deadline);
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert_eq!(recv_ctl(&mut h.oob), Some(Control::WriteDone { xfer: 9 }));
+    assert_eq!(mem, src);
+    // Nothing posted any more: dereg succeeds, and the descriptor is stale.
+    w.b.dereg(mr).unwrap();
+    assert!(w.b.advertise(cb, mr, ptr, n).is_err());
+    drop(h);
+    legit_transfer(&w, 10);
+}
+
+/// Defect 9: unmapped host memory and a GPU index that does not exist are
+/// refused with what is wrong.
+#[test]
+fn d9_unmapped_memory_and_bad_gpu_indices_are_named() {
+    let _g = serial();
+    let ep = Endpoint::new(None, cfg()).unwrap();
+    let v = vec![0u8; 4096];
+    let e = ep.reg(v.as_ptr() as u64, 1 << 40).unwrap_err().to_string();
+    assert!(e.contains("not all mapped"), "{e}");
+    assert!(ep.reg(v.as_ptr() as u64, v.len()).is_ok());
+    let gpus = tcpx_p2p::gpu::device_count();
+    for bad in [-5, 7.max(gpus as i32)] {
+        let e = Endpoint::new(Some(bad), cfg())
+            .err()
+            .expect("accepted a GPU that does not exist")
+            .to_string();
+        assert!(e.contains(&format!("GPU index {bad}")), "{e}");
+    }
+    assert!(Endpoint::new(Some(0), cfg()).is_ok());
+}
