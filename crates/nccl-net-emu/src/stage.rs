@@ -13,8 +13,8 @@
 
 use std::collections::VecDeque;
 
-use tcpx_p2p::gpu;
-use tcpx_p2p::net::timing;
+use tcpx_p2p::internal::gpu;
+use tcpx_p2p::internal::timing;
 
 use crate::cuda;
 
@@ -43,7 +43,7 @@ struct Ring {
     retired: Vec<gpu::PinnedBuf>,
 }
 
-fn cuda_err(e: tcpx_p2p::error::CudaError) -> String {
+fn cuda_err(e: tcpx_p2p::CudaError) -> String {
     e.to_string()
 }
 
@@ -318,7 +318,7 @@ impl<T> RxStage<T> {
 }
 
 /// With `NCCL_NET_EMU_STATS=FILE`, an I/O thread's time account -- the
-/// engine's own (`tcpx_p2p::net::timing`: bytes, seconds, and the shares
+/// engine's own (`tcpx_p2p::internal::timing`: bytes, seconds, and the shares
 /// spent in socket calls, waiting for copies, waiting for work, other) --
 /// whose summary line is appended to FILE when the thread ends (the
 /// stand-in has no log of its own to carry it). The thread charges its

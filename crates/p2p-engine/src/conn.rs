@@ -105,7 +105,7 @@ pub struct Conn {
     progress: Arc<OnceLock<Thread>>,
     engine: Arc<Engine>,
     registry: Arc<Registry>,
-    failed: Mutex<Option<String>>,
+    failed: Mutex<Option<Failure>>,
     closed: AtomicBool,
     /// When we last heard from / wrote to the peer (ms on [`now_ms`]'s clock).
     last_rx: AtomicU64,
@@ -412,22 +412,20 @@ impl Conn {
     }
 
     /// The reason this connection is unusable, if it is.
-    pub fn failure(&self) -> Option<String> {
+    pub fn failure(&self) -> Option<Failure> {
         self.failed.lock().clone()
     }
 
     fn check_alive(&self) -> Result<()> {
         match self.failure() {
-            Some(r) => Err(Error::ConnectionLost {
-                conn: self.id,
-                reason: r,
-            }),
+            Some(f) => Err(f.into_error(self.id)),
             None => Ok(()),
         }
     }
 
     /// Marks the connection failed and fails everything in flight.
-    pub(crate) fn fail(&self, why: String) {
+    pub(crate) fn fail(&self, why: impl Into<Failure>) {
+        let why: Failure = why.into();
         {
             let mut f = self.failed.lock();
             if f.is_some() {
@@ -435,7 +433,8 @@ impl Conn {
             }
             *f = Some(why.clone());
         }
-        if self.closed.load(Ordering::Acquire) || why == PEER_CLOSED {
+        let peer_closed = matches!(&why, Failure::Lost(r) if r == PEER_CLOSED);
+        if self.closed.load(Ordering::Acquire) || peer_closed {
             tracing::debug!(conn = self.id, peer = %self.peer, "connection closed: {why}");
         } else {
             tracing::warn!(conn = self.id, peer = %self.peer, "connection failed: {why}");
@@ -445,7 +444,7 @@ impl Conn {
             t.unpark();
         }
         let _ = self.oob.lock().shutdown(std::net::Shutdown::Both);
-        let fl = Failure::Lost(why.clone());
+        let fl = why;
         let live: Vec<_> = self.live.lock().drain().map(|(_, t)| t).collect();
         for t in live {
             t.fail(fl.clone());
@@ -468,7 +467,7 @@ impl Conn {
             Control::Close.encode(&mut v);
             let _ = write_frame(&mut *self.oob.lock(), &v);
         }
-        self.fail("closed locally".into());
+        self.fail(Failure::Lost("closed locally".into()));
         let me = std::thread::current().id();
         for t in self.threads.lock().drain(..) {
             if t.thread().id() != me {
@@ -487,8 +486,8 @@ impl Conn {
             }
         });
         // The connection may have failed while we were registering.
-        if let Some(r) = self.failure() {
-            t.fail(Failure::Lost(r));
+        if let Some(f) = self.failure() {
+            t.fail(f);
         }
     }
 
@@ -642,11 +641,11 @@ impl Conn {
         let now = now_ms();
         let silent = now.saturating_sub(self.last_rx.load(Ordering::Relaxed));
         if silent > deadline.as_millis() as u64 {
-            self.fail(format!(
+            self.fail(Failure::TimedOut(format!(
                 "peer unresponsive: nothing heard for {:.1} s (deadline {:.1} s, TCPX_P2P_DEADLINE_MS)",
                 silent as f64 / 1e3,
                 deadline.as_secs_f64()
-            ));
+            )));
             return;
         }
         if now.saturating_sub(self.last_tx.load(Ordering::Relaxed)) >= keepalive.as_millis() as u64
@@ -692,7 +691,7 @@ impl Conn {
         rma::merge_runs(each, runs)
     }
 
-    fn on_control(self: &Arc<Self>, m: Control) -> std::result::Result<(), String> {
+    fn on_control(self: &Arc<Self>, m: Control) -> std::result::Result<(), Failure> {
         match m {
             Control::KeepAlive => {}
             Control::WriteReq { xfer, items, runs } => match self.resolve_items(&items, &runs) {
@@ -703,7 +702,7 @@ impl Conn {
                         self.peer
                     );
                     self.send_control(&Control::Refused { xfer, reason })
-                        .map_err(|e| e.to_string())?;
+                        .map_err(|e| Failure::Lost(e.to_string()))?;
                 }
                 Ok(local) => {
                     let plan = self.plan(local.iter().map(|(m, _)| m.len));
@@ -730,7 +729,7 @@ impl Conn {
                     self.enqueue(Cmd::Recv(Set::Rma, ops));
                     let written = self.write_locked(&mut oob, &body);
                     drop(oob);
-                    written.map_err(|e| e.to_string())?;
+                    written.map_err(|e| Failure::Lost(e.to_string()))?;
                     self.kick();
                 }
             },
@@ -738,7 +737,11 @@ impl Conn {
                 let ops = self.pending_writes.lock().remove(&xfer);
                 match ops {
                     Some(ops) => self.submit(Cmd::Send(Set::Rma, ops)),
-                    None => return Err(format!("clear-to-send for unknown write {xfer}")),
+                    None => {
+                        return Err(Failure::Protocol(format!(
+                            "clear-to-send for unknown write {xfer}"
+                        )))
+                    }
                 }
             }
             Control::WriteDone { xfer } | Control::ReadAck { xfer } => {
@@ -751,8 +754,9 @@ impl Conn {
                 let resolved = self.resolve_items(&items, &runs);
                 // The reader posted one receive per request of its plan of
                 // the runs' lengths: ours pairs with it request for request.
-                let lens = wire::run_lengths(&items, &runs)
-                    .ok_or("read request whose run lengths overflow")?;
+                let lens = wire::run_lengths(&items, &runs).ok_or_else(|| {
+                    Failure::Protocol("read request whose run lengths overflow".into())
+                })?;
                 let plan = self.plan(lens.iter().map(|&l| l as usize));
                 let (reply, ops) = match resolved {
                     Ok(local) => {
@@ -780,7 +784,8 @@ impl Conn {
                         (Control::Refused { xfer, reason }, fillers)
                     }
                 };
-                self.send_control(&reply).map_err(|e| e.to_string())?;
+                self.send_control(&reply)
+                    .map_err(|e| Failure::Lost(e.to_string()))?;
                 self.submit(Cmd::Send(Set::Rma, ops));
             }
             Control::Refused { xfer, reason } => {
@@ -790,7 +795,7 @@ impl Conn {
                     t.fail(Failure::Refused(reason));
                 }
             }
-            Control::Close => return Err(PEER_CLOSED.into()),
+            Control::Close => return Err(Failure::Lost(PEER_CLOSED.into())),
         }
         Ok(())
     }
@@ -811,13 +816,17 @@ fn oob_loop(conn: Weak<Conn>, mut s: TcpStream) {
         let res = match r {
             Err(e) => {
                 if e.kind() == std::io::ErrorKind::UnexpectedEof {
-                    Err("peer went away (control connection closed)".to_string())
+                    Err(Failure::Lost(
+                        "peer went away (control connection closed)".to_string(),
+                    ))
                 } else {
-                    Err(format!("control connection: {e}"))
+                    Err(Failure::Lost(format!("control connection: {e}")))
                 }
             }
             Ok(b) => match Control::decode(&b) {
-                Err(e) => Err(format!("peer sent a malformed control message: {e}")),
+                Err(e) => Err(Failure::Protocol(format!(
+                    "peer sent a malformed control message: {e}"
+                ))),
                 Ok(m) => c.on_control(m),
             },
         };

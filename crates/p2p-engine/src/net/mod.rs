@@ -10,10 +10,9 @@ use crate::error::NetError;
 use crate::memory::MemKind;
 pub use crate::wire::NET_HANDLE_LEN;
 
-pub mod plugin;
-pub mod socket;
-mod splice;
-pub mod timing;
+pub(crate) mod plugin;
+pub(crate) mod socket;
+pub(crate) mod timing;
 
 /// The opaque handle `listen` writes and the peer passes to `connect`.
 pub type NetHandle = [u8; NET_HANDLE_LEN];
