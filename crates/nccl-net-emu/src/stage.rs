@@ -10,6 +10,18 @@
 //! reads the next, and reports a receive done once its copies have landed.
 //! All copies of a thread run on one non-blocking stream, in order, so the
 //! completion of one copy implies the completion of all queued before it.
+//!
+//! Why this is not the engine's staging ring (`gpu::staging::Ring`): that
+//! ring has fixed slots of one size, fills one slot with many small pieces,
+//! and can hand scattered windows to a copy kernel; this one carries one
+//! whole message piece per buffer, grows every buffer to the largest piece
+//! (receives here are as large as NCCL posts them) and keeps the outgrown
+//! buffers until it is dropped, because freeing pinned memory waits for
+//! the whole GPU, where NCCL's kernels may be spinning (a deadlock, see
+//! [`Ring::retired`]). Sharing one ring would put growth and retirement
+//! into the engine's hot path, or fixed slots into the stand-in's
+//! messages; the two share the primitives below it (`gpu::PinnedBuf`,
+//! `gpu::Event`, `gpu::Stream`) instead.
 
 use std::collections::VecDeque;
 
