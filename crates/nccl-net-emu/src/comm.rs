@@ -18,14 +18,14 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
-use tcpx_p2p::gpu;
-use tcpx_p2p::net::plugin::sys::*;
+use tcpx_p2p::internal::gpu;
+use tcpx_p2p::internal::plugin::sys::*;
 
 use crate::config::EmuConfig;
 use crate::cuda::{self, HostMem, MappedMem};
 use crate::pool::{self, BouncePool, Lease, PoolKind, Rng, BLOCK, PAGE};
 use crate::stage::{self, RxStage, TxStage};
-use tcpx_p2p::net::timing::{self, Spent};
+use tcpx_p2p::internal::timing::{self, Spent};
 
 /// Requests in flight per comm, as TCPX's MAX_REQUESTS.
 pub const MAX_REQUESTS: usize = 16;

@@ -3,7 +3,7 @@
 //! (and NCCL itself) can run without A3 hardware.
 //!
 //! It exports `ncclNetPlugin_v8` and `ncclNetPlugin_v7`, both built from the
-//! one copy of the ABI in `tcpx_p2p::net::plugin::sys`, and behaves as TCPX
+//! one copy of the ABI in `tcpx_p2p::internal::plugin::sys`, and behaves as TCPX
 //! does (`reference/ncclnet-and-tcpx.md`):
 //!
 //! - at most 16 requests per comm, the 17th `isend`/`irecv` fails with
@@ -40,7 +40,7 @@ use std::ffi::{c_char, c_int, c_void, CString};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use parking_lot::Mutex;
-use tcpx_p2p::net::plugin::sys::*;
+use tcpx_p2p::internal::plugin::sys::*;
 
 pub mod comm;
 pub mod config;
@@ -133,7 +133,7 @@ unsafe extern "C" fn init(logger: Option<NcclDebugLogger>) -> NcclResult {
             "init: {} mode, listening on {}, CUDA {}",
             if cfg.unpack { "UNPACK" } else { "plain" },
             cfg.addr,
-            if tcpx_p2p::gpu::available() {
+            if tcpx_p2p::internal::gpu::available() {
                 "available"
             } else {
                 "absent"

@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use parking_lot::{Condvar, Mutex};
-use tcpx_p2p::net::plugin::sys::{LoadMeta, NET_UNPACK_MAX_SLICE_PAGES, NET_UNPACK_PAGE_SIZE};
+use tcpx_p2p::internal::plugin::sys::{LoadMeta, NET_UNPACK_MAX_SLICE_PAGES, NET_UNPACK_PAGE_SIZE};
 
 pub const PAGE: usize = NET_UNPACK_PAGE_SIZE;
 /// Pages per block (256 KiB).

@@ -10,11 +10,23 @@
 //! reads the next, and reports a receive done once its copies have landed.
 //! All copies of a thread run on one non-blocking stream, in order, so the
 //! completion of one copy implies the completion of all queued before it.
+//!
+//! Why this is not the engine's staging ring (`gpu::staging::Ring`): that
+//! ring has fixed slots of one size, fills one slot with many small pieces,
+//! and can hand scattered windows to a copy kernel; this one carries one
+//! whole message piece per buffer, grows every buffer to the largest piece
+//! (receives here are as large as NCCL posts them) and keeps the outgrown
+//! buffers until it is dropped, because freeing pinned memory waits for
+//! the whole GPU, where NCCL's kernels may be spinning (a deadlock, see
+//! [`Ring::retired`]). Sharing one ring would put growth and retirement
+//! into the engine's hot path, or fixed slots into the stand-in's
+//! messages; the two share the primitives below it (`gpu::PinnedBuf`,
+//! `gpu::Event`, `gpu::Stream`) instead.
 
 use std::collections::VecDeque;
 
-use tcpx_p2p::gpu;
-use tcpx_p2p::net::timing;
+use tcpx_p2p::internal::gpu;
+use tcpx_p2p::internal::timing;
 
 use crate::cuda;
 
@@ -43,7 +55,7 @@ struct Ring {
     retired: Vec<gpu::PinnedBuf>,
 }
 
-fn cuda_err(e: tcpx_p2p::error::CudaError) -> String {
+fn cuda_err(e: tcpx_p2p::CudaError) -> String {
     e.to_string()
 }
 
@@ -318,7 +330,7 @@ impl<T> RxStage<T> {
 }
 
 /// With `NCCL_NET_EMU_STATS=FILE`, an I/O thread's time account -- the
-/// engine's own (`tcpx_p2p::net::timing`: bytes, seconds, and the shares
+/// engine's own (`tcpx_p2p::internal::timing`: bytes, seconds, and the shares
 /// spent in socket calls, waiting for copies, waiting for work, other) --
 /// whose summary line is appended to FILE when the thread ends (the
 /// stand-in has no log of its own to carry it). The thread charges its

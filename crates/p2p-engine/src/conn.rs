@@ -18,7 +18,7 @@ use crossbeam_channel::Sender;
 use parking_lot::Mutex;
 
 use crate::error::{Error, Result};
-use crate::handler::{Action, Book, Ctx, Limits};
+use crate::handler::{Action, Book, Ctx, Limits, ProtocolError};
 use crate::handshake::{self, Role};
 use crate::memory::Registry;
 use crate::net::{MemRef, Net, RecvComm, SendComm, Waker};
@@ -101,7 +101,7 @@ pub struct Conn {
     progress: Arc<OnceLock<Thread>>,
     engine: Arc<Engine>,
     registry: Arc<Registry>,
-    failed: Mutex<Option<String>>,
+    failed: Mutex<Option<Failure>>,
     closed: AtomicBool,
     /// When we last heard from / wrote to the peer (ms on [`now_ms`]'s clock).
     last_rx: AtomicU64,
@@ -363,22 +363,20 @@ impl Conn {
     }
 
     /// The reason this connection is unusable, if it is.
-    pub fn failure(&self) -> Option<String> {
+    pub fn failure(&self) -> Option<Failure> {
         self.failed.lock().clone()
     }
 
     fn check_alive(&self) -> Result<()> {
         match self.failure() {
-            Some(r) => Err(Error::ConnectionLost {
-                conn: self.id,
-                reason: r,
-            }),
+            Some(f) => Err(f.into_error(self.id)),
             None => Ok(()),
         }
     }
 
     /// Marks the connection failed and fails everything in flight.
-    pub(crate) fn fail(&self, why: String) {
+    pub(crate) fn fail(&self, why: impl Into<Failure>) {
+        let why: Failure = why.into();
         {
             let mut f = self.failed.lock();
             if f.is_some() {
@@ -386,7 +384,8 @@ impl Conn {
             }
             *f = Some(why.clone());
         }
-        if self.closed.load(Ordering::Acquire) || why == PEER_CLOSED {
+        let peer_closed = matches!(&why, Failure::Lost(r) if r == PEER_CLOSED);
+        if self.closed.load(Ordering::Acquire) || peer_closed {
             tracing::debug!(conn = self.id, peer = %self.peer, "connection closed: {why}");
         } else {
             tracing::warn!(conn = self.id, peer = %self.peer, "connection failed: {why}");
@@ -396,7 +395,7 @@ impl Conn {
             t.unpark();
         }
         let _ = self.oob.lock().shutdown(std::net::Shutdown::Both);
-        let fl = Failure::Lost(why.clone());
+        let fl = why;
         let live: Vec<_> = self.live.lock().drain().map(|(_, t)| t).collect();
         for t in live {
             t.fail(fl.clone());
@@ -419,7 +418,7 @@ impl Conn {
             Control::Close.encode(&mut v);
             let _ = write_frame(&mut *self.oob.lock(), &v);
         }
-        self.fail("closed locally".into());
+        self.fail(Failure::Lost("closed locally".into()));
         let me = std::thread::current().id();
         for t in self.threads.lock().drain(..) {
             if t.thread().id() != me {
@@ -438,8 +437,8 @@ impl Conn {
             }
         });
         // The connection may have failed while we were registering.
-        if let Some(r) = self.failure() {
-            t.fail(Failure::Lost(r));
+        if let Some(f) = self.failure() {
+            t.fail(f);
         }
     }
 
@@ -595,11 +594,11 @@ impl Conn {
         let now = now_ms();
         let silent = now.saturating_sub(self.last_rx.load(Ordering::Relaxed));
         if silent > deadline.as_millis() as u64 {
-            self.fail(format!(
+            self.fail(Failure::TimedOut(format!(
                 "peer unresponsive: nothing heard for {:.1} s (deadline {:.1} s, TCPX_P2P_DEADLINE_MS)",
                 silent as f64 / 1e3,
                 deadline.as_secs_f64()
-            ));
+            )));
             return;
         }
         if now.saturating_sub(self.last_tx.load(Ordering::Relaxed)) >= keepalive.as_millis() as u64
@@ -617,18 +616,17 @@ impl Conn {
     }
 
     /// Carries out what [`Book::on_control`] decided about a message.
-    fn on_control(self: &Arc<Self>, m: Control) -> std::result::Result<(), String> {
+    fn on_control(self: &Arc<Self>, m: Control) -> std::result::Result<(), Failure> {
         let cx = Ctx {
             registry: &self.registry,
             conn: self.id,
             chunk: self.chunk,
             gather: self.gather,
         };
-        let action = self
-            .book
-            .lock()
-            .on_control(cx, m)
-            .map_err(|e| e.to_string())?;
+        let action = self.book.lock().on_control(cx, m).map_err(|e| match e {
+            ProtocolError::Closed => Failure::Lost(PEER_CLOSED.into()),
+            e => Failure::Protocol(e.to_string()),
+        })?;
         match action {
             Action::Nothing => {}
             Action::RefuseWrite { xfer, reason } => {
@@ -638,7 +636,7 @@ impl Conn {
                     self.peer
                 );
                 self.send_control(&Control::Refused { xfer, reason })
-                    .map_err(|e| e.to_string())?;
+                    .map_err(|e| Failure::Lost(e.to_string()))?;
             }
             Action::AcceptWrite {
                 xfer,
@@ -670,7 +668,7 @@ impl Conn {
                 self.enqueue(Cmd::Recv(Set::Rma, ops));
                 let written = self.write_locked(&mut oob, &body);
                 drop(oob);
-                written.map_err(|e| e.to_string())?;
+                written.map_err(|e| Failure::Lost(e.to_string()))?;
                 self.kick();
             }
             Action::AcceptRead {
@@ -691,7 +689,7 @@ impl Conn {
                 });
                 let ops = self.ops_for(&inner, &local, &plan, true);
                 self.send_control(&Control::ReadAck { xfer })
-                    .map_err(|e| e.to_string())?;
+                    .map_err(|e| Failure::Lost(e.to_string()))?;
                 self.submit(Cmd::Send(Set::Rma, ops));
             }
             Action::RefuseRead {
@@ -721,12 +719,16 @@ impl Conn {
                     })
                     .collect();
                 self.send_control(&Control::Refused { xfer, reason })
-                    .map_err(|e| e.to_string())?;
+                    .map_err(|e| Failure::Lost(e.to_string()))?;
                 self.submit(Cmd::Send(Set::Rma, ops));
             }
             Action::SendWrite { xfer } => match self.pending_writes.lock().remove(&xfer) {
                 Some(ops) => self.submit(Cmd::Send(Set::Rma, ops)),
-                None => return Err(format!("clear-to-send for unknown write {xfer}")),
+                None => {
+                    return Err(Failure::Protocol(format!(
+                        "clear-to-send for unknown write {xfer}"
+                    )))
+                }
             },
             Action::Acked { xfer } => {
                 let t = self.live.lock().get(&xfer).cloned();
@@ -761,13 +763,17 @@ fn oob_loop(conn: Weak<Conn>, mut s: TcpStream) {
         let res = match r {
             Err(e) => {
                 if e.kind() == std::io::ErrorKind::UnexpectedEof {
-                    Err("peer went away (control connection closed)".to_string())
+                    Err(Failure::Lost(
+                        "peer went away (control connection closed)".to_string(),
+                    ))
                 } else {
-                    Err(format!("control connection: {e}"))
+                    Err(Failure::Lost(format!("control connection: {e}")))
                 }
             }
             Ok(b) => match Control::decode(&b) {
-                Err(e) => Err(format!("peer sent a malformed control message: {e}")),
+                Err(e) => Err(Failure::Protocol(format!(
+                    "peer sent a malformed control message: {e}"
+                ))),
                 Ok(m) => c.on_control(m),
             },
         };

@@ -54,7 +54,7 @@ struct Inner {
     registry: Arc<Registry>,
     conns: RwLock<HashMap<u64, Arc<Conn>>>,
     /// Connections that failed or closed, newest last: why (bounded).
-    gone: Mutex<VecDeque<(u64, String)>>,
+    gone: Mutex<VecDeque<(u64, Failure)>>,
     accepted: Mutex<VecDeque<u64>>,
     accepted_cv: Condvar,
     transfers: Mutex<HashMap<u64, Arc<Transfer>>>,
@@ -336,10 +336,7 @@ impl Endpoint {
             return Ok(c.clone());
         }
         match self.inner.gone.lock().iter().find(|(g, _)| *g == id) {
-            Some((_, why)) => Err(Error::ConnectionLost {
-                conn: id,
-                reason: why.clone(),
-            }),
+            Some((_, why)) => Err(why.clone().into_error(id)),
             None => Err(Error::invalid(format!("unknown connection id {id}"))),
         }
     }
@@ -366,7 +363,7 @@ impl Endpoint {
 
     /// Why a connection failed, if it did.
     pub fn conn_failure(&self, id: u64) -> Result<Option<String>> {
-        Ok(self.conn(id)?.failure())
+        Ok(self.conn(id)?.failure().map(|f| f.to_string()))
     }
 
     pub fn reg(&self, ptr: u64, len: usize) -> Result<u64> {
@@ -572,16 +569,7 @@ impl Endpoint {
             }
             Status::Failed(f) => {
                 self.inner.transfers.lock().remove(&t.id);
-                Err(match f {
-                    Failure::Refused(reason) => Error::Refused {
-                        conn: t.conn,
-                        reason,
-                    },
-                    Failure::Lost(reason) => Error::ConnectionLost {
-                        conn: t.conn,
-                        reason,
-                    },
-                })
+                Err(f.into_error(t.conn))
             }
         }
     }

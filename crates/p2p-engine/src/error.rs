@@ -3,6 +3,7 @@
 //! failures.
 
 use std::io;
+use std::sync::Arc;
 
 /// A malformed byte string: what was being read and what was wrong.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -21,7 +22,8 @@ pub enum WireError {
 }
 
 /// Errors of a network transport (one implementation of [`crate::net::Net`]).
-#[derive(Debug, thiserror::Error)]
+/// Cloned to every request a failed comm reports it for.
+#[derive(Debug, Clone, thiserror::Error)]
 #[non_exhaustive]
 pub enum NetError {
     #[error("{net}: {call} failed: {source}")]
@@ -29,7 +31,7 @@ pub enum NetError {
         net: &'static str,
         call: &'static str,
         #[source]
-        source: io::Error,
+        source: Arc<io::Error>,
     },
     #[error("{net}: peer broke the protocol: {reason}")]
     Protocol { net: &'static str, reason: String },
@@ -51,8 +53,28 @@ pub enum NetError {
 }
 
 impl NetError {
+    /// What kind of failure this is, for the caller (see [`ErrorKind`]).
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            NetError::Io { source, .. } if source.kind() == io::ErrorKind::TimedOut => {
+                ErrorKind::TimedOut
+            }
+            NetError::Io { .. } | NetError::Closed { .. } | NetError::Plugin { .. } => {
+                ErrorKind::Lost
+            }
+            NetError::Protocol { .. } => ErrorKind::Protocol,
+            NetError::Misuse { .. } => ErrorKind::InvalidArgument,
+            NetError::Cuda(_) => ErrorKind::LocalCuda,
+            NetError::Load { .. } => ErrorKind::Local,
+        }
+    }
+
     pub(crate) fn io(net: &'static str, call: &'static str, source: io::Error) -> Self {
-        NetError::Io { net, call, source }
+        NetError::Io {
+            net,
+            call,
+            source: Arc::new(source),
+        }
     }
 }
 
@@ -66,6 +88,27 @@ pub enum CudaError {
     Driver { call: &'static str, msg: String },
     #[error("NVRTC: {0}")]
     Nvrtc(String),
+}
+
+/// The kinds of failure a caller tells apart (the Python exceptions and C
+/// status codes are mapped from these, once).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ErrorKind {
+    /// The caller's mistake: a bad id, pointer, size, descriptor or setting.
+    InvalidArgument,
+    /// A CUDA call failed on this machine (or CUDA is missing).
+    LocalCuda,
+    /// Another local failure: a system call, a library that would not load.
+    Local,
+    /// The peer broke the protocol (malformed or inconsistent messages).
+    Protocol,
+    /// The peer refused a request, or a connection.
+    Refused,
+    /// The connection is gone: closed, reset, or its transport failed.
+    Lost,
+    /// The peer did not answer in time.
+    TimedOut,
 }
 
 /// The engine's error: everything a caller of [`crate::Endpoint`] can see.
@@ -87,7 +130,14 @@ pub enum Error {
     /// The connection is gone (peer closed, crashed, timed out, or it was removed).
     #[error("connection {conn}: {reason}")]
     ConnectionLost { conn: u64, reason: String },
-    /// The transport failed.
+    /// The peer broke the protocol: the connection was ended.
+    #[error("connection {conn}: peer broke the protocol: {reason}")]
+    Protocol { conn: u64, reason: String },
+    /// The peer went silent past the deadline: the connection was ended.
+    #[error("connection {conn}: {reason}")]
+    TimedOut { conn: u64, reason: String },
+    /// The transport failed (its error says whether locally or because of
+    /// the peer: see [`NetError::kind`]).
     #[error("connection {conn}: transport error: {source}")]
     Net {
         conn: u64,
@@ -107,6 +157,20 @@ pub enum Error {
 }
 
 impl Error {
+    /// What kind of failure this is.
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            Error::Invalid(_) | Error::Wire(_) | Error::Config(_) => ErrorKind::InvalidArgument,
+            Error::Connect { .. } | Error::ConnectionLost { .. } => ErrorKind::Lost,
+            Error::Refused { .. } => ErrorKind::Refused,
+            Error::Protocol { .. } => ErrorKind::Protocol,
+            Error::TimedOut { .. } => ErrorKind::TimedOut,
+            Error::Net { source, .. } => source.kind(),
+            Error::Cuda(_) => ErrorKind::LocalCuda,
+            Error::Io { .. } => ErrorKind::Local,
+        }
+    }
+
     pub(crate) fn invalid(msg: impl Into<String>) -> Self {
         Error::Invalid(msg.into())
     }

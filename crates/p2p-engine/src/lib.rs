@@ -1,34 +1,70 @@
 //! tcpx-p2p: a GPU peer-to-peer transfer engine for clusters without RDMA.
 //!
-//! The engine ([`Endpoint`]) is written once over the [`net::Net`] trait;
-//! [`net::socket`] is the native multi-stream TCP transport. See DESIGN.md.
+//! The public surface is the [`Endpoint`] and its types, its [`Config`],
+//! the [`Error`] it returns (with [`ErrorKind`]), and the [`net::Net`]
+//! trait a transport implements. The engine is written once over that
+//! trait; the socket net (multi-stream TCP) and the ncclNet plugin loader
+//! are its transports. Everything else is internal; the bindings, the
+//! ncclNet stand-in, the fuzz targets and the tests reach what they need
+//! through [`internal`], which is not a stable interface.
 #![deny(unsafe_code)]
 
-pub mod config;
-pub mod conn;
-pub mod endpoint;
-pub mod error;
+mod config;
+mod conn;
+mod endpoint;
+mod error;
 mod fuzzing;
-pub mod gpu;
-pub mod handler;
-pub mod handshake;
-pub mod memory;
+mod gpu;
+mod handler;
+mod handshake;
+mod memory;
 pub mod net;
-pub mod progress;
-pub mod rawtcp;
-pub mod rma;
-pub mod topo;
-pub mod transfer;
-pub mod wire;
+mod progress;
+mod rma;
+mod topo;
+mod transfer;
+mod wire;
 
 pub use config::{Config, NetKind};
 
-/// What the test suite's hostile peer and the fuzz targets reach inside
-/// the engine: the control framing, the handshake's pieces and the control
-/// handler. Not a stable interface.
+pub use endpoint::{Accepted, Buf, Endpoint, RemoteGpu};
+pub use error::{CudaError, Error, ErrorKind, NetError, Result, WireError};
+pub use memory::MemKind;
+pub use topo::CpuAffinity;
+
+/// Internals for the crate's bindings, the ncclNet stand-in, fuzz targets
+/// and tests. Not a stable interface: applications use [`Endpoint`].
 #[doc(hidden)]
 pub mod internal {
+    /// The byte formats that cross a process boundary.
+    pub mod wire {
+        pub use crate::wire::*;
+    }
+    /// CUDA through the driver API (dynamically loaded).
+    pub mod gpu {
+        pub use crate::gpu::*;
+    }
+    /// Interfaces, NICs, CPUs.
+    pub mod topo {
+        pub use crate::topo::*;
+    }
+    /// The I/O threads' time accounts.
+    pub mod timing {
+        pub use crate::net::timing::*;
+    }
+    /// The socket net, for tests that speak its wire format.
+    pub mod socket {
+        pub use crate::net::socket::{SocketConfig, SocketNet};
+    }
+    /// The ncclNet plugin loader and its ABI mirror.
+    pub mod plugin {
+        pub use crate::net::plugin::*;
+    }
+    pub use crate::config::{PLUGIN_CHANNELS, PLUGIN_CHUNK};
+    // The control framing, the handshake's pieces and the control handler,
+    // for the test suite's hostile peer and the fuzz targets.
     pub use crate::conn::{read_frame, write_frame};
+    pub use crate::endpoint::token_from_keys;
     pub use crate::fuzzing::{control_handler, Seen, LIMITS};
     pub use crate::handler::{Action, Book, Ctx, Limits, ProtocolError};
     pub use crate::handshake::{
@@ -36,9 +72,15 @@ pub mod internal {
     };
     pub use crate::memory::Registry;
     pub use crate::transfer::{plan_len, Gather, OpPlan};
+
+    /// Runs `data` through the socket net's part-header checks (a fuzz
+    /// target): the first 48 bytes are a header, the rest the posted
+    /// receive's segment lengths. Panics if a part that passes would land
+    /// outside the posted memory.
+    pub fn fuzz_part_header(data: &[u8]) {
+        crate::net::socket::fuzz_part_header(data)
+    }
 }
-pub use endpoint::{Accepted, Buf, Endpoint, RemoteGpu};
-pub use error::{Error, Result};
 
 /// Sets up `tracing` output once, with the level from `TCPX_P2P_LOG`
 /// (`error`, `warn`, `info`, `debug`, `trace`; default `warn`).

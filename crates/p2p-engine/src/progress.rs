@@ -38,7 +38,7 @@ pub enum Cmd {
     Recv(Set, Vec<ChunkOp>),
     /// A region was deregistered: drop its registrations with the comms.
     DropRegion(u64),
-    Shutdown(String),
+    Shutdown(Failure),
 }
 
 enum Comm {
@@ -109,7 +109,7 @@ impl CommState {
         }
     }
 
-    fn scratch_mr(&mut self) -> Result<(u64, MrHandle), String> {
+    fn scratch_mr(&mut self) -> Result<(u64, MrHandle), Failure> {
         if self.scratch.is_none() {
             let buf = vec![0u8; 4096].into_boxed_slice();
             let mem = MemRef {
@@ -121,15 +121,18 @@ impl CommState {
                 Comm::Send(c) => c.reg_mr(mem),
                 Comm::Recv(c) => c.reg_mr(mem),
             }
-            .map_err(|e| format!("registering a scratch buffer: {e}"))?;
+            .map_err(Failure::Net)?;
             self.scratch = Some((buf, m));
         }
-        let (buf, m) = self.scratch.as_ref().ok_or("scratch buffer")?;
+        let (buf, m) = self
+            .scratch
+            .as_ref()
+            .ok_or_else(|| Failure::Lost("scratch buffer missing".into()))?;
         Ok((buf.as_ptr() as u64, *m))
     }
 
     /// The comm's registration of region `r` (made on first use).
-    fn mr_for(&mut self, r: &Region, kind: MemKind) -> Result<MrHandle, String> {
+    fn mr_for(&mut self, r: &Region, kind: MemKind) -> Result<MrHandle, Failure> {
         if let Some(m) = self.mrs.get(&r.id) {
             return Ok(*m);
         }
@@ -142,13 +145,13 @@ impl CommState {
             Comm::Send(c) => c.reg_mr(whole),
             Comm::Recv(c) => c.reg_mr(whole),
         }
-        .map_err(|e| format!("registering region {}: {e}", r.id))?;
+        .map_err(Failure::Net)?;
         self.mrs.insert(r.id, m);
         Ok(m)
     }
 
     /// Posts what the window allows; true if anything was posted.
-    fn post(&mut self) -> Result<bool, String> {
+    fn post(&mut self) -> Result<bool, Failure> {
         let mut any = false;
         let (mut mems, mut mrs) = (Vec::new(), Vec::new());
         while self.inflight.len() < self.window {
@@ -177,7 +180,7 @@ impl CommState {
                 Comm::Send(c) => c.isendv(&mems, &mrs),
                 Comm::Recv(c) => c.irecvv(&mems, &mrs),
             }
-            .map_err(|e| e.to_string())?;
+            .map_err(Failure::Net)?;
             match posted {
                 Some(req) => {
                     self.inflight.push_back((req, op));
@@ -196,7 +199,7 @@ impl CommState {
     /// the net allows it and the window is full, an oldest request stalled
     /// for [`OLDEST_STALL`] no longer holds the others: those behind it
     /// that are done free their slots.
-    fn test(&mut self) -> Result<bool, String> {
+    fn test(&mut self) -> Result<bool, Failure> {
         let mut any = false;
         while let Some((req, _)) = self.inflight.front() {
             let Some(n) = self.test_one(*req)? else { break };
@@ -241,24 +244,24 @@ impl CommState {
         Ok(any)
     }
 
-    fn test_one(&mut self, req: ReqId) -> Result<Option<usize>, String> {
+    fn test_one(&mut self, req: ReqId) -> Result<Option<usize>, Failure> {
         match &mut self.comm {
             Comm::Send(c) => c.test(req),
             Comm::Recv(c) => c.test(req),
         }
-        .map_err(|e| e.to_string())
+        .map_err(Failure::Net)
     }
 
     /// Completes a request's op with the `n` bytes it moved.
-    fn finish(&self, op: ChunkOp, n: usize) -> Result<(), String> {
+    fn finish(&self, op: ChunkOp, n: usize) -> Result<(), Failure> {
         match op.expect {
             Some(want) if n != want && self.mismatch_is_fatal => {
-                op.xfer.fail(Failure::Lost(format!(
+                op.xfer.fail(Failure::Protocol(format!(
                     "message size mismatch: {n} bytes arrived where {want} were expected (sender and receiver sizes must match)"
                 )));
-                return Err(format!(
+                return Err(Failure::Protocol(format!(
                     "message size mismatch ({n} bytes arrived, {want} expected); the message streams are out of step"
-                ));
+                )));
             }
             Some(want) if n != want => {
                 // The refusal message that explains it is on its way.
@@ -348,7 +351,7 @@ impl Progress {
     }
 
     /// Handles one command; Err(reason) to stop.
-    fn command(&mut self, cmd: Cmd) -> Result<(), String> {
+    fn command(&mut self, cmd: Cmd) -> Result<(), Failure> {
         match cmd {
             Cmd::Send(set, ops) => {
                 let s = set as usize;
@@ -367,7 +370,7 @@ impl Progress {
     /// One round: takes new commands, posts what the windows allow, tests
     /// the oldest request of every comm. Ok(true) if anything happened;
     /// Err(reason) when the connection must stop.
-    pub fn step(&mut self) -> Result<bool, String> {
+    pub fn step(&mut self) -> Result<bool, Failure> {
         let mut busy = false;
         loop {
             match self.cmds.try_recv() {
@@ -376,12 +379,14 @@ impl Progress {
                     self.command(c)?;
                 }
                 Err(TryRecvError::Empty) => break,
-                Err(TryRecvError::Disconnected) => return Err("connection closed".into()),
+                Err(TryRecvError::Disconnected) => {
+                    return Err(Failure::Lost("connection closed".into()))
+                }
             }
         }
         for c in self.all() {
-            let p = c.post().map_err(|e| format!("transport failed: {e}"))?;
-            let t = c.test().map_err(|e| format!("transport failed: {e}"))?;
+            let p = c.post()?;
+            let t = c.test()?;
             busy |= p || t;
         }
         Ok(busy)
@@ -398,9 +403,9 @@ impl Progress {
     }
 
     /// Fails every transfer still queued or in flight.
-    pub fn fail_all(&mut self, why: &str) {
+    pub fn fail_all(&mut self, why: &Failure) {
         tracing::debug!(conn = self.conn, "failing what is in flight: {why}");
-        let f = Failure::Lost(why.to_string());
+        let f = why.clone();
         for c in self.all() {
             c.fail_all(&f);
         }
@@ -433,7 +438,7 @@ impl Engine {
         }
     }
 
-    fn stop(slot: &mut Option<Progress>, why: String) -> String {
+    fn stop(slot: &mut Option<Progress>, why: Failure) -> Failure {
         if let Some(mut p) = slot.take() {
             p.fail_all(&why);
         }
@@ -444,7 +449,7 @@ impl Engine {
     /// still needed: ops wait for room in a window, or the net progresses
     /// only when polled (else the net's waker calls for it when a request
     /// completes). Err(reason) when the connection stopped in this round.
-    fn round(&self, slot: &mut Option<Progress>) -> Result<bool, String> {
+    fn round(&self, slot: &mut Option<Progress>) -> Result<bool, Failure> {
         let Some(p) = slot.as_mut() else {
             return Ok(false);
         };
@@ -456,7 +461,7 @@ impl Engine {
 
     /// Runs one round if no other thread is running one (see `round`; a
     /// round not run here needs the progress thread).
-    pub fn try_step(&self) -> Result<bool, String> {
+    pub fn try_step(&self) -> Result<bool, Failure> {
         match self.state.try_lock() {
             Some(mut g) => self.round(&mut g),
             None => Ok(true),
@@ -465,18 +470,18 @@ impl Engine {
 
     /// Runs one round on this thread, waiting for the lock if another
     /// thread holds it. Err(reason) when the connection stopped.
-    pub fn step_now(&self) -> Result<(), String> {
+    pub fn step_now(&self) -> Result<(), Failure> {
         self.round(&mut self.state.lock()).map(|_| ())
     }
 
     /// The progress thread: runs until shutdown or failure; returns why it stopped.
-    pub fn run(&self) -> String {
+    pub fn run(&self) -> Failure {
         let mut last_busy = Instant::now();
         loop {
             let (busy, outstanding) = {
                 let mut g = self.state.lock();
                 let Some(p) = g.as_mut() else {
-                    return "stopped".into();
+                    return Failure::Lost("stopped".into());
                 };
                 match p.step() {
                     Ok(b) => (b, p.outstanding()),

@@ -4,6 +4,17 @@
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
+/// What a network device offers (a NIC, as a transport reports it).
+#[derive(Debug, Clone, PartialEq)]
+pub struct DeviceProps {
+    pub name: String,
+    pub pci_path: Option<String>,
+    pub speed_mbps: u32,
+    pub host_mem: bool,
+    pub cuda_mem: bool,
+    pub max_comms: u32,
+}
+
 /// One network interface address.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct IfAddr {
@@ -142,7 +153,7 @@ fn shared_prefix(a: &str, b: &str) -> usize {
 /// this GPU; else the devices closest to the GPU on the PCI tree (sysfs);
 /// else every device.
 pub fn channel_devices(
-    devs: &[crate::net::DeviceProps],
+    devs: &[DeviceProps],
     gpu: i32,
     gpu_bdf: &str,
     map: Option<&str>,
@@ -169,7 +180,7 @@ pub fn channel_devices(
             .map(|p| p.to_string_lossy().into_owned())
             .unwrap_or_default();
         if !gpu_path.is_empty() {
-            let score = |d: &crate::net::DeviceProps| {
+            let score = |d: &DeviceProps| {
                 d.pci_path
                     .as_deref()
                     .and_then(|p| std::fs::canonicalize(p).ok())
@@ -190,7 +201,6 @@ pub fn channel_devices(
 #[cfg(test)]
 mod map_tests {
     use super::*;
-    use crate::net::DeviceProps;
 
     fn dev(name: &str) -> DeviceProps {
         DeviceProps {

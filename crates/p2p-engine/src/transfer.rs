@@ -9,25 +9,78 @@ use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
 
+use crate::error::{Error, NetError};
 use crate::memory::Region;
 
-/// Why a transfer failed.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// Why a transfer (or the connection it rode) failed.
+#[derive(Debug, Clone)]
 pub enum Failure {
     /// The peer refused the request (bad descriptor, bounds).
     Refused(String),
     /// The connection broke or was closed.
     Lost(String),
+    /// The peer broke the protocol; the connection was ended.
+    Protocol(String),
+    /// The peer went silent past the deadline; the connection was ended.
+    TimedOut(String),
+    /// The transport failed: its own error (a local CUDA failure on an I/O
+    /// thread, a reset stream, a peer's malformed part header...).
+    Net(NetError),
+}
+
+impl Failure {
+    /// The caller's error for a transfer on connection `conn`.
+    pub fn into_error(self, conn: u64) -> Error {
+        match self {
+            Failure::Refused(reason) => Error::Refused { conn, reason },
+            Failure::Lost(reason) => Error::ConnectionLost { conn, reason },
+            Failure::Protocol(reason) => Error::Protocol { conn, reason },
+            Failure::TimedOut(reason) => Error::TimedOut { conn, reason },
+            Failure::Net(source) => Error::Net { conn, source },
+        }
+    }
+}
+
+/// A connection ended for this reason (closed, broken).
+impl From<String> for Failure {
+    fn from(reason: String) -> Self {
+        Failure::Lost(reason)
+    }
+}
+
+impl From<NetError> for Failure {
+    fn from(e: NetError) -> Self {
+        Failure::Net(e)
+    }
 }
 
 impl std::fmt::Display for Failure {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Failure::Refused(r) => write!(f, "refused by peer: {r}"),
-            Failure::Lost(r) => write!(f, "{r}"),
+            Failure::Lost(r) | Failure::Protocol(r) | Failure::TimedOut(r) => write!(f, "{r}"),
+            Failure::Net(e) => write!(f, "transport failed: {e}"),
         }
     }
 }
+
+/// Equal when of the same kind with the same text (a transport error is
+/// compared by its text).
+impl PartialEq for Failure {
+    fn eq(&self, other: &Self) -> bool {
+        use Failure::*;
+        match (self, other) {
+            (Refused(a), Refused(b))
+            | (Lost(a), Lost(b))
+            | (Protocol(a), Protocol(b))
+            | (TimedOut(a), TimedOut(b)) => a == b,
+            (Net(a), Net(b)) => a.to_string() == b.to_string(),
+            _ => false,
+        }
+    }
+}
+
+impl Eq for Failure {}
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Status {

@@ -23,10 +23,10 @@ use std::path::PathBuf;
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use tcpx_p2p::net::plugin::sys::*;
-use tcpx_p2p::net::plugin::PluginNet;
+use tcpx_p2p::internal::plugin::sys::*;
+use tcpx_p2p::internal::plugin::PluginNet;
+use tcpx_p2p::internal::wire::FifoItem;
 use tcpx_p2p::net::Net;
-use tcpx_p2p::wire::FifoItem;
 use tcpx_p2p::{Config, Endpoint, NetKind};
 
 mod common;
@@ -539,7 +539,11 @@ fn unpack_contract_host_mode() {
         let mut out = vec![0u8; sizes[k] + 64];
         // SAFETY: the bounce pages stay valid until irecvConsumed.
         let n = unsafe {
-            tcpx_p2p::gpu::unpack::unpack_host_raw(uh.bounce_buf as *const u8, &mut out, &frags)
+            tcpx_p2p::internal::gpu::unpack::unpack_host_raw(
+                uh.bounce_buf as *const u8,
+                &mut out,
+                &frags,
+            )
         }
         .unwrap();
         assert_eq!(n, sizes[k]);
@@ -666,7 +670,7 @@ fn plain_mode_and_injected_faults() {
 
 // ----------------------------------------------------------- GPU (skipped without CUDA)
 
-use tcpx_p2p::gpu;
+use tcpx_p2p::internal::gpu;
 
 /// Two endpoints on GPU 0 and GPU 1 (or both on GPU 0 with one GPU).
 fn gpu_endpoints(cfg: Config) -> (Endpoint, Endpoint, u64, u64) {
@@ -744,8 +748,8 @@ fn gpu_throughput_plugin_vs_socket() {
                 "plugin",
                 // What a user of the plugin net gets by default.
                 Config {
-                    chunk: tcpx_p2p::config::PLUGIN_CHUNK,
-                    channels: tcpx_p2p::config::PLUGIN_CHANNELS,
+                    chunk: tcpx_p2p::internal::PLUGIN_CHUNK,
+                    channels: tcpx_p2p::internal::PLUGIN_CHANNELS,
                     ..plugin_cfg(&path)
                 },
             ),
@@ -801,8 +805,8 @@ fn gpu_throughput_plugin_vs_socket() {
 
 #[test]
 fn loader_refuses_receives_tcpx_cannot_take() {
-    use tcpx_p2p::memory::MemKind;
     use tcpx_p2p::net::{MemRef, NetHandle};
+    use tcpx_p2p::MemKind;
     let Some((_g, path)) = setup() else { return };
     let net = PluginNet::load(&path, None).unwrap();
     let waker: tcpx_p2p::net::Waker = std::sync::Arc::new(|| {});
@@ -840,8 +844,8 @@ fn loader_refuses_receives_tcpx_cannot_take() {
 
 #[test]
 fn the_v7_table_moves_bytes_as_tcpx_exports_it() {
-    use tcpx_p2p::memory::MemKind;
     use tcpx_p2p::net::MemRef;
+    use tcpx_p2p::MemKind;
     let Some((_g, path)) = setup() else { return };
     let net = PluginNet::load_version(&path, None, 7).unwrap();
     assert_eq!(net.version(), 7);

@@ -5,7 +5,7 @@
 use pyo3::create_exception;
 use pyo3::exceptions::PyException;
 use pyo3::prelude::*;
-use tcpx_p2p::Error;
+use tcpx_p2p::{Error, ErrorKind};
 
 create_exception!(
     _native,
@@ -37,6 +37,18 @@ create_exception!(
     TcpxP2PError,
     "The peer refused the request."
 );
+create_exception!(
+    _native,
+    ProtocolError,
+    ConnectionLostError,
+    "The peer broke the protocol; the connection was ended."
+);
+create_exception!(
+    _native,
+    TimedOutError,
+    ConnectionLostError,
+    "The peer went silent past the deadline; the connection was ended."
+);
 create_exception!(_native, CudaError, TcpxP2PError, "A CUDA failure.");
 create_exception!(
     _native,
@@ -45,16 +57,20 @@ create_exception!(
     "Bad configuration (environment variables)."
 );
 
-/// The one mapping from engine errors to Python exceptions.
+/// The one mapping from engine errors to Python exceptions, by the kind of
+/// failure ([`Error::kind`]): a CUDA failure on an I/O thread is a
+/// `CudaError`, whichever layer met it.
 pub fn to_py(e: &Error) -> PyErr {
     let msg = e.to_string();
-    match e {
-        Error::Invalid(_) | Error::Wire(_) => InvalidArgumentError::new_err(msg),
-        Error::Connect { .. } => ConnectError::new_err(msg),
-        Error::ConnectionLost { .. } | Error::Net { .. } => ConnectionLostError::new_err(msg),
-        Error::Refused { .. } => RefusedError::new_err(msg),
-        Error::Cuda(_) => CudaError::new_err(msg),
-        Error::Config(_) => ConfigError::new_err(msg),
+    match (e, e.kind()) {
+        (Error::Config(_), _) => ConfigError::new_err(msg),
+        (Error::Connect { .. }, _) => ConnectError::new_err(msg),
+        (_, ErrorKind::InvalidArgument) => InvalidArgumentError::new_err(msg),
+        (_, ErrorKind::LocalCuda) => CudaError::new_err(msg),
+        (_, ErrorKind::Protocol) => ProtocolError::new_err(msg),
+        (_, ErrorKind::Refused) => RefusedError::new_err(msg),
+        (_, ErrorKind::Lost) => ConnectionLostError::new_err(msg),
+        (_, ErrorKind::TimedOut) => TimedOutError::new_err(msg),
         _ => TcpxP2PError::new_err(msg),
     }
 }
@@ -80,6 +96,8 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("ConnectError", py.get_type::<ConnectError>())?;
     m.add("ConnectionLostError", py.get_type::<ConnectionLostError>())?;
     m.add("RefusedError", py.get_type::<RefusedError>())?;
+    m.add("ProtocolError", py.get_type::<ProtocolError>())?;
+    m.add("TimedOutError", py.get_type::<TimedOutError>())?;
     m.add("CudaError", py.get_type::<CudaError>())?;
     m.add("ConfigError", py.get_type::<ConfigError>())?;
     Ok(())

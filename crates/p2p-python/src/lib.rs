@@ -6,10 +6,11 @@
 use parking_lot::Mutex;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList};
-use tcpx_p2p::wire::{self, DescEntry, FifoItem, GpuId, Metadata};
+use tcpx_p2p::internal::wire::{self, DescEntry, FifoItem, GpuId, Metadata};
 use tcpx_p2p::{Buf, Config, Error, RemoteGpu};
 
 mod errors;
+mod rawtcp;
 use errors::{log_warning, to_py};
 
 type EResult<T> = tcpx_p2p::Result<T>;
@@ -77,7 +78,7 @@ impl XferDesc {
 
 impl XferDesc {
     fn entry(&self) -> EResult<DescEntry> {
-        let token = tcpx_p2p::endpoint::token_from_keys(&self.rkeys).ok_or_else(|| {
+        let token = tcpx_p2p::internal::token_from_keys(&self.rkeys).ok_or_else(|| {
             Error::Invalid(format!(
                 "descriptor of mr {} carries no access token (rkeys); use descriptors from register_memory/deserialize_descs",
                 self.mr_id
@@ -129,7 +130,7 @@ fn fifo(meta: &[u8]) -> EResult<FifoItem> {
 }
 
 fn default_gpu(py: Python<'_>) -> Option<i32> {
-    if tcpx_p2p::gpu::device_count() == 0 {
+    if tcpx_p2p::internal::gpu::device_count() == 0 {
         return None;
     }
     // The current device of PyTorch, if the application uses it.
@@ -823,7 +824,7 @@ fn vec_args(
 #[pyfunction]
 fn get_oob_ip() -> PyResult<String> {
     let cfg = Config::from_env().map_err(|e| to_py(&e))?;
-    tcpx_p2p::topo::oob_ip(cfg.ifname.as_deref())
+    tcpx_p2p::internal::topo::oob_ip(cfg.ifname.as_deref())
         .map(|ip| ip.to_string())
         .map_err(|e| to_py(&Error::Config(e)))
 }
@@ -838,7 +839,7 @@ fn configured_streams() -> PyResult<usize> {
 /// Number of CUDA GPUs this process sees (0 without CUDA).
 #[pyfunction]
 fn cuda_device_count() -> usize {
-    tcpx_p2p::gpu::device_count()
+    tcpx_p2p::internal::gpu::device_count()
 }
 
 /// Starts the raw-TCP reference server on `ip:port` (0 = any) in the
@@ -856,7 +857,7 @@ fn rawtcp_serve(ip: &str, port: u16) -> PyResult<u16> {
     std::thread::Builder::new()
         .name("tcpx-rawtcp".into())
         .spawn(move || {
-            if let Err(e) = tcpx_p2p::rawtcp::serve(l) {
+            if let Err(e) = rawtcp::serve(l) {
                 tracing::warn!("raw TCP reference server stopped: {e}");
             }
         })
@@ -885,13 +886,13 @@ fn rawtcp_run(
     let addr: std::net::SocketAddr = format!("{ip}:{port}")
         .parse()
         .map_err(|_| to_py(&Error::Invalid(format!("bad address {ip}:{port}"))))?;
-    let run = tcpx_p2p::rawtcp::RawRun {
+    let run = rawtcp::RawRun {
         streams,
         size,
         iters,
         pingpong,
     };
-    py.detach(|| tcpx_p2p::rawtcp::run(addr, run))
+    py.detach(|| rawtcp::run(addr, run))
         .map(|v| v.iter().map(|d| d.as_secs_f64()).collect())
         .map_err(|e| to_py(&e))
 }

@@ -14,6 +14,7 @@ use parking_lot::Mutex;
 
 use crate::error::CudaError;
 
+pub(crate) mod staging;
 pub mod unpack;
 
 fn drv(call: &'static str, r: Result<(), cu::DriverError>) -> Result<(), CudaError> {

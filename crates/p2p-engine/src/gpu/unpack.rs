@@ -24,7 +24,17 @@ use parking_lot::Mutex;
 
 use super::{check, drv, Device, DeviceBuf, Event, PinnedBuf, Stream};
 use crate::error::CudaError;
-use crate::net::plugin::sys::LoadMeta;
+
+/// One fragment of an UNPACK receive: `len` bytes from
+/// `bounce_buf + src_off` to `dst + dst_off` (the ncclNet ABI's `loadMeta`;
+/// its layout is checked beside the rest of the ABI mirror).
+#[repr(C, align(16))]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LoadMeta {
+    pub src_off: u32,
+    pub len: u32,
+    pub dst_off: u64,
+}
 
 /// A fragment that does not fit where it must go.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -10,10 +10,9 @@ use crate::error::NetError;
 use crate::memory::MemKind;
 pub use crate::wire::NET_HANDLE_LEN;
 
-pub mod plugin;
-pub mod socket;
-mod splice;
-pub mod timing;
+pub(crate) mod plugin;
+pub(crate) mod socket;
+pub(crate) mod timing;
 
 /// The opaque handle `listen` writes and the peer passes to `connect`.
 pub type NetHandle = [u8; NET_HANDLE_LEN];
@@ -22,16 +21,7 @@ pub type NetHandle = [u8; NET_HANDLE_LEN];
 /// that the engine's progress thread wakes without polling.
 pub type Waker = Arc<dyn Fn() + Send + Sync>;
 
-/// What a network device offers.
-#[derive(Debug, Clone, PartialEq)]
-pub struct DeviceProps {
-    pub name: String,
-    pub pci_path: Option<String>,
-    pub speed_mbps: u32,
-    pub host_mem: bool,
-    pub cuda_mem: bool,
-    pub max_comms: u32,
-}
+pub use crate::topo::DeviceProps;
 
 /// Memory a request reads or writes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

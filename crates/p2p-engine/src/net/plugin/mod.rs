@@ -3,7 +3,8 @@
 //! trait, keeping the rules TCPX imposes (`reference/ncclnet-and-tcpx.md`):
 //!
 //! - the newest table we understand is used (v8, then v7), each read through
-//!   its own layout ([`sys`]); the library is loaded once per path and never
+//!   its own layout ([`sys`]) and adapted onto one internal table (`table`;
+//!   one module per version); the library is loaded once per path and never
 //!   unloaded (plugins keep threads);
 //! - connect and accept are resumable (`Ok(None)` while the plugin hands back
 //!   a NULL comm); connect is given the *same* writable handle buffer on
@@ -27,6 +28,9 @@
 #![allow(unsafe_code)]
 
 pub mod sys;
+mod table;
+mod v7;
+mod v8;
 
 use std::collections::{HashMap, VecDeque};
 use std::ffi::{c_char, c_int, c_ulong, c_void, CStr};
@@ -153,10 +157,12 @@ struct Lib {
     path: String,
     name: &'static str,
     version: u32,
-    /// Every function whose type v7 and v8 share (v8's are copied in);
-    /// `get_properties` and `reg_mr` are read from `v8` when it is set.
+    /// Every function whose C type the versions share (see
+    /// [`table::Table::calls`]).
     api: NcclNetV7,
-    v8: Option<NcclNetV8>,
+    /// The functions each version adapts to its own types.
+    get_properties: Option<table::GetProperties>,
+    reg_mr: Option<table::RegMr>,
     devices: Vec<PluginDevice>,
 }
 
@@ -213,61 +219,22 @@ impl Lib {
         let lib: libloading::Library = unsafe { UnixLib::open(Some(path), RTLD_NOW | RTLD_LOCAL) }
             .map_err(|e| fail(format!("dlopen failed: {e}")))?
             .into();
-        let v8_ptr = if newest >= 8 {
-            // SAFETY: the symbol, when present, is an `ncclNet_v8_t` (the
-            // plugin's ABI promise); only its address is read here.
-            unsafe { lib.get::<*const NcclNetV8>(SYMBOL_V8) }
-                .ok()
-                .map(|s| *s)
-        } else {
-            None
-        };
-        let v8 = v8_ptr
-            .filter(|p| !p.is_null())
-            // SAFETY: a non-null pointer to the exported v8 table, copied out
-            // while the library is loaded (and it is never unloaded).
-            .map(|p| unsafe { std::ptr::read(p) });
-        let (api, v8, version) = match v8 {
-            Some(t) => (
-                NcclNetV7 {
-                    name: t.name,
-                    init: t.init,
-                    devices: t.devices,
-                    get_properties: None,
-                    listen: t.listen,
-                    connect: t.connect,
-                    accept: t.accept,
-                    reg_mr: None,
-                    reg_mr_dma_buf: t.reg_mr_dma_buf,
-                    dereg_mr: t.dereg_mr,
-                    isend: t.isend,
-                    irecv: t.irecv,
-                    iflush: t.iflush,
-                    test: t.test,
-                    close_send: t.close_send,
-                    close_recv: t.close_recv,
-                    close_listen: t.close_listen,
-                    get_device_mr: t.get_device_mr,
-                    irecv_consumed: t.irecv_consumed,
-                },
-                Some(t),
-                8,
-            ),
-            None => {
-                // SAFETY: as for v8, with the v7 layout.
-                let p = unsafe { lib.get::<*const NcclNetV7>(SYMBOL_V7) }
-                    .map(|s| *s)
-                    .map_err(|_| {
-                        fail(format!(
-                            "exports neither {SYMBOL_V8} nor {SYMBOL_V7}: not an ncclNet plugin we understand"
-                        ))
-                    })?;
-                if p.is_null() {
-                    return Err(fail(format!("{SYMBOL_V7} is NULL")));
-                }
-                // SAFETY: non-null pointer to the exported v7 table.
-                (unsafe { std::ptr::read(p) }, None, 7)
-            }
+        let found = table::VERSIONS
+            .iter()
+            .filter(|(v, _, _)| *v <= newest)
+            .find_map(|(_, _, read)| read(&lib));
+        let Some(table::Table {
+            version,
+            calls: api,
+            get_properties,
+            reg_mr,
+        }) = found
+        else {
+            let symbols: Vec<&str> = table::VERSIONS.iter().map(|(_, s, _)| *s).collect();
+            return Err(fail(format!(
+                "exports none of {} (or only NULL tables): not an ncclNet plugin we understand",
+                symbols.join(", ")
+            )));
         };
         let name: &'static str = if api.name.is_null() {
             "ncclnet-plugin"
@@ -282,17 +249,11 @@ impl Lib {
         let missing: Vec<&str> = [
             ("init", api.init.is_none()),
             ("devices", api.devices.is_none()),
-            (
-                "getProperties",
-                v8.map_or(api.get_properties.is_none(), |t| t.get_properties.is_none()),
-            ),
+            ("getProperties", get_properties.is_none()),
             ("listen", api.listen.is_none()),
             ("connect", api.connect.is_none()),
             ("accept", api.accept.is_none()),
-            (
-                "regMr",
-                v8.map_or(api.reg_mr.is_none(), |t| t.reg_mr.is_none()),
-            ),
+            ("regMr", reg_mr.is_none()),
             ("deregMr", api.dereg_mr.is_none()),
             ("isend", api.isend.is_none()),
             ("irecv", api.irecv.is_none()),
@@ -316,7 +277,8 @@ impl Lib {
             name,
             version,
             api,
-            v8,
+            get_properties,
+            reg_mr,
             devices: Vec::new(),
         };
         let init = lib
@@ -351,78 +313,28 @@ impl Lib {
     }
 
     fn properties(&self, dev: c_int) -> Result<PluginDevice, NetError> {
-        let text = |p: *mut c_char| {
-            (!p.is_null())
-                // SAFETY: the plugin's property strings are NUL-terminated.
-                .then(|| unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned())
-        };
-        let device = |name: Option<String>,
-                      pci: Option<String>,
-                      guid: u64,
-                      ptr: c_int,
-                      speed: c_int,
-                      max_comms: c_int,
-                      max_recvs: c_int,
-                      ty: c_int,
-                      ver: c_int,
-                      global: bool| PluginDevice {
+        let f = self
+            .get_properties
+            .as_ref()
+            .ok_or_else(|| misuse(self.name, "no getProperties"))?;
+        let mut p = table::Props::default();
+        check(self.name, "getProperties", f(dev, &mut p))?;
+        Ok(PluginDevice {
             props: DeviceProps {
-                name: name.unwrap_or_else(|| format!("{}:{dev}", self.name)),
-                pci_path: pci,
-                speed_mbps: speed.max(0) as u32,
-                host_mem: ptr & NCCL_PTR_HOST != 0,
-                cuda_mem: ptr & NCCL_PTR_CUDA != 0,
-                max_comms: max_comms.max(0) as u32,
+                name: p.name.unwrap_or_else(|| format!("{}:{dev}", self.name)),
+                pci_path: p.pci_path,
+                speed_mbps: p.speed.max(0) as u32,
+                host_mem: p.ptr_support & NCCL_PTR_HOST != 0,
+                cuda_mem: p.ptr_support & NCCL_PTR_CUDA != 0,
+                max_comms: p.max_comms.max(0) as u32,
             },
-            guid,
-            ptr_support: ptr,
-            max_recvs,
-            net_device_type: ty,
-            net_device_version: ver,
-            reg_is_global: global,
-        };
-        match self.v8 {
-            Some(t) => {
-                let f = t
-                    .get_properties
-                    .ok_or_else(|| misuse(self.name, "no getProperties"))?;
-                // SAFETY: all-zero is a valid value of this plain C struct.
-                let mut p: NcclNetPropertiesV8 = unsafe { std::mem::zeroed() };
-                // SAFETY: the plugin fills one v8 properties struct.
-                check(self.name, "getProperties", unsafe { f(dev, &mut p) })?;
-                Ok(device(
-                    text(p.name),
-                    text(p.pci_path),
-                    p.guid,
-                    p.ptr_support,
-                    p.speed,
-                    p.max_comms,
-                    p.max_recvs,
-                    p.net_device_type,
-                    p.net_device_version,
-                    p.reg_is_global != 0,
-                ))
-            }
-            None => {
-                let f = func!(self, get_properties);
-                // SAFETY: all-zero is a valid value of this plain C struct.
-                let mut p: NcclNetPropertiesV7 = unsafe { std::mem::zeroed() };
-                // SAFETY: the plugin fills one v7 properties struct.
-                check(self.name, "getProperties", unsafe { f(dev, &mut p) })?;
-                Ok(device(
-                    text(p.name),
-                    text(p.pci_path),
-                    p.guid,
-                    p.ptr_support,
-                    p.speed,
-                    p.max_comms,
-                    p.max_recvs,
-                    p.net_device_type,
-                    p.net_device_version,
-                    false,
-                ))
-            }
-        }
+            guid: p.guid,
+            ptr_support: p.ptr_support,
+            max_recvs: p.max_recvs,
+            net_device_type: p.net_device_type,
+            net_device_version: p.net_device_version,
+            reg_is_global: p.reg_is_global,
+        })
     }
 
     fn reg_mr(
@@ -432,26 +344,12 @@ impl Lib {
         len: usize,
         ty: c_int,
     ) -> Result<MrHandle, NetError> {
+        let f = self
+            .reg_mr
+            .as_ref()
+            .ok_or_else(|| misuse(self.name, "no regMr"))?;
         let mut mh: *mut c_void = std::ptr::null_mut();
-        let code = match self.v8 {
-            Some(t) => {
-                let f = t.reg_mr.ok_or_else(|| misuse(self.name, "no regMr"))?;
-                // SAFETY: `comm` is a live comm of this plugin; the range was
-                // checked by the engine (and aligned inside its allocation).
-                unsafe { f(comm, addr as *mut c_void, len, ty, &mut mh) }
-            }
-            None => {
-                let size = c_int::try_from(len).map_err(|_| {
-                    misuse(
-                        self.name,
-                        format!("cannot register {len} bytes: a v7 plugin takes at most 2 GiB per region"),
-                    )
-                })?;
-                let f = func!(self, reg_mr);
-                // SAFETY: as above.
-                unsafe { f(comm, addr as *mut c_void, size, ty, &mut mh) }
-            }
-        };
+        let code = f(comm, addr, len, ty, &mut mh).map_err(|why| misuse(self.name, why))?;
         check(self.name, "regMr", code)?;
         Ok(MrHandle(mh as usize))
     }

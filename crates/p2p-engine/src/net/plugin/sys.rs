@@ -107,15 +107,8 @@ pub struct NcclNetDeviceHandleV7 {
     pub needs_proxy_progress: c_int,
 }
 
-/// One fragment of an UNPACK receive: `len` bytes from
-/// `bounce_buf + src_off` to `dst + dst_off`.
-#[repr(C, align(16))]
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct LoadMeta {
-    pub src_off: u32,
-    pub len: u32,
-    pub dst_off: u64,
-}
+/// `loadMeta`: defined with the unpack code that reads it.
+pub use crate::gpu::unpack::LoadMeta;
 
 /// `netUnpackMeta`: 16 queue slots of up to 2048 fragments, and a count per
 /// slot. Lives in memory both host and device can read.

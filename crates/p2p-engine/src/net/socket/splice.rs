@@ -7,7 +7,7 @@
 //! the count of lent payload bytes it has read so far.
 //!
 //! The protocol, per stream: the sender marks the header of each part whose
-//! payload it lends ([`SPLICED`]); the receiver counts the payload bytes of
+//! payload it lends (`spliced` in [`super::wire::PartHeader`]); the receiver counts the payload bytes of
 //! marked parts as it takes them from the socket and writes the count (8
 //! bytes, little-endian) back on the same socket every [`CREDIT_STEP`]
 //! bytes, at the end of each marked part, and before any read that would
@@ -32,10 +32,6 @@ use std::io::{self, Write};
 use std::net::TcpStream;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::Arc;
-
-/// Part-count field flag: the part's payload was lent (spliced); its
-/// receiver owes credits for it.
-pub(super) const SPLICED: u64 = 1 << 32;
 
 /// The receiver credits at least every this many lent bytes read.
 pub(super) const CREDIT_STEP: u64 = 512 << 10;
@@ -283,7 +279,7 @@ impl CreditBack {
     /// About to read from `s`: credits what is owed if the read may block
     /// (the sender may be waiting for exactly these bytes).
     pub(super) fn before_read(&mut self, s: &TcpStream) -> io::Result<()> {
-        if self.read > self.sent && !super::socket::readable_now(s) {
+        if self.read > self.sent && !super::sockio::readable_now(s) {
             self.send(s)?;
         }
         Ok(())

@@ -1,5 +1,6 @@
-//! The reference every benchmark prints beside our figures: plain TCP with
-//! the same number of streams, host memory, blocking I/O on one thread per
+//! Part of the benchmark, not of the engine: the reference every
+//! benchmark prints beside our figures: plain TCP with the same number of
+//! streams, host memory, blocking I/O on one thread per
 //! stream, each message split evenly across the streams. A one-byte ack on
 //! stream 0 ends each timed run (throughput) or each message (ping-pong).
 
@@ -8,7 +9,7 @@ use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
-use crate::error::{Error, Result};
+use tcpx_p2p::{Error, Result};
 
 const MAGIC: u32 = 0x5241_5754; // "RAWT"
 
@@ -29,7 +30,10 @@ fn part(size: usize, streams: usize, i: usize) -> (usize, usize) {
 }
 
 fn io(what: &str, e: std::io::Error) -> Error {
-    Error::io(format!("raw TCP reference: {what}"), e)
+    Error::Io {
+        what: format!("raw TCP reference: {what}"),
+        source: e,
+    }
 }
 
 /// Serves runs until the listener fails; each client connection set is one run.
@@ -146,7 +150,7 @@ pub fn run(addr: SocketAddr, r: RawRun) -> Result<Vec<Duration>> {
     }
     for t in threads {
         t.join()
-            .map_err(|_| Error::invalid("raw TCP reference thread panicked"))?
+            .map_err(|_| Error::Invalid("raw TCP reference thread panicked".into()))?
             .map_err(|e| io("transfer", e))?;
     }
     if !r.pingpong {

@@ -1,0 +1,364 @@
+//! Our own TCP transport. Each comm is several TCP streams, each driven by
+//! its own I/O thread with blocking I/O. A message is cut into parts dealt
+//! round-robin across the streams; every part carries a small header
+//! ([`wire::PartHeader`]: message sequence number, offset, length, total,
+//! part count) so the receiver places it without knowing the split. GPU
+//! memory is staged through pinned host slices ([`crate::gpu::staging`]),
+//! the CUDA copies of one slice overlapped with the network I/O of the
+//! others; a sender lends its landed slices to the socket rather than
+//! writing them ([`splice`]).
+//!
+//! Where things are:
+//! - this file: the net, its settings, listening and connecting, and the
+//!   sizes every part of it shares;
+//! - [`wire`]: the byte formats (listen handle, stream hello, part header);
+//! - `segs`: a message's memory in segments, and its staging windows;
+//! - `stage`: an I/O thread's staging (made per GPU, lent to the socket);
+//! - `send` / `tx`: posting sends, and the send threads that write parts;
+//! - `recv` / `book` / `rx`: posting receives, the receives each stream
+//!   expects (and the checks a header passes before a byte lands), and the
+//!   receive threads (read header → match → land);
+//! - `reader`, `sockio`, [`splice`]: buffered reads, system-call helpers,
+//!   and lending pinned pages to the socket.
+//!
+//! The modules below read and write raw user memory (the engine has
+//! checked the ranges against registered regions), so `unsafe` is allowed
+//! in them, each block with its reason.
+#![allow(unsafe_code)]
+
+use std::io::{self, Read, Write};
+use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
+use std::sync::Arc;
+use std::time::Duration;
+#[cfg(test)]
+use std::time::Instant;
+
+use super::{DeviceProps, ListenComm, Net, NetHandle, RecvComm, SendComm, Waker};
+use crate::error::NetError;
+use crate::gpu;
+
+mod book;
+mod reader;
+mod recv;
+mod rx;
+mod segs;
+mod send;
+mod sockio;
+pub(crate) mod splice;
+mod stage;
+#[cfg(test)]
+mod tests;
+mod tx;
+pub(crate) mod wire;
+
+#[doc(hidden)]
+pub(crate) use book::fuzz_part_header;
+use recv::SocketRecv;
+use send::SocketSend;
+use sockio::tune;
+use wire::{Handle, Hello, HELLO_LEN};
+
+const NET: &str = "socket";
+
+// Sizes, one name each (the engine's `chunk` cuts transfers above these;
+// the socket net cuts each request into parts):
+/// Most segments one gathered message may have.
+const MAX_SEGS: usize = 1024;
+/// Parts up to this size are written by the posting thread when their
+/// stream is idle, without waking the stream's I/O thread.
+const INLINE_MAX: usize = 64 << 10;
+/// Small parts (up to this size) queued together share one system call
+/// (host memory) or one staged window (GPU memory).
+const BATCH_PART: usize = 256 << 10;
+/// Bytes at most in one batch of small host-memory parts.
+const BATCH_BYTES: usize = 1 << 20;
+/// Parts at most in one batch (host memory: one system call; GPU memory:
+/// one staged window).
+const BATCH_OPS: usize = 128;
+/// A receive thread's read buffer; payloads of at least a quarter of it
+/// are read in place.
+const READ_BUF: usize = 256 << 10;
+
+/// Settings of the socket transport.
+#[derive(Debug, Clone)]
+pub struct SocketConfig {
+    pub addr: IpAddr,
+    pub streams: usize,
+    pub min_part: usize,
+    pub sockbuf: usize,
+    pub staging_slice: usize,
+    pub staging_depth: usize,
+    pub connect_timeout: Duration,
+    /// Idle I/O threads spin this long before sleeping.
+    pub spin: Duration,
+    /// CPUs the I/O threads are pinned to (None: not pinned).
+    pub cpus: Option<Arc<[usize]>>,
+    /// The endpoint's GPU: its pinned staging is made when a comm starts,
+    /// not inside the first transfer.
+    pub gpu: Option<i32>,
+    /// Lend large GPU windows' staging to the socket instead of writing it
+    /// (`vmsplice` + `splice`; see [`super::splice`]).
+    pub splice: bool,
+}
+
+/// The transport: stateless apart from its settings.
+pub struct SocketNet {
+    cfg: SocketConfig,
+}
+
+impl SocketNet {
+    pub fn new(cfg: SocketConfig) -> Self {
+        SocketNet { cfg }
+    }
+}
+
+/// How many parts a message of `len` bytes is cut into (at most).
+fn part_count(len: usize, streams: usize, min_part: usize) -> usize {
+    len.div_ceil(min_part.max(1)).clamp(1, streams.max(1))
+}
+
+/// How a message of `len` bytes is cut: `(offset, len)` of each part.
+pub fn split_parts(len: usize, streams: usize, min_part: usize) -> Vec<(usize, usize)> {
+    let nparts = part_count(len, streams, min_part);
+    // Parts are multiples of 4 KiB except the last, so copies stay aligned.
+    let per = len.div_ceil(nparts).next_multiple_of(4096).max(1);
+    let mut v = Vec::with_capacity(nparts);
+    let mut off = 0;
+    while v.len() < nparts {
+        let l = per.min(len - off);
+        v.push((off, l));
+        off += l;
+        if off == len {
+            break;
+        }
+    }
+    v
+}
+
+impl Net for SocketNet {
+    fn name(&self) -> &str {
+        NET
+    }
+
+    fn devices(&self) -> Vec<DeviceProps> {
+        vec![DeviceProps {
+            name: format!("tcp:{}", self.cfg.addr),
+            pci_path: None,
+            speed_mbps: 100_000,
+            host_mem: true,
+            cuda_mem: gpu::available(),
+            max_comms: 65536,
+        }]
+    }
+
+    fn listen(&self, _dev: usize) -> Result<Box<dyn ListenComm>, NetError> {
+        let l = TcpListener::bind(SocketAddr::new(self.cfg.addr, 0))
+            .map_err(|e| NetError::io(NET, "bind", e))?;
+        l.set_nonblocking(true)
+            .map_err(|e| NetError::io(NET, "listen", e))?;
+        let addr = l.local_addr().map_err(|e| NetError::io(NET, "listen", e))?;
+        let nonce = crate::memory::random_u64();
+        Ok(Box::new(SocketListen {
+            listener: l,
+            handle: Handle {
+                addr,
+                streams: self.cfg.streams,
+                nonce,
+                min_part: self.cfg.min_part,
+            }
+            .encode(),
+            nonce,
+            streams: vec![None; self.cfg.streams],
+            cfg: self.cfg.clone(),
+        }))
+    }
+
+    fn connect(
+        &self,
+        _dev: usize,
+        handle: &NetHandle,
+        waker: Waker,
+    ) -> Result<Option<Box<dyn SendComm>>, NetError> {
+        let Handle {
+            addr,
+            streams,
+            nonce,
+            min_part,
+        } = Handle::decode(handle).map_err(|e| NetError::Protocol {
+            net: NET,
+            reason: format!("bad listen handle: {e}"),
+        })?;
+        let mut socks = Vec::with_capacity(streams);
+        for i in 0..streams {
+            let mut s = TcpStream::connect_timeout(&addr, self.cfg.connect_timeout)
+                .map_err(|e| NetError::io(NET, "connect", e))?;
+            tune(&s, self.cfg.sockbuf).map_err(|e| NetError::io(NET, "setsockopt", e))?;
+            let hello = Hello {
+                nonce,
+                stream: i as u64,
+            };
+            s.write_all(&hello.encode())
+                .map_err(|e| NetError::io(NET, "connect", e))?;
+            socks.push(s);
+        }
+        let cfg = SocketConfig {
+            min_part,
+            ..self.cfg.clone()
+        };
+        Ok(Some(Box::new(SocketSend::start(socks, &cfg, waker)?)))
+    }
+
+    fn needs_polling(&self) -> bool {
+        false
+    }
+
+    fn completes_out_of_order(&self) -> bool {
+        true
+    }
+
+    fn max_requests(&self) -> usize {
+        256
+    }
+
+    fn max_segments(&self) -> usize {
+        MAX_SEGS
+    }
+
+    fn handle_target(&self, handle: &NetHandle) -> Result<Option<super::HandleTarget>, NetError> {
+        let h = Handle::decode(handle).map_err(|e| NetError::Protocol {
+            net: NET,
+            reason: format!("bad listen handle: {e}"),
+        })?;
+        Ok(Some(super::HandleTarget {
+            addr: h.addr,
+            connections: h.streams,
+        }))
+    }
+}
+
+// -------------------------------------------------------------- listening
+
+struct SocketListen {
+    listener: TcpListener,
+    handle: NetHandle,
+    nonce: u64,
+    streams: Vec<Option<Arc<TcpStream>>>,
+    cfg: SocketConfig,
+}
+
+impl ListenComm for SocketListen {
+    fn handle(&self) -> NetHandle {
+        self.handle
+    }
+
+    fn accept(&mut self, waker: Waker) -> Result<Option<Box<dyn RecvComm>>, NetError> {
+        loop {
+            match self.listener.accept() {
+                Ok((mut s, _)) => {
+                    s.set_nonblocking(false)
+                        .map_err(|e| NetError::io(NET, "accept", e))?;
+                    s.set_read_timeout(Some(Duration::from_secs(10)))
+                        .map_err(|e| NetError::io(NET, "accept", e))?;
+                    let mut hello = [0u8; HELLO_LEN];
+                    if s.read_exact(&mut hello).is_err() {
+                        continue; // a stray connection: ignore it
+                    }
+                    let Ok(Hello { nonce, stream }) = Hello::decode(&hello) else {
+                        tracing::warn!("socket net: refused a stream with a bad hello");
+                        continue;
+                    };
+                    let idx = usize::try_from(stream).unwrap_or(usize::MAX);
+                    if nonce != self.nonce
+                        || idx >= self.streams.len()
+                        || self.streams[idx].is_some()
+                    {
+                        tracing::warn!("socket net: refused a stream with a bad hello");
+                        continue;
+                    }
+                    s.set_read_timeout(None)
+                        .map_err(|e| NetError::io(NET, "accept", e))?;
+                    tune(&s, self.cfg.sockbuf).map_err(|e| NetError::io(NET, "setsockopt", e))?;
+                    self.streams[idx] = Some(Arc::new(s));
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(NetError::io(NET, "accept", e)),
+            }
+        }
+        if self.streams.iter().all(Option::is_some) {
+            let socks: Vec<Arc<TcpStream>> =
+                self.streams.iter_mut().filter_map(Option::take).collect();
+            Ok(Some(Box::new(SocketRecv::start(socks, &self.cfg, waker)?)))
+        } else {
+            Ok(None)
+        }
+    }
+}
+
+/// What an I/O thread works with: its stream's index, how long it may
+/// spin, its pinned staging (slice size, slices) and the GPU to make it for
+/// when it starts.
+#[derive(Clone, Copy)]
+struct Lane {
+    index: usize,
+    spin: Duration,
+    gpu: Option<i32>,
+    slice: usize,
+    depth: usize,
+    /// Send side: lend large GPU windows to the socket.
+    splice: bool,
+}
+
+impl Lane {
+    fn new(index: usize, cfg: &SocketConfig) -> Self {
+        Lane {
+            index,
+            spin: cfg.spin,
+            gpu: cfg.gpu,
+            slice: cfg.staging_slice,
+            depth: cfg.staging_depth,
+            splice: cfg.splice,
+        }
+    }
+}
+
+/// Settings for tests: loopback, `streams` streams, 4 KiB parts.
+#[cfg(test)]
+pub(crate) fn test_config(streams: usize) -> SocketConfig {
+    SocketConfig {
+        addr: "127.0.0.1".parse().unwrap(),
+        streams,
+        min_part: 4096,
+        sockbuf: 0,
+        staging_slice: 1 << 20,
+        staging_depth: 2,
+        connect_timeout: Duration::from_secs(5),
+        spin: Duration::from_micros(20),
+        cpus: None,
+        gpu: None,
+        splice: true,
+    }
+}
+
+/// A connected comm pair (tests): from a net set up as `tx` to one set up
+/// as `rx`.
+#[cfg(test)]
+pub(crate) fn test_pair(
+    tx: SocketConfig,
+    rx: SocketConfig,
+) -> (Box<dyn SendComm>, Box<dyn RecvComm>) {
+    let waker: Waker = Arc::new(|| {});
+    let mut l = SocketNet::new(rx).listen(0).unwrap();
+    let s = SocketNet::new(tx)
+        .connect(0, &l.handle(), waker.clone())
+        .unwrap()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        if let Some(r) = l.accept(waker.clone()).unwrap() {
+            return (s, r);
+        }
+        assert!(Instant::now() < deadline);
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}

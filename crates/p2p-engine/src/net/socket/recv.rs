@@ -1,0 +1,155 @@
+//! Posting receives: each is entered on the books of the streams its
+//! parts ride, where the receive threads ([`super::rx`]) find it.
+
+use std::collections::HashMap;
+use std::net::TcpStream;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use parking_lot::{Condvar, Mutex};
+
+use super::book::{LaneBook, RecvLaneQ, RecvReq, RecvShared};
+use super::rx::rx_loop;
+use super::segs::Segs;
+use super::{part_count, Lane, SocketConfig, NET};
+use crate::error::NetError;
+use crate::net::{MemRef, MrHandle, RecvComm, ReqId, Waker};
+use crate::topo;
+
+pub(super) struct SocketRecv {
+    shared: Arc<RecvShared>,
+    min_part: usize,
+    socks: Vec<Arc<TcpStream>>,
+    threads: Vec<JoinHandle<()>>,
+    reqs: HashMap<u64, Arc<RecvReq>>,
+    next_seq: u64,
+}
+
+impl SocketRecv {
+    pub(super) fn start(
+        socks: Vec<Arc<TcpStream>>,
+        cfg: &SocketConfig,
+        waker: Waker,
+    ) -> Result<Self, NetError> {
+        let shared = Arc::new(RecvShared {
+            lanes: (0..socks.len())
+                .map(|_| RecvLaneQ {
+                    book: Mutex::new(LaneBook::default()),
+                    cv: Condvar::new(),
+                })
+                .collect(),
+            posted: AtomicU64::new(0),
+            closing: AtomicBool::new(false),
+            failed: Mutex::new(None),
+            waker,
+        });
+        let mut threads = Vec::new();
+        for (i, s) in socks.iter().enumerate() {
+            let s = s.clone();
+            let shared = shared.clone();
+            let lane = Lane::new(i, cfg);
+            let cpus = cfg.cpus.clone();
+            threads.push(
+                std::thread::Builder::new()
+                    .name(format!("tcpx-rx{i}"))
+                    .spawn(move || {
+                        topo::pin_thread(cpus.as_deref());
+                        rx_loop(s, shared, lane)
+                    })
+                    .map_err(|e| NetError::io(NET, "spawning an I/O thread", e))?,
+            );
+        }
+        Ok(SocketRecv {
+            shared,
+            min_part: cfg.min_part,
+            socks,
+            threads,
+            reqs: HashMap::new(),
+            next_seq: 0,
+        })
+    }
+}
+
+impl RecvComm for SocketRecv {
+    fn reg_mr(&mut self, _mem: MemRef) -> Result<MrHandle, NetError> {
+        Ok(MrHandle(0))
+    }
+    fn dereg_mr(&mut self, _mr: MrHandle) -> Result<(), NetError> {
+        Ok(())
+    }
+
+    fn irecv(&mut self, mem: MemRef, mr: MrHandle) -> Result<Option<ReqId>, NetError> {
+        self.irecvv(&[mem], &[mr])
+    }
+
+    fn irecvv(&mut self, segs: &[MemRef], _mrs: &[MrHandle]) -> Result<Option<ReqId>, NetError> {
+        if let Some(f) = self.shared.failed.lock().clone() {
+            return Err(f);
+        }
+        let segs = Segs::new(segs)?;
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        let n = self.shared.lanes.len();
+        let lanes = part_count(segs.total, n, self.min_part);
+        let req = Arc::new(RecvReq {
+            segs,
+            parts_done: AtomicUsize::new(0),
+            shape: Mutex::new(None),
+            done: AtomicBool::new(false),
+            lanes,
+        });
+        // Part i of message `seq` rides stream (seq + i) mod S.
+        for i in 0..lanes {
+            let q = &self.shared.lanes[(seq as usize + i) % n];
+            q.book.lock().insert(seq, req.clone(), i);
+            q.cv.notify_all();
+        }
+        self.shared.posted.store(seq + 1, Ordering::Release);
+        self.reqs.insert(seq, req);
+        Ok(Some(ReqId(seq)))
+    }
+
+    fn test(&mut self, req: ReqId) -> Result<Option<usize>, NetError> {
+        let r = self
+            .reqs
+            .get(&req.0)
+            .cloned()
+            .ok_or_else(|| NetError::Misuse {
+                net: NET,
+                reason: format!("test of unknown receive request {}", req.0),
+            })?;
+        if r.done.load(Ordering::Acquire) {
+            let size = r.shape.lock().map(|s| s.0).unwrap_or(0);
+            self.reqs.remove(&req.0);
+            return Ok(Some(size));
+        }
+        if self.shared.closing.load(Ordering::Acquire) {
+            if let Some(e) = self.shared.failed.lock().clone() {
+                self.reqs.remove(&req.0);
+                return Err(e);
+            }
+        }
+        Ok(None)
+    }
+}
+
+impl Drop for SocketRecv {
+    fn drop(&mut self) {
+        self.shared.closing.store(true, Ordering::Release);
+        self.shared.notify_all();
+        for s in &self.socks {
+            let _ = s.shutdown(std::net::Shutdown::Both);
+        }
+        let deadline = Instant::now() + Duration::from_secs(5);
+        for t in self.threads.drain(..) {
+            while !t.is_finished() && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            if t.is_finished() {
+                let _ = t.join();
+            }
+        }
+    }
+}

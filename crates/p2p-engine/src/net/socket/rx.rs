@@ -1,0 +1,392 @@
+//! The receive threads, one per stream: read a part header, match it to
+//! the receive posted for it, check it against that receive
+//! ([`check_part`]), then land its payload -- host memory read in place,
+//! GPU memory through the stream's pinned staging, the part completed once
+//! its copies have landed.
+
+use std::net::TcpStream;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::book::{check_part, part_done, Landing, RecvReq, RecvShared};
+use super::reader::StreamReader;
+use super::segs::{uniform_kind, window_copies, windows};
+use super::sockio::{poll_readable, read_err, readable_now};
+use super::stage::Stager;
+use super::wire::{PartHeader, HDR_LEN};
+use super::{Lane, BATCH_PART, INLINE_MAX, NET, READ_BUF};
+use crate::error::NetError;
+use crate::gpu::staging::Ring;
+use crate::memory::MemKind;
+use crate::net::timing::{self, Spent};
+use crate::net::MemRef;
+
+/// How long an I/O thread with spinning allowed waits for a receive to be
+/// posted before it blocks in a read.
+const IDLE_READ: Duration = Duration::from_millis(50);
+
+/// Completes the parts whose copies have landed (handed back by the ring).
+fn complete(shared: &RecvShared, done: &mut Vec<Landing>) {
+    for l in done.drain(..) {
+        part_done(shared, l);
+    }
+}
+
+/// A small GPU part: read into the slot being filled, its copy to the
+/// device queued, and its completion deferred until that copy has landed
+/// (a slot's copies are waited for when the slot is needed again or the
+/// stream goes quiet) -- so a run of KV blocks costs one wait per slot,
+/// not one per block.
+fn rx_gpu_small(
+    r: &mut StreamReader,
+    dst: &[MemRef],
+    len: usize,
+    ring: &mut Ring<Landing>,
+    land: Landing,
+    shared: &RecvShared,
+    done: &mut Vec<Landing>,
+) -> Result<(), NetError> {
+    timing::mark(Spent::Other);
+    ring.next_slot(len, done)?;
+    complete(shared, done);
+    timing::mark(Spent::Copies);
+    r.read_exact(ring.fill_buf(len)).map_err(read_err)?;
+    timing::mark(Spent::Socket);
+    timing::bytes(len);
+    tracing::trace!(seq = land.seq, "lat: rx payload");
+    ring.fill(dst.iter().map(|m| (m.addr, m.len)), len, land);
+    Ok(())
+}
+
+/// Reads device pieces through the slots, a slot per window, each
+/// window's copy to the device queued as soon as it is read (so the next
+/// window -- of this part or the next -- is read while it runs).
+fn rx_windows(
+    r: &mut StreamReader,
+    run: &[MemRef],
+    ring: &mut Ring<Landing>,
+    shared: &RecvShared,
+    done: &mut Vec<Landing>,
+) -> Result<(), NetError> {
+    for (wlen, pieces) in windows(run, ring.slice()) {
+        timing::mark(Spent::Other);
+        let k = ring.next_slot(ring.slice(), done)?;
+        complete(shared, done);
+        timing::mark(Spent::Copies);
+        r.read_exact(ring.slot_bytes_mut(k, wlen))
+            .map_err(read_err)?;
+        timing::mark(Spent::Socket);
+        timing::bytes(wlen);
+        let ops = window_copies(&pieces, ring.slot_addr(k), false, false);
+        // SAFETY: the slot holds the window just read and is not touched
+        // again until its event completes (its previous one has: the slot
+        // was free); the device ranges lie inside the posted buffer.
+        unsafe { ring.queue_copies(k, &ops, true) }?;
+        ring.seal(k)?;
+        // Parts whose copies have landed complete now, not when their
+        // slot is next needed (a window of another message may come first).
+        ring.reap(done)?;
+        complete(shared, done);
+        timing::mark(Spent::Driver);
+    }
+    Ok(())
+}
+
+/// A large GPU part: read through the slots ([`rx_windows`]); it completes
+/// when its last copy has landed, waited for only when that slot is needed
+/// again or the stream goes quiet. (Waiting at the end of each part kept
+/// the stream unread while the part's last copy ran.)
+fn rx_gpu_large(
+    r: &mut StreamReader,
+    run: &[MemRef],
+    ring: &mut Ring<Landing>,
+    land: Landing,
+    shared: &RecvShared,
+    done: &mut Vec<Landing>,
+) -> Result<(), NetError> {
+    rx_windows(r, run, ring, shared, done)?;
+    if let Some(land) = ring.park(land) {
+        // Its last copy has landed already (reaped after its window).
+        part_done(shared, land);
+    }
+    Ok(())
+}
+
+/// A part in host memory, or in host and device memory together: host
+/// runs read in place, device runs through the slots; done when this
+/// returns.
+fn rx_part(
+    r: &mut StreamReader,
+    dst: &[MemRef],
+    stager: &mut Stager<Landing>,
+    shared: &RecvShared,
+    done: &mut Vec<Landing>,
+) -> Result<(), NetError> {
+    let mut staged = false;
+    for run in dst.chunk_by(|a, b| a.kind == b.kind) {
+        match run[0].kind {
+            MemKind::Host => {
+                let mut bufs: Vec<&mut [u8]> = run
+                    .iter()
+                    .map(|m| {
+                        // SAFETY: the range lies inside the posted receive
+                        // buffer, which the engine checked against a
+                        // registered region held until completion; the
+                        // pieces of one part never overlap.
+                        unsafe { std::slice::from_raw_parts_mut(m.addr as *mut u8, m.len) }
+                    })
+                    .collect();
+                timing::mark(Spent::Other);
+                r.read_into(&mut bufs).map_err(read_err)?;
+                timing::mark(Spent::Socket);
+                timing::bytes(run.iter().map(|m| m.len).sum());
+            }
+            MemKind::Cuda(dev) => {
+                // The staging may be remade for this GPU: finish the old.
+                stager.flush(done)?;
+                complete(shared, done);
+                rx_windows(r, run, &mut stager.get(dev)?.ring, shared, done)?;
+                staged = true;
+            }
+        }
+    }
+    if staged {
+        stager.flush(done)?;
+        complete(shared, done);
+    }
+    Ok(())
+}
+
+/// A receive thread: its stream, its staging, and the parts handed back
+/// by the staging, to complete.
+struct Rx {
+    r: StreamReader,
+    stager: Stager<Landing>,
+    shared: Arc<RecvShared>,
+    lane: Lane,
+    peer: String,
+    done: Vec<Landing>,
+    /// The last part was large (read the next header alone).
+    large_before: bool,
+}
+
+impl Rx {
+    /// The peer broke the protocol on this stream.
+    fn protocol(&self, what: impl std::fmt::Display) -> NetError {
+        NetError::Protocol {
+            net: NET,
+            reason: format!(
+                "receive stream {} from {}: {what}",
+                self.lane.index, self.peer
+            ),
+        }
+    }
+
+    /// Completes every part waiting on a copy.
+    fn flush(&mut self) -> Result<(), NetError> {
+        let r = self.stager.flush(&mut self.done);
+        complete(&self.shared, &mut self.done);
+        r
+    }
+
+    /// About to wait for the peer: first complete what has landed.
+    fn settle(&mut self) -> Result<(), NetError> {
+        timing::mark(Spent::Other);
+        if self.stager.landing() && self.r.buffered() < HDR_LEN && !readable_now(&self.r.s) {
+            let flushed = self.flush();
+            timing::mark(Spent::Copies);
+            flushed?;
+        }
+        Ok(())
+    }
+
+    /// Reads the next part header.
+    fn read_header(&mut self) -> Result<PartHeader, NetError> {
+        if self.r.buffered() == 0 {
+            self.lane.spin_for_data(&self.r.s, &self.shared);
+        }
+        timing::mark(Spent::Waiting);
+        self.r.spin = Duration::ZERO;
+        let mut hdr = [0u8; HDR_LEN];
+        // After a large part the next is likely large too: read just its
+        // header, so that its payload is read in place rather than through
+        // the buffer (a copy of up to 256 KiB of it per part).
+        self.r
+            .read_head(&mut hdr, self.large_before)
+            .map_err(read_err)?;
+        let h = PartHeader::decode(&hdr).map_err(|e| self.protocol(e))?;
+        tracing::trace!(seq = h.seq, "lat: rx header");
+        timing::mark(Spent::Waiting);
+        timing::bytes(HDR_LEN);
+        Ok(h)
+    }
+
+    /// Waits until the receive of message `seq` is posted and takes it
+    /// from this stream's book (`None`: the comm is closing).
+    fn find_recv(&mut self, seq: u64) -> Result<Option<Arc<RecvReq>>, NetError> {
+        let shared = self.shared.clone();
+        let q = &shared.lanes[self.lane.index];
+        loop {
+            let mut book = q.book.lock();
+            if shared.closing.load(Ordering::Acquire) {
+                return Ok(None);
+            }
+            if let Some(r) = book.take(seq) {
+                return Ok(Some(r));
+            }
+            if seq < shared.posted.load(Ordering::Acquire) {
+                // Its receive is posted, and not expecting this part here
+                // (entries are made before `posted` moves past them).
+                drop(book);
+                return Err(self.protocol(format_args!(
+                    "a part of message {seq} that the receive does not expect on this stream (sent twice, or cut other than the receiver's streams and part size say)"
+                )));
+            }
+            if self.stager.landing() {
+                // The receive may be posted only once earlier ones complete.
+                drop(book);
+                self.flush()?;
+                continue;
+            }
+            q.cv.wait_for(&mut book, Duration::from_millis(100));
+        }
+    }
+
+    /// Lands a checked part's payload in its receive's memory.
+    fn land(&mut self, h: PartHeader, req: Arc<RecvReq>) -> Result<(), NetError> {
+        let Rx {
+            r,
+            stager,
+            shared,
+            lane,
+            done,
+            large_before,
+            ..
+        } = self;
+        let len = h.len as usize;
+        if h.spliced {
+            r.credit.begin(len);
+        }
+        *large_before = len >= READ_BUF / 4;
+        // A small message's first part: its caller waits on these bytes.
+        r.spin = if h.off == 0 && len <= INLINE_MAX {
+            lane.spin
+        } else {
+            Duration::ZERO
+        };
+        let dst = req.segs.pieces(h.off as usize, len);
+        let land = Landing {
+            req,
+            seq: h.seq,
+            nparts: h.nparts as usize,
+        };
+        match uniform_kind(&dst) {
+            Some(MemKind::Cuda(d)) => {
+                // Staging is remade for another GPU: finish the old one first.
+                if stager.cur.as_ref().is_some_and(|st| st.ring.device() != d) {
+                    stager.flush(done)?;
+                    complete(shared, done);
+                }
+                let ring = &mut stager.get(d)?.ring;
+                if len <= BATCH_PART.min(lane.slice) {
+                    rx_gpu_small(r, &dst, len, ring, land, shared, done)
+                } else {
+                    rx_gpu_large(r, &dst, ring, land, shared, done)
+                }
+            }
+            _ => {
+                rx_part(r, &dst, stager, shared, done)?;
+                part_done(shared, land);
+                Ok(())
+            }
+        }
+    }
+
+    /// One part: read header → match → check → land. `Ok(false)`: the comm
+    /// is closing.
+    fn step(&mut self) -> Result<bool, NetError> {
+        self.settle()?;
+        let h = self.read_header()?;
+        let Some(req) = self.find_recv(h.seq)? else {
+            return Ok(false);
+        };
+        timing::mark(Spent::Waiting);
+        let checked = check_part(&h, &req.segs, &mut req.shape.lock());
+        checked.map_err(|f| self.protocol(f))?;
+        self.land(h, req)?;
+        Ok(true)
+    }
+}
+
+pub(super) fn rx_loop(s: Arc<TcpStream>, shared: Arc<RecvShared>, lane: Lane) {
+    let stager = Stager::<Landing>::ahead(lane.gpu, lane.slice, lane.depth);
+    let peer = s.peer_addr().map(|a| a.to_string()).unwrap_or_default();
+    let _account = timing::start(|| {
+        let at = s.local_addr().map(|a| a.to_string()).unwrap_or_default();
+        format!("rx stream {} at {at} from {peer}", lane.index)
+    });
+    let mut rx = Rx {
+        r: StreamReader::new(s),
+        stager,
+        shared: shared.clone(),
+        lane,
+        peer,
+        done: Vec::new(),
+        large_before: false,
+    };
+    loop {
+        match rx.step() {
+            Ok(true) => {}
+            Ok(false) => return,
+            Err(e) => {
+                if !shared.closing.load(Ordering::Acquire) {
+                    tracing::debug!("socket net: receive stream from {} failed: {e}", rx.peer);
+                    // The first failure of the comm is what every receive
+                    // reports. (`test` reports it for every receive not
+                    // yet done.)
+                    shared.failed.lock().get_or_insert(e);
+                    shared.closing.store(true, Ordering::Release);
+                    shared.notify_all();
+                    (shared.waker)();
+                }
+                return;
+            }
+        }
+    }
+}
+
+impl Lane {
+    /// With spinning allowed, keeps this thread out of a blocking read
+    /// (whose wake-up, 25-65 µs on a busy VM, measured on h200-x2, was the
+    /// largest item of a small message's trip): with no receive posted
+    /// that has a part on this stream it waits for one; once a receive's
+    /// first part is due here it spins (bounded) for the bytes. Only the
+    /// first part's stream spins: eight spinning readers per comm, beside
+    /// the senders' threads, took more cores than h200-x2 has (1 MiB
+    /// one-way p50 went from 200-240 to 285-325 µs). Later parts of large
+    /// messages, idle streams and bytes already there go to the read.
+    fn spin_for_data(&self, s: &TcpStream, shared: &RecvShared) {
+        if self.spin.is_zero() {
+            return;
+        }
+        let q = &shared.lanes[self.index];
+        let idle_since = Instant::now();
+        let mut book = q.book.lock();
+        loop {
+            if book.firsts > 0 {
+                break;
+            }
+            if !book.due.is_empty()
+                || readable_now(s)
+                || shared.closing.load(Ordering::Acquire)
+                || idle_since.elapsed() > IDLE_READ
+            {
+                return;
+            }
+            q.cv.wait_for(&mut book, Duration::from_micros(100));
+        }
+        drop(book);
+        poll_readable(s, self.spin);
+    }
+}

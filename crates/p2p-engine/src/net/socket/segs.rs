@@ -1,0 +1,231 @@
+//! A message's memory: one segment or several gathered in order, the
+//! pieces a part occupies, and the staging windows device pieces are cut
+//! into.
+
+use super::{BATCH_PART, MAX_SEGS, NET};
+use crate::error::NetError;
+use crate::gpu;
+use crate::memory::MemKind;
+use crate::net::MemRef;
+
+/// The memory of one message: one segment, or several gathered in order.
+pub(super) struct Segs {
+    pub(super) segs: Vec<MemRef>,
+    /// Offset of each segment in the message.
+    starts: Vec<usize>,
+    pub(super) total: usize,
+    /// 0 for one segment (a shorter message may then fill it); for several,
+    /// a digest of their lengths, which the sender's must equal (else bytes
+    /// would land across block boundaries).
+    pub(super) shape: u64,
+}
+
+impl Segs {
+    pub(super) fn new(segs: &[MemRef]) -> Result<Self, NetError> {
+        if segs.is_empty() || segs.len() > MAX_SEGS {
+            return Err(NetError::Misuse {
+                net: NET,
+                reason: format!(
+                    "a request of {} segments (1 to {MAX_SEGS} allowed)",
+                    segs.len()
+                ),
+            });
+        }
+        let mut starts = Vec::with_capacity(segs.len());
+        let mut total = 0usize;
+        for m in segs {
+            starts.push(total);
+            total = total.checked_add(m.len).ok_or_else(|| NetError::Misuse {
+                net: NET,
+                reason: "segments whose lengths overflow".into(),
+            })?;
+        }
+        Ok(Segs {
+            shape: shape_of(segs),
+            segs: segs.to_vec(),
+            starts,
+            total,
+        })
+    }
+
+    /// The pieces of segments that bytes `[off, off+len)` of the message
+    /// occupy, in order.
+    pub(super) fn pieces(&self, off: usize, len: usize) -> Vec<MemRef> {
+        let mut out = Vec::new();
+        let mut i = self.starts.partition_point(|&s| s <= off).saturating_sub(1);
+        let (mut off, mut left) = (off, len);
+        while left > 0 && i < self.segs.len() {
+            let m = self.segs[i];
+            let inner = off - self.starts[i];
+            let take = m.len.saturating_sub(inner).min(left);
+            if take > 0 {
+                out.push(MemRef {
+                    addr: m.addr + inner as u64,
+                    len: take,
+                    kind: m.kind,
+                });
+            }
+            off += take;
+            left -= take;
+            i += 1;
+        }
+        out
+    }
+}
+
+/// The shape of a message's segments (see [`Segs::shape`]).
+pub(super) fn shape_of(segs: &[MemRef]) -> u64 {
+    if segs.len() == 1 {
+        return 0;
+    }
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for v in std::iter::once(segs.len()).chain(segs.iter().map(|m| m.len)) {
+        for b in (v as u64).to_le_bytes() {
+            h ^= b as u64;
+            h = h.wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+    h | 1
+}
+
+/// The one memory kind of `pieces` (host for none), or None when mixed.
+pub(super) fn uniform_kind(pieces: &[MemRef]) -> Option<MemKind> {
+    let k = pieces.first().map_or(MemKind::Host, |m| m.kind);
+    pieces.iter().all(|m| m.kind == k).then_some(k)
+}
+
+/// A staging window: its length, and each piece's (device address, offset
+/// in the window, length).
+pub(super) type Window = (usize, Vec<(u64, usize, usize)>);
+
+/// Cuts device pieces into staging windows of at most `slice` bytes.
+pub(super) fn windows(run: &[MemRef], slice: usize) -> Vec<Window> {
+    let mut out = Vec::new();
+    let (mut cur, mut used) = (Vec::new(), 0);
+    for m in run {
+        let mut done = 0;
+        while done < m.len {
+            if used == slice {
+                out.push((used, std::mem::take(&mut cur)));
+                used = 0;
+            }
+            let l = (m.len - done).min(slice - used);
+            cur.push((m.addr + done as u64, used, l));
+            used += l;
+            done += l;
+        }
+    }
+    if used > 0 {
+        out.push((used, cur));
+    }
+    out
+}
+
+/// The copies between a window's device pieces and a slot at `slot`:
+/// into the slot (`to_slot`, sending) or out of it (receiving). With
+/// `merge`, pieces that follow each other both in the GPU and in the slot
+/// are one copy ([`gpu::push_copy`]; a batch of small parts).
+pub(super) fn window_copies(
+    pieces: &[(u64, usize, usize)],
+    slot: u64,
+    to_slot: bool,
+    merge: bool,
+) -> Vec<gpu::CopyOp> {
+    let mut ops = Vec::with_capacity(pieces.len());
+    for &(dev, at, len) in pieces {
+        let host = slot + at as u64;
+        let (dst, src) = if to_slot { (host, dev) } else { (dev, host) };
+        let op = gpu::CopyOp { dst, src, len };
+        if merge {
+            gpu::push_copy(&mut ops, op);
+        } else {
+            ops.push(op);
+        }
+    }
+    ops
+}
+
+/// The GPU of a device-memory part small enough to share one staged copy
+/// (and one wait) with its neighbours, on either side of a stream.
+pub(super) fn small_gpu_part(pieces: &[MemRef], len: usize, slice: usize) -> Option<i32> {
+    match uniform_kind(pieces) {
+        Some(MemKind::Cuda(d)) if len > 0 && len <= BATCH_PART.min(slice) => Some(d),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn host(addr: u64, len: usize) -> MemRef {
+        MemRef {
+            addr,
+            len,
+            kind: MemKind::Host,
+        }
+    }
+
+    #[test]
+    fn segments_map_message_offsets_to_pieces() {
+        let segs =
+            Segs::new(&[host(1000, 10), host(5000, 0), host(2000, 30), host(9000, 5)]).unwrap();
+        assert_eq!(segs.total, 45);
+        assert_eq!(
+            segs.pieces(0, 45)
+                .iter()
+                .map(|m| (m.addr, m.len))
+                .collect::<Vec<_>>(),
+            [(1000, 10), (2000, 30), (9000, 5)]
+        );
+        assert_eq!(
+            segs.pieces(8, 4)
+                .iter()
+                .map(|m| (m.addr, m.len))
+                .collect::<Vec<_>>(),
+            [(1008, 2), (2000, 2)]
+        );
+        assert_eq!(
+            segs.pieces(10, 30)
+                .iter()
+                .map(|m| (m.addr, m.len))
+                .collect::<Vec<_>>(),
+            [(2000, 30)]
+        );
+        assert_eq!(
+            segs.pieces(39, 6)
+                .iter()
+                .map(|m| (m.addr, m.len))
+                .collect::<Vec<_>>(),
+            [(2029, 1), (9000, 5)]
+        );
+        assert!(segs.pieces(45, 0).is_empty());
+        // Shape: 0 for one segment; equal only for equal lengths.
+        assert_eq!(Segs::new(&[host(1, 7)]).unwrap().shape, 0);
+        let a = Segs::new(&[host(1, 4), host(9, 4)]).unwrap().shape;
+        assert_ne!(a, 0);
+        assert_eq!(a, Segs::new(&[host(100, 4), host(300, 4)]).unwrap().shape);
+        assert_ne!(a, Segs::new(&[host(1, 8)]).unwrap().shape);
+        assert_ne!(a, Segs::new(&[host(1, 2), host(9, 6)]).unwrap().shape);
+        assert!(Segs::new(&[]).is_err());
+        assert!(Segs::new(&vec![host(1, 1); MAX_SEGS + 1]).is_err());
+    }
+
+    #[test]
+    fn windows_cover_pieces_once() {
+        let run = [host(0, 300), host(1000, 50), host(5000, 700)];
+        let w = windows(&run, 256);
+        assert_eq!(
+            w.iter().map(|x| x.0).collect::<Vec<_>>(),
+            [256, 256, 256, 256, 26]
+        );
+        assert_eq!(w[1].1, vec![(256, 0, 44), (1000, 44, 50), (5000, 94, 162)]);
+        let mut seen: Vec<(u64, usize)> = w
+            .iter()
+            .flat_map(|x| x.1.iter().map(|&(a, _, l)| (a, l)))
+            .collect();
+        seen.sort();
+        let bytes: usize = seen.iter().map(|x| x.1).sum();
+        assert_eq!(bytes, 1050);
+    }
+}

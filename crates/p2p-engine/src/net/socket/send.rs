@@ -1,0 +1,281 @@
+//! Posting sends: a message is cut into parts, each queued to its
+//! stream's send thread -- or, for a lone small message on an idle stream,
+//! written by the posting thread itself without waking anyone.
+
+use std::collections::HashMap;
+use std::io::IoSlice;
+use std::net::TcpStream;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::Sender;
+use parking_lot::Mutex;
+
+use super::segs::{uniform_kind, Segs};
+use super::stage::Stager;
+use super::tx::{host_slices, tx_loop, SendReq, SendShared, TxOp};
+use super::wire::{PartHeader, HDR_LEN};
+use super::{split_parts, Lane, SocketConfig, INLINE_MAX, NET};
+use crate::error::NetError;
+use crate::gpu::staging::StageStep;
+use crate::memory::MemKind;
+use crate::net::timing::{self, Spent};
+use crate::net::{MemRef, MrHandle, ReqId, SendComm, Waker};
+use crate::topo;
+
+/// A post this long after the previous one returned is a lone message,
+/// written by the posting thread; closer posts are a burst, for the I/O
+/// threads, which batch it. Where threads may spin (8+ cores) the gap is
+/// short: a ping-pong's posts come one round trip less one inline write
+/// apart — 50-60 µs for 4 KiB of GPU memory or 64 KiB of host memory on
+/// h200-x2, so a 50 µs gap sent some of them through the I/O threads
+/// (one-way p50 64 KiB host 34-36 → 26 µs, 4 KiB GPU 39-40 → 28-31 with
+/// 10 µs; burst throughput unchanged). On a small machine the posting
+/// thread's time is what a burst lacks: 10 µs moved 4 KiB host bursts
+/// from 0.75-1.02 to 0.72-0.82 GB/s on 2 cores, with latency unchanged.
+const LONE_GAP_SPIN: Duration = Duration::from_micros(10);
+const LONE_GAP: Duration = Duration::from_micros(50);
+
+pub(super) struct SocketSend {
+    txs: Vec<Sender<TxOp>>,
+    socks: Vec<Arc<TcpStream>>,
+    threads: Vec<JoinHandle<()>>,
+    shared: Arc<SendShared>,
+    reqs: HashMap<u64, Arc<SendReq>>,
+    next_seq: u64,
+    min_part: usize,
+    /// The posting thread's own pinned slot, for small GPU parts it copies
+    /// and writes itself when their stream is idle.
+    inline_staging: Stager<()>,
+    /// When the last `isend` returned: a part is written (a GPU part copied
+    /// and written) inline only when it does not follow another post
+    /// closely (a lone message, where latency counts); a burst (KV blocks)
+    /// goes to the I/O threads, which batch it.
+    last_post: Instant,
+    /// See [`LONE_GAP`].
+    lone_gap: Duration,
+    /// Ops queued to (and not yet finished by) each stream's I/O thread.
+    queued: Vec<Arc<AtomicUsize>>,
+}
+
+impl SocketSend {
+    pub(super) fn start(
+        socks: Vec<TcpStream>,
+        cfg: &SocketConfig,
+        waker: Waker,
+    ) -> Result<Self, NetError> {
+        let shared = Arc::new(SendShared {
+            failed: Mutex::new(None),
+            waker,
+        });
+        let socks: Vec<Arc<TcpStream>> = socks.into_iter().map(Arc::new).collect();
+        let mut txs = Vec::new();
+        let mut threads = Vec::new();
+        let mut queued = Vec::new();
+        for (i, s) in socks.iter().enumerate() {
+            let (tx, rx) = crossbeam_channel::unbounded::<TxOp>();
+            let s = s.clone();
+            let shared = shared.clone();
+            let q = Arc::new(AtomicUsize::new(0));
+            queued.push(q.clone());
+            let lane = Lane::new(i, cfg);
+            let cpus = cfg.cpus.clone();
+            threads.push(
+                std::thread::Builder::new()
+                    .name(format!("tcpx-tx{i}"))
+                    .spawn(move || {
+                        topo::pin_thread(cpus.as_deref());
+                        tx_loop(s, rx, shared, q, lane)
+                    })
+                    .map_err(|e| NetError::io(NET, "spawning an I/O thread", e))?,
+            );
+            txs.push(tx);
+        }
+        Ok(SocketSend {
+            txs,
+            socks,
+            threads,
+            shared,
+            reqs: HashMap::new(),
+            next_seq: 0,
+            min_part: cfg.min_part,
+            // Made by the posting thread at its first lone GPU message, not
+            // here: making it binds the GPU's context on the calling
+            // (application) thread.
+            inline_staging: Stager::<()>::lazy(INLINE_MAX, 1),
+            last_post: Instant::now(),
+            lone_gap: if cfg.spin.is_zero() {
+                LONE_GAP
+            } else {
+                LONE_GAP_SPIN
+            },
+            queued,
+        })
+    }
+}
+
+impl SocketSend {
+    /// A small GPU part on an idle stream: copied out by this thread and
+    /// written without blocking, so that no I/O thread has to wake for it.
+    /// Returns what is left for the stream's thread (as host bytes) if the
+    /// socket took only part of it.
+    fn send_gpu_inline(&mut self, k: usize, dev: i32, op: TxOp) -> Result<Option<TxOp>, NetError> {
+        let len = op.len;
+        let st = self.inline_staging.get(dev)?;
+        let data = st
+            .ring
+            .stage_out(op.pieces.iter().map(|m| (m.addr, m.len)), |step| {
+                timing::mark(match step {
+                    StageStep::Start => Spent::Other,
+                    StageStep::Queued => Spent::Driver,
+                    StageStep::Landed => Spent::Copies,
+                })
+            })?;
+        tracing::trace!("lat: staged out");
+        let iov = [IoSlice::new(&op.hdr), IoSlice::new(data)];
+        let sent = socket2::SockRef::from(&*self.socks[k])
+            .send_vectored_with_flags(&iov, libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL)
+            .unwrap_or(0);
+        if sent == HDR_LEN + len {
+            return Ok(None);
+        }
+        Ok(Some(TxOp {
+            head: op.head,
+            hdr: op.hdr,
+            pieces: Vec::new(),
+            len,
+            owned: Some(data.to_vec()),
+            req: op.req,
+            skip: sent,
+        }))
+    }
+}
+
+impl SendComm for SocketSend {
+    fn reg_mr(&mut self, _mem: MemRef) -> Result<MrHandle, NetError> {
+        Ok(MrHandle(0))
+    }
+    fn dereg_mr(&mut self, _mr: MrHandle) -> Result<(), NetError> {
+        Ok(())
+    }
+
+    fn isend(&mut self, mem: MemRef, mr: MrHandle) -> Result<Option<ReqId>, NetError> {
+        self.isendv(&[mem], &[mr])
+    }
+
+    fn isendv(&mut self, segs: &[MemRef], _mrs: &[MrHandle]) -> Result<Option<ReqId>, NetError> {
+        if let Some(f) = self.shared.failed.lock().clone() {
+            return Err(f);
+        }
+        let segs = Segs::new(segs)?;
+        let shape = segs.shape;
+        let seq = self.next_seq;
+        tracing::trace!(seq, bytes = segs.total, "lat: isend");
+        self.next_seq += 1;
+        let parts = split_parts(segs.total, self.txs.len(), self.min_part);
+        let req = Arc::new(SendReq {
+            parts_left: AtomicUsize::new(parts.len()),
+            size: segs.total,
+            error: Mutex::new(None),
+        });
+        let lone = self.last_post.elapsed() >= self.lone_gap;
+        for (i, &(off, len)) in parts.iter().enumerate() {
+            let head = PartHeader {
+                seq,
+                off: off as u64,
+                len: len as u64,
+                total: segs.total as u64,
+                nparts: parts.len() as u64,
+                shape,
+                spliced: false,
+            };
+            let mut op = TxOp {
+                head,
+                hdr: head.encode(),
+                pieces: segs.pieces(off, len),
+                len,
+                req: req.clone(),
+                skip: 0,
+                owned: None,
+            };
+            // Part i of message `seq` rides stream (seq + i) mod S, which the
+            // receiver can tell from the sequence number alone.
+            let k = (seq as usize + i) % self.txs.len();
+            let idle = self.queued[k].load(Ordering::Acquire) == 0;
+            let kind = uniform_kind(&op.pieces);
+            if let Some(MemKind::Cuda(dev)) = kind {
+                if len <= INLINE_MAX && lone && idle {
+                    match self.send_gpu_inline(k, dev, op)? {
+                        None => {
+                            tracing::trace!(seq, "lat: sent inline");
+                            req.parts_left.fetch_sub(1, Ordering::AcqRel);
+                            continue;
+                        }
+                        Some(rest) => op = rest,
+                    }
+                }
+            }
+            if kind == Some(MemKind::Host) && len <= INLINE_MAX && lone && idle {
+                // The stream is idle: write now, without blocking.
+                let iov: Vec<IoSlice<'_>> = host_slices(&op)
+                    .into_iter()
+                    .map(IoSlice::new)
+                    .take(64)
+                    .collect();
+                let sent = socket2::SockRef::from(&*self.socks[k])
+                    .send_vectored_with_flags(&iov, libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL);
+                match sent {
+                    Ok(n) if n == HDR_LEN + len => {
+                        tracing::trace!(seq, "lat: sent inline");
+                        req.parts_left.fetch_sub(1, Ordering::AcqRel);
+                        continue;
+                    }
+                    Ok(n) => op.skip = n,
+                    Err(_) => {} // would block, or an error the I/O thread reports
+                }
+            }
+            self.queued[k].fetch_add(1, Ordering::AcqRel);
+            self.txs[k]
+                .send(op)
+                .map_err(|_| NetError::Closed { net: NET })?;
+        }
+        self.reqs.insert(seq, req);
+        self.last_post = Instant::now();
+        Ok(Some(ReqId(seq)))
+    }
+
+    fn test(&mut self, req: ReqId) -> Result<Option<usize>, NetError> {
+        let r = self
+            .reqs
+            .get(&req.0)
+            .cloned()
+            .ok_or_else(|| NetError::Misuse {
+                net: NET,
+                reason: format!("test of unknown send request {}", req.0),
+            })?;
+        if let Some(e) = r.error.lock().clone() {
+            self.reqs.remove(&req.0);
+            return Err(e);
+        }
+        if r.parts_left.load(Ordering::Acquire) == 0 {
+            let size = r.size;
+            self.reqs.remove(&req.0);
+            return Ok(Some(size));
+        }
+        Ok(None)
+    }
+}
+
+impl Drop for SocketSend {
+    fn drop(&mut self) {
+        self.txs.clear();
+        for s in &self.socks {
+            let _ = s.shutdown(std::net::Shutdown::Both);
+        }
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}

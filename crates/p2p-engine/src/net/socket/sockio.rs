@@ -1,0 +1,90 @@
+//! System-call helpers on one TCP stream: socket options, vectored writes,
+//! and whether bytes wait to be read.
+
+use std::io::{self, IoSlice, Write};
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
+
+use super::NET;
+use crate::error::NetError;
+use crate::net::timing::{self, Spent};
+
+/// A failed write on a stream, as the net reports it.
+pub(super) fn write_err(e: io::Error) -> NetError {
+    NetError::io(NET, "write", e)
+}
+
+/// A failed read on a stream, as the net reports it: the peer's close, or
+/// the system call's error.
+pub(super) fn read_err(e: io::Error) -> NetError {
+    if e.kind() == io::ErrorKind::UnexpectedEof {
+        NetError::Closed { net: NET }
+    } else {
+        NetError::io(NET, "read", e)
+    }
+}
+
+/// Writes every byte of `parts` with as few system calls as it takes.
+pub(super) fn write_all_slices(s: &TcpStream, parts: &[&[u8]]) -> io::Result<()> {
+    timing::mark(Spent::Other);
+    let (mut idx, mut off) = (0, 0);
+    while idx < parts.len() {
+        if off == parts[idx].len() {
+            idx += 1;
+            off = 0;
+            continue;
+        }
+        let iov: Vec<IoSlice<'_>> = std::iter::once(IoSlice::new(&parts[idx][off..]))
+            .chain(parts[idx + 1..].iter().take(255).map(|p| IoSlice::new(p)))
+            .collect();
+        let mut n = (&*s).write_vectored(&iov)?;
+        if n == 0 {
+            return Err(io::ErrorKind::WriteZero.into());
+        }
+        while n > 0 && idx < parts.len() {
+            let rem = parts[idx].len() - off;
+            if n >= rem {
+                n -= rem;
+                idx += 1;
+                off = 0;
+            } else {
+                off += n;
+                n = 0;
+            }
+        }
+    }
+    timing::mark(Spent::Socket);
+    timing::bytes(parts.iter().map(|p| p.len()).sum());
+    Ok(())
+}
+
+/// Whether the socket has bytes waiting to be read.
+pub(super) fn readable_now(s: &TcpStream) -> bool {
+    use std::os::fd::AsRawFd;
+    let mut n: libc::c_int = 0;
+    // SAFETY: FIONREAD writes one int through the pointer given.
+    let r = unsafe { libc::ioctl(s.as_raw_fd(), libc::FIONREAD, &mut n) };
+    r == 0 && n > 0
+}
+
+/// Spins until `s` has bytes to read or `spin` has passed (at once when
+/// `spin` is zero).
+pub(super) fn poll_readable(s: &TcpStream, spin: Duration) {
+    if spin.is_zero() {
+        return;
+    }
+    let start = Instant::now();
+    while !readable_now(s) && start.elapsed() < spin {
+        std::hint::spin_loop();
+    }
+}
+
+pub(super) fn tune(s: &TcpStream, sockbuf: usize) -> io::Result<()> {
+    s.set_nodelay(true)?;
+    if sockbuf > 0 {
+        let s2 = socket2::SockRef::from(s);
+        s2.set_send_buffer_size(sockbuf)?;
+        s2.set_recv_buffer_size(sockbuf)?;
+    }
+    Ok(())
+}

@@ -1,0 +1,242 @@
+//! An I/O thread's GPU staging: a [`Ring`] of pinned slots made for a GPU
+//! when first needed (or ahead, for the endpoint's GPU), remade for another
+//! GPU; on a send stream, lent to the socket ([`super::splice`]) where that
+//! works. `T` is what a receive stream parks on a slot until its copies
+//! land (a send stream parks nothing).
+
+use std::io;
+use std::net::TcpStream;
+use std::sync::Arc;
+
+use super::splice::Splicer;
+use crate::error::NetError;
+use crate::gpu::staging::Ring;
+use crate::net::timing::{self, Spent};
+
+/// Why a send thread's pipe waited, logged (`debug`) when its staging is
+/// dropped: how often the oldest window's copy had not landed when it was
+/// due, how far the copies ran ahead then, and why topping the copies up
+/// stopped.
+#[derive(Default)]
+pub(super) struct PipeStats {
+    pub(super) on: bool,
+    pub(super) windows: u64,
+    pub(super) not_landed: u64,
+    pub(super) ahead_at_wait: u64,
+    pub(super) stop_lent: u64,
+    pub(super) stop_dry: u64,
+    pub(super) credit_blocks: u64,
+}
+
+/// One GPU's staging: the ring, and on a send stream what its slots owe
+/// the socket.
+pub(super) struct Staging<T> {
+    pub(super) ring: Ring<T>,
+    /// Send side, slots lent to the socket: per slot, the lent count at the
+    /// end of its last window (the credit it waits for before it is
+    /// written again; see [`super::splice`]).
+    pub(super) lent: Vec<u64>,
+    /// Send side: why the pipe waited (counted with `debug` logging only).
+    pub(super) stats: PipeStats,
+}
+
+impl<T> Drop for Staging<T> {
+    fn drop(&mut self) {
+        let p = &self.stats;
+        if p.on && p.windows > 0 {
+            tracing::debug!(
+                windows = p.windows,
+                not_landed = p.not_landed,
+                mean_ahead_at_wait = p.ahead_at_wait as f64 / p.not_landed.max(1) as f64,
+                stop_lent = p.stop_lent,
+                stop_dry = p.stop_dry,
+                credit_blocks = p.credit_blocks,
+                depth = self.ring.depth(),
+                "tx pipe waits"
+            );
+        }
+    }
+}
+
+impl<T> Staging<T> {
+    /// `mapped`: slots in memory mapped here and registered with CUDA
+    /// rather than allocated by it (see [`Stager::mapped`]).
+    fn new(device: i32, slice: usize, depth: usize, mapped: bool) -> Result<Self, NetError> {
+        let kernel = crate::gpu::unpack::copy_kernel_allowed();
+        Ok(Staging {
+            ring: Ring::new(device, slice, depth, mapped, kernel)?,
+            lent: vec![0; depth.max(1)],
+            stats: PipeStats {
+                on: tracing::enabled!(tracing::Level::DEBUG),
+                ..PipeStats::default()
+            },
+        })
+    }
+
+    /// Whether every slot can be lent to a pipe.
+    fn probe_lend(&self, sp: &Splicer) -> io::Result<()> {
+        let slice = self.ring.slice();
+        (0..self.ring.depth()).try_for_each(|k| sp.probe(self.ring.slot_bytes(k, slice)))
+    }
+
+    /// Whether slot `k` may be written: not lent, or credited since (taking
+    /// the credits that have come; with `block`, waiting for its own).
+    pub(super) fn unlent(
+        &mut self,
+        k: usize,
+        sp: Option<&mut Splicer>,
+        block: bool,
+    ) -> Result<bool, NetError> {
+        let mark = self.lent[k];
+        let Some(sp) = sp.filter(|sp| mark > sp.credited()) else {
+            return Ok(true);
+        };
+        sp.poll_credits().map_err(credit_err)?;
+        if mark > sp.credited() && block {
+            self.stats.credit_blocks += 1;
+            timing::mark(Spent::Other);
+            sp.wait_credit(mark).map_err(credit_err)?;
+            timing::mark(Spent::Socket);
+        }
+        Ok(mark <= sp.credited())
+    }
+
+    /// The highest credit any slot waits for.
+    fn lent_mark(&self) -> u64 {
+        self.lent.iter().copied().max().unwrap_or(0)
+    }
+}
+
+pub(super) fn credit_err(e: io::Error) -> NetError {
+    NetError::io(super::NET, "reading lent-page credits", e)
+}
+
+/// An I/O thread's staging: made for a GPU when first needed (or ahead,
+/// for the endpoint's GPU), remade for another GPU, `depth` slices of
+/// `slice` bytes.
+pub(super) struct Stager<T> {
+    pub(super) cur: Option<Staging<T>>,
+    slice: usize,
+    depth: usize,
+    /// Slots in memory mapped here and registered with CUDA: set when the
+    /// driver's own pinned memory cannot be lent to a pipe (`vmsplice`).
+    mapped: bool,
+    /// Send side: lending large GPU windows to the socket.
+    pub(super) lend: Lend,
+}
+
+/// Whether a send stream lends its staging to the socket
+/// ([`super::splice`]).
+pub(super) enum Lend {
+    Off,
+    /// Wanted; set up (pipe made, staging probed) at the first large GPU
+    /// part.
+    Wanted(Arc<TcpStream>),
+    On(Splicer),
+}
+
+impl<T> Stager<T> {
+    /// Staging made later, on first use.
+    pub(super) fn lazy(slice: usize, depth: usize) -> Self {
+        Stager {
+            cur: None,
+            slice,
+            depth,
+            mapped: false,
+            lend: Lend::Off,
+        }
+    }
+
+    /// Staging for GPU `gpu` made now (pinned allocations take
+    /// milliseconds each: measured on h200-x2, the first size of a run read
+    /// 4.75 GB/s at 64 KiB where the next read 14.75). A failure is left
+    /// for the first GPU message to report.
+    pub(super) fn ahead(gpu: Option<i32>, slice: usize, depth: usize) -> Self {
+        let mut st = Stager::<T>::lazy(slice, depth);
+        if let Some(dev) = gpu {
+            if let Err(e) = st.get(dev) {
+                tracing::debug!(gpu = dev, "pinned staging not made ahead: {e}");
+            }
+        }
+        st
+    }
+
+    /// The staging for GPU `device`, made (or remade) if needed. A receive
+    /// side must have flushed the old one first.
+    pub(super) fn get(&mut self, device: i32) -> Result<&mut Staging<T>, NetError> {
+        if let Some(old) = self.cur.as_ref().filter(|s| s.ring.device() != device) {
+            // Its lent slots go back to the allocator only once read.
+            if let Lend::On(sp) = &mut self.lend {
+                sp.wait_credit(old.lent_mark()).map_err(credit_err)?;
+            }
+            self.cur = None;
+        }
+        let st = match self.cur.take() {
+            Some(st) => st,
+            None => Staging::new(device, self.slice, self.depth, self.mapped)?,
+        };
+        Ok(self.cur.insert(st))
+    }
+
+    /// The staging for GPU `device` and, where this stream lends its large
+    /// windows to the socket, the splicer: set up at the first call, the
+    /// slots probed (remade in mapped memory if the driver's cannot be
+    /// lent; not lent at all if neither can).
+    pub(super) fn lending(
+        &mut self,
+        device: i32,
+    ) -> Result<(&mut Staging<T>, Option<&mut Splicer>), NetError> {
+        if let Lend::Wanted(sock) = &self.lend {
+            let sock = sock.clone();
+            self.lend = Lend::Off;
+            match Splicer::new(sock, self.slice) {
+                Ok(sp) => {
+                    let mut probe = self.get(device)?.probe_lend(&sp);
+                    if let Err(e) = &probe {
+                        tracing::debug!(
+                            gpu = device,
+                            "staging not lendable ({e}): remade in mapped memory"
+                        );
+                        self.mapped = true;
+                        self.cur = None;
+                        probe = self.get(device)?.probe_lend(&sp);
+                    }
+                    match probe {
+                        Ok(()) => self.lend = Lend::On(sp),
+                        Err(e) => tracing::info!(
+                            gpu = device,
+                            "socket net: staging cannot be lent to the socket ({e}); written instead"
+                        ),
+                    }
+                }
+                Err(e) => tracing::info!(
+                    "socket net: no pipe to lend staging through ({e}); written instead"
+                ),
+            }
+        }
+        self.get(device)?;
+        let sp = match &mut self.lend {
+            Lend::On(sp) => Some(sp),
+            _ => None,
+        };
+        let st = self.cur.as_mut().ok_or(NetError::Misuse {
+            net: super::NET,
+            reason: "staging missing".into(),
+        })?;
+        Ok((st, sp))
+    }
+
+    /// Whether tokens wait on copies that have not been waited for.
+    pub(super) fn landing(&self) -> bool {
+        self.cur.as_ref().is_some_and(|st| st.ring.has_landing())
+    }
+
+    /// Waits for every queued copy; the tokens behind them go to `out`
+    /// (see [`Ring::flush`]).
+    pub(super) fn flush(&mut self, out: &mut Vec<T>) -> Result<(), NetError> {
+        match self.cur.as_mut() {
+            Some(st) => Ok(st.ring.flush(out)?),
+            None => Ok(()),
+        }
+    }
+}

@@ -1,0 +1,614 @@
+//! The send threads: one per stream, writing the parts queued to it --
+//! host memory straight from the user's buffer (small parts batched into
+//! one system call), GPU memory through the stream's pinned staging, the
+//! copies of the next windows running while this one is written.
+
+use std::net::TcpStream;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::Receiver;
+use parking_lot::Mutex;
+
+use super::segs::{small_gpu_part, uniform_kind, window_copies, windows, Window};
+use super::sockio::{write_all_slices, write_err};
+use super::splice::Splicer;
+use super::stage::{Lend, Stager, Staging};
+use super::wire::{PartHeader, HDR_LEN};
+use super::{Lane, BATCH_BYTES, BATCH_OPS, BATCH_PART, NET};
+use crate::error::NetError;
+use crate::memory::MemKind;
+use crate::net::timing::{self, Spent};
+use crate::net::{MemRef, Waker};
+
+pub(super) struct SendReq {
+    pub(super) parts_left: AtomicUsize,
+    pub(super) size: usize,
+    pub(super) error: Mutex<Option<NetError>>,
+}
+
+pub(super) struct TxOp {
+    pub(super) head: PartHeader,
+    /// `head`, encoded.
+    pub(super) hdr: [u8; HDR_LEN],
+    /// The part's memory: pieces of the message's segments.
+    pub(super) pieces: Vec<MemRef>,
+    /// Payload bytes.
+    pub(super) len: usize,
+    pub(super) req: Arc<SendReq>,
+    /// Bytes of header + payload already written by the posting thread.
+    pub(super) skip: usize,
+    /// The payload itself, when the posting thread already copied it out of
+    /// the GPU (then `pieces` is empty).
+    pub(super) owned: Option<Vec<u8>>,
+}
+
+pub(super) struct SendShared {
+    pub(super) failed: Mutex<Option<NetError>>,
+    pub(super) waker: Waker,
+}
+
+/// Host memory as bytes.
+fn host_slice(m: &MemRef) -> &[u8] {
+    if m.len == 0 {
+        return &[];
+    }
+    // SAFETY: the engine checked `[addr, addr+len)` against a registered
+    // region that stays registered until this request completes.
+    unsafe { std::slice::from_raw_parts(m.addr as *const u8, m.len) }
+}
+
+/// The header and payload of a host-memory op, less the first `skip`
+/// bytes (already written by the posting thread).
+pub(super) fn host_slices(op: &TxOp) -> Vec<&[u8]> {
+    let mut v: Vec<&[u8]> = Vec::with_capacity(op.pieces.len() + 1);
+    v.push(&op.hdr);
+    match &op.owned {
+        Some(b) => v.push(b),
+        None => v.extend(op.pieces.iter().map(host_slice)),
+    }
+    let mut skip = op.skip;
+    let mut first = 0;
+    while skip > 0 && first < v.len() {
+        if skip >= v[first].len() {
+            skip -= v[first].len();
+            first += 1;
+        } else {
+            v[first] = &v[first][skip..];
+            skip = 0;
+        }
+    }
+    v.split_off(first)
+}
+
+/// Whether an op's payload is host memory only.
+pub(super) fn host_only(op: &TxOp) -> bool {
+    op.owned.is_some() || uniform_kind(&op.pieces) == Some(MemKind::Host)
+}
+
+fn tx_part(s: &TcpStream, op: &TxOp, stager: &mut Stager<()>) -> Result<(), NetError> {
+    if host_only(op) {
+        return write_all_slices(s, &host_slices(op)).map_err(write_err);
+    }
+    write_all_slices(s, &[&op.hdr]).map_err(write_err)?;
+    for run in op.pieces.chunk_by(|a, b| a.kind == b.kind) {
+        match run[0].kind {
+            MemKind::Host => {
+                let v: Vec<&[u8]> = run.iter().map(host_slice).collect();
+                write_all_slices(s, &v).map_err(write_err)?;
+            }
+            MemKind::Cuda(dev) => {
+                let (st, mut sp) = stager.lending(dev)?;
+                let mut pipe = TxPipe::default();
+                pipe.push(Vec::new(), windows(run, st.ring.slice()), false);
+                while !pipe.is_empty() {
+                    pipe.write_next(s, st, sp.as_deref_mut(), false)?;
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// One part in a [`TxPipe`]: its windows and the ops it completes. One op:
+/// a large part, its header before its first window. Several: small parts
+/// sharing one window (a batch), each header before its own bytes. None:
+/// a piece of a part the caller writes the rest of.
+struct PipePart {
+    ops: Vec<TxOp>,
+    wins: Vec<Window>,
+    /// Whether its windows may be lent to the socket (not a batch's).
+    lend: bool,
+    issued: usize,
+    written: usize,
+}
+
+impl PipePart {
+    /// A batch that small parts may still join: its copy not yet queued.
+    fn open_batch(&self) -> bool {
+        !self.lend && self.issued == 0 && !self.ops.is_empty() && self.ops.len() < BATCH_OPS
+    }
+}
+
+/// Device-memory windows written through the pinned slots in order: the
+/// copies into the slots run up to `depth` windows ahead of the writes,
+/// across part boundaries -- the next part's first windows are copied
+/// while this part's last ones are written. (Part by part, a 1 MiB part
+/// was one window: its copy, the wait for it and its write ran one after
+/// the other on each stream.)
+#[derive(Default)]
+struct TxPipe {
+    parts: std::collections::VecDeque<PipePart>,
+    /// Windows whose copies were queued, and windows written, all parts.
+    issued: usize,
+    written: usize,
+}
+
+impl TxPipe {
+    fn push(&mut self, ops: Vec<TxOp>, wins: Vec<Window>, lend: bool) {
+        self.parts.push_back(PipePart {
+            ops,
+            wins,
+            lend,
+            issued: 0,
+            written: 0,
+        });
+    }
+
+    /// Adds a whole part of the stream's GPU: a large one on its own
+    /// (lendable windows); a small one to the open batch at the tail if it
+    /// fits in its window, else as a new batch.
+    fn add(&mut self, op: TxOp, slice: usize) {
+        if gpu_batchable(&op, slice).is_none() {
+            let wins = windows(&op.pieces, slice);
+            return self.push(vec![op], wins, true);
+        }
+        if let Some(t) = self.parts.back_mut().filter(|t| t.open_batch()) {
+            if t.wins[0].0 + op.len <= slice {
+                let w = &mut t.wins[0];
+                for m in &op.pieces {
+                    w.1.push((m.addr, w.0, m.len));
+                    w.0 += m.len;
+                }
+                t.ops.push(op);
+                return;
+            }
+        }
+        let wins = windows(&op.pieces, slice);
+        self.push(vec![op], wins, false);
+    }
+
+    /// Whether the pipe takes in another part: while it knows fewer
+    /// unwritten windows than slots (see [`TxPipe::wants_more`]), and one
+    /// more while the batch at its tail may still grow.
+    fn takes_more(&self, depth: usize) -> bool {
+        let tail_open = self.parts.back().is_some_and(|t| t.open_batch());
+        self.wants_more(depth) || (tail_open && self.wants_more(depth + 1))
+    }
+
+    fn is_empty(&self) -> bool {
+        self.parts.is_empty()
+    }
+
+    /// Whether the pipe knows fewer windows not yet written than it has
+    /// slots: the parts queued behind are then taken in, so that their
+    /// copies can run ahead. (It used to take one only once every known
+    /// window's copy was queued -- which happens inside `write_next`, after
+    /// the taking: with one window per part, the usual 1 MiB part, each
+    /// copy was queued, waited for and written one at a time; measured on
+    /// h200-x2, every window's copy still running when it was due.)
+    fn wants_more(&self, depth: usize) -> bool {
+        self.parts
+            .iter()
+            .map(|p| p.wins.len() - p.written)
+            .sum::<usize>()
+            < depth
+    }
+
+    /// Queues the copies of the next windows into the free slots. With
+    /// `sp`, a slot still lent to the socket is free once the receiver has
+    /// credited it; the pipe blocks for that credit only when it has
+    /// nothing else to write.
+    fn top_up(
+        &mut self,
+        st: &mut Staging<()>,
+        mut sp: Option<&mut Splicer>,
+    ) -> Result<(), NetError> {
+        let depth = st.ring.depth();
+        while self.issued - self.written < depth {
+            let Some(p) = self.parts.iter_mut().find(|p| p.issued < p.wins.len()) else {
+                st.stats.stop_dry += 1;
+                break;
+            };
+            let k = self.issued % depth;
+            // Block for a lent slot's credit only with nothing staged to
+            // write meanwhile.
+            if !st.unlent(k, sp.as_deref_mut(), self.issued == self.written)? {
+                st.stats.stop_lent += 1;
+                break;
+            }
+            let slot = st.ring.slot_addr(k);
+            let ops = window_copies(&p.wins[p.issued].1, slot, true, !p.lend);
+            // SAFETY: the window fits the slot, whose previous window was
+            // written once its copies had landed (so nothing reads it); the
+            // device ranges were checked by the engine.
+            unsafe { st.ring.queue_copies(k, &ops, p.lend) }?;
+            st.ring.seal(k)?;
+            p.issued += 1;
+            self.issued += 1;
+        }
+        Ok(())
+    }
+
+    /// Tops the copies up, then writes the oldest window once its copy has
+    /// landed (with `lend`: lends it to the socket through `sp`, its part's
+    /// header marked spliced); returns the part when that was its last
+    /// window. `sp` is the stream's splicer, if any, whose credits free
+    /// lent slots.
+    fn write_next(
+        &mut self,
+        s: &TcpStream,
+        st: &mut Staging<()>,
+        mut sp: Option<&mut Splicer>,
+        lend: bool,
+    ) -> Result<Option<PipePart>, NetError> {
+        timing::mark(Spent::Other);
+        self.top_up(st, sp.as_deref_mut())?;
+        timing::mark(Spent::Driver);
+        let depth = st.ring.depth();
+        let Some(p) = self.parts.front_mut() else {
+            return Ok(None);
+        };
+        let k = self.written % depth;
+        if st.stats.on {
+            st.stats.windows += 1;
+            if st.ring.still_copying(k) {
+                st.stats.not_landed += 1;
+                st.stats.ahead_at_wait += (self.issued - self.written) as u64;
+            }
+        }
+        st.ring.wait(k)?;
+        timing::mark(Spent::Copies);
+        let data = st.ring.slot_bytes(k, p.wins[p.written].0);
+        match (sp.filter(|_| lend && p.lend), p.ops.as_slice(), p.written) {
+            (Some(sp), ops, w) => {
+                if let ([op], 0) = (ops, w) {
+                    let hdr = PartHeader {
+                        spliced: true,
+                        ..op.head
+                    }
+                    .encode();
+                    write_all_slices(s, &[&hdr]).map_err(write_err)?;
+                }
+                timing::mark(Spent::Other);
+                st.lent[k] = sp
+                    .send(data)
+                    .map_err(|e| NetError::io(NET, "lending pages to the socket", e))?;
+                timing::mark(Spent::Socket);
+                timing::bytes(data.len());
+            }
+            (None, [op], 0) => write_all_slices(s, &[&op.hdr, data]).map_err(write_err)?,
+            (None, [], _) | (None, [_], _) => write_all_slices(s, &[data]).map_err(write_err)?,
+            (None, ops, _) => {
+                // A batch: each part's header, then its bytes.
+                let mut at = 0;
+                let mut slices: Vec<&[u8]> = Vec::with_capacity(ops.len() * 2);
+                for o in ops {
+                    slices.push(&o.hdr);
+                    slices.push(&data[at..at + o.len]);
+                    at += o.len;
+                }
+                write_all_slices(s, &slices).map_err(write_err)?
+            }
+        }
+        p.written += 1;
+        self.written += 1;
+        if p.written == p.wins.len() {
+            return Ok(self.parts.pop_front());
+        }
+        Ok(None)
+    }
+}
+
+/// The GPU of a whole device-memory part written through the slots by
+/// [`tx_gpu_stream`]: large ones window by window, small ones batched.
+fn piped_gpu(op: &TxOp, slice: usize) -> Option<i32> {
+    if let Some(d) = gpu_batchable(op, slice) {
+        return Some(d);
+    }
+    if op.skip != 0 || op.owned.is_some() || op.len == 0 {
+        return None;
+    }
+    match uniform_kind(&op.pieces) {
+        Some(MemKind::Cuda(d)) => Some(d),
+        _ => None,
+    }
+}
+
+/// Device-memory parts of GPU `dev` through one [`TxPipe`]: `first`, and
+/// those `next` hands over (parts queued behind it that join it) while a
+/// slot is free for them -- small ones batched into shared windows. Each
+/// is finished when written; after a failure, all of them with it.
+fn tx_gpu_stream(
+    s: &TcpStream,
+    first: TxOp,
+    dev: i32,
+    stager: &mut Stager<()>,
+    next: &mut dyn FnMut() -> Option<TxOp>,
+    finish: &dyn Fn(&TxOp, &Result<(), NetError>),
+) {
+    let (st, mut sp) = match stager.lending(dev) {
+        Ok(x) => x,
+        Err(e) => return finish(&first, &Err(e)),
+    };
+    let slice = st.ring.slice();
+    let mut pipe = TxPipe::default();
+    pipe.add(first, slice);
+    let res = loop {
+        while pipe.takes_more(st.ring.depth()) {
+            let Some(o) = next() else { break };
+            pipe.add(o, slice);
+        }
+        match pipe.write_next(s, st, sp.as_deref_mut(), true) {
+            Ok(Some(part)) => {
+                for op in &part.ops {
+                    finish(op, &Ok(()));
+                }
+            }
+            Ok(None) => {}
+            Err(e) => break Err(e),
+        }
+        if pipe.is_empty() {
+            break Ok(());
+        }
+    };
+    if let Err(e) = res {
+        for op in pipe.parts.drain(..).flat_map(|p| p.ops) {
+            finish(&op, &Err(e.clone()));
+        }
+    }
+}
+
+/// The next op: spins for `spin` after the last one before blocking.
+fn next_op(rx: &Receiver<TxOp>, spin: Duration) -> Option<TxOp> {
+    let start = Instant::now();
+    loop {
+        match rx.try_recv() {
+            Ok(op) => return Some(op),
+            Err(crossbeam_channel::TryRecvError::Disconnected) => return None,
+            Err(crossbeam_channel::TryRecvError::Empty) if start.elapsed() < spin => {
+                std::hint::spin_loop()
+            }
+            Err(crossbeam_channel::TryRecvError::Empty) => return rx.recv().ok(),
+        }
+    }
+}
+
+pub(super) fn batchable(op: &TxOp) -> bool {
+    host_only(op) && op.len <= BATCH_PART && op.skip == 0
+}
+
+/// The GPU of a small device-memory part that can share a window of the
+/// send pipe (one staged copy, one wait) with the parts queued behind it.
+fn gpu_batchable(op: &TxOp, slice: usize) -> Option<i32> {
+    small_gpu_part(&op.pieces, op.len, slice).filter(|_| op.skip == 0 && op.owned.is_none())
+}
+
+/// `first` (a small host-memory part) and the small host-memory parts
+/// queued behind it, up to [`BATCH_OPS`] and while under [`BATCH_BYTES`];
+/// the first op that does not join is kept in `held` for the next round.
+fn take_host_batch(rx: &Receiver<TxOp>, first: TxOp, held: &mut Option<TxOp>) -> Vec<TxOp> {
+    let mut bytes = first.len;
+    let mut batch = vec![first];
+    while batch.len() < BATCH_OPS && bytes < BATCH_BYTES {
+        match rx.try_recv() {
+            Ok(o) if batchable(&o) => {
+                bytes += o.len;
+                batch.push(o);
+            }
+            Ok(o) => {
+                *held = Some(o);
+                break;
+            }
+            Err(_) => break,
+        }
+    }
+    batch
+}
+
+fn finish_op(s: &TcpStream, shared: &SendShared, op: &TxOp, r: &Result<(), NetError>) {
+    match r {
+        Ok(()) => {
+            if op.req.parts_left.fetch_sub(1, Ordering::AcqRel) == 1 {
+                (shared.waker)();
+            }
+        }
+        Err(e) => {
+            let peer = s.peer_addr().map(|a| a.to_string()).unwrap_or_default();
+            tracing::debug!("socket net: send stream to {peer} failed: {e}");
+            *op.req.error.lock() = Some(e.clone());
+            shared.failed.lock().get_or_insert_with(|| e.clone());
+            let _ = s.shutdown(std::net::Shutdown::Both);
+            (shared.waker)();
+        }
+    }
+}
+
+pub(super) fn tx_loop(
+    s: Arc<TcpStream>,
+    rx: Receiver<TxOp>,
+    shared: Arc<SendShared>,
+    queued: Arc<AtomicUsize>,
+    lane: Lane,
+) {
+    let Lane {
+        slice, depth, spin, ..
+    } = lane;
+    let _account = timing::start(|| {
+        let peer = s.peer_addr().map(|a| a.to_string()).unwrap_or_default();
+        format!("tx stream {} to {peer}", lane.index)
+    });
+    // A lent slot comes back a receiver's read later than a written one:
+    // a lending stream keeps twice the slots. Measured on h200-x2, GPU ->
+    // GPU, six runs each (`…-splice/`): written 19.82 / 20.20 GB/s at 16 /
+    // 256 MiB, lent through 4 slots 22.04 / 21.07, through 8 21.80 / 22.33.
+    let depth = if lane.splice { depth * 2 } else { depth };
+    let mut stager = Stager::<()>::ahead(lane.gpu, slice, depth);
+    if lane.splice {
+        stager.lend = Lend::Wanted(s.clone());
+    }
+    let mut held: Option<TxOp> = None;
+    let finish = |op: &TxOp, r: &Result<(), NetError>| {
+        queued.fetch_sub(1, Ordering::AcqRel);
+        finish_op(&s, &shared, op, r)
+    };
+    loop {
+        timing::mark(Spent::Other);
+        let Some(op) = held.take().or_else(|| next_op(&rx, spin)) else {
+            return;
+        };
+        timing::mark(Spent::Waiting);
+        if let Some(f) = shared.failed.lock().clone() {
+            queued.fetch_sub(1, Ordering::AcqRel);
+            *op.req.error.lock() = Some(f);
+            (shared.waker)();
+            continue;
+        }
+        if let Some(dev) = piped_gpu(&op, slice) {
+            // The parts queued behind it on the same GPU join it; the first
+            // that does not (or any, once the comm has failed) is held for
+            // this loop.
+            let mut next = || {
+                if held.is_some() {
+                    return None;
+                }
+                match rx.try_recv() {
+                    Ok(o)
+                        if piped_gpu(&o, slice) == Some(dev) && shared.failed.lock().is_none() =>
+                    {
+                        Some(o)
+                    }
+                    Ok(o) => {
+                        held = Some(o);
+                        None
+                    }
+                    Err(_) => None,
+                }
+            };
+            tx_gpu_stream(&s, op, dev, &mut stager, &mut next, &finish);
+            continue;
+        }
+        if !batchable(&op) {
+            let r = tx_part(&s, &op, &mut stager);
+            finish(&op, &r);
+            continue;
+        }
+        let batch = take_host_batch(&rx, op, &mut held);
+        let slices: Vec<&[u8]> = batch.iter().flat_map(host_slices).collect();
+        let r = write_all_slices(&s, &slices).map_err(write_err);
+        tracing::trace!(seq = batch[0].head.seq, n = batch.len(), "lat: tx wrote");
+        for o in &batch {
+            finish(o, &r);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gpu;
+
+    fn host(addr: u64, len: usize) -> MemRef {
+        MemRef {
+            addr,
+            len,
+            kind: MemKind::Host,
+        }
+    }
+
+    #[test]
+    fn send_pipe_takes_parts_until_its_slots_are_covered() {
+        // One-window parts (a 1 MiB part through 1 MiB slots): the pipe
+        // keeps taking them until it knows a window for every slot, so
+        // their copies can be queued ahead of the writes.
+        let one = |addr| windows(&[host(addr, 1 << 20)], 1 << 20);
+        let mut pipe = TxPipe::default();
+        assert!(pipe.wants_more(4));
+        for i in 0..3 {
+            pipe.push(Vec::new(), one(i << 20), true);
+            assert!(pipe.wants_more(4), "{} parts known", i + 1);
+        }
+        pipe.push(Vec::new(), one(3 << 20), true);
+        assert!(!pipe.wants_more(4));
+        // Written windows no longer count; a part of several windows does.
+        pipe.parts[0].written = 1;
+        assert!(pipe.wants_more(4));
+        let mut pipe = TxPipe::default();
+        pipe.push(Vec::new(), windows(&[host(0, 5 << 20)], 1 << 20), true);
+        assert!(!pipe.wants_more(4));
+    }
+
+    #[test]
+    fn small_gpu_parts_share_windows_in_the_send_pipe() {
+        let part = |addr: u64, len: usize| TxOp {
+            head: PartHeader::default(),
+            hdr: [0; HDR_LEN],
+            pieces: vec![MemRef {
+                addr,
+                len,
+                kind: MemKind::Cuda(0),
+            }],
+            len,
+            req: Arc::new(SendReq {
+                parts_left: AtomicUsize::new(1),
+                size: len,
+                error: Mutex::new(None),
+            }),
+            skip: 0,
+            owned: None,
+        };
+        let slice = 1 << 20;
+        let mut pipe = TxPipe::default();
+        // 128 KiB parts of 1 MiB messages: eight share one 1 MiB window;
+        // parts that follow each other in GPU memory are one copy.
+        for i in 0..8u64 {
+            let addr = if i < 4 {
+                i << 17
+            } else {
+                (10 << 20) + (i << 20)
+            };
+            pipe.add(part(addr, 128 << 10), slice);
+        }
+        assert_eq!(pipe.parts.len(), 1);
+        let w = &pipe.parts[0].wins[0];
+        assert_eq!(w.0, slice);
+        assert_eq!(w.1.len(), 8);
+        let slot = 1 << 40;
+        let copies = window_copies(&w.1, slot, true, !pipe.parts[0].lend);
+        assert_eq!(copies.len(), 5, "four contiguous parts, then four apart");
+        let copy = |dst: u64, src: u64, len: usize| gpu::CopyOp { dst, src, len };
+        assert_eq!(copies[0], copy(slot, 0, 512 << 10));
+        assert_eq!(
+            copies[1],
+            copy(slot + (512 << 10), (10 << 20) + (4 << 20), 128 << 10)
+        );
+        assert!(!pipe.parts[0].lend, "a batch is written, not lent");
+        // A full window: the next one starts a batch of its own, which the
+        // pipe keeps filling one window beyond its slots.
+        pipe.add(part(1 << 30, 4096), slice);
+        assert_eq!(pipe.parts.len(), 2);
+        assert!(pipe.takes_more(2) && !pipe.wants_more(2));
+        assert!(!pipe.takes_more(1));
+        // Once its copy is queued a batch takes no more.
+        pipe.parts[1].issued = 1;
+        pipe.add(part(2 << 30, 4096), slice);
+        assert_eq!(pipe.parts.len(), 3);
+        // A large part is a part of its own, lent.
+        pipe.add(part(3 << 30, 3 << 20), slice);
+        assert_eq!(pipe.parts.len(), 4);
+        assert!(pipe.parts[3].lend);
+        assert_eq!(pipe.parts[3].wins.len(), 3);
+        assert_eq!(pipe.parts.iter().map(|p| p.ops.len()).sum::<usize>(), 11);
+    }
+}
