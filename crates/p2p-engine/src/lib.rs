@@ -1,7 +1,8 @@
 //! tcpx-p2p: a GPU peer-to-peer transfer engine for clusters without RDMA.
 //!
 //! The engine ([`Endpoint`]) is written once over the [`net::Net`] trait;
-//! [`net::socket`] is the native multi-stream TCP transport. See DESIGN.md.
+//! [`net::socket`] is the native multi-stream TCP transport. See
+//! `docs/ARCHITECTURE.md` in the repository.
 #![deny(unsafe_code)]
 
 pub mod config;

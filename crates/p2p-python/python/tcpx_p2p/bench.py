@@ -39,7 +39,7 @@ DEFAULT_SIZES = "64K,1M,16M,256M"
 CTL_PORT = 18515
 
 
-# ----------------------------------------------------------------- helpers
+# ---------------------------------------------------------------- utilities
 
 
 class Ctl:
@@ -1030,6 +1030,9 @@ def default_out_dir(a):
     return os.path.join(base, f"{time.strftime('%Y-%m-%d')}-{platform.node() or 'host'}-blocking")
 
 
+LOAD_AT_START = list(os.getloadavg())
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="tcpx-p2p-bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("mode", choices=["pair", "server", "client"])
@@ -1152,6 +1155,9 @@ def main(argv=None):
             "date": time.strftime("%Y-%m-%d %H:%M:%S"),
             "host": platform.node(),
             "cpus": os.cpu_count(),
+            # What else the machine was doing: 1, 5 and 15 minute load
+            # averages at the start and at the end of the run.
+            "loadavg": {"start": LOAD_AT_START, "end": list(os.getloadavg())},
             "args": vars(a),
             "net": net,
             "streams": streams,
