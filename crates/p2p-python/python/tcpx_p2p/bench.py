@@ -1000,13 +1000,14 @@ def print_inflight_table(rows, title, out=sys.stdout):
     f = lambda v, w: f"{'-':>{w}}" if v is None else f"{v:>{w}.1f}"  # noqa: E731
     gpu = any("gpu_copy_out_in_p50_us" in r for r in rows)
     p(title)
-    hdr = f"{'op':<6}{'size':>7}{'inflt':>6}{'us/xfer':>10}{'p50':>9}{'p99':>9}{'GB/s':>8}{'rawTCP':>9}"
+    hdr = f"{'op':<9}{'size':>7}{'inflt':>6}{'us/xfer':>10}{'p50':>9}{'p99':>9}{'GB/s':>8}{'rawTCP':>9}"
     if gpu:
         hdr += f"{'copies':>8}"
     hdr += f"{'floor':>9}{'fl p99':>9}{'p50/fl' if all(r['inflight'] == 1 for r in rows) else 'xfer/fl':>8}  raw TCP as"
     p(hdr)
     for r in rows:
-        line = f"{r['op']:<6}{fmt_size(r['size']):>7}{r['inflight']:>6}{r['us_per_transfer']:>10.1f}{r['lat_p50_us']:>9.1f}{r['lat_p99_us']:>9.1f}{r['GBps']:>8.2f}"
+        op = r["op"] if r.get("batch", 1) == 1 else f"{r['op']}x{r['batch']}"
+        line = f"{op:<9}{fmt_size(r['size']):>7}{r['inflight']:>6}{r['us_per_transfer']:>10.1f}{r['lat_p50_us']:>9.1f}{r['lat_p99_us']:>9.1f}{r['GBps']:>8.2f}"
         line += f(r.get("raw_tcp_p50_us"), 9)
         if gpu:
             line += f(r.get("gpu_copy_out_in_p50_us"), 8)
@@ -1016,10 +1017,12 @@ def print_inflight_table(rows, title, out=sys.stdout):
         if "raw_tcp_method" in r:
             line += f"  {r['raw_tcp_method']}, {r['raw_tcp_streams']} stream{'s' if r['raw_tcp_streams'] > 1 else ''}"
         p(line)
-    p("(microseconds. us/xfer: wall time per transfer; p50 / p99: each transfer, posted to done; send is")
-    p(" timed to the receiver's 8-byte answer; xfer/fl: us/xfer / floor, with several in flight. rawTCP: raw TCP moving the same bytes one way and a few")
-    p(" back, p50 (the faster of half a ping-pong of them + half one of 8 bytes, and from 1 MiB single")
-    p(" acknowledged runs; on 1 stream and on as many as ours)" + (". floor = rawTCP + one staged copy out of the GPU and one in)" if gpu else " = the floor)"))
+    p("(microseconds. us/xfer: wall time per transfer; p50 / p99: each transfer, posted to done;")
+    p(" send is timed to the receiver's 8-byte answer; opxN: N blocks of that size per transfer;")
+    p(" xfer/fl: us/xfer over the floor, with several in flight. rawTCP: raw TCP moving the same")
+    p(" bytes one way and a few back, p50: the faster of half a ping-pong of them + half one of")
+    p(" 8 bytes, and from 1 MiB single acknowledged runs, on 1 stream and on as many as ours;")
+    p(" floor = rawTCP + one staged copy out of the GPU and one in)" if gpu else " floor = rawTCP)")
 
 
 def default_out_dir(a):
