@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Two builds on one lease, alternated (lease-to-lease variance is as large
+# Two builds on one machine, alternated (machine-to-machine variance is as large
 # as most changes): bash benchmarks/ab_compare.sh OLD_WHEEL NEW_WHEEL OUTDIR [ROUNDS]
 # Each round runs, for each wheel in turn, GPU → GPU latency and throughput
 # at AB_SIZES (default 4K,64K,1M) and, unless AB_KV=0, a scattered

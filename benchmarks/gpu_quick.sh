@@ -83,7 +83,7 @@ if has latbreak; then
 fi
 if has tune; then
   # Staging slice / depth and socket buffer sizes, GPU -> GPU 16 / 256 MiB,
-  # each setting twice, the rounds alternated (lease drift hits all alike).
+  # each setting twice, the rounds alternated (machine drift hits all alike).
   for round in 1 2; do
     for c in ${TUNE_SETTINGS:-default STAGING_SLICE=256K STAGING_SLICE=512K STAGING_SLICE=2M STAGING_SLICE=512K,STAGING_DEPTH=8 SOCKBUF=8M SOCKBUF=32M}; do
       E=""; [ $c != default ] && E=$(echo "$c" | sed 's/^/TCPX_P2P_/; s/,/ TCPX_P2P_/g')

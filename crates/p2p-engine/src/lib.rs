@@ -6,7 +6,8 @@
 //! trait; the socket net (multi-stream TCP) and the ncclNet plugin loader
 //! are its transports. Everything else is internal; the bindings, the
 //! ncclNet stand-in, the fuzz targets and the tests reach what they need
-//! through [`internal`], which is not a stable interface.
+//! through [`internal`], which is not a stable interface. The layers and
+//! the life of a transfer: `docs/ARCHITECTURE.md` in the repository.
 #![deny(unsafe_code)]
 
 mod config;

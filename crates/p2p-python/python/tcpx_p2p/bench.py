@@ -9,6 +9,17 @@ References (--reference): raw TCP with the same number of streams (host
 memory, our Rust reference client/server), and with GPU memory on a
 machine with two GPUs, NCCL's socket transport through PyTorch at its
 default and at its best thread × socket setting.
+
+Blocking mode (--inflight N; 1 = one transfer at a time): microseconds per
+transfer with p50 / p99, beside the floor measured in the same run: raw
+TCP's round trip of the same bytes one way and 8 bytes back, plus for GPU
+memory one staged copy out of the GPU and one in.
+
+A reference that cannot run (one GPU for NCCL, no PyTorch) is skipped with
+a line saying why; one that fails or does not answer within
+--reference-timeout seconds ends that reference, never the benchmark.
+TCPX_P2P_BENCH_REFERENCE_FAULT=NAME=fail|hang[,...] (NAME: raw_tcp, nccl,
+gpu_copy) makes a reference fail or hang, to test that handling.
 """
 
 import argparse
@@ -16,8 +27,10 @@ import json
 import multiprocessing as mp
 import os
 import socket
+import queue
 import statistics
 import sys
+import threading
 import time
 
 from ._buffers import Buffer, block_offsets, fmt_size, parse_size
@@ -26,7 +39,7 @@ DEFAULT_SIZES = "64K,1M,16M,256M"
 CTL_PORT = 18515
 
 
-# ----------------------------------------------------------------- helpers
+# ---------------------------------------------------------------- utilities
 
 
 class Ctl:
@@ -80,6 +93,71 @@ class Progress:
 def pct(v, p):
     v = sorted(v)
     return v[min(len(v) - 1, int(round(p / 100 * (len(v) - 1))))]
+
+
+def reference_fault(name):
+    """The fault TCPX_P2P_BENCH_REFERENCE_FAULT asks of reference `name`
+    ("fail", "hang" or "die"), or None."""
+    for item in os.environ.get("TCPX_P2P_BENCH_REFERENCE_FAULT", "").split(","):
+        k, _, v = item.strip().partition("=")
+        if k == name:
+            return v or "fail"
+    return None
+
+
+class Reference:
+    """One reference measured beside ours (raw TCP, NCCL, the GPU copies).
+    Each call runs under a deadline; the first failure or missed deadline
+    ends this reference (later calls return None at once), never the
+    benchmark. `status` is "ok", "skipped: why" or "failed: why"."""
+
+    def __init__(self, name, timeout):
+        self.name, self.timeout, self.status = name, timeout, "ok"
+
+    @property
+    def usable(self):
+        return self.status == "ok"
+
+    def _end(self, status):
+        if self.usable:
+            self.status = status
+            print(f"{self.name} reference {status}", file=sys.stderr)
+
+    def skip(self, why):
+        self._end(f"skipped: {why}")
+
+    def fail(self, why):
+        self._end(f"failed: {why}")
+
+    def call(self, fn, *args):
+        """fn(*args) on a daemon thread, waited for at most `timeout`
+        seconds; None when this reference has ended or ends now."""
+        if not self.usable:
+            return None
+        box = {}
+        fault = reference_fault(self.name)
+
+        def target():
+            try:
+                if fault == "hang":
+                    threading.Event().wait()
+                if fault:
+                    raise RuntimeError("failure injected by TCPX_P2P_BENCH_REFERENCE_FAULT")
+                box["value"] = fn(*args)
+            except BaseException as e:  # noqa: BLE001 - reported as this reference's failure
+                box["error"] = e
+
+        t = threading.Thread(target=target, name=f"bench-ref-{self.name}", daemon=True)
+        t.start()
+        t.join(self.timeout)
+        if t.is_alive():
+            self.fail(f"no answer within {self.timeout:g} s")
+        elif "error" in box:
+            e = box["error"]
+            self.fail(f"{type(e).__name__}: {e}")
+        else:
+            return box["value"]
+        return None
 
 
 def set_env(opts):
@@ -144,6 +222,16 @@ def serve_session(ctl, gpu, bind_ip):
                 ctl.send(posted=True)
                 for x in ids:
                     if not ep.wait(x):
+                        raise RuntimeError(ep.last_error())
+                ctl.send(done=True)
+            elif cmd == "echo":
+                # Blocking send/recv: each message received is answered with
+                # `ack` bytes, so the sender times one transfer and its news.
+                nblk, bs = len(blocks), buf.n // max(len(blocks), 1)
+                ack = min(m["ack"], buf.n)
+                for _ in range(m["iters"]):
+                    ok = ep.recvv(conn, [mr] * nblk, blocks, [bs] * nblk, nblk)
+                    if not ok or not ep.send(conn, mr, buf.ptr, ack):
                         raise RuntimeError(ep.last_error())
                 ctl.send(done=True)
             elif cmd == "pingpong":
@@ -274,51 +362,101 @@ def run_pairs(a, client_gpus, server_gpus):
 # ------------------------------------------------------------------ client
 
 
-def measure(ep, ctl, conn, a, gpu, size, nblk, raw):
-    """One row: verify once, then time throughput and latency."""
-    op = a.op
-    bs = size
-    total = bs * nblk
-    iters = a.iters or auto_iters(total, op)
-    layout = a.kv_layout if nblk > 1 else "contiguous"
-    ctl.send(cmd="prepare", nblk=nblk, block=bs, layout=layout)
-    metas = [bytes.fromhex(x) for x in ctl.recv()["metas"]]
-    src = Buffer(total, gpu)
-    ok, mr = ep.reg(src.ptr, total)
-    offs = block_offsets(nblk, bs, layout, seed=1)
-    blocks = [src.ptr + o for o in offs]
-    mrs, sizes = [mr] * nblk, [bs] * nblk
+class Refs:
+    """The references of one client: raw TCP (throughput and the blocking
+    floor, against the server's raw-TCP port) and the GPU copy floor."""
 
-    def once():
-        if op == "send":
-            ctl.send(cmd="recv", iters=1)
-            ctl.recv()
-            ok = ep.sendv(conn, mrs, blocks, sizes, nblk)
-            ctl.recv()
-        elif op == "write":
-            ok = ep.writev(conn, mrs, blocks, sizes, metas, nblk)
+    def __init__(self, a, host, raw_port, streams):
+        self.raw = (host, raw_port, streams)
+        self.raw_tcp = Reference("raw_tcp", a.reference_timeout)
+        self.gpu_copy = Reference("gpu_copy", a.reference_timeout)
+
+    def note(self, row, *names):
+        """Marks a row with each named reference that has ended."""
+        for name in names:
+            ref = getattr(self, name)
+            if not ref.usable:
+                row[f"{name}_reference"] = ref.status
+
+
+class Transfer:
+    """One row's buffers, registration and remote descriptors, and one
+    blocking transfer of them."""
+
+    def __init__(self, ep, ctl, conn, a, op, gpu, size, nblk):
+        self.ep, self.ctl, self.conn, self.op = ep, ctl, conn, op
+        self.bs, self.nblk, self.total = size, nblk, size * nblk
+        self.layout = a.kv_layout if nblk > 1 else "contiguous"
+        ctl.send(cmd="prepare", nblk=nblk, block=size, layout=self.layout)
+        self.metas = [bytes.fromhex(x) for x in ctl.recv()["metas"]]
+        self.src = Buffer(self.total, gpu)
+        ok, self.mr = ep.reg(self.src.ptr, self.total)
+        if not ok:
+            raise RuntimeError(ep.last_error())
+        self.offs = block_offsets(nblk, size, self.layout, seed=1)
+        self.blocks = [self.src.ptr + o for o in self.offs]
+        self.mrs, self.sizes = [self.mr] * nblk, [size] * nblk
+
+    def once(self):
+        ep, conn, n = self.ep, self.conn, self.nblk
+        if self.op == "send":
+            self.ctl.send(cmd="recv", iters=1)
+            self.ctl.recv()
+            ok = ep.sendv(conn, self.mrs, self.blocks, self.sizes, n)
+            self.ctl.recv()
+        elif self.op == "write":
+            ok = ep.writev(conn, self.mrs, self.blocks, self.sizes, self.metas, n)
         else:
-            ok = ep.readv(conn, mrs, blocks, sizes, metas, nblk)
+            ok = ep.readv(conn, self.mrs, self.blocks, self.sizes, self.metas, n)
         if not ok:
             raise RuntimeError(ep.last_error())
 
-    # Verify the bytes once.
-    if op == "read":
-        ctl.send(cmd="fill", seed=7)
-        ctl.recv()
-        src.clear()
-        once()
+    def post(self):
+        """One transfer posted (not waited for); its id."""
+        ep, conn, n = self.ep, self.conn, self.nblk
+        if self.op == "send":
+            ok, x = ep.sendv_async(conn, self.mrs, self.blocks, self.sizes, n)
+        elif self.op == "write":
+            ok, x = ep.writev_async(conn, self.mrs, self.blocks, self.sizes, self.metas, n)
+        else:
+            ok, x = ep.readv_async(conn, self.mrs, self.blocks, self.sizes, self.metas, n)
+        if not ok:
+            raise RuntimeError(self.ep.last_error())
+        return x
+
+    def wait(self, x):
+        if not self.ep.wait(x):
+            raise RuntimeError(self.ep.last_error())
+
+    def verify(self):
+        """One transfer of a seeded pattern; the receiver's SHA-256 must match."""
+        ctl = self.ctl
+        if self.op == "read":
+            ctl.send(cmd="fill", seed=7)
+            ctl.recv()
+            self.src.clear()
+        else:
+            self.src.fill(7)
+            ctl.send(cmd="fill", seed=None)
+            ctl.recv()
+        self.once()
         ctl.send(cmd="digest")
-        verified = ctl.recv()["digest"] == src.digest_blocks(offs, bs)
-    else:
-        src.fill(7)
-        ctl.send(cmd="fill", seed=None)
-        ctl.recv()
-        once()
-        ctl.send(cmd="digest")
-        verified = ctl.recv()["digest"] == src.digest_blocks(offs, bs)
-    if not verified:
-        raise RuntimeError(f"{op} of {fmt_size(bs)} x {nblk}: the bytes that arrived differ from those sent")
+        if ctl.recv()["digest"] != self.src.digest_blocks(self.offs, self.bs):
+            raise RuntimeError(f"{self.op} of {fmt_size(self.bs)} x {self.nblk}: the bytes that arrived differ from those sent")
+        return True
+
+    def close(self):
+        self.ep.dereg(self.mr)
+
+
+def measure(ep, ctl, conn, a, op, gpu, size, nblk, refs):
+    """One row: verify once, then time throughput and latency."""
+    tr = Transfer(ep, ctl, conn, a, op, gpu, size, nblk)
+    bs, total = tr.bs, tr.total
+    iters = a.iters or auto_iters(total, op)
+    layout, mr, src = tr.layout, tr.mr, tr.src
+    once = tr.once
+    verified = tr.verify()
 
     once()  # warm-up
     if a.seconds:
@@ -332,43 +470,35 @@ def measure(ep, ctl, conn, a, gpu, size, nblk, raw):
         """GB/s of `iters` transfers, all posted at once (the engine keeps
         the windows)."""
         t0 = time.perf_counter()
-        ids = []
         if op == "send":
             ctl.send(cmd="recv", iters=iters)
             ctl.recv()
             t0 = time.perf_counter()
-        for _ in range(iters):
-            if op == "send":
-                ok, x = ep.sendv_async(conn, mrs, blocks, sizes, nblk)
-            elif op == "write":
-                ok, x = ep.writev_async(conn, mrs, blocks, sizes, metas, nblk)
-            else:
-                ok, x = ep.readv_async(conn, mrs, blocks, sizes, metas, nblk)
-            if not ok:
-                raise RuntimeError(ep.last_error())
-            ids.append(x)
+        ids = [tr.post() for _ in range(iters)]
         for x in ids:
-            if not ep.wait(x):
-                raise RuntimeError(ep.last_error())
+            tr.wait(x)
         if op == "send":
             ctl.recv()
         return total * iters / (time.perf_counter() - t0) / 1e9
 
-    if raw is not None:
-        from tcpx_p2p import _native
+    from tcpx_p2p import _native
 
-        ip, port, streams = raw
+    ip, port, streams = refs.raw
+    use_raw = a.reference
 
     def raw_timed():
-        return total * iters / _native.rawtcp_run(ip, port, streams, total, iters, False)[0] / 1e9
+        t = refs.raw_tcp.call(_native.rawtcp_run, ip, port, streams, total, iters, False)
+        return None if t is None else total * iters / t[0] / 1e9
 
     # Ours and raw TCP alternated, round by round; the row keeps the median
     # of each (a busy or noisy machine moves single runs by 10-20 %).
-    ours, refs = [], []
+    ours, raws = [], []
     for _ in range(max(1, a.rounds)):
         ours.append(timed())
-        if raw is not None:
-            refs.append(raw_timed())
+        if use_raw:
+            v = raw_timed()
+            if v is not None:
+                raws.append(v)
     gbps = statistics.median(ours)
 
     # Latency: one at a time (two-sided: half a round trip).
@@ -387,7 +517,6 @@ def measure(ep, ctl, conn, a, gpu, size, nblk, raw):
             t = time.perf_counter()
             once()
             lats.append(time.perf_counter() - t)
-    ep.dereg(mr)
 
     row = {
         "op": op,
@@ -404,26 +533,195 @@ def measure(ep, ctl, conn, a, gpu, size, nblk, raw):
     }
     if len(ours) > 1:
         row["rounds_GBps"] = [round(x, 3) for x in ours]
-    if raw is not None:
-        row["raw_tcp_GBps"] = round(statistics.median(refs), 3)
-        row["ratio_vs_raw_tcp"] = round(gbps / row["raw_tcp_GBps"], 3)
-        if len(refs) > 1:
-            row["raw_tcp_rounds_GBps"] = [round(x, 3) for x in refs]
+    if use_raw and raws:
+        raw = statistics.median(raws)
+        row["raw_tcp_GBps"] = round(raw, 3)
+        # From the unrounded figures: small sizes on a busy machine move
+        # well under 0.001 GB/s.
+        row["ratio_vs_raw_tcp"] = round(gbps / raw, 3) if raw > 0 else None
+        if len(raws) > 1:
+            row["raw_tcp_rounds_GBps"] = [round(x, 3) for x in raws]
         if nblk == 1 and op == "send":
-            pp = _native.rawtcp_run(ip, port, 1, total, min(iters, 200), True)
-            row["raw_tcp_pingpong_half_rtt_p50_us"] = round(pct(pp, 50) / 2 * 1e6, 1)
-            if gpu is not None and bs <= (16 << 20):
-                # What GPU memory adds to a one-way trip at best: one copy
-                # out of the GPU and one into the other, each waited for.
-                cp = staged_copy_us(src, bs)
-                row["gpu_copy_out_in_p50_us"] = cp
-                row["floor_one_way_us"] = round(row["raw_tcp_pingpong_half_rtt_p50_us"] + cp, 1)
+            pp = refs.raw_tcp.call(_native.rawtcp_run, ip, port, 1, total, min(iters, 200), True)
+            if pp is not None:
+                row["raw_tcp_pingpong_half_rtt_p50_us"] = round(pct(pp, 50) / 2 * 1e6, 1)
+                if gpu is not None and bs <= (16 << 20):
+                    # What GPU memory adds to a one-way trip at best: one copy
+                    # out of the GPU and one into the other, each waited for.
+                    cp = refs.gpu_copy.call(staged_copy_us, src, bs)
+                    if cp is not None:
+                        row["gpu_copy_out_in_p50_us"] = cp[0]
+                        row["floor_one_way_us"] = round(row["raw_tcp_pingpong_half_rtt_p50_us"] + cp[0], 1)
+    if use_raw:
+        refs.note(row, "raw_tcp", "gpu_copy")
+    tr.close()
+    return row
+
+
+def blocking_iters(total):
+    """Transfers timed per row in --inflight mode: enough for a p99 at
+    small sizes, about 512 MiB at large ones, at least 20."""
+    return int(max(20, min(1000, (512 << 20) // max(total, 1))))
+
+
+def raw_floor(refs, size, iters, min_part=128 << 10):
+    """The blocking floor over raw TCP, measured now: `size` bytes one way
+    and a few bytes back. Two measurements of it, the faster kept:
+    half a ping-pong of `size` bytes plus half a ping-pong of 8 bytes (no
+    set-up inside the timing: right for small messages), and from 1 MiB up
+    also single runs of `size` bytes answered by the server's 1-byte
+    acknowledgement (each run connects first, untimed, and starts its
+    threads inside the timing, which large messages hide). A message above
+    `min_part` is tried on one stream and on as many as ours would cut it
+    into (up to our streams). Returns a dict (one-way-and-back samples in
+    s, the 8-byte part, streams, method) or None when raw TCP failed."""
+    from tcpx_p2p import _native
+
+    ip, port, streams = refs.raw
+    n = iters + 3
+    back = refs.raw_tcp.call(_native.rawtcp_run, ip, port, 1, 8, max(n, 50), True)
+    if back is None:
+        return None
+    back = pct(back[3:], 50) / 2
+    best = None
+    for s in sorted({1, max(1, min(streams, size // min_part))}):
+        rt = refs.raw_tcp.call(_native.rawtcp_run, ip, port, s, max(size, 1), n, True)
+        if rt is None:
+            return None
+        cand = [{"samples": [x / 2 + back for x in rt[3:]], "streams": s, "method": "ping-pong"}]
+        if size >= (1 << 20):
+            shots = []
+            for _ in range(min(iters, 20)):
+                d = refs.raw_tcp.call(_native.rawtcp_run, ip, port, s, size, 1, False)
+                if d is None:
+                    return None
+                shots.append(d[0])
+            cand.append({"samples": shots, "streams": s, "method": "one-shot"})
+        for c in cand:
+            if best is None or pct(c["samples"], 50) < pct(best["samples"], 50):
+                best = c
+    best["back"] = back
+    return best
+
+
+def measure_inflight(ep, ctl, conn, a, op, gpu, size, nblk, refs):
+    """One row of the blocking mode: `a.inflight` transfers in flight at a
+    time (1: each waited for before the next is posted), microseconds per
+    transfer and each transfer's p50 / p99, beside the floor measured in the
+    same run, alternated with ours round by round.
+
+    send with one in flight: the receiver answers each message with 8 bytes
+    (through the engine), so a transfer is timed to its news on the sender,
+    as a write is (it returns once the bytes are in the target's memory)."""
+    tr = Transfer(ep, ctl, conn, a, op, gpu, size, nblk)
+    verified = tr.verify()
+    iters = a.iters or blocking_iters(tr.total)
+    warm = min(10, iters)
+    n_in = max(1, a.inflight)
+    ack = min(8, tr.total)
+
+    def timed():
+        """Per-transfer seconds (post to completion) and the wall time of
+        `iters` transfers, after `warm` untimed ones."""
+        lats = []
+        if op == "send" and n_in == 1:
+            ctl.send(cmd="echo", iters=warm + iters, ack=ack)
+            for i in range(warm + iters):
+                if i == warm:
+                    t0 = time.perf_counter()
+                t = time.perf_counter()
+                tr.wait(tr.post())
+                if not ep.recv(conn, tr.mr, tr.src.ptr, ack):
+                    raise RuntimeError(ep.last_error())
+                lats.append(time.perf_counter() - t)
+            wall = time.perf_counter() - t0
+            ctl.recv()
+            return lats[warm:], wall
+        if op == "send":
+            ctl.send(cmd="recv", iters=warm + iters)
+            ctl.recv()
+        pending = []  # (id, posted at), oldest first
+        t0 = None
+        for i in range(warm + iters):
+            if i == warm:
+                while pending:  # the warm-up drains before the clock starts
+                    tr.wait(pending.pop(0)[0])
+                t0 = time.perf_counter()
+            if len(pending) >= n_in:
+                x, t = pending.pop(0)
+                tr.wait(x)
+                if i >= warm:
+                    lats.append(time.perf_counter() - t)
+            pending.append((tr.post(), time.perf_counter()))
+        while pending:
+            x, t = pending.pop(0)
+            tr.wait(x)
+            lats.append(time.perf_counter() - t)
+        wall = time.perf_counter() - t0
+        if op == "send":
+            ctl.recv()
+        return lats, wall
+
+    ours, walls, floors = [], [], []
+    back, fstreams, method = None, None, None
+    copies = None
+    rounds = max(1, a.rounds)
+    for _ in range(rounds):
+        lats, wall = timed()
+        ours += lats
+        walls.append(wall)
+        f = raw_floor(refs, tr.total, iters)
+        if f is not None:
+            floors += f["samples"]
+            back = f["back"] if back is None else min(back, f["back"])
+            fstreams, method = f["streams"], f["method"]
+    if gpu is not None:
+        copies = refs.gpu_copy.call(staged_copy_us, tr.src, tr.total, max(20, min(200, (1 << 30) // max(tr.total, 1))))
+    us = lambda v: round(v * 1e6, 1)  # noqa: E731
+    per = statistics.median(walls) / iters
+    row = {
+        "op": op,
+        "size": tr.bs,
+        "batch": nblk,
+        "layout": tr.layout,
+        "iters": iters,
+        "rounds": rounds,
+        "inflight": n_in,
+        "us_per_transfer": us(per),
+        "GBps": round(tr.total / per / 1e9, 3),
+        "Gbps": round(tr.total / per / 1e9 * 8, 2),
+        "lat_avg_us": us(statistics.mean(ours)),
+        "lat_p50_us": us(pct(ours, 50)),
+        "lat_p99_us": us(pct(ours, 99)),
+        "verified": verified,
+    }
+    if floors:
+        # Each sample is one way and back already (see raw_floor).
+        row["raw_tcp_streams"] = fstreams
+        row["raw_tcp_method"] = method
+        row["raw_tcp_8B_back_p50_us"] = us(back)
+        row["raw_tcp_p50_us"] = us(pct(floors, 50))
+        row["raw_tcp_p99_us"] = us(pct(floors, 99))
+        floor50, floor99 = pct(floors, 50), pct(floors, 99)
+        if copies is not None:
+            row["gpu_copy_out_in_p50_us"], row["gpu_copy_out_in_p99_us"] = copies
+            floor50 += copies[0] / 1e6
+            floor99 += copies[1] / 1e6
+        row["floor_p50_us"] = us(floor50)
+        row["floor_p99_us"] = us(floor99)
+        if n_in == 1:
+            row["p50_vs_floor"] = round(pct(ours, 50) / floor50, 2) if floor50 > 0 else None
+        else:  # each transfer's time includes its wait behind the others
+            row["per_transfer_vs_floor"] = round(per / floor50, 2) if floor50 > 0 else None
+    refs.note(row, "raw_tcp", "gpu_copy")
+    tr.close()
     return row
 
 
 def staged_copy_us(src, n, iters=200):
-    """p50 of a device→pinned-host plus a pinned-host→device copy of `n`
-    bytes, each waited for (the least any TCP path from GPU to GPU adds)."""
+    """p50 and p99 (µs) of a device→pinned-host plus a pinned-host→device
+    copy of `n` bytes, each waited for (the least any TCP path from GPU to
+    GPU adds where the copies do not overlap the network)."""
     import torch
 
     host = torch.empty(n, dtype=torch.uint8, pin_memory=True)
@@ -438,7 +736,7 @@ def staged_copy_us(src, n, iters=200):
             dev.copy_(host, non_blocking=True)
             stream.synchronize()
             ts.append(time.perf_counter() - t)
-    return round(pct(ts[10:], 50) * 1e6, 1)
+    return round(pct(ts[10:], 50) * 1e6, 1), round(pct(ts[10:], 99) * 1e6, 1)
 
 
 def client_main(a, host, port, gpu, barrier=None, quiet=False):
@@ -458,22 +756,25 @@ def client_main(a, host, port, gpu, barrier=None, quiet=False):
     from tcpx_p2p import _native
 
     streams = _native.configured_streams()
-    raw = (host, hello["raw_port"], streams) if a.reference else None
+    refs = Refs(a, host, hello["raw_port"], streams)
     sizes = [parse_size(x) for x in a.sizes.split(",")] if not a.kv_blocks else [parse_size(a.block_size)]
     nblk = a.kv_blocks or 1
+    ops = a.op.split(",")
     rows = []
-    bar = None if quiet else Progress(len(sizes), f"{a.op} {'gpu' if gpu is not None else 'host'}")
-    for size in sizes:
-        if barrier is not None:
-            barrier.wait()  # pairs measure each size at the same time
-        t0, c0 = time.perf_counter(), os.times()
-        row = measure(ep, ctl, conn, a, gpu, size, nblk, raw)
-        c1 = os.times()
-        # CPU of this process (all its threads) per second of wall time.
-        row["process_cpu"] = round((c1.user + c1.system - c0.user - c0.system) / (time.perf_counter() - t0), 2)
-        rows.append(row)
-        if bar:
-            bar.step(fmt_size(size))
+    bar = None if quiet else Progress(len(sizes) * len(ops), f"{a.op} {'gpu' if gpu is not None else 'host'}")
+    one_row = measure_inflight if a.inflight else measure
+    for op in ops:
+        for size in sizes:
+            if barrier is not None:
+                barrier.wait()  # pairs measure each size at the same time
+            t0, c0 = time.perf_counter(), os.times()
+            row = one_row(ep, ctl, conn, a, op, gpu, size, nblk, refs)
+            c1 = os.times()
+            # CPU of this process (all its threads) per second of wall time.
+            row["process_cpu"] = round((c1.user + c1.system - c0.user - c0.system) / (time.perf_counter() - t0), 2)
+            rows.append(row)
+            if bar:
+                bar.step(f"{op} {fmt_size(size)}")
     if bar:
         bar.close()
     ctl.send(cmd="bye")
@@ -484,36 +785,98 @@ def client_main(a, host, port, gpu, barrier=None, quiet=False):
 # ---------------------------------------------------------- NCCL reference
 
 
-def _nccl_rank(pair, rank, port, gpus, sizes, iters, env, q, barrier):
+def _nccl_rank(pair, rank, port, gpus, sizes, iters, env, q, barrier, timeout):
     os.environ.update(env)
-    import torch
-    import torch.distributed as dist
+    fault = reference_fault("nccl")
+    try:
+        if fault:
+            # Rank 1 fails, hangs or dies at once; rank 0 waits for it as a
+            # rank whose peer is gone waits inside NCCL.
+            if rank == 0:
+                threading.Event().wait()
+            if fault == "die":
+                os._exit(1)
+            if fault == "hang":
+                threading.Event().wait()
+            raise RuntimeError("failure injected by TCPX_P2P_BENCH_REFERENCE_FAULT")
+        import datetime
 
-    torch.cuda.set_device(gpus[rank])
-    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
-    out = {}
-    for size in sizes:
-        t = torch.ones(size, dtype=torch.uint8, device=f"cuda:{gpus[rank]}")
-        n = iters[size]
-        for _ in range(2):  # warm-up
-            dist.send(t, 1) if rank == 0 else dist.recv(t, 0)
-        torch.cuda.synchronize()
-        dist.barrier()
-        barrier.wait()  # all pairs time each size together
-        t0 = time.perf_counter()
-        for _ in range(n):
-            dist.send(t, 1) if rank == 0 else dist.recv(t, 0)
-        torch.cuda.synchronize()
-        dist.barrier()
-        out[size] = size * n / (time.perf_counter() - t0) / 1e9
-    if rank == 0:
-        q.put((pair, out))
-    dist.destroy_process_group()
+        import torch
+        import torch.distributed as dist
+
+        torch.cuda.set_device(gpus[rank])
+        dist.init_process_group(
+            "nccl",
+            init_method=f"tcp://127.0.0.1:{port}",
+            rank=rank,
+            world_size=2,
+            timeout=datetime.timedelta(seconds=timeout),
+        )
+        out = {}
+        for size in sizes:
+            t = torch.ones(size, dtype=torch.uint8, device=f"cuda:{gpus[rank]}")
+            n = iters[size]
+            for _ in range(2):  # warm-up
+                dist.send(t, 1) if rank == 0 else dist.recv(t, 0)
+            torch.cuda.synchronize()
+            dist.barrier()
+            barrier.wait(timeout)  # all pairs time each size together
+            t0 = time.perf_counter()
+            for _ in range(n):
+                dist.send(t, 1) if rank == 0 else dist.recv(t, 0)
+            torch.cuda.synchronize()
+            dist.barrier()
+            out[size] = size * n / (time.perf_counter() - t0) / 1e9
+        if rank == 0:
+            q.put((pair, "ok", out))
+        dist.destroy_process_group()
+    except BaseException as e:  # noqa: BLE001 - reported to the parent, which ends the reference
+        q.put((pair, "err", f"rank {rank} on GPU {gpus[rank]}: {type(e).__name__}: {e}"))
+        raise
 
 
-def nccl_reference(sizes, iters, pairs, nthreads, nsocks):
+def run_ranks(procs, q, want, timeout):
+    """Starts `procs` and collects `want` (pair, "ok", result) answers from
+    `q` within `timeout` seconds. An error answer, a process that exits
+    without answering, or the deadline ends the wait with an exception.
+    Every process still running at the end is killed: nothing outlives the
+    reference, nothing is waited for without a deadline."""
+    deadline = time.monotonic() + timeout
+    for p in procs:
+        p.start()
+    got = {}
+    try:
+        while len(got) < want:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"no result within {timeout:g} s")
+            try:
+                pair, status, res = q.get(timeout=min(0.2, left))
+            except queue.Empty:
+                gone = [p for p in procs if p.exitcode not in (None, 0)]
+                if gone:
+                    raise RuntimeError(f"a rank exited with status {gone[0].exitcode} without a result") from None
+                if all(p.exitcode is not None for p in procs):
+                    raise RuntimeError("the ranks ended without a result") from None
+                continue
+            if status != "ok":
+                raise RuntimeError(res)
+            got[pair] = res
+        return got
+    finally:
+        end = time.monotonic() + 10  # ranks that answered tear down NCCL
+        for p in procs:
+            p.join(max(0.0, end - time.monotonic()))
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+                p.join(5)
+
+
+def nccl_reference(sizes, iters, pairs, nthreads, nsocks, timeout=300):
     """NCCL's socket transport over loopback, one send/recv process group
-    per GPU pair, all pairs at once: a {size: GB/s} dict per pair."""
+    per GPU pair, all pairs at once: a {size: GB/s} dict per pair. Raises
+    if a rank fails or the pairs do not finish within `timeout` seconds."""
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
     barrier = ctx.Barrier(2 * len(pairs))
@@ -532,45 +895,75 @@ def nccl_reference(sizes, iters, pairs, nthreads, nsocks):
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
-        ps += [ctx.Process(target=_nccl_rank, args=(i, r, port, gpus, sizes, iters, env, q, barrier)) for r in range(2)]
-    for p in ps:
-        p.start()
-    try:
-        res = dict(q.get(timeout=600) for _ in pairs)
-    finally:
-        for p in ps:
-            p.join(60)
+        ps += [
+            ctx.Process(target=_nccl_rank, args=(i, r, port, gpus, sizes, iters, env, q, barrier, timeout), daemon=True)
+            for r in range(2)
+        ]
+    res = run_ranks(ps, q, len(pairs), timeout)
     return [res[i] for i in range(len(pairs))]
 
 
-def add_nccl_reference(rows, pairs):
+def nccl_unavailable(pairs):
+    """Why NCCL's reference cannot run on these GPU pairs, or None."""
+    for c, s in pairs:
+        if c == s:
+            return f"both ranks on GPU {c} (NCCL needs a GPU per rank and stops with 'Duplicate GPU detected')"
+    import importlib.util
+
+    if importlib.util.find_spec("torch") is None:
+        return "PyTorch is not installed"
+    try:
+        import torch
+        import torch.distributed as dist
+    except Exception as e:  # noqa: BLE001 - a broken install is a reason to skip
+        return f"PyTorch does not import ({type(e).__name__}: {e})"
+    if not dist.is_available() or not dist.is_nccl_available():
+        return "this PyTorch has no NCCL"
+    need = max(max(p) for p in pairs) + 1
+    if torch.cuda.device_count() < need:
+        return f"PyTorch sees {torch.cuda.device_count()} GPUs, the pairs need {need}"
+    return None
+
+
+def add_nccl_reference(rows, pairs, timeout=300):
     """`--reference` on GPUs: NCCL's default and best socket settings with
-    the same pairs, sizes and iterations, beside each row (`sum` rows beside
-    the pairs' sum)."""
+    the same pairs, sizes and iterations, beside each send row (`sum` rows
+    beside the pairs' sum). Returns the reference's status: "ok",
+    "skipped: why" or "failed: why" (printed on stderr when not ok)."""
+    ref = Reference("nccl", timeout)
+    why = nccl_unavailable(pairs)
+    if why:
+        ref.skip(why)
+        return ref.status
+    rows = [r for r in rows if r["op"] in ("send", "sum")]
     sizes = sorted({r["size"] for r in rows})
     iters = {r["size"]: r["iters"] for r in rows}
-    d = nccl_reference(sizes, iters, pairs, 0, 0)
-    b = nccl_reference(sizes, iters, pairs, 4, 4)
-    for r in rows:
-        s = r["size"]
-        if r["op"] == "sum":
-            dv, bv = sum(x[s] for x in d), sum(x[s] for x in b)
-            r["nccl_default_per_pair_GBps"] = [round(x[s], 3) for x in d]
-            r["nccl_best_per_pair_GBps"] = [round(x[s], 3) for x in b]
-        else:
-            i = r.get("pair", 0)
-            dv, bv = d[i][s], b[i][s]
-        r["nccl_default_GBps"] = round(dv, 3)
-        r["nccl_best_GBps"] = round(bv, 3)
-        r["ratio_vs_nccl_best"] = round(r["GBps"] / bv, 3)
-        r["ratio_vs_nccl_default"] = round(r["GBps"] / dv, 3)
+    for key, (nthreads, nsocks) in (("default", (0, 0)), ("best", (4, 4))):
+        try:
+            res = nccl_reference(sizes, iters, pairs, nthreads, nsocks, timeout)
+        except Exception as e:  # noqa: BLE001 - ends the reference, never the benchmark
+            ref.fail(f"{key} settings: {type(e).__name__}: {e}")
+            return ref.status
+        for r in rows:
+            s = r["size"]
+            if r["op"] == "sum":
+                v = sum(x[s] for x in res)
+                r[f"nccl_{key}_per_pair_GBps"] = [round(x[s], 3) for x in res]
+            else:
+                v = res[r.get("pair", 0)][s]
+            r[f"nccl_{key}_GBps"] = round(v, 3)
+            r[f"ratio_vs_nccl_{key}"] = round(r["GBps"] / v, 3) if v > 0 else None
+    return ref.status
 
 
 # -------------------------------------------------------------------- main
 
 
-def print_table(rows, title):
-    print(title)
+def print_table(rows, title, out=sys.stdout):
+    if any("inflight" in r for r in rows):
+        return print_inflight_table(rows, title, out)
+    p = lambda *x: print(*x, file=out)  # noqa: E731
+    p(title)
     hdr = f"{'op':<6}{'size':>8}{'batch':>7}{'GB/s':>9}{'Gbps':>9}{'lat avg':>10}{'p50':>9}{'p99':>9}"
     extra = any("raw_tcp_GBps" in r for r in rows)
     nccl = any("nccl_default_GBps" in r for r in rows)
@@ -578,26 +971,73 @@ def print_table(rows, title):
         hdr += f"{'rawTCP':>9}{'ratio':>7}"
     if nccl:
         hdr += f"{'NCCLdef':>9}{'NCCLbest':>9}{'x best':>8}"
-    print(hdr)
+    p(hdr)
+    f = lambda v: "-" if v is None else f"{v:.1f}"  # noqa: E731
+    g = lambda v, w: f"{'-':>{w}}" if v is None else f"{v:>{w}.2f}"  # noqa: E731
     for r in rows:
-        f = lambda v: "-" if v is None else f"{v:.1f}"  # noqa: E731
         op = r["op"] if "pair" not in r else f"{r['op']}#{r['pair']}"
         line = f"{op:<6}{fmt_size(r['size']):>8}{r['batch']:>7}{r['GBps']:>9.2f}{r['Gbps']:>9.1f}{f(r['lat_avg_us']):>10}{f(r['lat_p50_us']):>9}{f(r['lat_p99_us']):>9}"
         if extra:
-            line += f"{r.get('raw_tcp_GBps', 0):>9.2f}{r.get('ratio_vs_raw_tcp', 0):>7.2f}"
+            line += g(r.get("raw_tcp_GBps"), 9) + g(r.get("ratio_vs_raw_tcp"), 7)
         if nccl:
-            line += f"{r.get('nccl_default_GBps', 0):>9.2f}{r.get('nccl_best_GBps', 0):>9.2f}{r.get('ratio_vs_nccl_best', 0):>8.2f}"
-        print(line)
-    print("(latency in microseconds: half a round trip for send, one blocking call for write/read)")
+            line += g(r.get("nccl_default_GBps"), 9) + g(r.get("nccl_best_GBps"), 9) + g(r.get("ratio_vs_nccl_best"), 8)
+        p(line)
+    p("(latency in microseconds: half a round trip for send, one blocking call for write/read)")
     layouts = sorted({r["layout"] for r in rows if r.get("batch", 1) > 1})
     if layouts:
-        print(f"(KV blocks {', '.join(layouts)} in their pools)")
+        p(f"(KV blocks {', '.join(layouts)} in their pools)")
     for r in rows:
         if "raw_tcp_pingpong_half_rtt_p50_us" in r:
             floor = ""
             if "floor_one_way_us" in r:
                 floor = f"; + GPU copy out and in {r['gpu_copy_out_in_p50_us']:.1f} = floor {r['floor_one_way_us']:.1f}"
-            print(f"  {fmt_size(r['size'])} one-way p50 {f(r['lat_p50_us'])} us vs raw TCP half round trip {r['raw_tcp_pingpong_half_rtt_p50_us']:.1f}{floor}")
+            p(f"  {fmt_size(r['size'])} one-way p50 {f(r['lat_p50_us'])} us vs raw TCP half round trip {r['raw_tcp_pingpong_half_rtt_p50_us']:.1f}{floor}")
+
+
+def print_inflight_table(rows, title, out=sys.stdout):
+    """The blocking mode's table: per-transfer microseconds beside the floor."""
+    p = lambda *x: print(*x, file=out)  # noqa: E731
+    f = lambda v, w: f"{'-':>{w}}" if v is None else f"{v:>{w}.1f}"  # noqa: E731
+    gpu = any("gpu_copy_out_in_p50_us" in r for r in rows)
+    p(title)
+    hdr = f"{'op':<9}{'size':>7}{'inflt':>6}{'us/xfer':>10}{'p50':>9}{'p99':>9}{'GB/s':>8}{'rawTCP':>9}"
+    if gpu:
+        hdr += f"{'copies':>8}"
+    hdr += f"{'floor':>9}{'fl p99':>9}{'p50/fl' if all(r['inflight'] == 1 for r in rows) else 'xfer/fl':>8}  raw TCP as"
+    p(hdr)
+    for r in rows:
+        op = r["op"] if r.get("batch", 1) == 1 else f"{r['op']}x{r['batch']}"
+        line = f"{op:<9}{fmt_size(r['size']):>7}{r['inflight']:>6}{r['us_per_transfer']:>10.1f}{r['lat_p50_us']:>9.1f}{r['lat_p99_us']:>9.1f}{r['GBps']:>8.2f}"
+        line += f(r.get("raw_tcp_p50_us"), 9)
+        if gpu:
+            line += f(r.get("gpu_copy_out_in_p50_us"), 8)
+        line += f(r.get("floor_p50_us"), 9) + f(r.get("floor_p99_us"), 9)
+        ratio = r.get("p50_vs_floor", r.get("per_transfer_vs_floor"))
+        line += f"{'-':>8}" if ratio is None else f"{ratio:>8.2f}"
+        if "raw_tcp_method" in r:
+            line += f"  {r['raw_tcp_method']}, {r['raw_tcp_streams']} stream{'s' if r['raw_tcp_streams'] > 1 else ''}"
+        p(line)
+    p("(microseconds. us/xfer: wall time per transfer; p50 / p99: each transfer, posted to done;")
+    p(" send is timed to the receiver's 8-byte answer; opxN: N blocks of that size per transfer;")
+    p(" xfer/fl: us/xfer over the floor, with several in flight. rawTCP: raw TCP moving the same")
+    p(" bytes one way and a few back, p50: the faster of half a ping-pong of them + half one of")
+    p(" 8 bytes, and from 1 MiB single acknowledged runs, on 1 stream and on as many as ours;")
+    p(" floor = rawTCP + one staged copy out of the GPU and one in)" if gpu else " floor = rawTCP)")
+
+
+def default_out_dir(a):
+    """Where --inflight writes when neither --json nor --out is given:
+    benchmarks/results/<date>-<host>-blocking/ under the working directory
+    when it has benchmarks/results (a checkout), else nowhere."""
+    import platform
+
+    base = os.path.join("benchmarks", "results")
+    if not os.path.isdir(base):
+        return None
+    return os.path.join(base, f"{time.strftime('%Y-%m-%d')}-{platform.node() or 'host'}-blocking")
+
+
+LOAD_AT_START = list(os.getloadavg())
 
 
 def main(argv=None):
@@ -613,7 +1053,13 @@ def main(argv=None):
     ap.add_argument("--sizes", default=DEFAULT_SIZES)
     ap.add_argument("--iters", type=int, default=0, help="iterations per size (0 = auto)")
     ap.add_argument("--seconds", type=float, default=0, help="time each size for about this long (instead of --iters)")
-    ap.add_argument("--op", choices=["send", "write", "read"], default="send")
+    ap.add_argument("--op", default="send", help="send, write or read, or several in turn (e.g. write,read,send)")
+    ap.add_argument(
+        "--inflight",
+        type=int,
+        default=0,
+        help="blocking mode: this many transfers in flight at a time (1: one at a time), microseconds per transfer beside the floor measured in the same run",
+    )
     ap.add_argument("--kv-blocks", type=int, default=0, help="vector of N KV blocks per transfer")
     ap.add_argument(
         "--kv-layout",
@@ -630,12 +1076,25 @@ def main(argv=None):
         "--rounds",
         type=int,
         default=None,
-        help="time each size this many times, alternated with raw TCP under --reference, and keep the medians (default: 3 with --reference, else 1)",
+        help="time each size this many times, alternated with raw TCP under --reference (with the floor under --inflight), and keep the medians (default: 3 with --reference or --inflight, else 1)",
     )
+    ap.add_argument("--reference-timeout", type=float, default=300, help="seconds a reference may take before it is ended (default 300)")
     ap.add_argument("--json", default=None, help="write results to this file")
+    ap.add_argument(
+        "--out",
+        default=None,
+        help="write the JSON and the table into this folder (--inflight without --json or --out: benchmarks/results/DATE-HOST-blocking/ when run from a checkout)",
+    )
     a = ap.parse_args(argv)
+    for op in a.op.split(","):
+        if op not in ("send", "write", "read"):
+            ap.error(f"--op: {op!r} is not send, write or read")
+    if a.inflight < 0:
+        ap.error("--inflight: at least 1 (0: the throughput mode)")
+    if a.inflight and (a.pairs > 1 or a.single_process):
+        ap.error("--inflight measures one pair")
     if a.rounds is None:
-        a.rounds = 3 if a.reference else 1
+        a.rounds = 3 if a.reference or a.inflight else 1
     os.environ.setdefault("TCPX_P2P_IFNAME", "lo")
     gpus = [int(x) for x in a.gpus.split(",")]
     if a.memory == "gpu":
@@ -676,30 +1135,57 @@ def main(argv=None):
     except (RuntimeError, ConnectionError, OSError) as e:
         print(f"tcpx-p2p-bench: {e}", file=sys.stderr)
         return 1
-    if a.reference and a.memory == "gpu" and a.mode == "pair" and a.op == "send" and not a.kv_blocks:
-        try:
-            add_nccl_reference(rows, [[c, s] for c, s in zip(cg, sg)] if a.pairs > 1 or a.single_process else [gpus[:2]])
-        except Exception as e:  # the reference is optional; say why it is missing
-            print(f"NCCL reference skipped: {type(e).__name__}: {e}", file=sys.stderr)
+    references = {}
+    if a.reference or a.inflight:  # the blocking floor is raw TCP's
+        references["raw_tcp"] = next((r["raw_tcp_reference"] for r in rows if "raw_tcp_reference" in r), "ok")
+    if a.memory == "gpu" and (a.inflight or a.reference):
+        references["gpu_copy"] = next((r["gpu_copy_reference"] for r in rows if "gpu_copy_reference" in r), "ok")
+    if a.reference and a.memory == "gpu" and a.mode == "pair" and "send" in a.op.split(",") and not a.kv_blocks and not a.inflight:
+        pairs = [[c, s] for c, s in zip(cg, sg)] if a.pairs > 1 or a.single_process else [gpus[:2]]
+        references["nccl"] = add_nccl_reference(rows, pairs, a.reference_timeout)
     title = f"tcpx-p2p-bench {a.mode}: net={net} memory={a.memory} streams={streams} op={a.op}"
+    if a.inflight:
+        title += f" inflight={a.inflight} rounds={a.rounds}"
     if a.pairs > 1 or a.single_process:
         title += f" pairs={a.pairs} layout={'single-process' if a.single_process else 'multi-process'}"
     print_table(rows, title)
-    if a.json:
+    for name, status in references.items():
+        if status != "ok":
+            print(f"reference {name}: {status}")
+    out_dir = a.out or (default_out_dir(a) if a.inflight and not a.json else None)
+    if a.json or out_dir:
+        import io
         import platform
 
         doc = {
             "tool": "tcpx-p2p-bench",
             "date": time.strftime("%Y-%m-%d %H:%M:%S"),
             "host": platform.node(),
+            "cpus": os.cpu_count(),
+            # What else the machine was doing: 1, 5 and 15 minute load
+            # averages at the start and at the end of the run.
+            "loadavg": {"start": LOAD_AT_START, "end": list(os.getloadavg())},
             "args": vars(a),
             "net": net,
             "streams": streams,
+            "references": references,
             "rows": rows,
         }
-        os.makedirs(os.path.dirname(os.path.abspath(a.json)), exist_ok=True)
-        with open(a.json, "w") as f:
-            json.dump(doc, f, indent=1)
+        paths = [a.json] if a.json else []
+        if out_dir:
+            stem = f"bench-{a.op.replace(',', '-')}-{a.memory}" + (f"-inflight{a.inflight}" if a.inflight else "")
+            stem += time.strftime("-%H%M%S")
+            os.makedirs(out_dir, exist_ok=True)
+            paths.append(os.path.join(out_dir, stem + ".json"))
+            table = io.StringIO()
+            print_table(rows, title, table)
+            with open(os.path.join(out_dir, stem + ".txt"), "w") as f:
+                f.write(table.getvalue())
+        for path in paths:
+            os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+            with open(path, "w") as f:
+                json.dump(doc, f, indent=1)
+        print(f"results: {', '.join(paths)}", file=sys.stderr)
     return 0
 
 
