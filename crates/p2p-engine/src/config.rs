@@ -61,6 +61,8 @@ pub struct Config {
     pub gpu_nics: Option<String>,
     /// Where the I/O threads run.
     pub cpu_affinity: CpuAffinity,
+    /// The endpoint's name, sent with its notifications (None: `host:port`).
+    pub name: Option<String>,
 }
 
 impl Default for Config {
@@ -87,6 +89,7 @@ impl Default for Config {
             plugin_path: "/usr/local/tcpx/lib64/libnccl-net-tcpx.so".into(),
             gpu_nics: None,
             cpu_affinity: CpuAffinity::Gpu,
+            name: None,
         }
     }
 }
@@ -147,6 +150,7 @@ impl Config {
     /// | `TCPX_P2P_AUTH_TOKEN` | shared secret peers must present | none |
     /// | `TCPX_P2P_PLUGIN_PATH`, `UCCL_TCPX_PLUGIN_PATH` | ncclNet plugin | GCP path |
     /// | `TCPX_P2P_GPU_NICS` | static GPU → NIC map (`0-1:eth1;2-3:eth2;…`) | PCI distance |
+    /// | `TCPX_P2P_NAME` | endpoint name sent with notifications (at most 256 bytes) | `hostname:port` |
     pub fn from_env() -> Result<Self> {
         let mut c = Config::default();
         if let Some((name, v)) = var(&["TCPX_P2P_NET"]) {
@@ -239,6 +243,16 @@ impl Config {
         }
         if let Some((_, v)) = var(&["TCPX_P2P_PLUGIN_PATH", "UCCL_TCPX_PLUGIN_PATH"]) {
             c.plugin_path = v;
+        }
+        if let Some((name, v)) = var(&["TCPX_P2P_NAME"]) {
+            if v.len() > crate::wire::MAX_NOTIF_NAME {
+                return Err(Error::Config(format!(
+                    "{name}: {} bytes; an endpoint name has at most {}",
+                    v.len(),
+                    crate::wire::MAX_NOTIF_NAME
+                )));
+            }
+            c.name = Some(v);
         }
         Ok(c)
     }

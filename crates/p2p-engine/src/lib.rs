@@ -11,6 +11,7 @@ pub mod error;
 pub mod gpu;
 pub mod memory;
 pub mod net;
+pub mod notif;
 pub mod progress;
 pub mod rawtcp;
 pub mod rma;
@@ -21,6 +22,7 @@ pub mod wire;
 pub use config::{Config, NetKind};
 pub use endpoint::{Accepted, Buf, Endpoint, RemoteGpu};
 pub use error::{Error, Result};
+pub use notif::Notif;
 
 /// Sets up `tracing` output once, with the level from `TCPX_P2P_LOG`
 /// (`error`, `warn`, `info`, `debug`, `trace`; default `warn`).
