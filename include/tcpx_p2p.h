@@ -73,7 +73,8 @@ typedef enum tcpx_status {
      * buffer outside its registration, a message over TCPX_NOTIF_MAX. */
     TCPX_ERR_INVALID_ARGUMENT = -1,
     /* A connection, registration or transfer id this endpoint does not know
-     * (never handed out, or already finished and reported). */
+     * (never handed out, disconnected or deregistered here, or a transfer
+     * already reported done or failed). */
     TCPX_ERR_UNKNOWN_ID = -2,
     /* Malformed bytes given by the caller (metadata, remote descriptor). */
     TCPX_ERR_MALFORMED = -3,
@@ -84,7 +85,7 @@ typedef enum tcpx_status {
      * nothing was written. */
     TCPX_ERR_REFUSED = -5,
     /* The connection is gone: the peer closed, crashed or went silent past
-     * the deadline, or it was disconnected locally. */
+     * the deadline (its id keeps giving this). */
     TCPX_ERR_CONNECTION_LOST = -6,
     /* The transport (socket net or ncclNet plugin) failed. */
     TCPX_ERR_NET = -7,

@@ -39,18 +39,21 @@ const ENDPOINT_TAG: u64 = 0x7463_7078_6570_3031; // "tcpxep01"
 const NOTIFS_TAG: u64 = 0x7463_7078_6e74_6631; // "tcpxntf1"
 
 /// `tcpx_config_t`.
+#[repr(C)] // the tag first, where a check reads it
 pub struct TcpxConfig {
     tag: u64,
     c: CConfig,
 }
 
 /// `tcpx_endpoint_t`.
+#[repr(C)] // the tag first, where a check reads it
 pub struct TcpxEndpoint {
     tag: u64,
     ep: Endpoint,
 }
 
 /// `tcpx_notifs_t`.
+#[repr(C)] // the tag first, where a check reads it
 pub struct TcpxNotifs {
     tag: u64,
     list: Vec<Notif>,
