@@ -625,7 +625,10 @@ fn rma(
         return Err(Fail::invalid("no pieces given"));
     }
     let mut bufs = Vec::with_capacity(iov.len());
-    let mut remotes = Vec::with_capacity(iov.len());
+    let mut remotes: Vec<(RemoteDesc, u64)> = Vec::with_capacity(iov.len());
+    // Pieces of one registration usually share a descriptor (a KV list
+    // names one peer region thousands of times): parse each run once.
+    let mut last: Option<(*const u8, RemoteDesc)> = None;
     for (i, p) in iov.iter().enumerate() {
         if p.ptr.is_null() {
             return Err(Fail::invalid(format!("piece {i}: pointer is NULL")));
@@ -635,8 +638,12 @@ fn rma(
             ptr: p.ptr as u64,
             len: p.len,
         });
-        let d = remote(p.desc, "desc")
-            .map_err(|f| Fail::new(f.status, format!("piece {i}: {}", f.msg)))?;
+        let d = match last {
+            Some((ptr, d)) if ptr == p.desc => d,
+            _ => remote(p.desc, "desc")
+                .map_err(|f| Fail::new(f.status, format!("piece {i}: {}", f.msg)))?,
+        };
+        last = Some((p.desc, d));
         remotes.push((d, p.remote_offset));
     }
     let mrs: Vec<u64> = bufs.iter().map(|b| b.mr).collect();
