@@ -230,6 +230,12 @@ static void run_b(int rd, int wr) {
     expect_pattern(exp + 100000, 5000, 100000, 3, "piece 1");
     expect_pattern(exp + 3 * MiB, 65536, 3 * MiB, 3, "piece 2");
     expect_pattern(exp + 1000, 100000 - 1000, 1000, 2, "between pieces 0 and 1");
+    {
+        uint8_t want[4096];
+        pattern(want, sizeof want, 2 * MiB, 8);
+        for (int i = 0; i < 20000 && memcmp(exp + 2 * MiB, want, sizeof want) != 0; i++) sleep_ms(1);
+        expect_pattern(exp + 2 * MiB, 4096, 2 * MiB, 8, "released write");
+    }
 
     /* 4. A forged descriptor was refused: nothing landed, no notification
      * came for it (the next one is the notification sent alone). */
@@ -318,6 +324,17 @@ static void run_a(int rd, int wr) {
     EXPECT(TCPX_OK, s);
     expect_pattern(back, MiB, 4096, 2, "read");
     EXPECT(TCPX_ERR_UNKNOWN_ID, tcpx_poll(ep, xfer)); /* forgotten once done */
+
+    /* A write given up at once (tcpx_release) still lands (B watches for
+     * it); its id is forgotten. */
+    uint8_t *rel = malloc(4096);
+    uint64_t mr_rel;
+    CHECK(rel != NULL);
+    pattern(rel, 4096, 2 * MiB, 8);
+    OK(tcpx_reg(ep, rel, 4096, &mr_rel));
+    OK(tcpx_write_async(ep, conn, mr_rel, rel, 4096, d_exp, 2 * MiB, NULL, 0, &xfer));
+    OK(tcpx_release(ep, xfer));
+    EXPECT(TCPX_ERR_UNKNOWN_ID, tcpx_poll(ep, xfer));
 
     /* 3. Vectors: three pieces at offsets into the export, then read back. */
     size_t offs[3] = {0, 100000, 3 * MiB}, lens[3] = {1000, 5000, 65536};
@@ -429,7 +446,9 @@ static void run_a(int rd, int wr) {
     EXPECT(TCPX_ERR_UNKNOWN_ID, tcpx_send_notif(ep, conn, "x", 1));
     OK(tcpx_dereg(ep, mr_src));
     OK(tcpx_dereg(ep, mr_back));
+    OK(tcpx_dereg(ep, mr_rel));
     tcpx_endpoint_destroy(ep);
+    free(rel);
     free(src);
     free(back);
 }
