@@ -56,6 +56,8 @@ extern "C" {
 #define TCPX_NOTIF_MAX (1024 * 1024)
 /* Most bytes of an endpoint name (the sender name notifications carry). */
 #define TCPX_NAME_MAX 256
+/* Most pieces of one vector transfer. */
+#define TCPX_IOV_MAX 65536
 /* Bytes of tcpx_accepted_t.ip, NUL included. */
 #define TCPX_IP_LEN 64
 
@@ -283,8 +285,8 @@ tcpx_status_t tcpx_read_async(tcpx_endpoint_t *ep, uint64_t conn, uint64_t mr, v
                               size_t len, const uint8_t *desc, uint64_t remote_offset,
                               const void *notif, size_t notif_len, uint64_t *xfer);
 
-/* Vector forms: n pieces (n >= 1), one transfer id, one notification after
- * all of them. */
+/* Vector forms: n pieces (1 <= n <= TCPX_IOV_MAX), one transfer id, one
+ * notification after all of them. */
 tcpx_status_t tcpx_writev_async(tcpx_endpoint_t *ep, uint64_t conn, const tcpx_rma_iov_t *iov,
                                 size_t n, const void *notif, size_t notif_len, uint64_t *xfer);
 tcpx_status_t tcpx_readv_async(tcpx_endpoint_t *ep, uint64_t conn, const tcpx_rma_iov_t *iov,

@@ -401,6 +401,15 @@ static void run_a(int rd, int wr) {
     EXPECT(TCPX_ERR_INVALID_ARGUMENT, tcpx_write_async(ep, conn, mr_src, src, 16, d_tgt, 0, NULL, 5, &xfer));
     EXPECT(TCPX_ERR_INVALID_ARGUMENT, tcpx_writev_async(ep, conn, NULL, 2, NULL, 0, &xfer));
     EXPECT(TCPX_ERR_INVALID_ARGUMENT, tcpx_writev_async(ep, conn, iov, 0, NULL, 0, &xfer));
+    {
+        /* one piece more than a transfer may carry */
+        size_t n = TCPX_IOV_MAX + 1;
+        tcpx_rma_iov_t *many = malloc(n * sizeof *many);
+        CHECK(many != NULL);
+        for (size_t i = 0; i < n; i++) many[i] = (tcpx_rma_iov_t){mr_src, src, 1, d_tgt, 0};
+        EXPECT(TCPX_ERR_INVALID_ARGUMENT, tcpx_writev_async(ep, conn, many, n, NULL, 0, &xfer));
+        free(many);
+    }
     EXPECT(TCPX_ERR_MALFORMED, tcpx_write_async(ep, conn, mr_src, src, 16, zero, 0, NULL, 0, &xfer));
     EXPECT(TCPX_ERR_MALFORMED, tcpx_desc_info(zero, &id, &id));
     /* past the local registration; past the remote range */
@@ -460,6 +469,7 @@ static void layout(void) {
     P("TCPX_NOTIF_MAX", TCPX_NOTIF_MAX);
     P("TCPX_NAME_MAX", TCPX_NAME_MAX);
     P("TCPX_IP_LEN", TCPX_IP_LEN);
+    P("TCPX_IOV_MAX", TCPX_IOV_MAX);
     P("sizeof(tcpx_status_t)", sizeof(tcpx_status_t));
     P("sizeof(tcpx_buf_t)", sizeof(tcpx_buf_t));
     P("offsetof(tcpx_buf_t,len)", offsetof(tcpx_buf_t, len));
