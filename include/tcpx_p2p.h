@@ -174,7 +174,9 @@ const char *tcpx_last_error(void);
 tcpx_status_t tcpx_config_new(tcpx_config_t **out);
 
 /* Sets one key (both strings NUL-terminated). Keys:
- *   "net"                 "socket" or "plugin"
+ *   "net"                 "socket" or "plugin" (channels and chunk take
+ *                         that net's defaults unless set by key or by
+ *                         environment variable)
  *   "plugin_path"         ncclNet plugin path (net=plugin)
  *   "streams"             TCP streams per socket-net comm (1..64)
  *   "channels"            channels per connection (1..32)

@@ -24,7 +24,7 @@ use std::time::Duration;
 
 use tcpx_p2p::endpoint::RemoteDesc;
 use tcpx_p2p::notif::MAX_NOTIF;
-use tcpx_p2p::{Buf, Config, Endpoint, Error, Notif};
+use tcpx_p2p::{Buf, Endpoint, Error, Notif};
 
 use crate::config::CConfig;
 use crate::desc::DESC_LEN;
@@ -296,10 +296,9 @@ pub extern "C" fn tcpx_last_error() -> *const c_char {
 pub unsafe extern "C" fn tcpx_config_new(out_cfg: *mut *mut TcpxConfig) -> Status {
     guard("tcpx_config_new", || {
         let o = out(out_cfg, "out")?;
-        let cfg = Config::from_env()?;
         *o = Box::into_raw(Box::new(TcpxConfig {
             tag: CONFIG_TAG,
-            c: CConfig { cfg, gpu: None },
+            c: CConfig::from_env()?,
         }));
         Ok(Status::Ok)
     })
