@@ -1,5 +1,5 @@
 #![no_main]
-//! Control messages from a peer: never panic; round-trip.
+//! Control messages from a peer (notifications included): never panic; round-trip.
 use libfuzzer_sys::fuzz_target;
 use tcpx_p2p::internal::wire::Control;
 

@@ -75,6 +75,8 @@ pub struct Config {
     /// How long `dereg` waits for transfers still using the region before
     /// it refuses (the registration is then kept).
     pub dereg_wait: Duration,
+    /// The endpoint's name, sent with its notifications (None: `host:port`).
+    pub name: Option<String>,
 }
 
 impl Default for Config {
@@ -107,6 +109,7 @@ impl Default for Config {
             max_handshakes: 64,
             max_handshakes_per_ip: 16,
             dereg_wait: Duration::from_secs(10),
+            name: None,
         }
     }
 }
@@ -172,6 +175,7 @@ impl Config {
     /// | `TCPX_P2P_MAX_PEER_STREAMS` | TCP connections a peer's listen handles may ask for, per connection | 1024 |
     /// | `TCPX_P2P_MAX_HANDSHAKES`, `TCPX_P2P_MAX_HANDSHAKES_PER_IP` | handshakes in progress at once (more are closed at once) | 64, 16 |
     /// | `TCPX_P2P_DEREG_WAIT_MS` | how long `dereg` waits for transfers using the region before refusing | 10000 |
+    /// | `TCPX_P2P_NAME` | endpoint name sent with notifications (at most 256 bytes) | `hostname:port` |
     pub fn from_env() -> Result<Self> {
         let mut c = Config::default();
         if let Some((name, v)) = var(&["TCPX_P2P_NET"]) {
@@ -282,6 +286,16 @@ impl Config {
         }
         if let Some((_, v)) = var(&["TCPX_P2P_PLUGIN_PATH", "UCCL_TCPX_PLUGIN_PATH"]) {
             c.plugin_path = v;
+        }
+        if let Some((name, v)) = var(&["TCPX_P2P_NAME"]) {
+            if v.len() > crate::wire::MAX_NOTIF_NAME {
+                return Err(Error::Config(format!(
+                    "{name}: {} bytes; an endpoint name has at most {}",
+                    v.len(),
+                    crate::wire::MAX_NOTIF_NAME
+                )));
+            }
+            c.name = Some(v);
         }
         Ok(c)
     }

@@ -22,6 +22,7 @@ use crate::handler::{Action, Book, Ctx, Limits, ProtocolError};
 use crate::handshake::{self, Role};
 use crate::memory::Registry;
 use crate::net::{MemRef, Net, RecvComm, SendComm, Waker};
+use crate::notif::{Notif, NotifQueue};
 use crate::progress::{ChunkOp, Cmd, Engine, Progress, Set};
 use crate::rma;
 use crate::topo;
@@ -86,6 +87,8 @@ pub(crate) struct ConnParams {
     pub deadline: Duration,
     /// Net devices for channel i: `devices[i % len]` (never empty).
     pub devices: Vec<usize>,
+    /// Where notifications from peers are queued (the endpoint's).
+    pub notifs: Arc<NotifQueue>,
 }
 
 pub struct Conn {
@@ -115,6 +118,8 @@ pub struct Conn {
     /// Threads blocked in [`Conn::wait_on`]: the net's waker wakes them.
     waiters: Arc<Mutex<Vec<Thread>>>,
     threads: Mutex<Vec<JoinHandle<()>>>,
+    /// The endpoint's notification queue.
+    notifs: Arc<NotifQueue>,
 }
 
 impl Conn {
@@ -269,6 +274,7 @@ impl Conn {
             book: Mutex::new(Book::new(p.limits)),
             waiters,
             threads: Mutex::new(Vec::new()),
+            notifs: p.notifs.clone(),
         });
         let weak = Arc::downgrade(&conn);
         let cpus = p.cpus.clone();
@@ -743,6 +749,33 @@ impl Conn {
                     t.fail(Failure::Refused(reason));
                 }
             }
+            Action::Notif { name, msg } => self
+                .notifs
+                .push(Notif {
+                    from_name: name,
+                    conn: self.id,
+                    msg,
+                })
+                .map_err(|e| Failure::Protocol(e.to_string()))?,
+        }
+        Ok(())
+    }
+
+    /// Sends a notification on the control connection (the caller checked
+    /// its size against [`wire::MAX_NOTIF`]).
+    pub(crate) fn send_notif(&self, name: &str, msg: &[u8]) -> Result<()> {
+        self.check_alive()?;
+        let m = Control::Notif {
+            name: name.to_string(),
+            msg: msg.to_vec(),
+        };
+        if let Err(e) = self.send_control(&m) {
+            let why = format!("control connection write failed: {e}");
+            self.fail(why.clone());
+            return Err(Error::ConnectionLost {
+                conn: self.id,
+                reason: why,
+            });
         }
         Ok(())
     }

@@ -18,6 +18,7 @@ use crate::memory::Registry;
 use crate::net::plugin::PluginNet;
 use crate::net::socket::{SocketConfig, SocketNet};
 use crate::net::{MemRef, Net};
+use crate::notif::{Notif, NotifQueue, QUEUE_MAX, QUEUE_MAX_BYTES};
 use crate::transfer::{Failure, Status, Transfer};
 use crate::wire::{DescEntry, FifoItem, GpuId, Metadata, RmaItem, Token};
 use crate::{gpu, topo};
@@ -63,6 +64,10 @@ struct Inner {
     next_xfer: AtomicU64,
     stopping: AtomicBool,
     handshakes: Mutex<Handshakes>,
+    /// Sent with our notifications.
+    name: String,
+    /// Notifications received from peers, until taken.
+    notifs: Arc<NotifQueue>,
 }
 
 /// A transfer engine endpoint.
@@ -151,6 +156,7 @@ impl Endpoint {
         let chunk = cfg.chunk.min(net.max_message());
         let devices =
             topo::channel_devices(&net.devices(), gpu_index, &gpu_bdf, cfg.gpu_nics.as_deref());
+        let notifs = Arc::new(NotifQueue::new(QUEUE_MAX, QUEUE_MAX_BYTES));
         let params = ConnParams {
             net,
             registry: registry.clone(),
@@ -176,7 +182,9 @@ impl Endpoint {
             cpus,
             deadline: cfg.deadline,
             devices,
+            notifs: notifs.clone(),
         };
+        let name = cfg.name.clone().unwrap_or_else(|| default_name(addr));
         let inner = Arc::new(Inner {
             cfg,
             gpu_index,
@@ -194,6 +202,8 @@ impl Endpoint {
             next_xfer: AtomicU64::new(1),
             stopping: AtomicBool::new(false),
             handshakes: Mutex::new(Handshakes::default()),
+            notifs,
+            name,
         });
         let weak = Arc::downgrade(&inner);
         let acceptor = std::thread::Builder::new()
@@ -803,5 +813,242 @@ pub fn token_from_keys(keys: &[u64]) -> Option<Token> {
             secret: *secret,
         }),
         _ => None,
+    }
+}
+
+/// `hostname:port`, or `ip:port` where the host has no name.
+fn default_name(addr: SocketAddr) -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .unwrap_or_default();
+    let mut name = if host.is_empty() {
+        addr.to_string()
+    } else {
+        format!("{host}:{}", addr.port())
+    };
+    let mut end = name.len().min(crate::wire::MAX_NOTIF_NAME);
+    while !name.is_char_boundary(end) {
+        end -= 1;
+    }
+    name.truncate(end);
+    name
+}
+
+/// A peer's range that one-sided transfers may use: what one of its
+/// advertisements ([`FifoItem`]) or exported regions ([`DescEntry`]) names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RemoteDesc {
+    pub token: Token,
+    /// First byte of the range on the peer.
+    pub addr: u64,
+    pub len: u64,
+    /// The peer's region id (contiguous pieces of one region are merged).
+    pub region: u64,
+}
+
+impl From<&FifoItem> for RemoteDesc {
+    fn from(m: &FifoItem) -> Self {
+        RemoteDesc {
+            token: m.token,
+            addr: m.addr,
+            len: m.size as u64,
+            region: m.rkey as u64,
+        }
+    }
+}
+
+impl From<&DescEntry> for RemoteDesc {
+    fn from(d: &DescEntry) -> Self {
+        RemoteDesc {
+            token: d.token,
+            addr: d.addr,
+            len: d.size,
+            region: d.mr_id,
+        }
+    }
+}
+
+/// Notifications, one-sided transfers at an offset, and calls for callers
+/// that poll (the C API).
+impl Endpoint {
+    /// The name sent with this endpoint's notifications.
+    pub fn name(&self) -> &str {
+        &self.inner.name
+    }
+
+    fn check_notif(msg: &[u8]) -> Result<()> {
+        if msg.len() > crate::wire::MAX_NOTIF {
+            return Err(Error::invalid(format!(
+                "notification of {} bytes exceeds the limit of {} bytes",
+                msg.len(),
+                crate::wire::MAX_NOTIF
+            )));
+        }
+        Ok(())
+    }
+
+    /// Sends `msg` (at most [`crate::notif::MAX_NOTIF`] bytes) to the peer of
+    /// `conn`; the peer's [`Endpoint::get_notifs`] returns it with our name.
+    pub fn send_notif(&self, conn: u64, msg: &[u8]) -> Result<()> {
+        Self::check_notif(msg)?;
+        self.conn(conn)?.send_notif(&self.inner.name, msg)
+    }
+
+    /// Takes every notification received so far, oldest first.
+    pub fn get_notifs(&self) -> Vec<Notif> {
+        self.inner.notifs.drain()
+    }
+
+    /// One-sided write (`read == false`) or read of `bufs[i]` to or from
+    /// `remote[i].1` bytes into the range `remote[i].0` names. With `notif`,
+    /// the message is sent to the peer once the transfer has ended well:
+    /// after a write, once the peer has every byte (its `WriteDone` came);
+    /// after a read, once every byte has landed here.
+    pub fn rma_async(
+        &self,
+        conn: u64,
+        read: bool,
+        bufs: &[Buf],
+        remote: &[(RemoteDesc, u64)],
+        notif: Option<&[u8]>,
+    ) -> Result<u64> {
+        if let Some(m) = notif {
+            Self::check_notif(m)?;
+        }
+        let c = self.conn(conn)?;
+        if bufs.len() > crate::wire::MAX_RMA_ITEMS {
+            return Err(Error::invalid(format!(
+                "{} pieces in one transfer; at most {} (post several)",
+                bufs.len(),
+                crate::wire::MAX_RMA_ITEMS
+            )));
+        }
+        if remote.len() != bufs.len() {
+            return Err(Error::invalid(format!(
+                "{} local buffers but {} remote descriptors",
+                bufs.len(),
+                remote.len()
+            )));
+        }
+        let items = bufs
+            .iter()
+            .zip(remote)
+            .map(|(b, (d, off))| {
+                let fits = off
+                    .checked_add(b.len as u64)
+                    .is_some_and(|end| end <= d.len);
+                if !fits {
+                    return Err(Error::invalid(format!(
+                        "{} bytes at offset {off} do not fit the {} bytes the peer's descriptor names",
+                        b.len, d.len
+                    )));
+                }
+                Ok(RmaItem {
+                    token: d.token,
+                    addr: d.addr + off,
+                    len: b.len as u64,
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let regions: Vec<u64> = remote.iter().map(|(d, _)| d.region).collect();
+        let local = self.resolve_local(bufs)?;
+        let t = c.post_rma(self.next_xfer(), read, local, items, &regions)?;
+        if let Some(m) = notif {
+            let (weak, name, msg) = (Arc::downgrade(&c), self.inner.name.clone(), m.to_vec());
+            t.on_end(move |s| {
+                if *s != Status::Done {
+                    return;
+                }
+                if let Some(c) = weak.upgrade() {
+                    if let Err(e) = c.send_notif(&name, &msg) {
+                        tracing::warn!(conn = c.id, "notification after a transfer not sent: {e}");
+                    }
+                }
+            });
+        }
+        Ok(self.publish(t))
+    }
+
+    /// [`Endpoint::write_async`] with an optional notification sent once
+    /// the peer has every byte.
+    pub fn write_async_with_notif(
+        &self,
+        conn: u64,
+        bufs: &[Buf],
+        metas: &[FifoItem],
+        notif: Option<&[u8]>,
+    ) -> Result<u64> {
+        let remote: Vec<_> = metas.iter().map(|m| (RemoteDesc::from(m), 0)).collect();
+        self.rma_async(conn, false, bufs, &remote, notif)
+    }
+
+    /// [`Endpoint::read_async`] with an optional notification sent to the
+    /// data's owner once every byte has landed here.
+    pub fn read_async_with_notif(
+        &self,
+        conn: u64,
+        bufs: &[Buf],
+        metas: &[FifoItem],
+        notif: Option<&[u8]>,
+    ) -> Result<u64> {
+        let remote: Vec<_> = metas.iter().map(|m| (RemoteDesc::from(m), 0)).collect();
+        self.rma_async(conn, true, bufs, &remote, notif)
+    }
+
+    /// Offers `[ptr, ptr+len)` of region `mr` (any size) to every peer,
+    /// connected now or later, until the region is deregistered.
+    pub fn export_range(&self, mr: u64, ptr: u64, len: usize) -> Result<DescEntry> {
+        let token = self.inner.registry.advertise(mr, ptr, len, None)?;
+        Ok(DescEntry {
+            addr: ptr,
+            size: len as u64,
+            mr_id: mr,
+            token,
+        })
+    }
+
+    /// The address and length of a registered region.
+    pub fn region(&self, mr: u64) -> Result<(u64, usize)> {
+        let r = self.inner.registry.get(mr)?;
+        Ok((r.addr, r.len))
+    }
+
+    /// Stops tracking a transfer: it runs to its end on its own (its
+    /// buffers stay in use until then; deregistration waits for them).
+    pub fn release(&self, xfer: u64) -> Result<()> {
+        self.inner
+            .transfers
+            .lock()
+            .remove(&xfer)
+            .map(|_| ())
+            .ok_or_else(|| Error::invalid(format!("unknown transfer id {xfer}")))
+    }
+
+    /// The next connection from a peer if one comes within `timeout`
+    /// (zero: only one already pending).
+    pub fn try_accept(&self, timeout: Duration) -> Result<Option<Accepted>> {
+        let deadline = Instant::now() + timeout;
+        let mut q = self.inner.accepted.lock();
+        loop {
+            if let Some(id) = q.pop_front() {
+                drop(q);
+                let conn = self.conn(id)?;
+                return Ok(Some(Accepted {
+                    conn: id,
+                    ip: conn.peer.ip(),
+                    gpu_index: conn.remote_gpu,
+                }));
+            }
+            if Instant::now() >= deadline
+                || self
+                    .inner
+                    .accepted_cv
+                    .wait_until(&mut q, deadline)
+                    .timed_out()
+                    && q.is_empty()
+            {
+                return Ok(None);
+            }
+        }
     }
 }

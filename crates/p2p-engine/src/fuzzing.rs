@@ -310,6 +310,8 @@ pub fn control_handler(data: &[u8]) -> Seen {
                 served.push(weight);
             }
             Action::RefuseWrite { .. } => seen.refused += 1,
+            // Bounded by the endpoint's queue, not by the book.
+            Action::Notif { .. } => {}
             Action::RefuseRead { fillers: f, .. } => {
                 seen.refused += 1;
                 fillers.push(f);

@@ -119,6 +119,8 @@ pub enum Action {
         xfer: u64,
         reason: String,
     },
+    /// A notification from the peer, for the endpoint's bounded queue.
+    Notif { name: String, msg: Vec<u8> },
 }
 
 /// What the handler needs to know of its connection.
@@ -194,6 +196,7 @@ impl Book {
         Ok(match m {
             Control::KeepAlive => Action::Nothing,
             Control::Close => return Err(ProtocolError::Closed),
+            Control::Notif { name, msg } => Action::Notif { name, msg },
             Control::WriteReq { xfer, items, runs } => match self.admit(cx, &items, &runs) {
                 Ok((local, plan, weight)) => Action::AcceptWrite {
                     xfer,

@@ -20,6 +20,7 @@ mod handler;
 mod handshake;
 mod memory;
 pub mod net;
+pub mod notif;
 mod progress;
 mod rma;
 mod topo;
@@ -28,8 +29,9 @@ mod wire;
 
 pub use config::{Config, NetKind};
 
-pub use endpoint::{Accepted, Buf, Endpoint, RemoteGpu};
+pub use endpoint::{Accepted, Buf, Endpoint, RemoteDesc, RemoteGpu};
 pub use error::{CudaError, Error, ErrorKind, NetError, Result, WireError};
+pub use notif::Notif;
 pub use memory::MemKind;
 pub use topo::CpuAffinity;
 
@@ -61,7 +63,7 @@ pub mod internal {
     pub mod plugin {
         pub use crate::net::plugin::*;
     }
-    pub use crate::config::{PLUGIN_CHANNELS, PLUGIN_CHUNK};
+    pub use crate::config::{parse_size, PLUGIN_CHANNELS, PLUGIN_CHUNK};
     // The control framing, the handshake's pieces and the control handler,
     // for the test suite's hostile peer and the fuzz targets.
     pub use crate::conn::{read_frame, write_frame};

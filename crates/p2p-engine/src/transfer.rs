@@ -99,7 +99,8 @@ pub struct Transfer {
     ended: AtomicBool,
     status: Mutex<Status>,
     cv: Condvar,
-    on_end: Mutex<Option<OnEnd>>,
+    /// Run in order when the transfer ends.
+    on_end: Mutex<Vec<OnEnd>>,
     /// Set when a piece went wrong in a way that another event will explain
     /// (a refused read's empty fillers): the transfer then cannot end Done.
     poison: Mutex<Option<Failure>>,
@@ -119,7 +120,7 @@ impl Transfer {
             ended: AtomicBool::new(false),
             status: Mutex::new(Status::Pending),
             cv: Condvar::new(),
-            on_end: Mutex::new(None),
+            on_end: Mutex::new(Vec::new()),
             poison: Mutex::new(None),
             _regions: regions,
             waiter: Mutex::new(None),
@@ -130,18 +131,20 @@ impl Transfer {
         t
     }
 
-    /// Runs `f` when the transfer ends (at once if it already has).
+    /// Runs `f` when the transfer ends (at once if it already has); several
+    /// run in the order they were given.
     pub fn on_end(&self, f: impl FnOnce(&Status) + Send + 'static) {
         let status = self.status.lock().clone();
         if status != Status::Pending {
             f(&status);
             return;
         }
-        *self.on_end.lock() = Some(Box::new(f));
+        self.on_end.lock().push(Box::new(f));
         // It may have ended between the two locks.
         let status = self.status.lock().clone();
         if status != Status::Pending {
-            if let Some(f) = self.on_end.lock().take() {
+            let fs = std::mem::take(&mut *self.on_end.lock());
+            for f in fs {
                 f(&status);
             }
         }
@@ -161,7 +164,8 @@ impl Transfer {
         if let Some(t) = self.waiter.lock().as_ref() {
             t.unpark();
         }
-        if let Some(f) = self.on_end.lock().take() {
+        let fs = std::mem::take(&mut *self.on_end.lock());
+        for f in fs {
             f(&s);
         }
         true
@@ -363,6 +367,22 @@ mod tests {
         assert!(
             ran.load(Ordering::SeqCst),
             "on_end after the end runs at once"
+        );
+    }
+
+    #[test]
+    fn every_on_end_runs_once_in_order() {
+        let t = Transfer::new(1, 1, 1, vec![]);
+        let log = Arc::new(Mutex::new(Vec::new()));
+        for i in 0..3 {
+            let l = log.clone();
+            t.on_end(move |s| l.lock().push((i, s.clone())));
+        }
+        t.complete_one();
+        assert!(!t.fail(Failure::Lost("late".into())));
+        assert_eq!(
+            *log.lock(),
+            (0..3).map(|i| (i, Status::Done)).collect::<Vec<_>>()
         );
     }
 

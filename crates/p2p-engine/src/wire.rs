@@ -512,6 +512,11 @@ pub enum Control {
     Refused { xfer: u64, reason: String },
     /// Orderly close.
     Close,
+    /// A notification: `msg` (at most [`MAX_NOTIF`] bytes) from the endpoint
+    /// named `name` (at most [`MAX_NOTIF_NAME`] bytes), queued for the
+    /// application. Sent after a transfer's last byte has landed when it is
+    /// attached to one.
+    Notif { name: String, msg: Vec<u8> },
 }
 
 const T_KEEPALIVE: u8 = 1;
@@ -522,6 +527,12 @@ const T_READ_REQ: u8 = 5;
 const T_READ_ACK: u8 = 6;
 const T_REFUSED: u8 = 7;
 const T_CLOSE: u8 = 8;
+const T_NOTIF: u8 = 9;
+
+/// Longest notification message.
+pub const MAX_NOTIF: usize = 1 << 20;
+/// Longest sender name a notification carries.
+pub const MAX_NOTIF_NAME: usize = 256;
 
 fn put_items(out: &mut Vec<u8>, items: &[RmaItem]) {
     out.extend_from_slice(&(items.len() as u32).to_le_bytes());
@@ -644,6 +655,13 @@ impl Control {
                 put_string(out, r);
             }
             Control::Close => out.push(T_CLOSE),
+            Control::Notif { name, msg } => {
+                out.push(T_NOTIF);
+                put_string(out, &name[..floor_char_boundary(name, MAX_NOTIF_NAME)]);
+                let m = &msg[..msg.len().min(MAX_NOTIF)];
+                out.extend_from_slice(&(m.len() as u32).to_le_bytes());
+                out.extend_from_slice(m);
+            }
         }
     }
 
@@ -672,6 +690,20 @@ impl Control {
                 reason: r.string(MAX_REASON)?,
             },
             T_CLOSE => Control::Close,
+            T_NOTIF => {
+                let name = r.string(MAX_NOTIF_NAME)?;
+                let n = r.u32_le()? as usize;
+                if n > MAX_NOTIF {
+                    return Err(WireError::BadLength {
+                        what: "notification",
+                        len: n,
+                    });
+                }
+                Control::Notif {
+                    name,
+                    msg: r.take(n)?.to_vec(),
+                }
+            }
             other => {
                 return Err(WireError::BadValue {
                     what: "control message type",
@@ -697,6 +729,8 @@ fn floor_char_boundary(s: &str, max: usize) -> usize {
 
 /// Longest control frame accepted from a peer.
 pub const MAX_FRAME: usize = 16 + 4 + MAX_RMA_ITEMS * 32 + 4 + MAX_RMA_ITEMS * 4;
+// The largest notification fits a frame.
+const _: () = assert!(1 + 2 + MAX_NOTIF_NAME + 4 + MAX_NOTIF <= MAX_FRAME);
 
 #[cfg(test)]
 mod tests {
@@ -844,6 +878,14 @@ mod tests {
                 reason: "no".into(),
             },
             Control::Close,
+            Control::Notif {
+                name: "host-a:4242".into(),
+                msg: b"kv blocks 1-7 ready".to_vec(),
+            },
+            Control::Notif {
+                name: String::new(),
+                msg: vec![],
+            },
         ] {
             let mut v = Vec::new();
             m.encode(&mut v);
@@ -898,5 +940,44 @@ mod tests {
             let _ = HandshakeMsg::decode(&b);
             let _ = Control::decode(&b);
         }
+    }
+
+    #[test]
+    fn notif_fixed_bytes_and_limits() {
+        let m = Control::Notif {
+            name: "ab".into(),
+            msg: vec![1, 2, 3],
+        };
+        let mut v = Vec::new();
+        m.encode(&mut v);
+        assert_eq!(v, [T_NOTIF, 2, 0, b'a', b'b', 3, 0, 0, 0, 1, 2, 3]);
+        assert_eq!(Control::decode(&v).unwrap(), m);
+        // the largest message round-trips; one byte more is refused
+        let big = Control::Notif {
+            name: "x".repeat(MAX_NOTIF_NAME),
+            msg: vec![7; MAX_NOTIF],
+        };
+        let mut v = Vec::new();
+        big.encode(&mut v);
+        assert!(v.len() <= MAX_FRAME);
+        assert_eq!(Control::decode(&v).unwrap(), big);
+        let mut over = vec![T_NOTIF, 0, 0];
+        over.extend_from_slice(&(MAX_NOTIF as u32 + 1).to_le_bytes());
+        over.extend(std::iter::repeat_n(0u8, MAX_NOTIF + 1));
+        assert!(matches!(
+            Control::decode(&over),
+            Err(WireError::BadLength {
+                what: "notification",
+                ..
+            })
+        ));
+        // a name over the limit, a length past the bytes, trailing bytes
+        let mut long = vec![T_NOTIF];
+        long.extend_from_slice(&(MAX_NOTIF_NAME as u16 + 1).to_le_bytes());
+        long.extend(std::iter::repeat_n(b'n', MAX_NOTIF_NAME + 1));
+        long.extend_from_slice(&0u32.to_le_bytes());
+        assert!(Control::decode(&long).is_err());
+        assert!(Control::decode(&[T_NOTIF, 0, 0, 9, 0, 0, 0, 1]).is_err());
+        assert!(Control::decode(&[T_NOTIF, 0, 0, 0, 0, 0, 0, 5]).is_err());
     }
 }
