@@ -73,6 +73,20 @@ def test_pairs_single_process(tmp_path):
     assert len(total) == 1 and total[0]["pairs"] == 2
 
 
+def test_pairs_with_two_ops_sum_each_op_apart(tmp_path):
+    """Several ops in one run: each op's pairs add up in a sum row of their
+    own, never mixed with another op's."""
+    doc, _ = bench(tmp_path, "--op", "write,send", "--sizes", "64K", "--pairs", "2", "--single-process")
+    rows = doc["rows"]
+    assert sorted((r["op"], r["pair"]) for r in rows if r["op"] != "sum") == [("send", 0), ("send", 1), ("write", 0), ("write", 1)]
+    sums = {r["of_op"]: r for r in rows if r["op"] == "sum"}
+    assert sorted(sums) == ["send", "write"]
+    for op, total in sums.items():
+        mine = [r["GBps"] for r in rows if r["op"] == op]
+        assert total["pairs"] == 2 and sorted(total["per_pair_GBps"]) == sorted(mine)
+        assert abs(total["GBps"] - sum(mine)) <= 0.0015 and total["verified"]
+
+
 def test_seconds_sets_the_iterations(tmp_path):
     doc, _ = bench(tmp_path, "--sizes", "64K", "--seconds", "0.5")
     (row,) = doc["rows"]

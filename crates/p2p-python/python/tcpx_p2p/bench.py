@@ -345,10 +345,13 @@ def run_pairs(a, client_gpus, server_gpus):
     for i in range(n):
         for r in results[i][1]:
             rows.append(dict(r, pair=i, gpus=[client_gpus[i], server_gpus[i]]))
-    for size in sorted({r["size"] for r in rows}):
-        same = [r for r in rows if r["size"] == size]
+    ops = list(dict.fromkeys(r["op"] for r in rows))
+    for op, size in [(o, z) for o in ops for z in sorted({r["size"] for r in rows})]:
+        same = [r for r in rows if (r["op"], r["size"]) == (op, size)]
+        if not same:
+            continue
         rows.append({
-            "op": "sum", "size": size, "batch": same[0]["batch"], "iters": same[0]["iters"],
+            "op": "sum", "of_op": op, "size": size, "batch": same[0]["batch"], "iters": same[0]["iters"],
             "GBps": round(sum(r["GBps"] for r in same), 3), "Gbps": round(sum(r["Gbps"] for r in same), 2),
             "lat_avg_us": None, "lat_p50_us": None, "lat_p99_us": None, "verified": all(r["verified"] for r in same),
             "pairs": n, "per_pair_GBps": [r["GBps"] for r in same],
@@ -935,7 +938,7 @@ def add_nccl_reference(rows, pairs, timeout=300):
     if why:
         ref.skip(why)
         return ref.status
-    rows = [r for r in rows if r["op"] in ("send", "sum")]
+    rows = [r for r in rows if "send" in (r["op"], r.get("of_op"))]
     sizes = sorted({r["size"] for r in rows})
     iters = {r["size"]: r["iters"] for r in rows}
     for key, (nthreads, nsocks) in (("default", (0, 0)), ("best", (4, 4))):
