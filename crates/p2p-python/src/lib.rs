@@ -502,6 +502,13 @@ impl Endpoint {
     fn register_memory(&self, tensor_list: Vec<Bound<'_, PyAny>>) -> PyResult<Vec<XferDesc>> {
         let mut out = Vec::with_capacity(tensor_list.len());
         for (i, t) in tensor_list.iter().enumerate() {
+            for m in ["data_ptr", "numel", "element_size"] {
+                if !t.hasattr(m)? {
+                    return Err(InvalidArgumentError::new_err(format!(
+                        "tensor_list[{i}]: not a tensor (it has no {m}() method)"
+                    )));
+                }
+            }
             let ptr = args::u64_named(
                 &t.call_method0("data_ptr")?,
                 &format!("tensor_list[{i}].data_ptr()"),
