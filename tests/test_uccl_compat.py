@@ -184,6 +184,7 @@ def test_uccl_surface():
     """What UCCL code touches beyond the calls: XferDesc() empty,
     RuntimeError as the base of our errors, transfer() on an unknown
     conn_id raising "Invalid conn_id", keywords of the static calls."""
+    assert p2p.kBFloat16 == p2p.FloatType.kBFloat16 and p2p.kUndefined == p2p.FloatType.kUndefined
     d = p2p.XferDesc()
     assert (d.addr, d.size, d.mr_id, d.lkeys, d.rkeys) == (0, 0, 0, [], [])
     d.addr, d.size, d.mr_id, d.lkeys, d.rkeys = 1, 2, 3, [4], [5, 6]
