@@ -124,6 +124,22 @@ def test_benchmark_dual_mode():
         assert a_rx == b_tx and b_rx == a_tx, f"size {sz}"
 
 
+# ---------------------------------------------------- benchmark_ray_p2p.py
+
+
+@pytest.mark.parametrize("mode,per_iter", [("write", False), ("read", False), ("write", True), ("read", True)])
+def test_benchmark_ray_modes(mode, per_iter):
+    """benchmark_ray_p2p.py: register_memory descriptors sent serialized,
+    transfer() of num_iovs blocks; raw mode (registered once) and normal
+    mode (registered, connected and released every iteration)."""
+    sizes, num_iovs, seed = [4 * KIB, 256 * KIB], 4, 60
+    args = (sizes, num_iovs, 2, per_iter, mode, seed)
+    server, client = run_pair(shapes.ray_server, args, shapes.ray_client, args)
+    for k, sz in enumerate(sizes):
+        want = [sha(pattern(sz // num_iovs, seed + 100 * k + i)) for i in range(num_iovs)]
+        assert server[sz] == client[sz] == want, f"size {sz}"
+
+
 # --------------------------------------- test_remove_remote_endpoint.py
 
 

@@ -380,6 +380,60 @@ def remove_side(chan, rank, seed):
     return {"got": got, "raised": raised}
 
 
+# ---------------------------------------------------- benchmark_ray_p2p.py
+
+
+def ray_server(chan, sizes, num_iovs, iters, per_iter, mode, seed):
+    """benchmark_ray_p2p.py's server: register the blocks as tensors, send
+    the serialized descriptors, keep still while the client moves bytes;
+    `per_iter` ("normal mode"): register and deregister every iteration."""
+    ep = p2p.Endpoint(0)
+    chan.send(bytes(ep.get_metadata()))
+    out = {}
+    for k, sz in enumerate(sizes):
+        per = sz // num_iovs
+        fill = (lambda i: seed + 100 * k + i) if mode == "read" else (lambda i: None)
+        buf_v = [tensor(per, fill(i)) for i in range(num_iovs)]
+        rounds = iters + 1 if per_iter else 1
+        for _ in range(rounds):
+            remote_descs = ep.register_memory(buf_v)
+            chan.send(ep.get_serialized_descs(remote_descs))
+            assert chan.recv() == "barrier"
+            ep.deregister_memory(remote_descs)
+        out[sz] = [digest_of(t) for t in buf_v]
+        chan.send("barrier")
+    return out
+
+
+def ray_client(chan, sizes, num_iovs, iters, per_iter, mode, seed):
+    """benchmark_ray_p2p.py's client: register, add_remote_endpoint,
+    deserialize, transfer(conn_id, mode, local, remote), poll until done,
+    deregister, remove_remote_endpoint."""
+    ep = p2p.Endpoint(0)
+    remote_metadata = chan.recv()
+    out = {}
+    for k, sz in enumerate(sizes):
+        per = sz // num_iovs
+        fill = (lambda i: seed + 100 * k + i) if mode == "write" else (lambda i: None)
+        buf_v = [tensor(per, fill(i)) for i in range(num_iovs)]
+        rounds = iters + 1 if per_iter else 1
+        for _ in range(rounds):
+            local_descs = ep.register_memory(buf_v)
+            success, conn_id = ep.add_remote_endpoint(remote_metadata)
+            assert success, ep.last_error()
+            remote_descs = ep.deserialize_descs(chan.recv())
+            for _ in range(1 if per_iter else iters + 1):
+                success, transfer_id = ep.transfer(conn_id, mode, local_descs, remote_descs)
+                assert success, ep.last_error()
+                wait_done(ep, [transfer_id])
+            ep.deregister_memory(local_descs)
+            assert ep.remove_remote_endpoint(conn_id)
+            chan.send("barrier")
+        out[sz] = [digest_of(t) for t in buf_v]
+        assert chan.recv() == "barrier"
+    return out
+
+
 # -------------------------------------------- test_register_memory_cache
 
 

@@ -144,8 +144,11 @@ pub fn timeout_named(o: &Bound<'_, PyAny>, name: &str) -> PyResult<Option<Durati
     Ok(Some(Duration::from_secs_f64(t)))
 }
 
-/// A control port: `-1` (or any negative: none given) or 1..=65535.
+/// A control port: `-1` (or any negative, or None: none given) or 1..=65535.
 pub fn port_named(o: &Bound<'_, PyAny>, name: &str) -> PyResult<Option<u16>> {
+    if o.is_none() {
+        return Ok(None);
+    }
     let p = i64_named(o, name)?;
     if p < 0 {
         return Ok(None);
