@@ -290,3 +290,30 @@ def test_keyword_forms_of_advertise(local, peers):
     assert bufs.data(b, 0, n // 2) == peer.call("data", sb, 0, n // 2)
     assert peer.ep("write", pcid, smr, sptr + n // 2, n // 2, per_conn)
     assert bufs.data(b, 0, n // 2) == peer.call("data", sb, n // 2, n // 2)
+
+
+def test_module_functions_with_hostile_arguments():
+    """The module's own functions (the benchmark's raw-TCP reference among
+    them) take the same checks."""
+    import socket
+
+    from tcpx_p2p import _native
+
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    closed = s.getsockname()[1]
+    s.close()
+    seen = []
+    base = ("127.0.0.1", closed, 1, 16, 1)
+    for pos in range(len(base)):
+        for v in INTS + ["", "::::", 0]:
+            args = list(base)
+            args[pos] = v
+            seen.append(outcome(_native.rawtcp_run, *args))
+    for v in INTS:
+        if isinstance(v, int) and 0 <= v < 65536:
+            continue  # a real port: it would start a server
+        seen.append(outcome(_native.rawtcp_serve, "127.0.0.1", v))
+    assert set(seen) <= {"TypeError", "InvalidArgumentError", "TcpxP2PError", "ConnectError"}, seen
+    with pytest.raises(p2p.InvalidArgumentError, match="streams"):
+        _native.rawtcp_run("127.0.0.1", closed, 0, 16, 1)

@@ -195,6 +195,12 @@ named! {
     meta_blob_v: Vec<Vec<u8>> = |o, n| list_named(o, n, bytes_named);
     timeout: Option<std::time::Duration> = timeout_named;
     remote_port: Option<u16> = port_named;
+    port: u16 = |o, n| {
+        let v = u64_named(o, n)?;
+        u16::try_from(v).map_err(|_| invalid(n, format!("{v} is not a port (0 to 65535)")))
+    };
+    streams: usize = usize_named;
+    iters: usize = usize_named;
 }
 
 /// The arguments of a call that exists in two forms told apart by how many

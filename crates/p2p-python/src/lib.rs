@@ -1093,7 +1093,7 @@ fn cuda_device_count() -> usize {
 /// background; returns the port.
 #[pyfunction]
 #[pyo3(signature = (ip, port=0))]
-fn rawtcp_serve(ip: &str, port: u16) -> PyResult<u16> {
+fn rawtcp_serve(ip: &str, #[pyo3(from_py_with = args::port)] port: u16) -> PyResult<u16> {
     let l = std::net::TcpListener::bind((ip, port)).map_err(|e| {
         to_py(&Error::Io {
             what: format!("raw TCP reference: bind {ip}:{port}"),
@@ -1124,12 +1124,23 @@ fn rawtcp_serve(ip: &str, port: u16) -> PyResult<u16> {
 fn rawtcp_run(
     py: Python<'_>,
     ip: &str,
-    port: u16,
-    streams: usize,
-    size: usize,
-    iters: usize,
+    #[pyo3(from_py_with = args::port)] port: u16,
+    #[pyo3(from_py_with = args::streams)] streams: usize,
+    #[pyo3(from_py_with = args::size)] size: usize,
+    #[pyo3(from_py_with = args::iters)] iters: usize,
     pingpong: bool,
 ) -> PyResult<Vec<f64>> {
+    // The reference server serves 1 to 64 streams and up to 4 GiB.
+    if !(1..=64).contains(&streams) {
+        return Err(InvalidArgumentError::new_err(format!(
+            "streams: {streams} (1 to 64)"
+        )));
+    }
+    if size > 4 << 30 {
+        return Err(InvalidArgumentError::new_err(format!(
+            "size: {size} bytes (at most 4 GiB)"
+        )));
+    }
     let addr: std::net::SocketAddr = format!("{ip}:{port}")
         .parse()
         .map_err(|_| to_py(&Error::Invalid(format!("bad address {ip}:{port}"))))?;
