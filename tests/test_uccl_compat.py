@@ -50,13 +50,15 @@ def run_pair(a, a_args, b, b_args, timeout=120):
 
 
 @pytest.mark.parametrize("mode", ["write", "read"])
-def test_engine_write_read(mode):
+@pytest.mark.parametrize("new_advertise", [False, True])
+def test_engine_write_read(mode, new_advertise):
     """test_engine_write.py / test_engine_read.py: connect with
-    remote_ip_addr/remote_gpu_bdf/remote_port, advertise(conn_id, ...),
-    write/read with the 64-byte blob."""
+    remote_ip_addr/remote_gpu_bdf/remote_port, advertise(conn_id, ...) as in
+    0.1.1 or advertise(mr_id, ...) as in UCCL main, write/read with the
+    64-byte blob."""
     size = 4 * KIB + 3
     init, target = run_pair(
-        shapes.onesided_initiator, (mode, size, 5), shapes.onesided_target, (mode, size, 5)
+        shapes.onesided_initiator, (mode, size, 5), shapes.onesided_target, (mode, size, 5, new_advertise)
     )
     assert init == target == sha(pattern(size, 5))
 

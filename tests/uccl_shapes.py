@@ -102,10 +102,10 @@ def onesided_initiator(chan, mode, size, seed):
     return digest_of(t)
 
 
-def onesided_target(chan, mode, size, seed):
+def onesided_target(chan, mode, size, seed, new_advertise=False):
     """The other side: accept, register, advertise(conn_id, mr_id, ptr,
-    size), hand the blob over, and make no further call while the peer
-    moves the bytes."""
+    size) (UCCL main: advertise(mr_id, ptr, size)), hand the blob over, and
+    make no further call while the peer moves the bytes."""
     ep = p2p.Endpoint(local_gpu_idx=0)
     chan.send(bytes(ep.get_metadata()))
     ok, r_ip, r_gpu, conn_id = ep.accept()
@@ -113,7 +113,10 @@ def onesided_target(chan, mode, size, seed):
     t = tensor(size, seed if mode == "read" else None)
     ok, mr_id = ep.reg(t.data_ptr(), nbytes(t))
     assert ok
-    ok, fifo_blob = ep.advertise(conn_id, mr_id, t.data_ptr(), nbytes(t))
+    if new_advertise:
+        ok, fifo_blob = ep.advertise(mr_id, t.data_ptr(), nbytes(t))
+    else:
+        ok, fifo_blob = ep.advertise(conn_id, mr_id, t.data_ptr(), nbytes(t))
     assert ok and isinstance(fifo_blob, bytes) and len(fifo_blob) == 64
     chan.send(bytes(fifo_blob))
     assert chan.recv() == "done"
