@@ -16,6 +16,14 @@ from tcpx_p2p import p2p
 KIB = 1 << 10
 
 
+@pytest.fixture
+def shapes_device(device, monkeypatch):
+    """Host memory; GPU memory too on a GPU machine (conftest's `device`):
+    the spawned processes read UCCL_SHAPES_DEVICE."""
+    monkeypatch.setenv("UCCL_SHAPES_DEVICE", device)
+    return device
+
+
 def run_pair(a, a_args, b, b_args, timeout=120):
     """Runs `a` and `b` in two spawned processes joined by a pipe; returns
     their results (a's, b's). Fails with the traceback of a side that
@@ -51,7 +59,7 @@ def run_pair(a, a_args, b, b_args, timeout=120):
 
 @pytest.mark.parametrize("mode", ["write", "read"])
 @pytest.mark.parametrize("new_advertise", [False, True])
-def test_engine_write_read(mode, new_advertise):
+def test_engine_write_read(mode, new_advertise, shapes_device):
     """test_engine_write.py / test_engine_read.py: connect with
     remote_ip_addr/remote_gpu_bdf/remote_port, advertise(conn_id, ...) as in
     0.1.1 or advertise(mr_id, ...) as in UCCL main, write/read with the
@@ -81,7 +89,7 @@ SIZES = [256, 64 * KIB, 1 << 20]
         ("write", 1, False, False, True),
     ],
 )
-def test_benchmark_readwrite_modes(mode, num_iovs, async_api, lazy, new_advertise):
+def test_benchmark_readwrite_modes(mode, num_iovs, async_api, lazy, new_advertise, shapes_device):
     """benchmark_uccl_readwrite.py's modes (write, read, several iovs,
     --async-api, --lazy) at small sizes, and UCCL main's advertisev without
     a connection; every block's bytes checked on both sides."""
@@ -103,7 +111,7 @@ def test_benchmark_readwrite_modes(mode, num_iovs, async_api, lazy, new_advertis
 
 
 @pytest.mark.parametrize("kvblocks,async_api", [(1, False), (1, True), (8, False), (8, True)])
-def test_benchmark_sendrecv_modes(kvblocks, async_api):
+def test_benchmark_sendrecv_modes(kvblocks, async_api, shapes_device):
     """benchmark_uccl.py's default mode: send/recv (or sendv/recvv of
     --num-kvblocks blocks), sync or --async-api."""
     sizes = [256, 32 * KIB, 1 << 20]
@@ -115,7 +123,7 @@ def test_benchmark_sendrecv_modes(kvblocks, async_api):
         assert client[sz] == want and server[sz] == want, f"size {sz}"
 
 
-def test_benchmark_dual_mode():
+def test_benchmark_dual_mode(shapes_device):
     """benchmark_uccl.py --dual: both directions at once over two connections."""
     sizes = [4 * KIB, 1 << 20]
     a, b = run_pair(shapes.dual_side, (True, sizes, 9), shapes.dual_side, (False, sizes, 9))
@@ -130,7 +138,7 @@ def test_benchmark_dual_mode():
 
 
 @pytest.mark.parametrize("mode,per_iter", [("write", False), ("read", False), ("write", True), ("read", True)])
-def test_benchmark_ray_modes(mode, per_iter):
+def test_benchmark_ray_modes(mode, per_iter, shapes_device):
     """benchmark_ray_p2p.py: register_memory descriptors sent serialized,
     transfer() of num_iovs blocks; raw mode (registered once) and normal
     mode (registered, connected and released every iteration)."""
@@ -145,7 +153,7 @@ def test_benchmark_ray_modes(mode, per_iter):
 # --------------------------------------- test_remove_remote_endpoint.py
 
 
-def test_remove_remote_endpoint():
+def test_remove_remote_endpoint(shapes_device):
     """All five of test_remove_remote_endpoint.py's cases between two
     processes, with a transfer() each way (bytes checked) before the
     removal and RuntimeError("Invalid conn_id") after it."""
@@ -190,7 +198,7 @@ def test_register_memory_cache():
     ep.deregister_memory([d4, ds])
 
 
-def test_register_memory_cache_keys_serve_peers():
+def test_register_memory_cache_keys_serve_peers(shapes_device):
     """The shared keys work on the wire while any handle of the range lives,
     and stop working once the last one is released."""
     _, got = run_pair(shapes.cache_owner, (8 * KIB, 3), shapes.cache_reader, (8 * KIB,))

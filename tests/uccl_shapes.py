@@ -11,6 +11,7 @@ Tensors are torch CPU tensors where torch is installed, otherwise
 
 import ctypes
 import hashlib
+import os
 import random
 import time
 
@@ -39,12 +40,31 @@ class HostTensor:
         return self.es
 
 
+# The tests' processes use host memory, or GPU 0 when the test process
+# sets UCCL_SHAPES_DEVICE=cuda (a GPU machine with torch).
+DEVICE = os.environ.get("UCCL_SHAPES_DEVICE", "cpu")
+
+
 def tensor(nbytes, seed=None):
-    """`nbytes` bytes of host memory as a tensor, filled from `seed` (or zero)."""
+    """`nbytes` bytes as a tensor, filled from `seed` (or zero)."""
+    if DEVICE == "cuda":
+        t = torch.zeros(nbytes, dtype=torch.uint8, device="cuda:0")
+        if seed is not None:
+            t.copy_(torch.frombuffer(bytearray(pattern(nbytes, seed)), dtype=torch.uint8))
+            torch.cuda.synchronize()
+        return t
     t = torch.zeros(nbytes, dtype=torch.uint8) if torch is not None else HostTensor(nbytes)
     if seed is not None:
         ctypes.memmove(t.data_ptr(), pattern(nbytes, seed), nbytes)
     return t
+
+
+def zero(t):
+    if DEVICE == "cuda":
+        t.zero_()
+        torch.cuda.synchronize()
+    else:
+        ctypes.memset(t.data_ptr(), 0, nbytes(t))
 
 
 def nbytes(t):
@@ -57,6 +77,9 @@ def pattern(n, seed):
 
 def digest_of(t, off=0, n=None):
     n = nbytes(t) - off if n is None else n
+    if DEVICE == "cuda":
+        torch.cuda.synchronize()
+        return hashlib.sha256(t[off : off + n].cpu().numpy().tobytes()).hexdigest()
     return hashlib.sha256(ctypes.string_at(t.data_ptr() + off, n)).hexdigest()
 
 
@@ -474,7 +497,7 @@ def cache_reader(chan, n):
     local = ep.register_memory([dst])
 
     def read():
-        ctypes.memset(dst.data_ptr(), 0, n)
+        zero(dst)
         ok, x = ep.transfer(conn, "read", local, remote)
         assert ok, ep.last_error()
         while True:
