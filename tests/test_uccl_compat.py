@@ -226,6 +226,9 @@ def test_uccl_surface():
     with pytest.raises(RuntimeError, match="Invalid conn_id"):
         ep.transfer(conn_id=424242, op_name="read", local_desc_list=[], remote_desc_list=[])
     assert ep.deserialize_descs(serialized_bytes=ep.get_serialized_descs(desc_list=[])) == []
+    assert ep.deserialize_descs(b"") == []
+    with pytest.raises(RuntimeError, match="no access token"):
+        ep.get_serialized_descs([p2p.XferDesc()])
     assert ep.conn_id_of_rank(rank=0) == -1
     assert ep.remove_remote_endpoint(conn_id=7) is False
     ok, x = ep.poll_async(transfer_id=99)

@@ -567,6 +567,10 @@ impl Endpoint {
     fn deserialize_descs(
         #[pyo3(from_py_with = args::serialized_bytes)] serialized_bytes: Vec<u8>,
     ) -> PyResult<Vec<XferDesc>> {
+        // No bytes: no descriptors, as in UCCL.
+        if serialized_bytes.is_empty() {
+            return Ok(vec![]);
+        }
         let l = wire::decode_descs(&serialized_bytes).map_err(|e| to_py(&Error::Wire(e)))?;
         Ok(l.into_iter()
             .map(|d| XferDesc {
