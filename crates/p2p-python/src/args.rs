@@ -226,7 +226,7 @@ pub fn bind_forms<'py>(
                 .map(|f| format!("({})", f.join(", ")))
                 .collect();
             PyTypeError::new_err(format!(
-                "{call}() takes {} ; got {} positional and {nkw} keyword arguments",
+                "{call}() takes {}; got {} positional and {nkw} keyword arguments",
                 want.join(" or "),
                 args.len()
             ))
