@@ -22,8 +22,8 @@ pub mod status;
 use std::ffi::{c_char, c_void, CStr};
 use std::time::Duration;
 
-use tcpx_p2p::RemoteDesc;
 use tcpx_p2p::notif::MAX_NOTIF;
+use tcpx_p2p::RemoteDesc;
 use tcpx_p2p::{Buf, Endpoint, Error, Notif};
 
 use crate::config::CConfig;

@@ -399,12 +399,24 @@ impl Endpoint {
     /// The 64-byte descriptor offering `[ptr, ptr+len)` to the peer of `conn`.
     pub fn advertise(&self, conn: u64, mr: u64, ptr: u64, len: usize) -> Result<[u8; 64]> {
         self.conn(conn)?;
+        self.advertise_to(Some(conn), mr, ptr, len)
+    }
+
+    /// The 64-byte descriptor offering `[ptr, ptr+len)` to whichever
+    /// connection of this endpoint presents it (UCCL's `advertise` without
+    /// a connection). The record still bounds it to exactly that range, and
+    /// the secret still has to match.
+    pub fn advertise_any(&self, mr: u64, ptr: u64, len: usize) -> Result<[u8; 64]> {
+        self.advertise_to(None, mr, ptr, len)
+    }
+
+    fn advertise_to(&self, conn: Option<u64>, mr: u64, ptr: u64, len: usize) -> Result<[u8; 64]> {
         if len > u32::MAX as usize {
             return Err(Error::invalid(format!(
                 "advertise: {len} bytes exceed the descriptor's 4 GiB size field; advertise smaller pieces"
             )));
         }
-        let token = self.inner.registry.advertise(mr, ptr, len, Some(conn))?;
+        let token = self.inner.registry.advertise(mr, ptr, len, conn)?;
         Ok(FifoItem {
             addr: ptr,
             size: len as u32,

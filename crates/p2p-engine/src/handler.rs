@@ -120,7 +120,10 @@ pub enum Action {
         reason: String,
     },
     /// A notification from the peer, for the endpoint's bounded queue.
-    Notif { name: String, msg: Vec<u8> },
+    Notif {
+        name: String,
+        msg: Vec<u8>,
+    },
 }
 
 /// What the handler needs to know of its connection.

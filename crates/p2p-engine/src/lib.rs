@@ -31,8 +31,8 @@ pub use config::{Config, NetKind};
 
 pub use endpoint::{Accepted, Buf, Endpoint, RemoteDesc, RemoteGpu};
 pub use error::{CudaError, Error, ErrorKind, NetError, Result, WireError};
-pub use notif::Notif;
 pub use memory::MemKind;
+pub use notif::Notif;
 pub use topo::CpuAffinity;
 
 /// Internals for the crate's bindings, the ncclNet stand-in, fuzz targets

@@ -116,3 +116,54 @@ fn peer_drop_fails_pending() {
         Err(Error::ConnectionLost { .. })
     ));
 }
+
+#[test]
+fn advertised_to_any_connection() {
+    // b advertises one range without naming a connection; two different
+    // connections to b may use it, and only that range.
+    let (a, b, ca, _cb) = pair();
+    let c = Endpoint::new(None, cfg()).unwrap();
+    let addr = b.local_addr();
+    let cc = c
+        .connect(&addr.ip().to_string(), addr.port(), None)
+        .unwrap();
+    b.accept(Some(Duration::from_secs(10))).unwrap();
+    let n = 64 << 10;
+    let mut target = vec![0u8; n];
+    let tb = buf(&b, &mut target);
+    let desc = b.advertise_any(tb.mr, tb.ptr + 1024, n - 2048).unwrap();
+    let meta = FifoItem::decode(&desc).unwrap();
+
+    let mut one = pattern(n - 2048, 3);
+    let ob = buf(&a, &mut one);
+    let w = a.write_async(ca, &[ob], &[meta]).unwrap();
+    assert!(a.wait(w, Some(Duration::from_secs(20))).unwrap());
+    assert_eq!(&target[1024..n - 1024], &one[..]);
+
+    let mut back = vec![0u8; n - 2048];
+    let bb = buf(&c, &mut back);
+    let r = c.read_async(cc, &[bb], &[meta]).unwrap();
+    assert!(c.wait(r, Some(Duration::from_secs(20))).unwrap());
+    assert_eq!(back, one, "read on another connection");
+
+    // Past the advertised range: refused, nothing written.
+    let mut forged = meta;
+    forged.addr -= 1024;
+    let mut big = vec![9u8; n - 2048];
+    let gb = buf(&c, &mut big);
+    let w = c.write_async(cc, &[gb], &[forged]).unwrap();
+    assert!(matches!(
+        c.wait(w, Some(Duration::from_secs(20))),
+        Err(Error::Refused { .. })
+    ));
+    assert!(target[..1024].iter().all(|&x| x == 0));
+    // A wrong secret: refused.
+    let mut wrong = meta;
+    wrong.token.secret ^= 1;
+    let w = c.write_async(cc, &[gb], &[wrong]).unwrap();
+    assert!(matches!(
+        c.wait(w, Some(Duration::from_secs(20))),
+        Err(Error::Refused { .. })
+    ));
+    assert_eq!(&target[1024..n - 1024], &one[..]);
+}

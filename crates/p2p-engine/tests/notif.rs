@@ -4,9 +4,9 @@
 
 use std::time::{Duration, Instant};
 
-use tcpx_p2p::RemoteDesc;
-use tcpx_p2p::notif::{MAX_NOTIF, QUEUE_MAX};
 use tcpx_p2p::internal::wire::FifoItem;
+use tcpx_p2p::notif::{MAX_NOTIF, QUEUE_MAX};
+use tcpx_p2p::RemoteDesc;
 use tcpx_p2p::{Config, Endpoint, Error, Notif};
 
 mod common;

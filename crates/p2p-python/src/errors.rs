@@ -1,17 +1,18 @@
-//! Engine errors in Python: one exception hierarchy under `TcpxP2PError`,
+//! Engine errors in Python: one exception hierarchy under `TcpxP2PError`
+//! (itself a `RuntimeError`, so code written for UCCL catches it),
 //! and the UCCL-compatible `False` returns whose reason is logged to the
 //! `tcpx_p2p` logger and kept for `Endpoint.last_error()`.
 
 use pyo3::create_exception;
-use pyo3::exceptions::PyException;
+use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
 use tcpx_p2p::{Error, ErrorKind};
 
 create_exception!(
     _native,
     TcpxP2PError,
-    PyException,
-    "Base of every tcpx_p2p error."
+    PyRuntimeError,
+    "Base of every tcpx_p2p error; a RuntimeError, as UCCL's errors are."
 );
 create_exception!(
     _native,

@@ -4,14 +4,19 @@
 //! applications written for UCCL's P2P engine expect.
 
 use parking_lot::Mutex;
+use std::time::Duration;
+
+use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyList};
+use pyo3::types::{PyBytes, PyDict, PyList, PyString, PyTuple};
 use tcpx_p2p::internal::wire::{self, DescEntry, FifoItem, GpuId, Metadata};
 use tcpx_p2p::{Buf, Config, Error, RemoteGpu};
 
+mod args;
 mod errors;
 mod rawtcp;
-use errors::{log_warning, to_py};
+mod regcache;
+use errors::{log_warning, to_py, InvalidArgumentError};
 
 type EResult<T> = tcpx_p2p::Result<T>;
 
@@ -29,8 +34,9 @@ enum FloatType {
 }
 
 /// A registered buffer as `register_memory` returns it. `rkeys` holds the
-/// token a peer must present to use it: `[advertisement id, secret]`.
-#[pyclass(get_all, set_all, module = "tcpx_p2p._native")]
+/// token a peer must present to use it: `[advertisement id, secret]`;
+/// `lkeys` the id of the region that token belongs to.
+#[pyclass(get_all, module = "tcpx_p2p._native")]
 #[derive(Clone, Debug)]
 struct XferDesc {
     addr: u64,
@@ -42,16 +48,43 @@ struct XferDesc {
 
 #[pymethods]
 impl XferDesc {
+    /// `XferDesc()` (all zero, as UCCL allows) or with its fields.
     #[new]
-    #[pyo3(signature = (addr, size, mr_id, lkeys=vec![], rkeys=vec![]))]
-    fn new(addr: u64, size: u64, mr_id: u64, lkeys: Vec<u64>, rkeys: Vec<u64>) -> Self {
+    #[pyo3(signature = (addr=0, size=0, mr_id=0, lkeys=vec![], rkeys=vec![]))]
+    fn new(
+        #[pyo3(from_py_with = args::addr)] addr: u64,
+        #[pyo3(from_py_with = args::size)] size: usize,
+        #[pyo3(from_py_with = args::mr_id)] mr_id: u64,
+        #[pyo3(from_py_with = args::lkeys)] lkeys: Vec<u64>,
+        #[pyo3(from_py_with = args::rkeys)] rkeys: Vec<u64>,
+    ) -> Self {
         XferDesc {
             addr,
-            size,
+            size: size as u64,
             mr_id,
             lkeys,
             rkeys,
         }
+    }
+    #[setter]
+    fn set_addr(&mut self, #[pyo3(from_py_with = args::addr)] v: u64) {
+        self.addr = v;
+    }
+    #[setter]
+    fn set_size(&mut self, #[pyo3(from_py_with = args::size)] v: usize) {
+        self.size = v as u64;
+    }
+    #[setter]
+    fn set_mr_id(&mut self, #[pyo3(from_py_with = args::mr_id)] v: u64) {
+        self.mr_id = v;
+    }
+    #[setter]
+    fn set_lkeys(&mut self, #[pyo3(from_py_with = args::lkeys)] v: Vec<u64>) {
+        self.lkeys = v;
+    }
+    #[setter]
+    fn set_rkeys(&mut self, #[pyo3(from_py_with = args::rkeys)] v: Vec<u64>) {
+        self.rkeys = v;
     }
     fn __repr__(&self) -> String {
         format!(
@@ -91,12 +124,18 @@ impl XferDesc {
             token,
         })
     }
-    fn buf(&self) -> Buf {
-        Buf {
+    fn buf(&self) -> EResult<Buf> {
+        let len = usize::try_from(self.size).map_err(|_| {
+            Error::Invalid(format!(
+                "descriptor of mr {}: size {} is too large",
+                self.mr_id, self.size
+            ))
+        })?;
+        Ok(Buf {
             mr: self.mr_id,
             ptr: self.addr,
-            len: self.size as usize,
-        }
+            len,
+        })
     }
 }
 
@@ -105,6 +144,21 @@ impl XferDesc {
 struct Endpoint {
     ep: tcpx_p2p::Endpoint,
     last_error: Mutex<String>,
+    /// `register_memory`'s registrations by range (see regcache.rs).
+    regcache: Mutex<regcache::RegCache>,
+}
+
+/// Raises unless every list has `num_iovs` entries (as UCCL's vector calls
+/// require).
+fn check_lens(call: &str, n: usize, lists: &[(&str, usize)]) -> PyResult<()> {
+    for (name, len) in lists {
+        if *len != n {
+            return Err(InvalidArgumentError::new_err(format!(
+                "{call}: num_iovs is {n} but {name} has {len} entries"
+            )));
+        }
+    }
+    Ok(())
 }
 
 fn bufs(mr_ids: &[u64], ptrs: &[u64], sizes: &[usize], n: usize) -> EResult<Vec<Buf>> {
@@ -144,6 +198,46 @@ fn default_gpu(py: Python<'_>) -> Option<i32> {
 }
 
 impl Endpoint {
+    /// Registers `[ptr, ptr+size)` for `register_memory`: a new region, with
+    /// the keys of an identical live registration where there is one.
+    fn register_range(&self, ptr: u64, size: usize) -> EResult<XferDesc> {
+        let mut cache = self.regcache.lock();
+        let mr = self.ep.reg(ptr, size)?;
+        let (base, token) = match cache.keys(ptr, size) {
+            Some(k) => {
+                cache.add_handle(ptr, size, mr);
+                k
+            }
+            None => match self.ep.export_region(mr) {
+                Ok(d) => {
+                    cache.insert(ptr, size, mr, d.token);
+                    (mr, d.token)
+                }
+                Err(e) => {
+                    let _ = self.ep.dereg(mr);
+                    return Err(e);
+                }
+            },
+        };
+        Ok(XferDesc {
+            addr: ptr,
+            size: size as u64,
+            mr_id: mr,
+            lkeys: vec![base],
+            rkeys: vec![token.id, token.secret],
+        })
+    }
+
+    /// Deregisters region `mr`, through the `register_memory` cache where
+    /// it is one of its handles.
+    fn release(&self, mr: u64) -> EResult<()> {
+        let cached = self.regcache.lock().release(mr);
+        match cached {
+            Some(regions) => regions.into_iter().try_for_each(|r| self.ep.dereg(r)),
+            None => self.ep.dereg(mr),
+        }
+    }
+
     /// Keeps the reason of a failure, logs it, and gives None (→ False).
     fn check<T>(&self, py: Python<'_>, r: EResult<T>) -> Option<T> {
         match r {
@@ -184,19 +278,31 @@ impl Endpoint {
 #[pymethods]
 impl Endpoint {
     /// `Endpoint(local_gpu_idx=None, num_cpus=None)`; `num_cpus` is accepted
-    /// and ignored.
+    /// and ignored. Without CUDA the index only labels the endpoint (host
+    /// memory only); with CUDA it must name one of this machine's GPUs.
     #[new]
     #[pyo3(signature = (local_gpu_idx=None, num_cpus=None))]
-    fn new(py: Python<'_>, local_gpu_idx: Option<i32>, num_cpus: Option<i64>) -> PyResult<Self> {
-        let _ = num_cpus;
+    fn new(
+        py: Python<'_>,
+        local_gpu_idx: Option<Bound<'_, PyAny>>,
+        num_cpus: Option<Bound<'_, PyAny>>,
+    ) -> PyResult<Self> {
+        if let Some(n) = num_cpus.filter(|n| !n.is_none()) {
+            args::i64_named(&n, "num_cpus")?;
+        }
+        let idx = match local_gpu_idx.filter(|g| !g.is_none()) {
+            Some(g) => Some(gpu_index_arg(py, &g)?),
+            None => None,
+        };
         tcpx_p2p::init_logging();
-        let gpu = local_gpu_idx.or_else(|| default_gpu(py));
+        let gpu = idx.or_else(|| default_gpu(py));
         let ep = py
             .detach(|| Config::from_env().and_then(|c| tcpx_p2p::Endpoint::new(gpu, c)))
             .map_err(|e| to_py(&e))?;
         Ok(Endpoint {
             ep,
             last_error: Mutex::new(String::new()),
+            regcache: Mutex::new(Default::default()),
         })
     }
 
@@ -211,8 +317,11 @@ impl Endpoint {
 
     /// `(ip, port, gpu)`: gpu is the PCI bus id (str), or an int for the older form.
     #[staticmethod]
-    fn parse_metadata(py: Python<'_>, metadata: &[u8]) -> PyResult<(String, u16, Py<PyAny>)> {
-        let m = Metadata::decode(metadata).map_err(|e| to_py(&Error::Wire(e)))?;
+    fn parse_metadata(
+        py: Python<'_>,
+        #[pyo3(from_py_with = args::metadata)] metadata: Vec<u8>,
+    ) -> PyResult<(String, u16, Py<PyAny>)> {
+        let m = Metadata::decode(&metadata).map_err(|e| to_py(&Error::Wire(e)))?;
         let gpu = match m.gpu {
             GpuId::Bdf(s) => s.into_pyobject(py)?.into_any().unbind(),
             GpuId::Index(i) => i.into_pyobject(py)?.into_any().unbind(),
@@ -226,74 +335,108 @@ impl Endpoint {
         true
     }
 
-    /// `(ok, conn_id)`. `remote_gpu` is an index or a PCI bus id;
-    /// `remote_port=-1` means `TCPX_P2P_PORT + remote_gpu`.
-    #[pyo3(signature = (remote_ip_addr, remote_gpu, remote_port=-1))]
+    /// `(ok, conn_id)`. `remote_gpu_bdf` is the peer's PCI bus id or GPU
+    /// index (`remote_gpu`, the name of our first releases, is accepted
+    /// too); `remote_port=-1` means `TCPX_P2P_PORT + the peer's index`.
+    #[pyo3(signature = (remote_ip_addr, remote_gpu_bdf=None, remote_port=None, *, remote_gpu=None))]
     fn connect(
         &self,
         py: Python<'_>,
         remote_ip_addr: String,
-        remote_gpu: Bound<'_, PyAny>,
-        remote_port: i64,
-    ) -> (bool, i64) {
-        let gpu = if let Ok(i) = remote_gpu.extract::<i32>() {
-            Ok(RemoteGpu::Index(i))
-        } else if let Ok(s) = remote_gpu.extract::<String>() {
-            Ok(RemoteGpu::Bdf(s))
-        } else {
-            Err(Error::Invalid(
-                "connect: remote_gpu must be an int index or a PCI bus id string".into(),
-            ))
-        };
-        let port = if remote_port >= 0 {
-            u16::try_from(remote_port)
-                .map_err(|_| Error::Invalid(format!("connect: port {remote_port} out of range")))
-        } else {
-            let base = self.ep.config().port;
-            match &gpu {
-                Ok(RemoteGpu::Index(i)) if base != 0 && *i >= 0 => Ok(base.saturating_add(*i as u16)),
-                _ => Err(Error::Invalid(
-                    "connect: no remote_port given; pass it (from the peer's metadata) or set TCPX_P2P_PORT on both sides".into(),
-                )),
+        remote_gpu_bdf: Option<Bound<'_, PyAny>>,
+        #[pyo3(from_py_with = args::remote_port)] remote_port: Option<u16>,
+        remote_gpu: Option<Bound<'_, PyAny>>,
+    ) -> PyResult<(bool, i64)> {
+        let g = match (remote_gpu_bdf, remote_gpu) {
+            (Some(g), None) | (None, Some(g)) => g,
+            (Some(_), Some(_)) => {
+                return Err(PyTypeError::new_err(
+                    "connect() got both remote_gpu_bdf and its older name remote_gpu",
+                ))
+            }
+            (None, None) => {
+                return Err(PyTypeError::new_err(
+                    "connect() missing required argument 'remote_gpu_bdf'",
+                ))
             }
         };
-        let r = match (gpu, port) {
-            (Ok(g), Ok(p)) => py.detach(|| self.ep.connect(&remote_ip_addr, p, Some(g))),
-            (Err(e), _) | (_, Err(e)) => Err(e),
+        let gpu = if g.is_instance_of::<PyString>() {
+            RemoteGpu::Bdf(g.extract()?)
+        } else if g.is_instance_of::<pyo3::types::PyInt>() {
+            let i = args::i64_named(&g, "remote_gpu_bdf")?;
+            RemoteGpu::Index(i32::try_from(i).map_err(|_| {
+                InvalidArgumentError::new_err(format!("remote_gpu_bdf: {i} is not a GPU index"))
+            })?)
+        } else {
+            return Err(PyTypeError::new_err(
+                "argument 'remote_gpu_bdf': expected a PCI bus id (str) or a GPU index (int)",
+            ));
         };
-        match self.check(py, r) {
+        let port = match remote_port {
+            Some(p) => Ok(p),
+            None => {
+                let base = self.ep.config().port;
+                match &gpu {
+                    RemoteGpu::Index(i) if base != 0 && *i >= 0 => u16::try_from(*i)
+                        .ok()
+                        .and_then(|i| base.checked_add(i))
+                        .ok_or_else(|| {
+                            Error::Invalid(format!(
+                                "connect: TCPX_P2P_PORT {base} + GPU index {i} is not a port"
+                            ))
+                        }),
+                    _ => Err(Error::Invalid(
+                        "connect: no remote_port given; pass it (from the peer's metadata) or set TCPX_P2P_PORT on both sides".into(),
+                    )),
+                }
+            }
+        };
+        let r = port.and_then(|p| py.detach(|| self.ep.connect(&remote_ip_addr, p, Some(gpu))));
+        Ok(match self.check(py, r) {
             Some(id) => (true, id as i64),
             None => (false, -1),
-        }
+        })
     }
 
     /// Blocks until a peer connects: `(ok, remote_ip, remote_gpu_idx, conn_id)`.
+    /// `timeout` in seconds; None or `math.inf`: no limit.
     #[pyo3(signature = (timeout=None))]
-    fn accept(&self, py: Python<'_>, timeout: Option<f64>) -> (bool, String, i32, i64) {
-        let t = timeout.map(std::time::Duration::from_secs_f64);
-        let r = py.detach(|| self.ep.accept(t));
+    fn accept(
+        &self,
+        py: Python<'_>,
+        #[pyo3(from_py_with = args::timeout)] timeout: Option<Duration>,
+    ) -> (bool, String, i32, i64) {
+        let r = py.detach(|| self.ep.accept(timeout));
         match self.check(py, r) {
             Some(a) => (true, a.ip.to_string(), a.gpu_index, a.conn as i64),
             None => (false, String::new(), -1, -1),
         }
     }
 
-    fn add_remote_endpoint(&self, py: Python<'_>, metadata: Vec<u8>) -> (bool, i64) {
-        let r = py.detach(|| self.ep.add_remote_endpoint(&metadata));
+    fn add_remote_endpoint(
+        &self,
+        py: Python<'_>,
+        #[pyo3(from_py_with = args::metadata_bytes)] metadata_bytes: Vec<u8>,
+    ) -> (bool, i64) {
+        let r = py.detach(|| self.ep.add_remote_endpoint(&metadata_bytes));
         match self.check(py, r) {
             Some(id) => (true, id as i64),
             None => (false, -1),
         }
     }
 
-    fn remove_remote_endpoint(&self, py: Python<'_>, conn_id: u64) -> bool {
+    fn remove_remote_endpoint(
+        &self,
+        py: Python<'_>,
+        #[pyo3(from_py_with = args::conn_id)] conn_id: u64,
+    ) -> bool {
         let r = py.detach(|| self.ep.remove_conn(conn_id));
         self.check(py, r).is_some()
     }
 
     /// The id of the `rank`-th connection of this endpoint (in the order they
     /// were made or accepted), or -1.
-    fn conn_id_of_rank(&self, rank: usize) -> i64 {
+    fn conn_id_of_rank(&self, #[pyo3(from_py_with = args::rank)] rank: usize) -> i64 {
         self.ep
             .conn_ids()
             .get(rank)
@@ -306,8 +449,8 @@ impl Endpoint {
     fn reg(
         &self,
         py: Python<'_>,
-        ptr: u64,
-        size: usize,
+        #[pyo3(from_py_with = args::ptr)] ptr: u64,
+        #[pyo3(from_py_with = args::size)] size: usize,
         floatType: Option<FloatType>,
     ) -> (bool, i64) {
         let _ = floatType;
@@ -317,17 +460,18 @@ impl Endpoint {
         }
     }
 
-    fn regv(&self, py: Python<'_>, ptrs: Vec<u64>, sizes: Vec<usize>) -> (bool, Vec<i64>) {
+    fn regv(
+        &self,
+        py: Python<'_>,
+        #[pyo3(from_py_with = args::ptrs)] ptrs: Vec<u64>,
+        #[pyo3(from_py_with = args::sizes)] sizes: Vec<usize>,
+    ) -> PyResult<(bool, Vec<i64>)> {
         if ptrs.len() != sizes.len() {
-            self.check::<()>(
-                py,
-                Err(Error::Invalid(format!(
-                    "regv: {} ptrs but {} sizes",
-                    ptrs.len(),
-                    sizes.len()
-                ))),
-            );
-            return (false, vec![]);
+            return Err(InvalidArgumentError::new_err(format!(
+                "regv: {} ptrs but {} sizes",
+                ptrs.len(),
+                sizes.len()
+            )));
         }
         let mut ids = Vec::with_capacity(ptrs.len());
         for (p, s) in ptrs.iter().zip(&sizes) {
@@ -338,57 +482,79 @@ impl Endpoint {
                     for id in ids {
                         let _ = self.ep.dereg(id);
                     }
-                    return (false, vec![]);
+                    return Ok((false, vec![]));
                 }
             }
         }
-        (true, ids.into_iter().map(|i| i as i64).collect())
+        Ok((true, ids.into_iter().map(|i| i as i64).collect()))
     }
 
-    fn dereg(&self, py: Python<'_>, mr_id: u64) -> bool {
-        let r = py.detach(|| self.ep.dereg(mr_id));
+    /// Deregisters a region (a `register_memory` handle through its cache:
+    /// the shared keys stay while another handle of the range lives).
+    fn dereg(&self, py: Python<'_>, #[pyo3(from_py_with = args::mr_id)] mr_id: u64) -> bool {
+        let r = py.detach(|| self.release(mr_id));
         self.check(py, r).is_some()
     }
 
     /// Registers torch tensors (anything with `data_ptr()`, `numel()`,
-    /// `element_size()`) and returns their descriptors.
-    fn register_memory(&self, tensors: Vec<Bound<'_, PyAny>>) -> PyResult<Vec<XferDesc>> {
-        let mut out = Vec::with_capacity(tensors.len());
-        for t in &tensors {
-            let ptr: u64 = t.call_method0("data_ptr")?.extract()?;
-            let n: u64 = t.call_method0("numel")?.extract()?;
-            let es: u64 = t.call_method0("element_size")?.extract()?;
-            let size = n * es;
-            let r = self
-                .ep
-                .reg(ptr, size as usize)
-                .and_then(|mr| self.ep.export_region(mr));
-            let d = r.map_err(|e| to_py(&e))?;
-            out.push(XferDesc {
-                addr: d.addr,
-                size: d.size,
-                mr_id: d.mr_id,
-                lkeys: vec![d.mr_id],
-                rkeys: vec![d.token.id, d.token.secret],
-            });
+    /// `element_size()`) and returns their descriptors. The same range
+    /// registered again gets a new `mr_id` and the same keys (see
+    /// `deregister_memory`).
+    fn register_memory(&self, tensor_list: Vec<Bound<'_, PyAny>>) -> PyResult<Vec<XferDesc>> {
+        let mut out = Vec::with_capacity(tensor_list.len());
+        for (i, t) in tensor_list.iter().enumerate() {
+            for m in ["data_ptr", "numel", "element_size"] {
+                if !t.hasattr(m)? {
+                    return Err(InvalidArgumentError::new_err(format!(
+                        "tensor_list[{i}]: not a tensor (it has no {m}() method)"
+                    )));
+                }
+            }
+            let ptr = args::u64_named(
+                &t.call_method0("data_ptr")?,
+                &format!("tensor_list[{i}].data_ptr()"),
+            )?;
+            let n = args::u64_named(
+                &t.call_method0("numel")?,
+                &format!("tensor_list[{i}].numel()"),
+            )?;
+            let es = args::u64_named(
+                &t.call_method0("element_size")?,
+                &format!("tensor_list[{i}].element_size()"),
+            )?;
+            let size = n
+                .checked_mul(es)
+                .and_then(|s| usize::try_from(s).ok())
+                .ok_or_else(|| {
+                    InvalidArgumentError::new_err(format!(
+                        "tensor_list[{i}]: {n} elements of {es} bytes overflow a size"
+                    ))
+                })?;
+            let d = self.register_range(ptr, size).map_err(|e| to_py(&e))?;
+            out.push(d);
         }
         Ok(out)
     }
 
-    fn deregister_memory(&self, py: Python<'_>, descs: Vec<XferDesc>) -> PyResult<()> {
-        for d in descs {
-            py.detach(|| self.ep.dereg(d.mr_id))
-                .map_err(|e| to_py(&e))?;
+    /// Releases `register_memory` descriptors. As in UCCL, a descriptor that
+    /// is no longer registered (or whose `mr_id` is 2**64-1) is skipped; the
+    /// reason is logged and kept for `last_error()`.
+    fn deregister_memory(&self, py: Python<'_>, desc_list: Vec<XferDesc>) {
+        for d in desc_list {
+            if d.mr_id == u64::MAX {
+                continue;
+            }
+            let r = py.detach(|| self.release(d.mr_id));
+            self.check(py, r);
         }
-        Ok(())
     }
 
     fn get_serialized_descs<'py>(
         &self,
         py: Python<'py>,
-        descs: Vec<XferDesc>,
+        desc_list: Vec<XferDesc>,
     ) -> PyResult<Bound<'py, PyBytes>> {
-        let entries = descs
+        let entries = desc_list
             .iter()
             .map(XferDesc::entry)
             .collect::<EResult<Vec<_>>>()
@@ -399,8 +565,14 @@ impl Endpoint {
     }
 
     #[staticmethod]
-    fn deserialize_descs(b: &[u8]) -> PyResult<Vec<XferDesc>> {
-        let l = wire::decode_descs(b).map_err(|e| to_py(&Error::Wire(e)))?;
+    fn deserialize_descs(
+        #[pyo3(from_py_with = args::serialized_bytes)] serialized_bytes: Vec<u8>,
+    ) -> PyResult<Vec<XferDesc>> {
+        // No bytes: no descriptors, as in UCCL.
+        if serialized_bytes.is_empty() {
+            return Ok(vec![]);
+        }
+        let l = wire::decode_descs(&serialized_bytes).map_err(|e| to_py(&Error::Wire(e)))?;
         Ok(l.into_iter()
             .map(|d| XferDesc {
                 addr: d.addr,
@@ -413,197 +585,226 @@ impl Endpoint {
     }
 
     /// One-sided, descriptor based: `op_name` is "read" or "write";
-    /// local descriptor i ↔ remote descriptor i. `(ok, transfer_id)`.
+    /// local descriptor i ↔ remote descriptor i. `(ok, transfer_id)`. As in
+    /// UCCL, misuse raises: an unknown or removed `conn_id`
+    /// (`"Invalid conn_id"`), another `op_name`, lists of different lengths,
+    /// a remote descriptor without keys.
     fn transfer(
         &self,
         py: Python<'_>,
-        conn_id: u64,
+        #[pyo3(from_py_with = args::conn_id)] conn_id: u64,
         op_name: &str,
-        local_descs: Vec<XferDesc>,
-        remote_descs: Vec<XferDesc>,
-    ) -> (bool, i64) {
+        local_desc_list: Vec<XferDesc>,
+        remote_desc_list: Vec<XferDesc>,
+    ) -> PyResult<(bool, i64)> {
         let read = match op_name {
             "read" => true,
             "write" => false,
             other => {
-                self.check::<()>(
-                    py,
-                    Err(Error::Invalid(format!(
-                        "transfer: op_name must be \"read\" or \"write\", not {other:?}"
-                    ))),
-                );
-                return (false, -1);
+                return Err(InvalidArgumentError::new_err(format!(
+                    "transfer: Invalid op_name {other:?} (\"read\" or \"write\")"
+                )))
             }
         };
-        if local_descs.len() != remote_descs.len() {
-            self.check::<()>(
-                py,
-                Err(Error::Invalid(format!(
-                    "transfer: {} local but {} remote descriptors",
-                    local_descs.len(),
-                    remote_descs.len()
-                ))),
-            );
-            return (false, -1);
+        if local_desc_list.len() != remote_desc_list.len() {
+            return Err(InvalidArgumentError::new_err(format!(
+                "transfer: {} local but {} remote descriptors (local and remote descriptors must have the same size)",
+                local_desc_list.len(),
+                remote_desc_list.len()
+            )));
         }
-        let local: Vec<Buf> = local_descs.iter().map(XferDesc::buf).collect();
-        let remote = match remote_descs
+        if let Err(Error::Invalid(why)) = self.ep.conn_failure(conn_id) {
+            return Err(InvalidArgumentError::new_err(format!(
+                "Invalid conn_id {conn_id}: {why}"
+            )));
+        }
+        let local = local_desc_list
+            .iter()
+            .map(XferDesc::buf)
+            .collect::<EResult<Vec<Buf>>>()
+            .map_err(|e| to_py(&e))?;
+        let remote = remote_desc_list
             .iter()
             .map(XferDesc::entry)
             .collect::<EResult<Vec<_>>>()
-        {
-            Ok(r) => r,
-            Err(e) => {
-                self.check::<()>(py, Err(e));
-                return (false, -1);
-            }
-        };
-        self.started(py, |ep| ep.transfer(conn_id, read, &local, &remote))
+            .map_err(|e| to_py(&e))?;
+        Ok(self.started(py, |ep| ep.transfer(conn_id, read, &local, &remote)))
     }
 
-    fn send(&self, py: Python<'_>, conn_id: u64, mr_id: u64, ptr: u64, size: usize) -> bool {
-        self.blocking(py, |ep| {
-            ep.send_async(
-                conn_id,
-                &[Buf {
-                    mr: mr_id,
-                    ptr,
-                    len: size,
-                }],
-            )
-        })
+    fn send(
+        &self,
+        py: Python<'_>,
+        #[pyo3(from_py_with = args::conn_id)] conn_id: u64,
+        #[pyo3(from_py_with = args::mr_id)] mr_id: u64,
+        #[pyo3(from_py_with = args::ptr)] ptr: u64,
+        #[pyo3(from_py_with = args::size)] size: usize,
+    ) -> bool {
+        let b = one(mr_id, ptr, size);
+        self.blocking(py, |ep| ep.send_async(conn_id, &b))
     }
-    fn recv(&self, py: Python<'_>, conn_id: u64, mr_id: u64, ptr: u64, size: usize) -> bool {
-        self.blocking(py, |ep| {
-            ep.recv_async(
-                conn_id,
-                &[Buf {
-                    mr: mr_id,
-                    ptr,
-                    len: size,
-                }],
-            )
-        })
+    fn recv(
+        &self,
+        py: Python<'_>,
+        #[pyo3(from_py_with = args::conn_id)] conn_id: u64,
+        #[pyo3(from_py_with = args::mr_id)] mr_id: u64,
+        #[pyo3(from_py_with = args::ptr)] ptr: u64,
+        #[pyo3(from_py_with = args::size)] size: usize,
+    ) -> bool {
+        let b = one(mr_id, ptr, size);
+        self.blocking(py, |ep| ep.recv_async(conn_id, &b))
     }
     fn send_async(
         &self,
         py: Python<'_>,
-        conn_id: u64,
-        mr_id: u64,
-        ptr: u64,
-        size: usize,
+        #[pyo3(from_py_with = args::conn_id)] conn_id: u64,
+        #[pyo3(from_py_with = args::mr_id)] mr_id: u64,
+        #[pyo3(from_py_with = args::ptr)] ptr: u64,
+        #[pyo3(from_py_with = args::size)] size: usize,
     ) -> (bool, i64) {
-        self.started(py, |ep| {
-            ep.send_async(
-                conn_id,
-                &[Buf {
-                    mr: mr_id,
-                    ptr,
-                    len: size,
-                }],
-            )
-        })
+        let b = one(mr_id, ptr, size);
+        self.started(py, |ep| ep.send_async(conn_id, &b))
     }
     fn recv_async(
         &self,
         py: Python<'_>,
-        conn_id: u64,
-        mr_id: u64,
-        ptr: u64,
-        size: usize,
+        #[pyo3(from_py_with = args::conn_id)] conn_id: u64,
+        #[pyo3(from_py_with = args::mr_id)] mr_id: u64,
+        #[pyo3(from_py_with = args::ptr)] ptr: u64,
+        #[pyo3(from_py_with = args::size)] size: usize,
     ) -> (bool, i64) {
-        self.started(py, |ep| {
-            ep.recv_async(
-                conn_id,
-                &[Buf {
-                    mr: mr_id,
-                    ptr,
-                    len: size,
-                }],
-            )
-        })
+        let b = one(mr_id, ptr, size);
+        self.started(py, |ep| ep.recv_async(conn_id, &b))
     }
 
     fn sendv(
         &self,
         py: Python<'_>,
-        conn_id: u64,
-        mr_ids: Vec<u64>,
-        ptrs: Vec<u64>,
-        sizes: Vec<usize>,
-        num_iovs: usize,
-    ) -> bool {
-        self.blocking(py, |ep| {
-            ep.send_async(conn_id, &bufs(&mr_ids, &ptrs, &sizes, num_iovs)?)
-        })
+        #[pyo3(from_py_with = args::conn_id)] conn_id: u64,
+        #[pyo3(from_py_with = args::mr_id_v)] mr_id_v: Vec<u64>,
+        #[pyo3(from_py_with = args::data_ptr_v)] data_ptr_v: Vec<u64>,
+        #[pyo3(from_py_with = args::size_v)] size_v: Vec<usize>,
+        #[pyo3(from_py_with = args::num_iovs)] num_iovs: usize,
+    ) -> PyResult<bool> {
+        let b = two_sided("sendv", &mr_id_v, &data_ptr_v, &size_v, num_iovs)?;
+        Ok(self.blocking(py, |ep| ep.send_async(conn_id, &b)))
     }
     fn recvv(
         &self,
         py: Python<'_>,
-        conn_id: u64,
-        mr_ids: Vec<u64>,
-        ptrs: Vec<u64>,
-        sizes: Vec<usize>,
-        num_iovs: usize,
-    ) -> bool {
-        self.blocking(py, |ep| {
-            ep.recv_async(conn_id, &bufs(&mr_ids, &ptrs, &sizes, num_iovs)?)
-        })
+        #[pyo3(from_py_with = args::conn_id)] conn_id: u64,
+        #[pyo3(from_py_with = args::mr_id_v)] mr_id_v: Vec<u64>,
+        #[pyo3(from_py_with = args::data_ptr_v)] data_ptr_v: Vec<u64>,
+        #[pyo3(from_py_with = args::size_v)] size_v: Vec<usize>,
+        #[pyo3(from_py_with = args::num_iovs)] num_iovs: usize,
+    ) -> PyResult<bool> {
+        let b = two_sided("recvv", &mr_id_v, &data_ptr_v, &size_v, num_iovs)?;
+        Ok(self.blocking(py, |ep| ep.recv_async(conn_id, &b)))
     }
     fn sendv_async(
         &self,
         py: Python<'_>,
-        conn_id: u64,
-        mr_ids: Vec<u64>,
-        ptrs: Vec<u64>,
-        sizes: Vec<usize>,
-        num_iovs: usize,
-    ) -> (bool, i64) {
-        self.started(py, |ep| {
-            ep.send_async(conn_id, &bufs(&mr_ids, &ptrs, &sizes, num_iovs)?)
-        })
+        #[pyo3(from_py_with = args::conn_id)] conn_id: u64,
+        #[pyo3(from_py_with = args::mr_id_v)] mr_id_v: Vec<u64>,
+        #[pyo3(from_py_with = args::data_ptr_v)] data_ptr_v: Vec<u64>,
+        #[pyo3(from_py_with = args::size_v)] size_v: Vec<usize>,
+        #[pyo3(from_py_with = args::num_iovs)] num_iovs: usize,
+    ) -> PyResult<(bool, i64)> {
+        let b = two_sided("sendv_async", &mr_id_v, &data_ptr_v, &size_v, num_iovs)?;
+        Ok(self.started(py, |ep| ep.send_async(conn_id, &b)))
     }
     fn recvv_async(
         &self,
         py: Python<'_>,
-        conn_id: u64,
-        mr_ids: Vec<u64>,
-        ptrs: Vec<u64>,
-        sizes: Vec<usize>,
-        num_iovs: usize,
-    ) -> (bool, i64) {
-        self.started(py, |ep| {
-            ep.recv_async(conn_id, &bufs(&mr_ids, &ptrs, &sizes, num_iovs)?)
-        })
+        #[pyo3(from_py_with = args::conn_id)] conn_id: u64,
+        #[pyo3(from_py_with = args::mr_id_v)] mr_id_v: Vec<u64>,
+        #[pyo3(from_py_with = args::data_ptr_v)] data_ptr_v: Vec<u64>,
+        #[pyo3(from_py_with = args::size_v)] size_v: Vec<usize>,
+        #[pyo3(from_py_with = args::num_iovs)] num_iovs: usize,
+    ) -> PyResult<(bool, i64)> {
+        let b = two_sided("recvv_async", &mr_id_v, &data_ptr_v, &size_v, num_iovs)?;
+        Ok(self.started(py, |ep| ep.recv_async(conn_id, &b)))
     }
 
-    /// `(ok, 64-byte descriptor)` of `[ptr, ptr+size)` for the peer of `conn_id`.
+    /// `(ok, 64-byte descriptor)` of `[ptr, ptr+size)`. Two forms:
+    /// `advertise(conn_id, mr_id, ptr, size)` (UCCL 0.1.1: for the peer of
+    /// `conn_id` only) and `advertise(mr_id, ptr, size)` (UCCL's newer form:
+    /// usable on any connection to this endpoint). Either way the peer may
+    /// touch exactly that range.
+    #[pyo3(signature = (*args, **kwargs))]
     fn advertise<'py>(
         &self,
         py: Python<'py>,
-        conn_id: u64,
-        mr_id: u64,
-        ptr: u64,
-        size: usize,
-    ) -> (bool, Bound<'py, PyBytes>) {
-        match self.check(py, self.ep.advertise(conn_id, mr_id, ptr, size)) {
+        args: &Bound<'py, PyTuple>,
+        kwargs: Option<&Bound<'py, PyDict>>,
+    ) -> PyResult<(bool, Bound<'py, PyBytes>)> {
+        let a = args::bind_forms(
+            "advertise",
+            args,
+            kwargs,
+            &[
+                &["conn_id", "mr_id", "ptr", "size"],
+                &["mr_id", "ptr", "size"],
+            ],
+        )?;
+        let (conn, rest) = match a.len() {
+            4 => (Some(args::conn_id(&a[0])?), &a[1..]),
+            _ => (None, &a[..]),
+        };
+        let mr = args::mr_id(&rest[0])?;
+        let ptr = args::ptr(&rest[1])?;
+        let size = args::size(&rest[2])?;
+        let r = match conn {
+            Some(c) => self.ep.advertise(c, mr, ptr, size),
+            None => self.ep.advertise_any(mr, ptr, size),
+        };
+        Ok(match self.check(py, r) {
             Some(d) => (true, PyBytes::new(py, &d)),
             None => (false, PyBytes::new(py, &[])),
-        }
+        })
     }
 
+    /// `(ok, [descriptor])`: `advertisev(conn_id, mr_id_v, ptr_v, size_v,
+    /// num_iovs)` or, without a connection, `advertisev(mr_id_v, ptr_v,
+    /// size_v, num_iovs)` (see `advertise`).
+    #[pyo3(signature = (*args, **kwargs))]
     fn advertisev<'py>(
         &self,
         py: Python<'py>,
-        conn_id: u64,
-        mr_ids: Vec<u64>,
-        ptrs: Vec<u64>,
-        sizes: Vec<usize>,
-        num_iovs: usize,
+        args: &Bound<'py, PyTuple>,
+        kwargs: Option<&Bound<'py, PyDict>>,
     ) -> PyResult<(bool, Bound<'py, PyList>)> {
-        let r = bufs(&mr_ids, &ptrs, &sizes, num_iovs).and_then(|bs| {
+        let a = args::bind_forms(
+            "advertisev",
+            args,
+            kwargs,
+            &[
+                &["conn_id", "mr_id_v", "ptr_v", "size_v", "num_iovs"],
+                &["mr_id_v", "ptr_v", "size_v", "num_iovs"],
+            ],
+        )?;
+        let (conn, rest) = match a.len() {
+            5 => (Some(args::conn_id(&a[0])?), &a[1..]),
+            _ => (None, &a[..]),
+        };
+        let mr_id_v = args::mr_id_v(&rest[0])?;
+        let ptr_v = args::ptr_v(&rest[1])?;
+        let size_v = args::size_v(&rest[2])?;
+        let n = args::num_iovs(&rest[3])?;
+        check_lens(
+            "advertisev",
+            n,
+            &[
+                ("mr_id_v", mr_id_v.len()),
+                ("ptr_v", ptr_v.len()),
+                ("size_v", size_v.len()),
+            ],
+        )?;
+        let r = bufs(&mr_id_v, &ptr_v, &size_v, n).and_then(|bs| {
             bs.iter()
-                .map(|b| self.ep.advertise(conn_id, b.mr, b.ptr, b.len))
+                .map(|b| match conn {
+                    Some(c) => self.ep.advertise(c, b.mr, b.ptr, b.len),
+                    None => self.ep.advertise_any(b.mr, b.ptr, b.len),
+                })
                 .collect::<EResult<Vec<_>>>()
         });
         match self.check(py, r) {
@@ -618,168 +819,147 @@ impl Endpoint {
     fn write(
         &self,
         py: Python<'_>,
-        conn_id: u64,
-        mr_id: u64,
-        ptr: u64,
-        size: usize,
-        meta: Vec<u8>,
-    ) -> bool {
-        self.blocking(py, |ep| {
-            ep.write_async(
-                conn_id,
-                &[Buf {
-                    mr: mr_id,
-                    ptr,
-                    len: size,
-                }],
-                &[fifo(&meta)?],
-            )
-        })
+        #[pyo3(from_py_with = args::conn_id)] conn_id: u64,
+        #[pyo3(from_py_with = args::mr_id)] mr_id: u64,
+        #[pyo3(from_py_with = args::ptr)] ptr: u64,
+        #[pyo3(from_py_with = args::size)] size: usize,
+        #[pyo3(from_py_with = args::meta)] meta: Vec<u8>,
+    ) -> PyResult<bool> {
+        let (b, m) = (one(mr_id, ptr, size), [fifo_arg(&meta, "meta")?]);
+        Ok(self.blocking(py, |ep| ep.write_async(conn_id, &b, &m)))
     }
     fn read(
         &self,
         py: Python<'_>,
-        conn_id: u64,
-        mr_id: u64,
-        ptr: u64,
-        size: usize,
-        meta: Vec<u8>,
-    ) -> bool {
-        self.blocking(py, |ep| {
-            ep.read_async(
-                conn_id,
-                &[Buf {
-                    mr: mr_id,
-                    ptr,
-                    len: size,
-                }],
-                &[fifo(&meta)?],
-            )
-        })
+        #[pyo3(from_py_with = args::conn_id)] conn_id: u64,
+        #[pyo3(from_py_with = args::mr_id)] mr_id: u64,
+        #[pyo3(from_py_with = args::ptr)] ptr: u64,
+        #[pyo3(from_py_with = args::size)] size: usize,
+        #[pyo3(from_py_with = args::meta)] meta: Vec<u8>,
+    ) -> PyResult<bool> {
+        let (b, m) = (one(mr_id, ptr, size), [fifo_arg(&meta, "meta")?]);
+        Ok(self.blocking(py, |ep| ep.read_async(conn_id, &b, &m)))
     }
     fn write_async(
         &self,
         py: Python<'_>,
-        conn_id: u64,
-        mr_id: u64,
-        ptr: u64,
-        size: usize,
-        meta: Vec<u8>,
-    ) -> (bool, i64) {
-        self.started(py, |ep| {
-            ep.write_async(
-                conn_id,
-                &[Buf {
-                    mr: mr_id,
-                    ptr,
-                    len: size,
-                }],
-                &[fifo(&meta)?],
-            )
-        })
+        #[pyo3(from_py_with = args::conn_id)] conn_id: u64,
+        #[pyo3(from_py_with = args::mr_id)] mr_id: u64,
+        #[pyo3(from_py_with = args::ptr)] ptr: u64,
+        #[pyo3(from_py_with = args::size)] size: usize,
+        #[pyo3(from_py_with = args::meta)] meta: Vec<u8>,
+    ) -> PyResult<(bool, i64)> {
+        let (b, m) = (one(mr_id, ptr, size), [fifo_arg(&meta, "meta")?]);
+        Ok(self.started(py, |ep| ep.write_async(conn_id, &b, &m)))
     }
     fn read_async(
         &self,
         py: Python<'_>,
-        conn_id: u64,
-        mr_id: u64,
-        ptr: u64,
-        size: usize,
-        meta: Vec<u8>,
-    ) -> (bool, i64) {
-        self.started(py, |ep| {
-            ep.read_async(
-                conn_id,
-                &[Buf {
-                    mr: mr_id,
-                    ptr,
-                    len: size,
-                }],
-                &[fifo(&meta)?],
-            )
-        })
+        #[pyo3(from_py_with = args::conn_id)] conn_id: u64,
+        #[pyo3(from_py_with = args::mr_id)] mr_id: u64,
+        #[pyo3(from_py_with = args::ptr)] ptr: u64,
+        #[pyo3(from_py_with = args::size)] size: usize,
+        #[pyo3(from_py_with = args::meta)] meta: Vec<u8>,
+    ) -> PyResult<(bool, i64)> {
+        let (b, m) = (one(mr_id, ptr, size), [fifo_arg(&meta, "meta")?]);
+        Ok(self.started(py, |ep| ep.read_async(conn_id, &b, &m)))
     }
 
     #[allow(clippy::too_many_arguments)]
     fn writev(
         &self,
         py: Python<'_>,
-        conn_id: u64,
-        mr_ids: Vec<u64>,
-        ptrs: Vec<u64>,
-        sizes: Vec<usize>,
-        metas: Vec<Vec<u8>>,
-        num_iovs: usize,
-    ) -> bool {
-        self.blocking(py, |ep| {
-            let (b, m) = vec_args(&mr_ids, &ptrs, &sizes, &metas, num_iovs)?;
-            ep.write_async(conn_id, &b, &m)
-        })
+        #[pyo3(from_py_with = args::conn_id)] conn_id: u64,
+        #[pyo3(from_py_with = args::mr_id_v)] mr_id_v: Vec<u64>,
+        #[pyo3(from_py_with = args::ptr_v)] ptr_v: Vec<u64>,
+        #[pyo3(from_py_with = args::size_v)] size_v: Vec<usize>,
+        #[pyo3(from_py_with = args::meta_blob_v)] meta_blob_v: Vec<Vec<u8>>,
+        #[pyo3(from_py_with = args::num_iovs)] num_iovs: usize,
+    ) -> PyResult<bool> {
+        let (b, m) = vec_args("writev", &mr_id_v, &ptr_v, &size_v, &meta_blob_v, num_iovs)?;
+        Ok(self.blocking(py, |ep| ep.write_async(conn_id, &b, &m)))
     }
     #[allow(clippy::too_many_arguments)]
     fn readv(
         &self,
         py: Python<'_>,
-        conn_id: u64,
-        mr_ids: Vec<u64>,
-        ptrs: Vec<u64>,
-        sizes: Vec<usize>,
-        metas: Vec<Vec<u8>>,
-        num_iovs: usize,
-    ) -> bool {
-        self.blocking(py, |ep| {
-            let (b, m) = vec_args(&mr_ids, &ptrs, &sizes, &metas, num_iovs)?;
-            ep.read_async(conn_id, &b, &m)
-        })
+        #[pyo3(from_py_with = args::conn_id)] conn_id: u64,
+        #[pyo3(from_py_with = args::mr_id_v)] mr_id_v: Vec<u64>,
+        #[pyo3(from_py_with = args::ptr_v)] ptr_v: Vec<u64>,
+        #[pyo3(from_py_with = args::size_v)] size_v: Vec<usize>,
+        #[pyo3(from_py_with = args::meta_blob_v)] meta_blob_v: Vec<Vec<u8>>,
+        #[pyo3(from_py_with = args::num_iovs)] num_iovs: usize,
+    ) -> PyResult<bool> {
+        let (b, m) = vec_args("readv", &mr_id_v, &ptr_v, &size_v, &meta_blob_v, num_iovs)?;
+        Ok(self.blocking(py, |ep| ep.read_async(conn_id, &b, &m)))
     }
     #[allow(clippy::too_many_arguments)]
     fn writev_async(
         &self,
         py: Python<'_>,
-        conn_id: u64,
-        mr_ids: Vec<u64>,
-        ptrs: Vec<u64>,
-        sizes: Vec<usize>,
-        metas: Vec<Vec<u8>>,
-        num_iovs: usize,
-    ) -> (bool, i64) {
-        self.started(py, |ep| {
-            let (b, m) = vec_args(&mr_ids, &ptrs, &sizes, &metas, num_iovs)?;
-            ep.write_async(conn_id, &b, &m)
-        })
+        #[pyo3(from_py_with = args::conn_id)] conn_id: u64,
+        #[pyo3(from_py_with = args::mr_id_v)] mr_id_v: Vec<u64>,
+        #[pyo3(from_py_with = args::ptr_v)] ptr_v: Vec<u64>,
+        #[pyo3(from_py_with = args::size_v)] size_v: Vec<usize>,
+        #[pyo3(from_py_with = args::meta_blob_v)] meta_blob_v: Vec<Vec<u8>>,
+        #[pyo3(from_py_with = args::num_iovs)] num_iovs: usize,
+    ) -> PyResult<(bool, i64)> {
+        let (b, m) = vec_args(
+            "writev_async",
+            &mr_id_v,
+            &ptr_v,
+            &size_v,
+            &meta_blob_v,
+            num_iovs,
+        )?;
+        Ok(self.started(py, |ep| ep.write_async(conn_id, &b, &m)))
     }
     #[allow(clippy::too_many_arguments)]
     fn readv_async(
         &self,
         py: Python<'_>,
-        conn_id: u64,
-        mr_ids: Vec<u64>,
-        ptrs: Vec<u64>,
-        sizes: Vec<usize>,
-        metas: Vec<Vec<u8>>,
-        num_iovs: usize,
-    ) -> (bool, i64) {
-        self.started(py, |ep| {
-            let (b, m) = vec_args(&mr_ids, &ptrs, &sizes, &metas, num_iovs)?;
-            ep.read_async(conn_id, &b, &m)
-        })
+        #[pyo3(from_py_with = args::conn_id)] conn_id: u64,
+        #[pyo3(from_py_with = args::mr_id_v)] mr_id_v: Vec<u64>,
+        #[pyo3(from_py_with = args::ptr_v)] ptr_v: Vec<u64>,
+        #[pyo3(from_py_with = args::size_v)] size_v: Vec<usize>,
+        #[pyo3(from_py_with = args::meta_blob_v)] meta_blob_v: Vec<Vec<u8>>,
+        #[pyo3(from_py_with = args::num_iovs)] num_iovs: usize,
+    ) -> PyResult<(bool, i64)> {
+        let (b, m) = vec_args(
+            "readv_async",
+            &mr_id_v,
+            &ptr_v,
+            &size_v,
+            &meta_blob_v,
+            num_iovs,
+        )?;
+        Ok(self.started(py, |ep| ep.read_async(conn_id, &b, &m)))
     }
 
     /// `(ok, is_done)`; ok is False when the transfer failed (see
     /// `last_error()`). A done transfer is forgotten after it is reported.
-    fn poll_async(&self, py: Python<'_>, transfer_id: u64) -> (bool, bool) {
+    fn poll_async(
+        &self,
+        py: Python<'_>,
+        #[pyo3(from_py_with = args::transfer_id)] transfer_id: u64,
+    ) -> (bool, bool) {
         match self.check(py, self.ep.poll(transfer_id)) {
             Some(done) => (true, done),
             None => (false, false),
         }
     }
 
-    /// Waits for a transfer (seconds; None = no limit). True when done, False
-    /// when it failed (see `last_error()`) or is still running at the timeout.
+    /// Waits for a transfer (seconds; None or `math.inf` = no limit). True
+    /// when done, False when it failed (see `last_error()`) or is still
+    /// running at the timeout.
     #[pyo3(signature = (transfer_id, timeout=None))]
-    fn wait(&self, py: Python<'_>, transfer_id: u64, timeout: Option<f64>) -> bool {
-        let t = timeout.map(std::time::Duration::from_secs_f64);
-        let r = py.detach(|| self.ep.wait(transfer_id, t));
+    fn wait(
+        &self,
+        py: Python<'_>,
+        #[pyo3(from_py_with = args::transfer_id)] transfer_id: u64,
+        #[pyo3(from_py_with = args::timeout)] timeout: Option<Duration>,
+    ) -> bool {
+        let r = py.detach(|| self.ep.wait(transfer_id, timeout));
         self.check(py, r).unwrap_or(false)
     }
 
@@ -869,24 +1049,96 @@ impl Endpoint {
     }
 }
 
-fn vec_args(
-    mr_ids: &[u64],
-    ptrs: &[u64],
-    sizes: &[usize],
-    metas: &[Vec<u8>],
-    n: usize,
-) -> EResult<(Vec<Buf>, Vec<FifoItem>)> {
-    let b = bufs(mr_ids, ptrs, sizes, n)?;
-    if metas.len() < n {
-        return Err(Error::Invalid(format!(
-            "num_iovs is {n} but {} metas were given",
-            metas.len()
+fn one(mr: u64, ptr: u64, len: usize) -> [Buf; 1] {
+    [Buf { mr, ptr, len }]
+}
+
+/// The 64-byte descriptor argument `name` of a one-sided call.
+fn fifo_arg(meta: &[u8], name: &str) -> PyResult<FifoItem> {
+    if meta.len() != wire::FIFO_ITEM_LEN {
+        return Err(InvalidArgumentError::new_err(format!(
+            "{name}: must be exactly {} bytes (a descriptor from the peer's advertise), got {}",
+            wire::FIFO_ITEM_LEN,
+            meta.len()
         )));
     }
-    let m = metas[..n]
+    fifo(meta).map_err(|e| to_py(&e))
+}
+
+fn two_sided(
+    call: &str,
+    mr_id_v: &[u64],
+    data_ptr_v: &[u64],
+    size_v: &[usize],
+    n: usize,
+) -> PyResult<Vec<Buf>> {
+    check_lens(
+        call,
+        n,
+        &[
+            ("mr_id_v", mr_id_v.len()),
+            ("data_ptr_v", data_ptr_v.len()),
+            ("size_v", size_v.len()),
+        ],
+    )?;
+    bufs(mr_id_v, data_ptr_v, size_v, n).map_err(|e| to_py(&e))
+}
+
+/// A GPU index given to `Endpoint()`: >= 0, and one of this machine's GPUs
+/// where CUDA is present. Without CUDA any index is a label (a warning
+/// says so for indices above 0).
+fn gpu_index_arg(py: Python<'_>, g: &Bound<'_, PyAny>) -> PyResult<i32> {
+    let i = args::i64_named(g, "local_gpu_idx")?;
+    if i < 0 {
+        return Err(InvalidArgumentError::new_err(format!(
+            "local_gpu_idx: {i} is not a GPU index (0 or more)"
+        )));
+    }
+    let count = tcpx_p2p::internal::gpu::device_count();
+    if count > 0 && i >= count as i64 {
+        return Err(InvalidArgumentError::new_err(format!(
+            "local_gpu_idx: {i}, but this machine has {count} GPU(s) (0 to {})",
+            count - 1
+        )));
+    }
+    let i = i32::try_from(i).map_err(|_| {
+        InvalidArgumentError::new_err(format!("local_gpu_idx: {i} is not a GPU index"))
+    })?;
+    if count == 0 && i > 0 {
+        log_warning(
+            py,
+            &format!(
+                "Endpoint(local_gpu_idx={i}): no CUDA GPU here; the index only labels this endpoint, which moves host memory"
+            ),
+        );
+    }
+    Ok(i)
+}
+
+fn vec_args(
+    call: &str,
+    mr_id_v: &[u64],
+    ptr_v: &[u64],
+    size_v: &[usize],
+    meta_blob_v: &[Vec<u8>],
+    n: usize,
+) -> PyResult<(Vec<Buf>, Vec<FifoItem>)> {
+    check_lens(
+        call,
+        n,
+        &[
+            ("mr_id_v", mr_id_v.len()),
+            ("ptr_v", ptr_v.len()),
+            ("size_v", size_v.len()),
+            ("meta_blob_v", meta_blob_v.len()),
+        ],
+    )?;
+    let b = bufs(mr_id_v, ptr_v, size_v, n).map_err(|e| to_py(&e))?;
+    let m = meta_blob_v
         .iter()
-        .map(|m| fifo(m))
-        .collect::<EResult<Vec<_>>>()?;
+        .enumerate()
+        .map(|(i, m)| fifo_arg(m, &format!("meta_blob_v[{i}]")))
+        .collect::<PyResult<Vec<_>>>()?;
     Ok((b, m))
 }
 
@@ -916,7 +1168,7 @@ fn cuda_device_count() -> usize {
 /// background; returns the port.
 #[pyfunction]
 #[pyo3(signature = (ip, port=0))]
-fn rawtcp_serve(ip: &str, port: u16) -> PyResult<u16> {
+fn rawtcp_serve(ip: &str, #[pyo3(from_py_with = args::port)] port: u16) -> PyResult<u16> {
     let l = std::net::TcpListener::bind((ip, port)).map_err(|e| {
         to_py(&Error::Io {
             what: format!("raw TCP reference: bind {ip}:{port}"),
@@ -947,12 +1199,23 @@ fn rawtcp_serve(ip: &str, port: u16) -> PyResult<u16> {
 fn rawtcp_run(
     py: Python<'_>,
     ip: &str,
-    port: u16,
-    streams: usize,
-    size: usize,
-    iters: usize,
+    #[pyo3(from_py_with = args::port)] port: u16,
+    #[pyo3(from_py_with = args::streams)] streams: usize,
+    #[pyo3(from_py_with = args::size)] size: usize,
+    #[pyo3(from_py_with = args::iters)] iters: usize,
     pingpong: bool,
 ) -> PyResult<Vec<f64>> {
+    // The reference server serves 1 to 64 streams and up to 4 GiB.
+    if !(1..=64).contains(&streams) {
+        return Err(InvalidArgumentError::new_err(format!(
+            "streams: {streams} (1 to 64)"
+        )));
+    }
+    if size > 4 << 30 {
+        return Err(InvalidArgumentError::new_err(format!(
+            "size: {size} bytes (at most 4 GiB)"
+        )));
+    }
     let addr: std::net::SocketAddr = format!("{ip}:{port}")
         .parse()
         .map_err(|_| to_py(&Error::Invalid(format!("bad address {ip}:{port}"))))?;

@@ -22,4 +22,12 @@ from ._native import (  # noqa: F401
 # UCCL exposes a handle type for transfers; ours are plain integer ids.
 XferHandle = int
 
+# UCCL's FloatType values are also names of the module (p2p.kBFloat16).
+kUndefined = FloatType.kUndefined
+kFloat16 = FloatType.kFloat16
+kBFloat16 = FloatType.kBFloat16
+kFloat32 = FloatType.kFloat32
+kFloat8E4M3FN = FloatType.kFloat8E4M3FN
+kFloat8E5M2 = FloatType.kFloat8E5M2
+
 __all__ = ["Endpoint", "XferDesc", "XferHandle", "FloatType", "get_oob_ip"]
