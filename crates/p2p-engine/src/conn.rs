@@ -19,7 +19,7 @@ use parking_lot::Mutex;
 
 use crate::error::{Error, Result};
 use crate::memory::Registry;
-use crate::net::{MemRef, Net, NetHandle, RecvComm, SendComm, Waker};
+use crate::net::{DataPaths, MemRef, Net, NetHandle, PeerInfo, RecvComm, SendComm, Waker};
 use crate::progress::{ChunkOp, Cmd, Engine, Progress, Set};
 use crate::rma;
 use crate::topo;
@@ -75,7 +75,10 @@ pub(crate) fn auth_digest(token: Option<&str>) -> u64 {
 /// What the endpoint gives every connection.
 #[derive(Clone)]
 pub(crate) struct ConnParams {
+    /// This connection's net: chosen from `paths` by [`ConnParams::for_peer`].
     pub net: Arc<dyn Net>,
+    /// The endpoint's data paths (see [`crate::net::DataPaths`]).
+    pub paths: Arc<dyn DataPaths>,
     pub registry: Arc<Registry>,
     pub gpu_index: i32,
     pub gpu_bdf: String,
@@ -90,6 +93,20 @@ pub(crate) struct ConnParams {
     pub deadline: Duration,
     /// Net devices for channel i: `devices[i % len]` (never empty).
     pub devices: Vec<usize>,
+}
+
+impl ConnParams {
+    /// The parameters of a connection over control connection `oob`: its
+    /// net chosen for the peer at the other end.
+    pub(crate) fn for_peer(&self, oob: &TcpStream) -> ConnParams {
+        let (Ok(peer), Ok(local)) = (oob.peer_addr(), oob.local_addr()) else {
+            return self.clone();
+        };
+        ConnParams {
+            net: self.paths.choose(&PeerInfo { peer, local }),
+            ..self.clone()
+        }
+    }
 }
 
 pub struct Conn {

@@ -16,7 +16,7 @@ use crate::error::{Error, Result};
 use crate::memory::Registry;
 use crate::net::plugin::PluginNet;
 use crate::net::socket::{SocketConfig, SocketNet};
-use crate::net::{MemRef, Net};
+use crate::net::{MemRef, Net, OneNet};
 use crate::transfer::{Failure, Status, Transfer};
 use crate::wire::{DescEntry, FifoItem, GpuId, Metadata, RmaItem, Token};
 use crate::{gpu, topo};
@@ -137,6 +137,7 @@ impl Endpoint {
         let devices =
             topo::channel_devices(&net.devices(), gpu_index, &gpu_bdf, cfg.gpu_nics.as_deref());
         let params = ConnParams {
+            paths: Arc::new(OneNet(net.clone())),
             net,
             registry: registry.clone(),
             gpu_index,
@@ -239,7 +240,8 @@ impl Endpoint {
             })
         })?;
         let id = self.inner.next_conn.fetch_add(1, Ordering::Relaxed);
-        let conn = Conn::establish(id, s, true, &self.inner.params)?;
+        let params = self.inner.params.for_peer(&s);
+        let conn = Conn::establish(id, s, true, &params)?;
         if let Some(want) = remote_gpu {
             let ok = match &want {
                 RemoteGpu::Index(i) => *i < 0 || conn.remote_gpu < 0 || *i == conn.remote_gpu,
@@ -648,6 +650,7 @@ fn accept_loop(inner: Weak<Inner>, listener: TcpListener) {
             .name("tcpx-handshake".into())
             .spawn(move || {
                 let peer = s.peer_addr().map(|a| a.to_string()).unwrap_or_default();
+                let params = params.for_peer(&s);
                 match Conn::establish(id, s, false, &params) {
                     Ok(conn) => {
                         let Some(ep) = weak.upgrade() else {

@@ -296,13 +296,6 @@ fn function(dev: &Device) -> Result<Func, CudaError> {
     Ok(Func(f))
 }
 
-/// Whether scattered staged copies may go through [`CopyKernel`]
-/// (`TCPX_P2P_COPY_KERNEL=0`: the copy engines do every copy).
-pub fn copy_kernel_allowed() -> bool {
-    static ON: OnceLock<bool> = OnceLock::new();
-    *ON.get_or_init(|| !std::env::var("TCPX_P2P_COPY_KERNEL").is_ok_and(|v| v == "0"))
-}
-
 /// Many scattered copies between a pinned staging slot and device memory
 /// (a window of KV blocks) in one launch of the unpack kernel, instead of
 /// a copy-engine transfer -- and the driver's per-copy work -- each. The
