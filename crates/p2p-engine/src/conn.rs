@@ -23,7 +23,7 @@ use crate::net::{DataPaths, MemRef, Net, NetHandle, PeerInfo, RecvComm, SendComm
 use crate::progress::{ChunkOp, Cmd, Engine, Progress, Set};
 use crate::rma;
 use crate::topo;
-use crate::transfer::{plan_ops, Failure, Gather, OpPlan, Transfer};
+use crate::transfer::{plan_ops, Failure, Gather, OpPlan, Refusal, Transfer};
 use crate::wire::{self, Control, Hello, RmaItem};
 
 /// Longest a waiting thread sleeps before it looks again by itself.
@@ -594,7 +594,7 @@ impl Conn {
         let regions: Vec<_> = local.iter().map(|(_, r)| r.clone()).collect();
         let ids: Vec<(MemRef, u64)> = local.iter().map(|(m, r)| (*m, r.id)).collect();
         let runs = rma::plan_runs(&ids, &remote, remote_region);
-        let local = rma::merge_runs(local, &runs).map_err(Error::invalid)?;
+        let local = rma::merge_runs(local, &runs).map_err(|e| Error::invalid(e.to_string()))?;
         let plan = self.plan(local.iter().map(|(m, _)| m.len));
         // +1: the target's WriteDone / ReadAck.
         let xfer = Transfer::new(xfer_id, self.id, plan.len() + 1, regions);
@@ -685,7 +685,7 @@ impl Conn {
         &self,
         items: &[RmaItem],
         runs: &[u32],
-    ) -> std::result::Result<Vec<(MemRef, Arc<crate::memory::Region>)>, String> {
+    ) -> std::result::Result<Vec<(MemRef, Arc<crate::memory::Region>)>, Refusal> {
         let each = items
             .iter()
             .enumerate()
@@ -693,7 +693,7 @@ impl Conn {
                 let r = self
                     .registry
                     .resolve(it.token, it.addr, it.len, self.id)
-                    .map_err(|e| format!("item {i}: {e}"))?;
+                    .map_err(|e| Refusal(format!("item {i}: {e}")))?;
                 let kind = r.kind;
                 Ok((
                     MemRef {
@@ -704,8 +704,8 @@ impl Conn {
                     r,
                 ))
             })
-            .collect::<std::result::Result<Vec<_>, String>>()?;
-        rma::merge_runs(each, runs)
+            .collect::<std::result::Result<Vec<_>, Refusal>>()?;
+        rma::merge_runs(each, runs).map_err(|e| Refusal(e.to_string()))
     }
 
     fn on_control(self: &Arc<Self>, m: Control) -> std::result::Result<(), Failure> {
@@ -718,6 +718,7 @@ impl Conn {
                         "refused a write from {}: {reason}",
                         self.peer
                     );
+                    let reason = reason.0;
                     self.send_control(&Control::Refused { xfer, reason })
                         .map_err(|e| Failure::Lost(e.to_string()))?;
                 }
@@ -798,7 +799,13 @@ impl Conn {
                                 expect: None,
                             })
                             .collect();
-                        (Control::Refused { xfer, reason }, fillers)
+                        (
+                            Control::Refused {
+                                xfer,
+                                reason: reason.0,
+                            },
+                            fillers,
+                        )
                     }
                 };
                 self.send_control(&reply)

@@ -110,7 +110,7 @@ impl Endpoint {
             Some(i) => (i, String::new()),
             None => (-1, String::new()),
         };
-        let ip = topo::oob_ip(cfg.ifname.as_deref()).map_err(Error::Config)?;
+        let ip = topo::oob_ip(cfg.ifname.as_deref())?;
         let port = if cfg.port == 0 {
             0
         } else {

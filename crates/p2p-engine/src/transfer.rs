@@ -41,6 +41,11 @@ impl Failure {
     }
 }
 
+/// Why we refuse a peer's request; its text goes back to the peer.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct Refusal(pub String);
+
 /// A connection ended for this reason (closed, broken).
 impl From<String> for Failure {
     fn from(reason: String) -> Self {

@@ -349,7 +349,8 @@ impl Lib {
             .as_ref()
             .ok_or_else(|| misuse(self.name, "no regMr"))?;
         let mut mh: *mut c_void = std::ptr::null_mut();
-        let code = f(comm, addr, len, ty, &mut mh).map_err(|why| misuse(self.name, why))?;
+        let code =
+            f(comm, addr, len, ty, &mut mh).map_err(|why| misuse(self.name, why.to_string()))?;
         check(self.name, "regMr", code)?;
         Ok(MrHandle(mh as usize))
     }
@@ -373,6 +374,22 @@ impl Lib {
     }
 }
 
+/// Why a GPU buffer has no 4 KiB-aligned registration inside its allocation.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum GpuRangeError {
+    #[error("address range overflows")]
+    Overflow,
+    #[error("{addr:#x}+{len} is not inside its allocation {base:#x}+{size}")]
+    Outside {
+        addr: u64,
+        len: usize,
+        base: u64,
+        size: usize,
+    },
+    #[error("{addr:#x} is not 4 KiB-aligned and its allocation starts at {base:#x}, so no aligned range inside it covers the buffer (allocate GPU buffers 4 KiB-aligned)")]
+    Unaligned { addr: u64, base: u64 },
+}
+
 /// The range to register for `[addr, addr+len)` of a GPU allocation
 /// `[base, base+size)`: starts at `addr` rounded down to 4 KiB, ends at the
 /// end rounded up to 4 KiB where the allocation allows.
@@ -381,21 +398,22 @@ pub fn aligned_gpu_range(
     len: usize,
     base: u64,
     size: usize,
-) -> Result<(u64, usize), String> {
+) -> Result<(u64, usize), GpuRangeError> {
     let end = addr
         .checked_add(len as u64)
-        .ok_or_else(|| "address range overflows".to_string())?;
+        .ok_or(GpuRangeError::Overflow)?;
     let alloc_end = base + size as u64;
     if addr < base || end > alloc_end {
-        return Err(format!(
-            "{addr:#x}+{len} is not inside its allocation {base:#x}+{size}"
-        ));
+        return Err(GpuRangeError::Outside {
+            addr,
+            len,
+            base,
+            size,
+        });
     }
     let start = addr & !(GPU_REG_ALIGN - 1);
     if start < base {
-        return Err(format!(
-            "{addr:#x} is not 4 KiB-aligned and its allocation starts at {base:#x}, so no aligned range inside it covers the buffer (allocate GPU buffers 4 KiB-aligned)"
-        ));
+        return Err(GpuRangeError::Unaligned { addr, base });
     }
     let up = end.next_multiple_of(GPU_REG_ALIGN);
     let end = up.min(alloc_end);

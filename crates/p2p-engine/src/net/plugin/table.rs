@@ -29,10 +29,23 @@ pub(super) type GetProperties = Box<dyn Fn(c_int, &mut Props) -> NcclResult + Se
 /// `regMr(comm, address, length, type, handle out)`: the plugin's code, or
 /// why this version cannot register such a range.
 pub(super) type RegMr = Box<
-    dyn Fn(*mut c_void, u64, usize, c_int, &mut *mut c_void) -> Result<NcclResult, String>
+    dyn Fn(*mut c_void, u64, usize, c_int, &mut *mut c_void) -> Result<NcclResult, RegMrError>
         + Send
         + Sync,
 >;
+
+/// A range a version's `regMr` cannot take.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(super) enum RegMrError {
+    #[error(
+        "cannot register {len} bytes: a v{version} plugin takes at most {max} bytes per region"
+    )]
+    TooLarge {
+        len: usize,
+        version: u32,
+        max: usize,
+    },
+}
 
 /// What the loader calls.
 pub(super) struct Table {
