@@ -49,6 +49,10 @@ use crate::error::NetError;
 use crate::gpu::{self, unpack};
 use crate::memory::MemKind;
 
+/// The versions we read, newest first: (version, exported symbol, reader).
+const VERSIONS: &[(u32, &str, table::Reader)] =
+    &[(8, SYMBOL_V8, v8::read), (7, SYMBOL_V7, v7::read)];
+
 /// The name used in errors before a plugin's own name is known.
 const LOADER: &str = "plugin";
 /// GPU registrations must start on a 4 KiB boundary.
@@ -223,7 +227,7 @@ impl Lib {
         let lib: libloading::Library = unsafe { UnixLib::open(Some(path), RTLD_NOW | RTLD_LOCAL) }
             .map_err(|e| fail(format!("dlopen failed: {e}")))?
             .into();
-        let found = table::VERSIONS
+        let found = VERSIONS
             .iter()
             .filter(|(v, _, _)| *v <= newest)
             .find_map(|(_, _, read)| read(&lib));
@@ -234,7 +238,7 @@ impl Lib {
             reg_mr,
         }) = found
         else {
-            let symbols: Vec<&str> = table::VERSIONS.iter().map(|(_, s, _)| *s).collect();
+            let symbols: Vec<&str> = VERSIONS.iter().map(|(_, s, _)| *s).collect();
             return Err(fail(format!(
                 "exports none of {} (or only NULL tables): not an ncclNet plugin we understand",
                 symbols.join(", ")
