@@ -1,5 +1,18 @@
 //! Configuration: environment variables with the `TCPX_P2P_` prefix (and the
-//! names UCCL users already set), read once into a typed [`Config`].
+//! names UCCL users already set), read once into a typed [`Config`] -- and
+//! the process-wide CUDA switches ([`GpuSwitches`]), read once here too.
+//!
+//! Sizes, one name each:
+//! - `chunk` ([`Config::chunk`]): the largest piece of a transfer the engine
+//!   posts to a net as one request ([`PLUGIN_CHUNK`]: its default on a
+//!   plugin net);
+//! - `min_part` ([`Config::min_part`]): the socket net cuts each request
+//!   into parts of at least this size, one per stream;
+//! - `staging_slice` ([`Config::staging_slice`]): one pinned slot of GPU
+//!   staging (a window: the bytes one slot carries);
+//! - inside the socket net, `INLINE_MAX` (a part the posting thread writes
+//!   itself) and `BATCH_PART` (a part small enough to share a system call
+//!   or a staged window), documented where they are defined.
 
 use std::time::Duration;
 
@@ -77,6 +90,40 @@ pub struct Config {
     pub dereg_wait: Duration,
     /// The endpoint's name, sent with its notifications (None: `host:port`).
     pub name: Option<String>,
+    /// The process-wide CUDA switches (read once per process; see
+    /// [`GpuSwitches`]).
+    pub gpu: GpuSwitches,
+}
+
+/// CUDA switches for the whole process, read once from the environment:
+/// the GPU code consults them wherever it runs (the engine, or the ncclNet
+/// stand-in inside NCCL), so they are not per endpoint.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GpuSwitches {
+    /// `TCPX_P2P_DISABLE_CUDA=1`: act as if no GPU were present.
+    pub disable_cuda: bool,
+    /// `TCPX_P2P_COPY_BATCH=0`: one driver call per copy instead of the
+    /// driver's batch copy.
+    pub copy_batch: bool,
+    /// `TCPX_P2P_COPY_KERNEL=0`: scattered staged copies through the copy
+    /// engines only, never the copy kernel.
+    pub copy_kernel: bool,
+}
+
+impl GpuSwitches {
+    /// The switches of this process (the environment is read at the first
+    /// call).
+    pub fn get() -> GpuSwitches {
+        static S: std::sync::OnceLock<GpuSwitches> = std::sync::OnceLock::new();
+        *S.get_or_init(|| {
+            let is = |k: &str, v: &str| std::env::var(k).is_ok_and(|x| x == v);
+            GpuSwitches {
+                disable_cuda: is("TCPX_P2P_DISABLE_CUDA", "1"),
+                copy_batch: !is("TCPX_P2P_COPY_BATCH", "0"),
+                copy_kernel: !is("TCPX_P2P_COPY_KERNEL", "0"),
+            }
+        })
+    }
 }
 
 impl Default for Config {
@@ -110,6 +157,7 @@ impl Default for Config {
             max_handshakes_per_ip: 16,
             dereg_wait: Duration::from_secs(10),
             name: None,
+            gpu: GpuSwitches::get(),
         }
     }
 }
@@ -163,7 +211,9 @@ impl Config {
     /// | `TCPX_P2P_STAGING_SLICE`, `TCPX_P2P_STAGING_DEPTH` | pinned staging for GPU memory (a sender lending it keeps twice the slices) | 1M, 4 |
     /// | `TCPX_P2P_SOCKBUF` | SO_SNDBUF/SO_RCVBUF | kernel default |
     /// | `TCPX_P2P_SPLICE` | lend GPU staging to the socket (`0`/`1`) | 1 |
-    /// | `TCPX_P2P_COPY_KERNEL` | scattered staged copies through one kernel launch per window (`0`/`1`; read in `gpu::unpack`) | 1 |
+    /// | `TCPX_P2P_COPY_KERNEL` | scattered staged copies through one kernel launch per window (`0`/`1`; process-wide, [`GpuSwitches`]) | 1 |
+    /// | `TCPX_P2P_COPY_BATCH` | the driver's batch copy (`0`/`1`; process-wide) | 1 |
+    /// | `TCPX_P2P_DISABLE_CUDA` | `1`: act as if no GPU were present (process-wide) | 0 |
     /// | `TCPX_P2P_SPIN_US` | busy-wait before sleeping, µs | 300 with 8+ cores, else 0 |
     /// | `TCPX_P2P_KEEPALIVE_MS`, `TCPX_P2P_DEADLINE_MS` | keep-alive interval; silence after which a connection fails | 1000, 10000 |
     /// | `TCPX_P2P_CONNECT_TIMEOUT_MS` | connect + handshake deadline | 20000 |

@@ -21,7 +21,7 @@ use crate::error::{Error, Result};
 use crate::handler::{Action, Book, Ctx, Limits, ProtocolError};
 use crate::handshake::{self, Role};
 use crate::memory::Registry;
-use crate::net::{MemRef, Net, RecvComm, SendComm, Waker};
+use crate::net::{DataPaths, MemRef, Net, PeerInfo, RecvComm, SendComm, Waker};
 use crate::notif::{Notif, NotifQueue};
 use crate::progress::{ChunkOp, Cmd, Engine, Progress, Set};
 use crate::rma;
@@ -67,7 +67,10 @@ pub fn read_frame(s: &mut impl Read, max: usize) -> std::io::Result<Vec<u8>> {
 /// What the endpoint gives every connection.
 #[derive(Clone)]
 pub(crate) struct ConnParams {
+    /// This connection's net: chosen from `paths` by [`ConnParams::for_peer`].
     pub net: Arc<dyn Net>,
+    /// The endpoint's data paths (see [`crate::net::DataPaths`]).
+    pub paths: Arc<dyn DataPaths>,
     pub registry: Arc<Registry>,
     pub gpu_index: i32,
     pub gpu_bdf: String,
@@ -89,6 +92,20 @@ pub(crate) struct ConnParams {
     pub devices: Vec<usize>,
     /// Where notifications from peers are queued (the endpoint's).
     pub notifs: Arc<NotifQueue>,
+}
+
+impl ConnParams {
+    /// The parameters of a connection over control connection `oob`: its
+    /// net chosen for the peer at the other end.
+    pub(crate) fn for_peer(&self, oob: &TcpStream) -> ConnParams {
+        let (Ok(peer), Ok(local)) = (oob.peer_addr(), oob.local_addr()) else {
+            return self.clone();
+        };
+        ConnParams {
+            net: self.paths.choose(&PeerInfo { peer, local }),
+            ..self.clone()
+        }
+    }
 }
 
 pub struct Conn {
@@ -534,7 +551,7 @@ impl Conn {
         let regions: Vec<_> = local.iter().map(|(_, r)| r.clone()).collect();
         let ids: Vec<(MemRef, u64)> = local.iter().map(|(m, r)| (*m, r.id)).collect();
         let runs = rma::plan_runs(&ids, &remote, remote_region);
-        let local = rma::merge_runs(local, &runs).map_err(Error::invalid)?;
+        let local = rma::merge_runs(local, &runs).map_err(|e| Error::invalid(e.to_string()))?;
         let plan = self.plan(local.iter().map(|(m, _)| m.len));
         // +1: the target's WriteDone / ReadAck.
         let xfer = Transfer::new(xfer_id, self.id, plan.len() + 1, regions);

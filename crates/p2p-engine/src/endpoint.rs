@@ -17,7 +17,7 @@ use crate::handler::Limits;
 use crate::memory::Registry;
 use crate::net::plugin::PluginNet;
 use crate::net::socket::{SocketConfig, SocketNet};
-use crate::net::{MemRef, Net};
+use crate::net::{MemRef, Net, OneNet};
 use crate::notif::{Notif, NotifQueue, QUEUE_MAX, QUEUE_MAX_BYTES};
 use crate::transfer::{Failure, Status, Transfer};
 use crate::wire::{DescEntry, FifoItem, GpuId, Metadata, RmaItem, Token};
@@ -130,7 +130,7 @@ impl Endpoint {
             }
             None => (-1, String::new()),
         };
-        let ip = topo::oob_ip(cfg.ifname.as_deref()).map_err(Error::Config)?;
+        let ip = topo::oob_ip(cfg.ifname.as_deref())?;
         let port = if cfg.port == 0 {
             0
         } else {
@@ -158,6 +158,7 @@ impl Endpoint {
             topo::channel_devices(&net.devices(), gpu_index, &gpu_bdf, cfg.gpu_nics.as_deref());
         let notifs = Arc::new(NotifQueue::new(QUEUE_MAX, QUEUE_MAX_BYTES));
         let params = ConnParams {
+            paths: Arc::new(OneNet(net.clone())),
             net,
             registry: registry.clone(),
             gpu_index,
@@ -276,7 +277,8 @@ impl Endpoint {
             })
         })?;
         let id = self.inner.next_conn.fetch_add(1, Ordering::Relaxed);
-        let conn = Conn::establish(id, s, true, &self.inner.params)?;
+        let params = self.inner.params.for_peer(&s);
+        let conn = Conn::establish(id, s, true, &params)?;
         if let Some(want) = remote_gpu {
             let ok = match &want {
                 RemoteGpu::Index(i) => *i < 0 || conn.remote_gpu < 0 || *i == conn.remote_gpu,
@@ -792,6 +794,7 @@ fn accept_loop(inner: Weak<Inner>, listener: TcpListener) {
             .name("tcpx-handshake".into())
             .spawn(move || {
                 let peer = s.peer_addr().map(|a| a.to_string()).unwrap_or_default();
+                let params = params.for_peer(&s);
                 let res = Conn::establish(id, s, false, &params);
                 drop(slot);
                 match res {

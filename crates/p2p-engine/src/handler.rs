@@ -323,7 +323,7 @@ impl Book {
                 ))
             })
             .collect::<Result<Vec<_>, String>>()?;
-        let local = rma::merge_runs(each, runs)?;
+        let local = rma::merge_runs(each, runs).map_err(|e| e.to_string())?;
         // Bounded by our regions now; still counted before planned.
         let lens: Vec<u64> = local.iter().map(|(m, _)| m.len as u64).collect();
         let pieces = plan_len(&lens, cx.chunk, cx.gather);

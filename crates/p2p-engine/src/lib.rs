@@ -27,8 +27,7 @@ mod topo;
 mod transfer;
 mod wire;
 
-pub use config::{Config, NetKind};
-
+pub use config::{Config, GpuSwitches, NetKind};
 pub use endpoint::{Accepted, Buf, Endpoint, RemoteDesc, RemoteGpu};
 pub use error::{CudaError, Error, ErrorKind, NetError, Result, WireError};
 pub use memory::MemKind;

@@ -39,35 +39,44 @@ pub fn plan_runs(local: &[(MemRef, u64)], remote: &[RmaItem], remote_region: &[u
     runs
 }
 
+/// Why runs of items do not merge.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RunError {
+    #[error("fewer items than the runs cover")]
+    TooFewItems,
+    #[error("more items than the runs cover")]
+    TooManyItems,
+    #[error("item {0} is not contiguous with the item before it in one region")]
+    NotContiguous(usize),
+}
+
 /// Merges each run of items into one range. Err names the first item that
 /// is not contiguous with its run or lies in another region.
 pub fn merge_runs(
     items: Vec<(MemRef, Arc<Region>)>,
     runs: &[u32],
-) -> Result<Vec<(MemRef, Arc<Region>)>, String> {
+) -> Result<Vec<(MemRef, Arc<Region>)>, RunError> {
     let mut out: Vec<(MemRef, Arc<Region>)> = Vec::with_capacity(runs.len());
     let mut it = items.into_iter().enumerate();
     for &n in runs {
         let Some((_, first)) = it.next() else {
-            return Err("fewer items than the runs cover".into());
+            return Err(RunError::TooFewItems);
         };
         let (mut m, r) = first;
         for _ in 1..n {
             let Some((i, (b, rb))) = it.next() else {
-                return Err("fewer items than the runs cover".into());
+                return Err(RunError::TooFewItems);
             };
             if rb.id != r.id || b.kind != m.kind || m.addr.checked_add(m.len as u64) != Some(b.addr)
             {
-                return Err(format!(
-                    "item {i} is not contiguous with the item before it in one region"
-                ));
+                return Err(RunError::NotContiguous(i));
             }
             m.len += b.len;
         }
         out.push((m, r));
     }
     if it.next().is_some() {
-        return Err("more items than the runs cover".into());
+        return Err(RunError::TooManyItems);
     }
     Ok(out)
 }
@@ -143,9 +152,10 @@ mod tests {
         assert_eq!((merged[0].0.addr, merged[0].0.len), (0, 30));
         assert_eq!((merged[1].0.addr, merged[1].0.len), (100, 5));
         // A run over a gap, or over two regions, is refused.
-        assert!(merge_runs(items.clone(), &[3])
-            .unwrap_err()
-            .contains("item 2"));
+        assert_eq!(
+            merge_runs(items.clone(), &[3]).unwrap_err(),
+            RunError::NotContiguous(2)
+        );
         let two = vec![(mem(0, 10), a), (mem(10, 10), b)];
         assert!(merge_runs(two, &[2]).is_err());
         // Runs that do not cover the items exactly.

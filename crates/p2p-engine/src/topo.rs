@@ -4,6 +4,8 @@
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
+use crate::error::Error;
+
 /// What a network device offers (a NIC, as a transport reports it).
 #[derive(Debug, Clone, PartialEq)]
 pub struct DeviceProps {
@@ -74,7 +76,7 @@ pub fn interfaces() -> Vec<IfAddr> {
 
 /// The address to advertise: the named interface's (IPv4 first), else the
 /// first non-loopback interface that is up, else 127.0.0.1.
-pub fn oob_ip(ifname: Option<&str>) -> Result<IpAddr, String> {
+pub fn oob_ip(ifname: Option<&str>) -> Result<IpAddr, Error> {
     let all = interfaces();
     let pick = |v: Vec<&IfAddr>| {
         v.iter()
@@ -88,10 +90,10 @@ pub fn oob_ip(ifname: Option<&str>) -> Result<IpAddr, String> {
     };
     if let Some(name) = ifname {
         return pick(all.iter().filter(|a| a.name == name).collect()).ok_or_else(|| {
-            format!(
+            Error::Config(format!(
                 "interface {name:?} has no usable address (set TCPX_P2P_IFNAME to one of: {})",
                 names(&all)
-            )
+            ))
         });
     }
     Ok(pick(all.iter().filter(|a| a.up && !a.loopback).collect())

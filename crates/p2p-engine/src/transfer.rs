@@ -336,6 +336,45 @@ pub fn plan_len(lens: &[u64], chunk: usize, g: Gather) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::error::{CudaError, ErrorKind, NetError};
+
+    #[test]
+    fn failures_keep_their_kind_up_to_the_caller() {
+        // A CUDA failure on an I/O thread is a local CUDA failure, not a
+        // lost connection; a peer's bad header is the peer's fault.
+        let cuda = NetError::Cuda(CudaError::Driver {
+            call: "cuEventSynchronize",
+            msg: "CUDA_ERROR_ILLEGAL_ADDRESS".into(),
+        });
+        let e = Failure::Net(cuda).into_error(7);
+        assert!(matches!(e, Error::Net { conn: 7, .. }));
+        assert_eq!(e.kind(), ErrorKind::LocalCuda);
+        let proto = NetError::Protocol {
+            net: "socket",
+            reason: "bad part".into(),
+        };
+        assert_eq!(
+            Failure::Net(proto).into_error(1).kind(),
+            ErrorKind::Protocol
+        );
+        let closed = Failure::Net(NetError::Closed { net: "socket" });
+        assert_eq!(closed.into_error(1).kind(), ErrorKind::Lost);
+        let kinds = [
+            (Failure::Refused("no".into()), ErrorKind::Refused),
+            (Failure::Lost("gone".into()), ErrorKind::Lost),
+            (Failure::Protocol("bad".into()), ErrorKind::Protocol),
+            (Failure::TimedOut("silent".into()), ErrorKind::TimedOut),
+        ];
+        for (f, k) in kinds {
+            assert_eq!(f.clone().into_error(3).kind(), k, "{f}");
+        }
+        let io = NetError::io(
+            "socket",
+            "read",
+            std::io::Error::from(std::io::ErrorKind::TimedOut),
+        );
+        assert_eq!(io.kind(), ErrorKind::TimedOut);
+    }
 
     #[test]
     fn ends_exactly_once() {

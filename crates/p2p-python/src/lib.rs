@@ -1148,7 +1148,7 @@ fn get_oob_ip() -> PyResult<String> {
     let cfg = Config::from_env().map_err(|e| to_py(&e))?;
     tcpx_p2p::internal::topo::oob_ip(cfg.ifname.as_deref())
         .map(|ip| ip.to_string())
-        .map_err(|e| to_py(&Error::Config(e)))
+        .map_err(|e| to_py(&e))
 }
 
 /// TCP streams per socket-net comm under the current environment

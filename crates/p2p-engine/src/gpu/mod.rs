@@ -12,6 +12,7 @@ use cudarc::driver::result as cu;
 use cudarc::driver::sys;
 use parking_lot::Mutex;
 
+use crate::config::GpuSwitches;
 use crate::error::CudaError;
 
 pub(crate) mod staging;
@@ -32,7 +33,7 @@ fn check(call: &'static str, r: sys::CUresult) -> Result<(), CudaError> {
 pub fn available() -> bool {
     static AVAILABLE: OnceLock<bool> = OnceLock::new();
     *AVAILABLE.get_or_init(|| {
-        if std::env::var("TCPX_P2P_DISABLE_CUDA").is_ok_and(|v| v == "1") {
+        if GpuSwitches::get().disable_cuda {
             return false;
         }
         // SAFETY: only probes whether the library can be opened.
@@ -407,7 +408,7 @@ enum BatchFn {
 fn batch_fn() -> Option<BatchFn> {
     static F: OnceLock<Option<BatchFn>> = OnceLock::new();
     *F.get_or_init(|| {
-        if std::env::var("TCPX_P2P_COPY_BATCH").is_ok_and(|v| v == "0") || !available() {
+        if !GpuSwitches::get().copy_batch || !available() {
             return None;
         }
         // SAFETY: looks symbols up in the loaded driver library; the types

@@ -49,8 +49,8 @@ pub(crate) struct Ring<T> {
     /// needed; empty where it cannot load or may not be used (then the
     /// copy engines do every copy).
     kernels: Option<Vec<super::unpack::CopyKernel>>,
-    /// Whether the copy kernel may be used at all (see
-    /// [`crate::config::Config`]'s `copy_kernel`).
+    /// Whether the copy kernel may be used at all
+    /// ([`crate::config::GpuSwitches::copy_kernel`]).
     kernel_allowed: bool,
     /// Slots in memory mapped here and registered with CUDA (the kernel
     /// is used only on the driver's own pinned memory).

@@ -214,22 +214,25 @@ const MAX_BLOCKS: usize = 1 << 20;
 
 /// The kernel compiled to PTX once per process (NUL-terminated).
 fn ptx() -> Result<&'static [u8], CudaError> {
-    static PTX: OnceLock<Result<Vec<u8>, String>> = OnceLock::new();
+    static PTX: OnceLock<Result<Vec<u8>, CudaError>> = OnceLock::new();
     PTX.get_or_init(compile)
         .as_ref()
         .map(|v| v.as_slice())
-        .map_err(|e| CudaError::Nvrtc(e.clone()))
+        .map_err(CudaError::clone)
 }
 
-fn compile() -> Result<Vec<u8>, String> {
+fn compile() -> Result<Vec<u8>, CudaError> {
+    let nvrtc = CudaError::Nvrtc;
     use cudarc::nvrtc::result as rtc;
     // SAFETY: only probes whether the NVRTC library can be opened.
     if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
-        return Err("libnvrtc not found (install the CUDA toolkit's NVRTC)".into());
+        return Err(nvrtc(
+            "libnvrtc not found (install the CUDA toolkit's NVRTC)".into(),
+        ));
     }
-    let src = CString::new(KERNEL_SRC).map_err(|e| e.to_string())?;
-    let name = CString::new("tcpx_unpack.cu").map_err(|e| e.to_string())?;
-    let prog = rtc::create_program(&src, Some(&name)).map_err(|e| format!("{e:?}"))?;
+    let src = CString::new(KERNEL_SRC).map_err(|e| nvrtc(e.to_string()))?;
+    let name = CString::new("tcpx_unpack.cu").map_err(|e| nvrtc(e.to_string()))?;
+    let prog = rtc::create_program(&src, Some(&name)).map_err(|e| nvrtc(format!("{e:?}")))?;
     let opts = ["--std=c++17", "-default-device"];
     // SAFETY: `prog` was just created and is destroyed once below.
     let compiled = unsafe { rtc::compile_program(prog, &opts) };
@@ -238,7 +241,7 @@ fn compile() -> Result<Vec<u8>, String> {
             // SAFETY: the program compiled.
             unsafe { rtc::get_ptx(prog) }
                 .map(|v| v.into_iter().map(|c| c as u8).collect::<Vec<u8>>())
-                .map_err(|e| format!("{e:?}"))
+                .map_err(|e| nvrtc(format!("{e:?}")))
         }
         Err(e) => {
             // SAFETY: the program exists; the log is read after compiling.
@@ -250,7 +253,7 @@ fn compile() -> Result<Vec<u8>, String> {
                         .to_string()
                 })
                 .unwrap_or_default();
-            Err(format!("compiling the unpack kernel: {e:?}: {log}"))
+            Err(nvrtc(format!("compiling the unpack kernel: {e:?}: {log}")))
         }
     };
     // SAFETY: destroyed once, after its last use.
@@ -294,13 +297,6 @@ fn function(dev: &Device) -> Result<Func, CudaError> {
     })?;
     map.insert(dev.ordinal, Func(f));
     Ok(Func(f))
-}
-
-/// Whether scattered staged copies may go through [`CopyKernel`]
-/// (`TCPX_P2P_COPY_KERNEL=0`: the copy engines do every copy).
-pub fn copy_kernel_allowed() -> bool {
-    static ON: OnceLock<bool> = OnceLock::new();
-    *ON.get_or_init(|| !std::env::var("TCPX_P2P_COPY_KERNEL").is_ok_and(|v| v == "0"))
 }
 
 /// Many scattered copies between a pinned staging slot and device memory

@@ -1,8 +1,20 @@
 //! The seam between the engine and a transport, in ncclNet's terms: devices
 //! with properties, listen / connect / accept (resumable), memory
 //! registration per comm, posted sends and receives completed by `test`.
-//! The engine above is written once over [`Net`]; [`socket`] is our own
-//! multi-stream TCP transport.
+//! The engine above is written once over [`Net`]; `socket` is our own
+//! multi-stream TCP transport, `plugin` drives any ncclNet plugin.
+//!
+//! ## One data path per connection
+//!
+//! The endpoint does not fix the net: each connection picks its data path
+//! when it is made, through the endpoint's [`DataPaths`], from what it knows
+//! of its peer then ([`PeerInfo`]: the addresses of its control
+//! connection). [`OneNet`] -- every connection on the endpoint's one net --
+//! is the default. A further path (a same-host one over CUDA IPC or shared
+//! memory) is one more [`Net`] implementation beside `socket` and `plugin`,
+//! and a [`DataPaths`] that returns it for the peers it serves; nothing in
+//! the existing nets changes. Both sides must pick nets of the same name:
+//! the connection handshake names the net and refuses a mismatch.
 
 use std::sync::Arc;
 
@@ -13,6 +25,36 @@ pub use crate::wire::NET_HANDLE_LEN;
 pub(crate) mod plugin;
 pub(crate) mod socket;
 pub(crate) mod timing;
+
+/// What a connection knows of its peer when its data path is chosen.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PeerInfo {
+    /// The peer's end of the control connection.
+    pub peer: std::net::SocketAddr,
+    /// Our end of it.
+    pub local: std::net::SocketAddr,
+}
+
+/// Chooses, per connection, the net its data rides (see the module doc).
+pub trait DataPaths: Send + Sync {
+    /// The endpoint's own net: its name and devices describe the endpoint.
+    fn default_net(&self) -> &Arc<dyn Net>;
+    /// The net for a connection to `peer` (the default unless a path
+    /// serves that peer better).
+    fn choose(&self, peer: &PeerInfo) -> Arc<dyn Net> {
+        let _ = peer;
+        self.default_net().clone()
+    }
+}
+
+/// Every connection on one net.
+pub struct OneNet(pub Arc<dyn Net>);
+
+impl DataPaths for OneNet {
+    fn default_net(&self) -> &Arc<dyn Net> {
+        &self.0
+    }
+}
 
 /// The opaque handle `listen` writes and the peer passes to `connect`.
 pub type NetHandle = [u8; NET_HANDLE_LEN];

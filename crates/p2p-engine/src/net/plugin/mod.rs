@@ -40,6 +40,7 @@ use std::sync::{Arc, OnceLock};
 
 use parking_lot::Mutex;
 
+use self::recv::*;
 use self::sys::*;
 use super::{
     DeviceProps, ListenComm, MemRef, MrHandle, Net, NetHandle, RecvComm, ReqId, SendComm, Waker,
@@ -47,6 +48,10 @@ use super::{
 use crate::error::NetError;
 use crate::gpu::{self, unpack};
 use crate::memory::MemKind;
+
+/// The versions we read, newest first: (version, exported symbol, reader).
+const VERSIONS: &[(u32, &str, table::Reader)] =
+    &[(8, SYMBOL_V8, v8::read), (7, SYMBOL_V7, v7::read)];
 
 /// The name used in errors before a plugin's own name is known.
 const LOADER: &str = "plugin";
@@ -187,6 +192,9 @@ macro_rules! func {
     };
 }
 
+// Declared after `func!`, which it uses.
+mod recv;
+
 impl Lib {
     /// Loads the plugin at `path` once per process (per newest version
     /// allowed).
@@ -219,7 +227,7 @@ impl Lib {
         let lib: libloading::Library = unsafe { UnixLib::open(Some(path), RTLD_NOW | RTLD_LOCAL) }
             .map_err(|e| fail(format!("dlopen failed: {e}")))?
             .into();
-        let found = table::VERSIONS
+        let found = VERSIONS
             .iter()
             .filter(|(v, _, _)| *v <= newest)
             .find_map(|(_, _, read)| read(&lib));
@@ -230,7 +238,7 @@ impl Lib {
             reg_mr,
         }) = found
         else {
-            let symbols: Vec<&str> = table::VERSIONS.iter().map(|(_, s, _)| *s).collect();
+            let symbols: Vec<&str> = VERSIONS.iter().map(|(_, s, _)| *s).collect();
             return Err(fail(format!(
                 "exports none of {} (or only NULL tables): not an ncclNet plugin we understand",
                 symbols.join(", ")
@@ -349,7 +357,8 @@ impl Lib {
             .as_ref()
             .ok_or_else(|| misuse(self.name, "no regMr"))?;
         let mut mh: *mut c_void = std::ptr::null_mut();
-        let code = f(comm, addr, len, ty, &mut mh).map_err(|why| misuse(self.name, why))?;
+        let code =
+            f(comm, addr, len, ty, &mut mh).map_err(|why| misuse(self.name, why.to_string()))?;
         check(self.name, "regMr", code)?;
         Ok(MrHandle(mh as usize))
     }
@@ -373,6 +382,22 @@ impl Lib {
     }
 }
 
+/// Why a GPU buffer has no 4 KiB-aligned registration inside its allocation.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum GpuRangeError {
+    #[error("address range overflows")]
+    Overflow,
+    #[error("{addr:#x}+{len} is not inside its allocation {base:#x}+{size}")]
+    Outside {
+        addr: u64,
+        len: usize,
+        base: u64,
+        size: usize,
+    },
+    #[error("{addr:#x} is not 4 KiB-aligned and its allocation starts at {base:#x}, so no aligned range inside it covers the buffer (allocate GPU buffers 4 KiB-aligned)")]
+    Unaligned { addr: u64, base: u64 },
+}
+
 /// The range to register for `[addr, addr+len)` of a GPU allocation
 /// `[base, base+size)`: starts at `addr` rounded down to 4 KiB, ends at the
 /// end rounded up to 4 KiB where the allocation allows.
@@ -381,21 +406,22 @@ pub fn aligned_gpu_range(
     len: usize,
     base: u64,
     size: usize,
-) -> Result<(u64, usize), String> {
+) -> Result<(u64, usize), GpuRangeError> {
     let end = addr
         .checked_add(len as u64)
-        .ok_or_else(|| "address range overflows".to_string())?;
+        .ok_or(GpuRangeError::Overflow)?;
     let alloc_end = base + size as u64;
     if addr < base || end > alloc_end {
-        return Err(format!(
-            "{addr:#x}+{len} is not inside its allocation {base:#x}+{size}"
-        ));
+        return Err(GpuRangeError::Outside {
+            addr,
+            len,
+            base,
+            size,
+        });
     }
     let start = addr & !(GPU_REG_ALIGN - 1);
     if start < base {
-        return Err(format!(
-            "{addr:#x} is not 4 KiB-aligned and its allocation starts at {base:#x}, so no aligned range inside it covers the buffer (allocate GPU buffers 4 KiB-aligned)"
-        ));
+        return Err(GpuRangeError::Unaligned { addr, base });
     }
     let up = end.next_multiple_of(GPU_REG_ALIGN);
     let end = up.min(alloc_end);
@@ -734,437 +760,6 @@ impl Drop for PluginSend {
         if let Some(f) = self.lib.api.close_send {
             // SAFETY: the send comm is closed once; its requests die with it.
             if let Err(e) = check(self.lib.name, "closeSend", unsafe { f(self.comm) }) {
-                tracing::warn!("{e}");
-            }
-        }
-    }
-}
-
-// ---------------------------------------------------------------- receive
-
-/// Where a receive stands, in order: the stages of the entries of a comm's
-/// queue never increase from its front to its back.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Stage {
-    /// Ready for the engine (unpacked and consumed).
-    Ready,
-    /// Unpacked; `irecvConsumed` not yet called.
-    Unpacked,
-    /// In the unpack kernel's current batch.
-    Unpacking,
-    /// The plugin said done; fragments read, not yet copied.
-    NetDone,
-    /// Posted to the plugin.
-    Posted,
-}
-
-struct RecvEntry {
-    id: u64,
-    req: *mut c_void,
-    mem: MemRef,
-    slot: usize,
-    stage: Stage,
-    size: usize,
-    frags: Vec<LoadMeta>,
-}
-
-/// The UNPACK side of a receive comm.
-struct UnpackState {
-    meta: *const NetUnpackMeta,
-    bounce: u64,
-    /// The GPU the bounce pool is on (None: host memory).
-    bounce_gpu: Option<i32>,
-    unpacker: Option<unpack::Unpacker>,
-    kernel_unusable: bool,
-    descs: Vec<unpack::CopyDesc>,
-}
-
-impl UnpackState {
-    fn new(lib: &Lib, dh: &NcclNetDeviceHandleV7) -> Result<Self, NetError> {
-        if dh.net_device_version != NCCL_NET_DEVICE_UNPACK_VERSION {
-            tracing::warn!(
-                "{}: UNPACK device handle version {:#x}, expected {:#x}; reading it anyway",
-                lib.name,
-                dh.net_device_version,
-                NCCL_NET_DEVICE_UNPACK_VERSION
-            );
-        }
-        if lib.api.irecv_consumed.is_none() {
-            return Err(misuse(lib.name, "UNPACK plugin without irecvConsumed"));
-        }
-        let h = dh.handle as u64;
-        if h == 0 {
-            return Err(protocol(
-                lib.name,
-                "UNPACK device handle with a NULL handle",
-            ));
-        }
-        let size = std::mem::size_of::<UnpackNetDeviceHandle>();
-        // SAFETY: all-zero is a valid value of this plain C struct.
-        let mut uh: UnpackNetDeviceHandle = unsafe { std::mem::zeroed() };
-        if gpu::pointer_device(h).is_some() {
-            // SAFETY: `h` is device memory holding an unpackNetDeviceHandle;
-            // `uh` is a host struct of the same size.
-            unsafe { gpu::copy_sync(&mut uh as *mut UnpackNetDeviceHandle as u64, h, size) }?;
-        } else {
-            // SAFETY: a host pointer to the plugin's unpackNetDeviceHandle
-            // (the stand-in's host mode), valid for the comm's life.
-            uh = unsafe { std::ptr::read_unaligned(h as *const UnpackNetDeviceHandle) };
-        }
-        if uh.meta.is_null() || uh.bounce_buf.is_null() {
-            return Err(protocol(
-                lib.name,
-                "UNPACK device handle without meta or bounce buffer",
-            ));
-        }
-        let bounce = uh.bounce_buf as u64;
-        let bounce_gpu = gpu::pointer_device(bounce);
-        tracing::debug!(
-            net = lib.name,
-            bounce = format_args!("{bounce:#x}"),
-            ?bounce_gpu,
-            "UNPACK receive comm"
-        );
-        // The host's view of the loadMeta queue (the same address under
-        // unified addressing).
-        let meta = unpack::host_address(uh.meta as u64).unwrap_or(uh.meta as u64);
-        Ok(UnpackState {
-            meta: meta as *const NetUnpackMeta,
-            bounce,
-            bounce_gpu,
-            unpacker: None,
-            kernel_unusable: false,
-            descs: Vec::new(),
-        })
-    }
-
-    /// Reads the fragments the plugin wrote for `slot`.
-    fn fragments(&self, net: &'static str, slot: usize) -> Result<Vec<LoadMeta>, NetError> {
-        // SAFETY: `meta` points at the plugin's netUnpackMeta (host-readable,
-        // unified addressing for host-mapped memory) for the comm's life; the
-        // slot belongs to a receive the plugin reported done and that has not
-        // been consumed, so the plugin does not write it now.
-        let cnt = unsafe { std::ptr::addr_of!((*self.meta).cnt[slot]).read_volatile() };
-        std::sync::atomic::fence(Ordering::Acquire);
-        if cnt as usize > NET_UNPACK_MAX_SLICE_PAGES {
-            return Err(protocol(
-                net,
-                format!("receive slot {slot} claims {cnt} fragments (at most {NET_UNPACK_MAX_SLICE_PAGES})"),
-            ));
-        }
-        Ok((0..cnt as usize)
-            // SAFETY: as above, index < 2048.
-            .map(|i| unsafe { std::ptr::addr_of!((*self.meta).mem[slot][i]).read_volatile() })
-            .collect())
-    }
-}
-
-struct PluginRecv {
-    lib: Arc<Lib>,
-    comm: *mut c_void,
-    gpu: Option<Arc<gpu::Device>>,
-    /// The device-handle storage given to accept, kept as long as the comm.
-    _storage: Option<Box<DevHandleStorage>>,
-    unpack: Option<UnpackState>,
-    queue: VecDeque<RecvEntry>,
-    next_id: u64,
-    /// Receives posted so far (the UNPACK slot of the next is `posted % 16`).
-    posted: u64,
-}
-
-// SAFETY: a plugin comm may be used from any thread, one call at a time; the
-// meta pointer is only read.
-unsafe impl Send for PluginRecv {}
-
-impl PluginRecv {
-    /// Tests the plugin's oldest receives, unpacks what is done, consumes in
-    /// FIFO order.
-    fn progress(&mut self) -> Result<(), NetError> {
-        let name = self.lib.name;
-        // 1. The plugin's FIFO head, and the next ones while they are done.
-        let first = self.queue.iter().position(|e| e.stage == Stage::Posted);
-        if let Some(first) = first {
-            for i in first..self.queue.len() {
-                let Some(reported) = self.lib.test(self.queue[i].req)? else {
-                    break;
-                };
-                let e = &mut self.queue[i];
-                match &self.unpack {
-                    Some(u) => {
-                        let frags = u.fragments(name, e.slot)?;
-                        e.size = unpack::check_fragments(&frags, e.mem.len)
-                            .map_err(|err| protocol(name, format!("receive {}: {err}", e.id)))?;
-                        e.frags = frags;
-                    }
-                    None => {
-                        e.size = if reported >= 0 {
-                            reported as usize
-                        } else {
-                            e.mem.len
-                        };
-                        if e.size > e.mem.len {
-                            return Err(protocol(
-                                name,
-                                format!(
-                                    "{} bytes reported for a {}-byte receive",
-                                    e.size, e.mem.len
-                                ),
-                            ));
-                        }
-                    }
-                }
-                e.stage = if self.unpack.is_some() {
-                    Stage::NetDone
-                } else {
-                    Stage::Unpacked
-                };
-            }
-        }
-        // 2. Unpack.
-        if self.unpack.is_some() {
-            self.unpack_done()?;
-        }
-        // 3. Consume in FIFO order.
-        for e in self.queue.iter_mut() {
-            match e.stage {
-                Stage::Ready => continue,
-                Stage::Unpacked => {
-                    if let Some(f) = self.lib.api.irecv_consumed {
-                        // SAFETY: the request is the oldest unconsumed receive
-                        // of this live comm, reported done by test.
-                        check(name, "irecvConsumed", unsafe { f(self.comm, 1, e.req) })?;
-                    }
-                    e.frags = Vec::new();
-                    e.stage = Stage::Ready;
-                }
-                _ => break,
-            }
-        }
-        Ok(())
-    }
-
-    /// Moves finished kernel batches to `Unpacked` and copies the receives
-    /// the plugin has finished.
-    fn unpack_done(&mut self) -> Result<(), NetError> {
-        let name = self.lib.name;
-        let gpu_dev = self.gpu.clone();
-        let Some(u) = self.unpack.as_mut() else {
-            return Ok(());
-        };
-        if u.unpacker.is_some() {
-            // Kernel launches and event queries act on the current context.
-            bind(&gpu_dev)?;
-        }
-        if let Some(k) = u.unpacker.as_mut() {
-            if k.in_flight() {
-                if !k.poll()? {
-                    return Ok(());
-                }
-                for e in self
-                    .queue
-                    .iter_mut()
-                    .filter(|e| e.stage == Stage::Unpacking)
-                {
-                    e.stage = Stage::Unpacked;
-                }
-            }
-        }
-        if !self.queue.iter().any(|e| e.stage == Stage::NetDone) {
-            return Ok(());
-        }
-        // Kernel when the pool and the buffer are on the endpoint's GPU.
-        let kernel_dev = match (&gpu_dev, u.bounce_gpu) {
-            (Some(d), Some(b)) if d.ordinal == b && !u.kernel_unusable => Some(d.clone()),
-            _ => None,
-        };
-        if let Some(d) = &kernel_dev {
-            if u.unpacker.is_none() {
-                match unpack::Unpacker::new(d.clone()) {
-                    Ok(k) => u.unpacker = Some(k),
-                    Err(e) => {
-                        tracing::warn!(
-                            "{name}: unpack kernel unavailable ({e}); copying fragments one by one"
-                        );
-                        u.kernel_unusable = true;
-                    }
-                }
-            }
-        }
-        u.descs.clear();
-        let mut batch = false;
-        for e in self.queue.iter_mut().filter(|e| e.stage == Stage::NetDone) {
-            let on_kernel = u.unpacker.is_some()
-                && matches!(e.mem.kind, MemKind::Cuda(g) if Some(g) == u.bounce_gpu);
-            if on_kernel {
-                unpack::push_descs(&e.frags, u.bounce, e.mem.addr, &mut u.descs);
-                e.stage = Stage::Unpacking;
-                batch = true;
-                continue;
-            }
-            match (u.bounce_gpu, e.mem.kind) {
-                (None, MemKind::Host) => {
-                    let dst: &mut [u8] = if e.mem.len == 0 {
-                        &mut []
-                    } else {
-                        // SAFETY: the receive buffer was checked by the engine
-                        // against a registered region held until completion.
-                        unsafe { std::slice::from_raw_parts_mut(e.mem.addr as *mut u8, e.mem.len) }
-                    };
-                    // SAFETY: the fragments' sources are the plugin's bounce
-                    // pages, valid until irecvConsumed (called after this).
-                    unsafe { unpack::unpack_host_raw(u.bounce as *const u8, dst, &e.frags) }
-                        .map_err(|err| protocol(name, format!("receive {}: {err}", e.id)))?;
-                }
-                _ => {
-                    // Mixed host / device, or another GPU: one copy per fragment.
-                    bind(&gpu_dev)?;
-                    for f in &e.frags {
-                        // SAFETY: destination checked against the receive
-                        // buffer (check_fragments); source in the bounce pool,
-                        // valid until irecvConsumed. cuMemcpy infers directions
-                        // from unified addresses.
-                        unsafe {
-                            gpu::copy_sync(
-                                e.mem.addr + f.dst_off,
-                                u.bounce + u64::from(f.src_off),
-                                f.len as usize,
-                            )
-                        }?;
-                    }
-                }
-            }
-            e.stage = Stage::Unpacked;
-        }
-        if batch {
-            if let Some(k) = u.unpacker.as_mut() {
-                // SAFETY: sources are bounce pages held until irecvConsumed,
-                // which waits for this batch; destinations were checked
-                // against the receive buffers, held by the engine until done.
-                unsafe { k.launch(&u.descs) }?;
-                if k.poll()? {
-                    for e in self
-                        .queue
-                        .iter_mut()
-                        .filter(|e| e.stage == Stage::Unpacking)
-                    {
-                        e.stage = Stage::Unpacked;
-                    }
-                }
-            }
-        }
-        Ok(())
-    }
-}
-
-impl RecvComm for PluginRecv {
-    fn reg_mr(&mut self, mem: MemRef) -> Result<MrHandle, NetError> {
-        register(&self.lib, self.comm, &self.gpu, mem)
-    }
-
-    fn dereg_mr(&mut self, mr: MrHandle) -> Result<(), NetError> {
-        self.lib.dereg_mr(self.comm, mr)
-    }
-
-    fn irecv(&mut self, mem: MemRef, mr: MrHandle) -> Result<Option<ReqId>, NetError> {
-        let irecv = func!(self.lib, irecv);
-        let mut size = c_int::try_from(mem.len).map_err(|_| {
-            misuse(
-                self.lib.name,
-                format!(
-                    "a receive of {} bytes exceeds the plugin's 2 GiB limit",
-                    mem.len
-                ),
-            )
-        })?;
-        if let Some(u) = &self.unpack {
-            if mem.len > MAX_UNPACK_RECV {
-                return Err(misuse(
-                    self.lib.name,
-                    format!(
-                        "a receive of {} bytes on an UNPACK comm: TCPX takes at most 4 MiB per receive (2048 fragments) and exits beyond; set TCPX_P2P_CHUNK=4M or less",
-                        mem.len
-                    ),
-                ));
-            }
-            if u.bounce_gpu.is_some() && mem.kind == MemKind::Host {
-                return Err(misuse(
-                    self.lib.name,
-                    "a receive into host memory on a comm whose bounce pages are on the GPU: TCPX cannot land payload in host memory (it exits); receive into GPU memory",
-                ));
-            }
-        }
-        let mut data = mem.addr as *mut c_void;
-        let mut tag: c_int = 0;
-        let mut mh = mr.0 as *mut c_void;
-        let mut req: *mut c_void = std::ptr::null_mut();
-        // SAFETY: n == 1 and every array holds one element; the buffer lies in
-        // the region `mr` registers, held by the engine until completion.
-        check(self.lib.name, "irecv", unsafe {
-            irecv(
-                self.comm, 1, &mut data, &mut size, &mut tag, &mut mh, &mut req,
-            )
-        })?;
-        if req.is_null() {
-            return Ok(None);
-        }
-        let id = self.next_id;
-        self.next_id += 1;
-        let slot = (self.posted % NET_UNPACK_MAX_QUEUE_DEPTH as u64) as usize;
-        self.posted += 1;
-        self.queue.push_back(RecvEntry {
-            id,
-            req,
-            mem,
-            slot,
-            stage: Stage::Posted,
-            size: 0,
-            frags: Vec::new(),
-        });
-        Ok(Some(ReqId(id)))
-    }
-
-    fn test(&mut self, req: ReqId) -> Result<Option<usize>, NetError> {
-        match self.queue.front() {
-            None => {
-                return Err(misuse(
-                    self.lib.name,
-                    format!("test of unknown receive request {}", req.0),
-                ))
-            }
-            Some(e) if e.id != req.0 => {
-                return Err(misuse(
-                    self.lib.name,
-                    format!(
-                        "test of receive request {} while {} is the oldest",
-                        req.0, e.id
-                    ),
-                ))
-            }
-            Some(_) => {}
-        }
-        self.progress()?;
-        match self.queue.front() {
-            Some(e) if e.stage == Stage::Ready => {
-                let size = e.size;
-                self.queue.pop_front();
-                Ok(Some(size))
-            }
-            _ => Ok(None),
-        }
-    }
-}
-
-impl Drop for PluginRecv {
-    fn drop(&mut self) {
-        // Never close (and free bounce pages) under a running kernel.
-        if let Some(k) = self.unpack.as_mut().and_then(|u| u.unpacker.as_mut()) {
-            if let Err(e) = k.wait() {
-                tracing::warn!("{}: {e}", self.lib.name);
-            }
-        }
-        if let Some(f) = self.lib.api.close_recv {
-            // SAFETY: the receive comm is closed once.
-            if let Err(e) = check(self.lib.name, "closeRecv", unsafe { f(self.comm) }) {
                 tracing::warn!("{e}");
             }
         }

@@ -1,8 +1,8 @@
 //! The one table the loader calls, whatever ncclNet version a plugin
 //! exports. Each version's module ([`super::v7`], [`super::v8`]) adapts
 //! its own table onto it -- as NCCL adapts each older table onto its
-//! newest -- so a new version is one new module and one line in
-//! [`VERSIONS`].
+//! newest -- so a new version is one new module and one line in the
+//! loader's list of versions (`VERSIONS`).
 
 use std::ffi::{c_char, c_int, c_void, CStr};
 
@@ -29,10 +29,23 @@ pub(super) type GetProperties = Box<dyn Fn(c_int, &mut Props) -> NcclResult + Se
 /// `regMr(comm, address, length, type, handle out)`: the plugin's code, or
 /// why this version cannot register such a range.
 pub(super) type RegMr = Box<
-    dyn Fn(*mut c_void, u64, usize, c_int, &mut *mut c_void) -> Result<NcclResult, String>
+    dyn Fn(*mut c_void, u64, usize, c_int, &mut *mut c_void) -> Result<NcclResult, RegMrError>
         + Send
         + Sync,
 >;
+
+/// A range a version's `regMr` cannot take.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(super) enum RegMrError {
+    #[error(
+        "cannot register {len} bytes: a v{version} plugin takes at most {max} bytes per region"
+    )]
+    TooLarge {
+        len: usize,
+        version: u32,
+        max: usize,
+    },
+}
 
 /// What the loader calls.
 pub(super) struct Table {
@@ -48,12 +61,6 @@ pub(super) struct Table {
 /// Reads a version's table out of a loaded library: `None` when the
 /// library does not export it (or exports NULL).
 pub(super) type Reader = fn(&libloading::Library) -> Option<Table>;
-
-/// The versions we read, newest first: (version, exported symbol, reader).
-pub(super) const VERSIONS: &[(u32, &str, Reader)] = &[
-    (8, super::sys::SYMBOL_V8, super::v8::read),
-    (7, super::sys::SYMBOL_V7, super::v7::read),
-];
 
 /// A property string, if the plugin gave one.
 pub(super) fn text(p: *const c_char) -> Option<String> {

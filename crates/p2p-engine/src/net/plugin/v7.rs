@@ -5,7 +5,7 @@
 use std::ffi::c_int;
 
 use super::sys::{NcclNetPropertiesV7, NcclNetV7, SYMBOL_V7};
-use super::table::{exported, text, Props, Table};
+use super::table::{exported, text, Props, RegMrError, Table};
 
 pub(super) fn read(lib: &libloading::Library) -> Option<Table> {
     let t: NcclNetV7 = exported(lib, SYMBOL_V7)?;
@@ -32,8 +32,10 @@ pub(super) fn read(lib: &libloading::Library) -> Option<Table> {
     });
     let reg_mr = t.reg_mr.map(|f| {
         Box::new(move |comm, addr: u64, len: usize, ty, mh: &mut _| {
-            let size = c_int::try_from(len).map_err(|_| {
-                format!("cannot register {len} bytes: a v7 plugin takes at most 2 GiB per region")
+            let size = c_int::try_from(len).map_err(|_| RegMrError::TooLarge {
+                len,
+                version: 7,
+                max: c_int::MAX as usize,
             })?;
             // SAFETY: `comm` is a live comm of this plugin; the range was
             // checked by the engine (and aligned inside its allocation).

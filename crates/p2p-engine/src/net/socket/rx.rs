@@ -225,8 +225,14 @@ impl Rx {
     /// Waits until the receive of message `seq` is posted and takes it
     /// from this stream's book (`None`: the comm is closing).
     fn find_recv(&mut self, seq: u64) -> Result<Option<Arc<RecvReq>>, NetError> {
-        let shared = self.shared.clone();
-        let q = &shared.lanes[self.lane.index];
+        let Rx {
+            stager,
+            shared,
+            lane,
+            done,
+            ..
+        } = self;
+        let q = &shared.lanes[lane.index];
         loop {
             let mut book = q.book.lock();
             if shared.closing.load(Ordering::Acquire) {
@@ -243,10 +249,12 @@ impl Rx {
                     "a part of message {seq} that the receive does not expect on this stream (sent twice, or cut other than the receiver's streams and part size say)"
                 )));
             }
-            if self.stager.landing() {
+            if stager.landing() {
                 // The receive may be posted only once earlier ones complete.
                 drop(book);
-                self.flush()?;
+                let flushed = stager.flush(done);
+                complete(shared, done);
+                flushed?;
                 continue;
             }
             q.cv.wait_for(&mut book, Duration::from_millis(100));

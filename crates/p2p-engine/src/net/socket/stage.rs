@@ -62,7 +62,7 @@ impl<T> Staging<T> {
     /// `mapped`: slots in memory mapped here and registered with CUDA
     /// rather than allocated by it (see [`Stager::mapped`]).
     fn new(device: i32, slice: usize, depth: usize, mapped: bool) -> Result<Self, NetError> {
-        let kernel = crate::gpu::unpack::copy_kernel_allowed();
+        let kernel = crate::config::GpuSwitches::get().copy_kernel;
         Ok(Staging {
             ring: Ring::new(device, slice, depth, mapped, kernel)?,
             lent: vec![0; depth.max(1)],
