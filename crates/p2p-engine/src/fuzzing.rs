@@ -117,7 +117,7 @@ pub fn control_handler(data: &[u8]) -> Seen {
         }
         seen.steps += 1;
         // An answer's transfer: mostly one we asked about.
-        let mut pick = |b: &mut Bytes<'_>| {
+        let pick = |b: &mut Bytes<'_>| {
             let r = b.u8();
             let mut keys: Vec<u64> = asked.keys().copied().collect();
             keys.sort_unstable();
