@@ -95,7 +95,8 @@ def serve(pipe, device, gpu, env):
         enter_netns(env["TEST_NETNS"])
     from tcpx_p2p import p2p
 
-    ep = p2p.Endpoint(gpu)
+    # A CPU peer owns no GPU: index 0 names this machine's host memory.
+    ep = p2p.Endpoint(gpu if device == "cuda" else 0)
     bufs = Buffers(device, gpu)
     pipe.send(("ok", ep.get_metadata()))
     while True:

@@ -746,6 +746,7 @@ fn accept_loop(inner: Weak<Inner>, listener: TcpListener) {
     // once would spin on a core while the condition lasts.
     let mut backoff = Duration::ZERO;
     let mut last_warn: Option<Instant> = None;
+    let (mut turned_away, mut last_turned) = (0u64, None::<Instant>);
     for s in listener.incoming() {
         let Some(ep) = inner.upgrade() else { return };
         if ep.stopping.load(Ordering::Acquire) {
@@ -782,7 +783,15 @@ fn accept_loop(inner: Weak<Inner>, listener: TcpListener) {
         let slot = match handshake_slot(&ep, ip) {
             Ok(slot) => slot,
             Err(why) => {
-                tracing::warn!("closed a control connection from {ip} at once: {why}");
+                // Logged at most every 10 s: a flood must not flood the log.
+                turned_away += 1;
+                if last_turned.is_none_or(|t| t.elapsed() > Duration::from_secs(10)) {
+                    tracing::warn!(
+                        "closed {turned_away} control connection(s) at once, the last from {ip}: {why}"
+                    );
+                    last_turned = Some(Instant::now());
+                    turned_away = 0;
+                }
                 continue;
             }
         };

@@ -104,8 +104,10 @@ pub struct Transfer {
     /// Set when a piece went wrong in a way that another event will explain
     /// (a refused read's empty fillers): the transfer then cannot end Done.
     poison: Mutex<Option<Failure>>,
-    /// Regions in use: held so that deregistration waits for us.
-    _regions: Vec<Arc<Region>>,
+    /// Regions in use: held so that deregistration waits for us, and let
+    /// go when the transfer ends (requests still posted to the net hold
+    /// their regions on their own, in their chunk ops).
+    regions: Mutex<Vec<Arc<Region>>>,
     /// A thread parked until the transfer ends (see `Conn::wait_on`).
     waiter: Mutex<Option<Thread>>,
 }
@@ -122,7 +124,7 @@ impl Transfer {
             cv: Condvar::new(),
             on_end: Mutex::new(Vec::new()),
             poison: Mutex::new(None),
-            _regions: regions,
+            regions: Mutex::new(regions),
             waiter: Mutex::new(None),
         });
         if events == 0 {
@@ -158,6 +160,7 @@ impl Transfer {
             }
             *st = s.clone();
             self.ended.store(true, Ordering::Release);
+            self.regions.lock().clear();
             tracing::trace!(xfer = self.id, "lat: ended");
         }
         self.cv.notify_all();
@@ -392,6 +395,23 @@ mod tests {
         assert!(!t.fail(Failure::Lost("late".into())));
         assert_eq!(t.status(), Status::Done);
         assert_eq!(fired.load(Ordering::SeqCst), 1);
+    }
+
+    #[test]
+    fn an_ended_transfer_lets_its_regions_go() {
+        let r = Arc::new(Region {
+            id: 1,
+            addr: 4096,
+            len: 4096,
+            kind: crate::memory::MemKind::Host,
+        });
+        let t = Transfer::new(1, 1, 1, vec![r.clone()]);
+        assert_eq!(Arc::strong_count(&r), 2, "held while pending");
+        t.complete_one();
+        assert_eq!(Arc::strong_count(&r), 1, "let go once ended");
+        let t = Transfer::new(2, 1, 1, vec![r.clone()]);
+        t.fail(Failure::Lost("gone".into()));
+        assert_eq!(Arc::strong_count(&r), 1);
     }
 
     #[test]
