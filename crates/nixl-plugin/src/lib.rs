@@ -1,0 +1,53 @@
+//! `libplugin_TCPX_P2P.so`: a NIXL backend plugin (backend name `TCPX_P2P`)
+//! whose data plane is the tcpx-p2p engine.
+//!
+//! NIXL loads `libplugin_<NAME>.so` from `NIXL_PLUGIN_DIR`, calls
+//! `nixl_plugin_init` for its plugin table (API version 1) and creates
+//! engines through it. The engine class is C++ (src/backend.cpp, built by
+//! build.rs) over the engine's C API, which this crate links in from
+//! `tcpx-p2p-capi`; only the two entry points below are exported. See
+//! docs/NIXL.md for its settings.
+
+use std::ffi::{c_int, c_void};
+
+// Keeps the C API's symbols in this shared object for the C++ part.
+extern crate tcpx_p2p_capi;
+
+extern "C" {
+    /// The plugin table (a `nixlBackendPlugin`), static in the C++ part.
+    fn tcpx_nixl_plugin() -> *mut c_void;
+    /// 0 when every virtual function of the engine class sits in the slot
+    /// libnixl calls; else the first slot out of place.
+    fn tcpx_nixl_check_slots() -> c_int;
+}
+
+/// NIXL's entry point: the plugin table.
+#[no_mangle]
+pub extern "C" fn nixl_plugin_init() -> *mut c_void {
+    // SAFETY: returns the address of a static; no arguments, no side effects.
+    unsafe { tcpx_nixl_plugin() }
+}
+
+/// NIXL's exit point, called when the plugin is unloaded: engines are
+/// destroyed by then and nothing else is held.
+#[no_mangle]
+pub extern "C" fn nixl_plugin_fini() {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn virtual_slots_match_libnixl() {
+        // SAFETY: a pure function over constants of the C++ part.
+        assert_eq!(unsafe { tcpx_nixl_check_slots() }, 0);
+    }
+
+    #[test]
+    fn plugin_table_reports_api_version_1() {
+        let p = nixl_plugin_init() as *const c_int;
+        assert!(!p.is_null());
+        // SAFETY: the table starts with its int api_version.
+        assert_eq!(unsafe { *p }, 1);
+    }
+}
