@@ -23,4 +23,7 @@ fn main() {
         .flag("-Wextra")
         .warnings_into_errors(true)
         .compile("tcpx_nixl_backend");
+    // Every symbol resolved at link time (the C API included): NIXL loads
+    // the plugin with RTLD_NOW and offers it nothing but libstdc++.
+    println!("cargo:rustc-cdylib-link-arg=-Wl,-z,defs");
 }

@@ -8,7 +8,10 @@
 //! `tcpx-p2p-capi`; only the two entry points below are exported. See
 //! docs/NIXL.md for its settings.
 
-use std::ffi::{c_int, c_void};
+// NIXL takes the backend's name from the file name: libplugin_TCPX_P2P.so.
+#![allow(non_snake_case)]
+
+use std::ffi::c_void;
 
 // Keeps the C API's symbols in this shared object for the C++ part.
 extern crate tcpx_p2p_capi;
@@ -16,9 +19,6 @@ extern crate tcpx_p2p_capi;
 extern "C" {
     /// The plugin table (a `nixlBackendPlugin`), static in the C++ part.
     fn tcpx_nixl_plugin() -> *mut c_void;
-    /// 0 when every virtual function of the engine class sits in the slot
-    /// libnixl calls; else the first slot out of place.
-    fn tcpx_nixl_check_slots() -> c_int;
 }
 
 /// NIXL's entry point: the plugin table.
@@ -36,6 +36,13 @@ pub extern "C" fn nixl_plugin_fini() {}
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::ffi::c_int;
+
+    extern "C" {
+        /// 0 when every virtual function of the engine class sits in the
+        /// slot libnixl calls; else the first slot out of place.
+        fn tcpx_nixl_check_slots() -> c_int;
+    }
 
     #[test]
     fn virtual_slots_match_libnixl() {
