@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# NIXL through TCPX_P2P beside NIXL's UCX backend and our own Python API, on
+# one GPU (two processes), VRAM → VRAM:
+#   bash benchmarks/nixl_bench.sh WHEEL NIXL_WHEEL [OUTDIR] [nixl_bench.py args]
+# WHEEL: the tcpx-p2p wheel; NIXL_WHEEL: nixl-cu13 1.5.1 (installed with
+# --no-deps: torch comes from the machine). OUTDIR defaults to $OUT.
+# Results: OUTDIR/nixl_bench.json and OUTDIR/nixl_bench.txt (the table).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+WHEEL=$1 NIXL_WHEEL=$2 O=${3:-${OUT:-.}}
+shift 2; [ $# -gt 0 ] && shift
+. benchmarks/device_env.sh "$WHEEL"
+python3 -m pip install -q --no-index --no-deps --target "$SITE" "$NIXL_WHEEL" || exit 1
+mkdir -p "$O"
+{ date -u +%FT%TZ; nvidia-smi -L 2>/dev/null; } > "$O/device.txt"
+timeout 540 python3 benchmarks/nixl_bench.py --memory gpu --out "$O" "$@" 2>&1 | tee "$O/nixl_bench.txt"
