@@ -258,12 +258,17 @@ class Side:
             time.sleep(gap)
         return done
 
+    def notify(self, peer, msg):
+        # nixl_agent.send_notif(backend=...) passes the handle where a list
+        # is expected (1.5.1): call the binding with the list.
+        self.agent.agent.genNotif(peer, msg, [self.agent.backends[self.a.notif_backend]])
+
     def echo(self, peer, count, timeout=60):
         """Target: answers each notification from peer with one back."""
         n, deadline = 0, time.monotonic() + timeout
         while n < count and time.monotonic() < deadline:
             for m in self.agent.get_new_notifs().get(peer, []):
-                self.agent.send_notif(peer, m, backend=self.a.notif_backend)
+                self.notify(peer, m)
                 n += 1
         return n
 
@@ -272,7 +277,7 @@ class Side:
         rtts = []
         for i in range(count):
             t = time.perf_counter()
-            self.agent.send_notif(peer, f"p{i}".encode(), backend=self.a.notif_backend)
+            self.notify(peer, f"p{i}".encode())
             while not self.agent.get_new_notifs().get(peer):
                 pass
             rtts.append(time.perf_counter() - t)

@@ -5,7 +5,10 @@
 // NIXL transfer is one vector write or read of the C API (one transfer id,
 // its notification sent by the engine after every byte has landed).
 
+#include <dlfcn.h>
+
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <memory>
@@ -58,6 +61,27 @@ Status to_nixl(tcpx_status_t st) {
     default:
         return nixl::ERR_BACKEND;
     }
+}
+
+// The GPU whose CUDA context is current on the calling thread (what the
+// application chose with cudaSetDevice / torch.cuda.set_device), or -1 when
+// CUDA is absent or not initialised here. Asked of the driver at run time:
+// the plugin needs no CUDA library to load.
+int current_cuda_device() {
+    void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL | RTLD_NOLOAD);
+    if (lib == nullptr) return -1;  // not loaded by the application: no GPU in use
+    using GetCurrent = int (*)(void **);
+    using GetDevice = int (*)(int *);
+    auto get_current = reinterpret_cast<GetCurrent>(dlsym(lib, "cuCtxGetCurrent"));
+    auto get_device = reinterpret_cast<GetDevice>(dlsym(lib, "cuCtxGetDevice"));
+    int dev = -1;
+    void *ctx = nullptr;
+    if (get_current != nullptr && get_device != nullptr && get_current(&ctx) == 0 &&
+        ctx != nullptr && get_device(&dev) != 0) {
+        dev = -1;
+    }
+    dlclose(lib);
+    return dev;
 }
 
 // What registerMem hands the agent: our registration of a local range and
@@ -119,6 +143,14 @@ class Engine final : public nixl::BackendEngine {
                        nixl::BackendMD *&out) override try {
         if (type != nixl::DRAM_SEG && type != nixl::VRAM_SEG) return nixl::ERR_NOT_SUPPORTED;
         if (mem.addr == 0 || mem.len == 0) return nixl::ERR_INVALID_PARAM;
+        if (type == nixl::VRAM_SEG && static_cast<int64_t>(mem.dev_id) != gpu_) {
+            std::fprintf(stderr,
+                         "TCPX_P2P: GPU memory of GPU %llu, but this backend serves GPU %d "
+                         "(set the backend parameter gpu, or create the agent after "
+                         "selecting the GPU)\n",
+                         static_cast<unsigned long long>(mem.dev_id), gpu_);
+            return nixl::ERR_NOT_SUPPORTED;
+        }
         auto md = std::make_unique<LocalMD>();
         md->addr = mem.addr;
         md->len = mem.len;
@@ -247,8 +279,8 @@ class Engine final : public nixl::BackendEngine {
             // closes; the next transfer to that agent connects again.
             forget_conn(req->agent, req->conn, TCPX_ERR_CONNECTION_LOST);
             tcpx_disconnect(ep_, req->conn);
-            tcpx_status_t st = tcpx_wait(ep_, req->xfer, -1);
-            if (st == TCPX_OK || st == TCPX_ERR_TIMEOUT) tcpx_release(ep_, req->xfer);
+            // It fails at once; bounded all the same.
+            if (tcpx_wait(ep_, req->xfer, 10000) == TCPX_ERR_TIMEOUT) tcpx_release(ep_, req->xfer);
         }
         delete req;
         return nixl::SUCCESS;
@@ -362,6 +394,20 @@ class Engine final : public nixl::BackendEngine {
             if (st != TCPX_OK) {
                 log_failure(("backend parameter " + kv.first).c_str(), st);
                 return false;
+            }
+        }
+        // The GPU: the parameter, else the one current on this thread.
+        auto g = custom_params().find("gpu");
+        if (g != custom_params().end()) {
+            gpu_ = std::atoi(g->second.c_str());
+        } else {
+            gpu_ = current_cuda_device();
+            if (gpu_ >= 0) {
+                st = tcpx_config_set(cfg, "gpu", std::to_string(gpu_).c_str());
+                if (st != TCPX_OK) {
+                    log_failure("the current GPU", st);
+                    return false;
+                }
             }
         }
         // Notifications carry the sender's endpoint name: the agent's name.
@@ -487,6 +533,7 @@ class Engine final : public nixl::BackendEngine {
     }
 
     tcpx_endpoint_t *ep_ = nullptr;
+    int gpu_ = -1;  // the endpoint's GPU (-1: host memory only)
     std::string own_metadata_;
     mutable std::mutex mu_;
     std::unordered_map<std::string, std::string> conn_info_;  // agent -> its metadata
