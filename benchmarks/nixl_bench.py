@@ -142,8 +142,11 @@ class Side:
             if b == "api":
                 continue
             params = {}
-            if b == "TCPX_P2P" and a.tcpx_params:
-                params = dict(kv.split("=", 1) for kv in a.tcpx_params.split(","))
+            if b == "TCPX_P2P":
+                if a.memory == "gpu":
+                    params["gpu"] = str(a.gpu)
+                if a.tcpx_params:
+                    params.update(kv.split("=", 1) for kv in a.tcpx_params.split(","))
             self.agent.create_backend(b, params)
             self.backends.append(b)
         self.ep = None
