@@ -127,7 +127,7 @@ def test_plugin_is_found_and_reports_itself():
     params = ag.get_plugin_params("TCPX_P2P")
     for k in ("net", "plugin_path", "streams", "channels", "interface", "auth_token", "deadline_ms"):
         assert k in params
-    # Only NIXL's two entry points are exported (plus the C API it carries).
+    # NIXL's two entry points are exported.
     so = ctypes.CDLL(os.path.join(d, "libplugin_TCPX_P2P.so"))
     assert so.nixl_plugin_init and so.nixl_plugin_fini
 

@@ -57,4 +57,17 @@ mod tests {
         // SAFETY: the table starts with its int api_version.
         assert_eq!(unsafe { *p }, 1);
     }
+
+    #[test]
+    fn plugin_table_names_the_backend() {
+        type Name = extern "C" fn() -> *const std::ffi::c_char;
+        let table = nixl_plugin_init() as *const u8;
+        // SAFETY: get_plugin_name is the fourth slot (offset 24) of the
+        // table, a function taking nothing and returning a static C string.
+        let name = unsafe {
+            let f: Name = std::ptr::read(table.add(24) as *const Name);
+            std::ffi::CStr::from_ptr(f())
+        };
+        assert_eq!(name.to_str(), Ok("TCPX_P2P"));
+    }
 }
