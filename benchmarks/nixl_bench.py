@@ -23,6 +23,7 @@ import importlib
 import json
 import multiprocessing as mp
 import os
+import random
 import statistics
 import sys
 import tempfile
@@ -120,12 +121,6 @@ class Mem:
         if self.kind == "gpu":
             self.torch.cuda.synchronize()
 
-    def digest(self, buf, n):
-        if self.kind == "gpu":
-            self.torch.cuda.synchronize()
-            return hashlib.sha256(buf[:n].cpu().numpy().tobytes()).hexdigest()
-        return hashlib.sha256(buf[:n].tobytes()).hexdigest()
-
 
 class Side:
     """One process: a NIXL agent with the backends asked for, and our own
@@ -147,8 +142,11 @@ class Side:
                     params["gpu"] = str(a.gpu)
                 if a.tcpx_params:
                     params.update(kv.split("=", 1) for kv in a.tcpx_params.split(","))
-            self.agent.create_backend(b, params)
-            self.backends.append(b)
+            try:
+                self.agent.create_backend(b, params)
+                self.backends.append(b)
+            except Exception as e:  # reported; the run goes on without it
+                print(f"{role}: backend {b} not created: {e}", file=sys.stderr, flush=True)
         self.ep = None
         if "api" in a.backends.split(","):
             from tcpx_p2p import p2p
@@ -164,6 +162,9 @@ class Side:
         self.handles = {}
 
     # set-up
+    def usable(self):
+        return self.backends + (["api"] if self.ep is not None else [])
+
     def metadata(self):
         return self.agent.get_agent_metadata(), self.ptr, (self.ep.get_metadata() if self.ep else b"")
 
@@ -190,14 +191,23 @@ class Side:
     def fill(self, seed):
         self.mem.fill(self.buf, seed) if seed is not None else self.mem.zero(self.buf)
 
-    def digest(self, n):
-        return self.mem.digest(self.buf, n)
+    def block_digest(self, offs, size):
+        """One digest of the blocks at offs, in that order."""
+        if self.mem.kind == "gpu":
+            self.mem.torch.cuda.synchronize()
+            host = self.buf.cpu().numpy()
+        else:
+            host = self.buf
+        h = hashlib.sha256()
+        for o in offs:
+            h.update(host[o : o + size].tobytes())
+        return h.hexdigest()
 
     # NIXL transfers
-    def prep(self, key, backend, peer, peer_ptr, offs, size, op, notif=b""):
+    def prep(self, key, backend, peer, peer_ptr, offs, roffs, size, op, notif=b""):
         dev = self.mem.dev
         local = self.agent.prep_xfer_dlist("", [(self.ptr + o, size, dev) for o in offs], self.mem.nixl_type, backends=[backend])
-        remote = self.agent.prep_xfer_dlist(peer, [(peer_ptr + o, size, dev) for o in offs], self.mem.nixl_type, backends=[backend])
+        remote = self.agent.prep_xfer_dlist(peer, [(peer_ptr + o, size, dev) for o in roffs], self.mem.nixl_type, backends=[backend])
         idx = list(range(len(offs)))
         h = self.agent.make_prepped_xfer(op, local, idx, remote, idx, notif, backends=[backend])
         self.handles[key] = (h, local, remote)
@@ -342,6 +352,10 @@ class Proc:
             self.proc.kill()
 
 
+def fmt_gbps(v):
+    return f"{v:7.2f}" if v is not None else "    n/a"
+
+
 def iters_for(total, budget):
     return int(max(3, min(2000, budget / max(total, 1))))
 
@@ -379,6 +393,11 @@ def main(argv=None):
     ini = Proc("initiator", a, env)
     rows = []
     try:
+        usable = set(tgt.usable()) & set(ini.usable())
+        dropped = [b for b in backends if b not in usable]
+        if dropped:
+            print(f"not measured (could not be set up): {', '.join(dropped)}", flush=True)
+        backends = [b for b in backends if b in usable]
         t_md, t_ptr, t_api = tgt.metadata()
         i_md, _, _ = ini.metadata()
         ini.add_remote(t_md)
@@ -389,50 +408,63 @@ def main(argv=None):
 
         def shapes():
             for s in sizes:
-                yield f"{fmt_size(s)}", [0], s
+                yield f"{fmt_size(s)}", [0], [0], s
             if kv:
+                # Blocks land in another order on the target (as KV blocks
+                # do), so NIXL cannot merge neighbouring descriptors.
                 n, s = kv
-                yield f"KV {n}x{fmt_size(s)}", [i * s for i in range(n)], s
-                yield f"KV as 1x{fmt_size(n * s)}", [0], n * s
+                perm = list(range(n))
+                random.Random(5).shuffle(perm)
+                yield f"KV {n}x{fmt_size(s)}", [i * s for i in range(n)], [p * s for p in perm], s
+                yield f"KV as 1x{fmt_size(n * s)}", [0], [0], n * s
 
-        for shape, offs, size in shapes():
+        def measure(b, op, offs, roffs, size):
+            """GB/s of one backend on one shape, after checking the bytes once."""
             total = len(offs) * size
+            iters = iters_for(total, budget / (10 if b == "UCX" else 1))
+            # The data's owner holds a pattern, the other side zeros.
+            src, dst = (ini, tgt) if op == "WRITE" else (tgt, ini)
+            src.fill(11)
+            dst.fill(None)
+            metas = None
+            if b == "api":
+                metas = tgt.api_advertise(roffs, size)
+                ini.api_once(op, offs, size, metas)
+            else:
+                ini.prep("k", b, "target", t_ptr, offs, roffs, size, op)
+                ini.post_wait("k")
+            # Each block where it was sent (initiator offs <-> target roffs).
+            if tgt.block_digest(roffs, size) != ini.block_digest(offs, size):
+                raise RuntimeError("the bytes that arrived differ from those sent")
+            if b == "api":
+                secs = ini.time_api(op, offs, size, metas, iters)
+            else:
+                secs = ini.time_nixl("k", iters)
+                ini.release("k")
+            return total * iters / secs / 1e9, iters
+
+        for shape, offs, roffs, size in shapes():
             for op in ops:
-                row = {"shape": shape, "op": op, "descs": len(offs), "bytes": total}
+                row = {"shape": shape, "op": op, "descs": len(offs), "bytes": len(offs) * size}
                 for b in backends:
-                    iters = iters_for(total, budget / (10 if b == "UCX" else 1))
-                    # Check the bytes once: the owner of the data has a pattern, the other side zeros.
-                    src, dst = (ini, tgt) if op == "WRITE" else (tgt, ini)
-                    src.fill(11)
-                    dst.fill(None)
-                    if b == "api":
-                        metas = tgt.api_advertise(offs, size)
-                        ini.api_once(op, offs, size, metas)
-                    else:
-                        ini.prep("k", b, "target", t_ptr, offs, size, op)
-                        ini.post_wait("k")
-                    if len(offs) == 1:
-                        ok = src.digest(size) == dst.digest(size)
-                    else:
-                        ok = src.digest(total) == dst.digest(total)
-                    if not ok:
-                        raise RuntimeError(f"{b} {op} {shape}: bytes differ")
-                    secs = ini.time_api(op, offs, size, metas, iters) if b == "api" else ini.time_nixl("k", iters)
-                    if b != "api":
-                        ini.release("k")
-                    row[b] = total * iters / secs / 1e9
-                    row[f"{b}_iters"] = iters
-                print(
-                    f"{shape:>16} {op:<5} " + "  ".join(f"{b} {row[b]:7.2f} GB/s" for b in backends),
-                    flush=True,
-                )
+                    try:
+                        row[b], row[f"{b}_iters"] = measure(b, op, offs, roffs, size)
+                    except Exception as e:  # one cell failed: say so, go on
+                        print(f"{b} {op} {shape}: {str(e).strip().splitlines()[-1]}", flush=True)
+                        row[b] = None
+                        if b != "api":
+                            try:
+                                ini.release("k")
+                            except Exception:
+                                pass
+                print(f"{shape:>16} {op:<5} " + "  ".join(f"{b} {fmt_gbps(row[b])} GB/s" for b in backends), flush=True)
                 rows.append(row)
 
         notif = {}
         if a.notifs and "TCPX_P2P" in backends:
             # A 64 KiB write with a notification: when the target sees it,
             # against when the initiator saw the transfer end.
-            ini.prep("n", "TCPX_P2P", "target", t_ptr, [0], 64 << 10, "WRITE")
+            ini.prep("n", "TCPX_P2P", "target", t_ptr, [0], [0], 64 << 10, "WRITE")
             tgt.send("notif_times", a.notifs, "initiator")
             done = ini.notified_writes("n", a.notifs, 0.002)
             seen = dict(tgt.get())
@@ -491,17 +523,21 @@ def print_table(rows, backends):
     print()
     print(hdr + "".join(f"{e:>10}" for e in extra))
     for r in rows:
-        line = f"{r['shape']:>16} {r['op']:<5} {r['descs']:>5} " + " ".join(f"{r[b]:14.2f}" for b in backends)
+        line = f"{r['shape']:>16} {r['op']:<5} {r['descs']:>5} " + " ".join(f"{fmt_gbps(r[b]):>14}" for b in backends)
         if "ours/api" in extra:
-            line += f"{r['TCPX_P2P'] / r['api']:10.2f}"
+            line += f"{ratio(r['TCPX_P2P'], r['api']):>10}"
         if "ours/UCX" in extra:
-            line += f"{r['TCPX_P2P'] / r['UCX']:10.1f}"
+            line += f"{ratio(r['TCPX_P2P'], r['UCX']):>10}"
         print(line)
     kv = {(r["op"], r["shape"].startswith("KV as")): r for r in rows if r["shape"].startswith("KV")}
     for op in ("WRITE", "READ"):
         if (op, False) in kv and (op, True) in kv and "TCPX_P2P" in backends:
-            ratio = kv[(op, False)]["TCPX_P2P"] / kv[(op, True)]["TCPX_P2P"]
-            print(f"KV {op}: many descriptors / one descriptor of the same bytes = {ratio:.2f} (TCPX_P2P)")
+            r = ratio(kv[(op, False)]["TCPX_P2P"], kv[(op, True)]["TCPX_P2P"])
+            print(f"KV {op}: many descriptors / one descriptor of the same bytes = {r} (TCPX_P2P)")
+
+
+def ratio(a, b):
+    return f"{a / b:.2f}" if a is not None and b else "n/a"
 
 
 if __name__ == "__main__":
