@@ -281,17 +281,20 @@ class Side:
         n, deadline = 0, time.monotonic() + timeout
         while n < count and time.monotonic() < deadline:
             for m in self.agent.get_new_notifs().get(peer, []):
-                self.notify(peer, m)
-                n += 1
+                if m.startswith(b"p"):  # only pings: anything older is not answered
+                    self.notify(peer, m)
+                    n += 1
         return n
 
     def ping(self, peer, count):
         """Initiator: notification round trips to an echoing peer (seconds each)."""
         rtts = []
+        self.agent.get_new_notifs()  # nothing older counts
         for i in range(count):
+            want = f"p{i}".encode()
             t = time.perf_counter()
-            self.notify(peer, f"p{i}".encode())
-            while not self.agent.get_new_notifs().get(peer):
+            self.notify(peer, want)
+            while want not in self.agent.get_new_notifs().get(peer, []):
                 pass
             rtts.append(time.perf_counter() - t)
         return rtts
@@ -479,6 +482,8 @@ def main(argv=None):
                 "after_done_us_p99": sorted(after)[int(0.99 * (len(after) - 1))],
                 "rtt_us_p50": statistics.median(rtts),
                 "rtt_us_p99": sorted(rtts)[int(0.99 * (len(rtts) - 1))],
+                "after_done_us": after,
+                "rtt_us": rtts,
             }
             print(
                 f"notification after a 64K write: p50 {notif['after_done_us_p50']:.1f} us after the initiator saw it end "
