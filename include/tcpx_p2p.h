@@ -56,6 +56,8 @@ extern "C" {
 #define TCPX_NOTIF_MAX (1024 * 1024)
 /* Most bytes of an endpoint name (the sender name notifications carry). */
 #define TCPX_NAME_MAX 256
+/* Most pieces of one vector transfer. */
+#define TCPX_IOV_MAX 65536
 /* Bytes of tcpx_accepted_t.ip, NUL included. */
 #define TCPX_IP_LEN 64
 
@@ -73,7 +75,8 @@ typedef enum tcpx_status {
      * buffer outside its registration, a message over TCPX_NOTIF_MAX. */
     TCPX_ERR_INVALID_ARGUMENT = -1,
     /* A connection, registration or transfer id this endpoint does not know
-     * (never handed out, or already finished and reported). */
+     * (never handed out, disconnected or deregistered here, or a transfer
+     * already reported done or failed). */
     TCPX_ERR_UNKNOWN_ID = -2,
     /* Malformed bytes given by the caller (metadata, remote descriptor). */
     TCPX_ERR_MALFORMED = -3,
@@ -84,7 +87,7 @@ typedef enum tcpx_status {
      * nothing was written. */
     TCPX_ERR_REFUSED = -5,
     /* The connection is gone: the peer closed, crashed or went silent past
-     * the deadline, or it was disconnected locally. */
+     * the deadline (its id keeps giving this). */
     TCPX_ERR_CONNECTION_LOST = -6,
     /* The transport (socket net or ncclNet plugin) failed. */
     TCPX_ERR_NET = -7,
@@ -171,7 +174,9 @@ const char *tcpx_last_error(void);
 tcpx_status_t tcpx_config_new(tcpx_config_t **out);
 
 /* Sets one key (both strings NUL-terminated). Keys:
- *   "net"                 "socket" or "plugin"
+ *   "net"                 "socket" or "plugin" (channels and chunk take
+ *                         that net's defaults unless set by key or by
+ *                         environment variable)
  *   "plugin_path"         ncclNet plugin path (net=plugin)
  *   "streams"             TCP streams per socket-net comm (1..64)
  *   "channels"            channels per connection (1..32)
@@ -282,8 +287,8 @@ tcpx_status_t tcpx_read_async(tcpx_endpoint_t *ep, uint64_t conn, uint64_t mr, v
                               size_t len, const uint8_t *desc, uint64_t remote_offset,
                               const void *notif, size_t notif_len, uint64_t *xfer);
 
-/* Vector forms: n pieces (n >= 1), one transfer id, one notification after
- * all of them. */
+/* Vector forms: n pieces (1 <= n <= TCPX_IOV_MAX), one transfer id, one
+ * notification after all of them. */
 tcpx_status_t tcpx_writev_async(tcpx_endpoint_t *ep, uint64_t conn, const tcpx_rma_iov_t *iov,
                                 size_t n, const void *notif, size_t notif_len, uint64_t *xfer);
 tcpx_status_t tcpx_readv_async(tcpx_endpoint_t *ep, uint64_t conn, const tcpx_rma_iov_t *iov,

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use tcpx_p2p::config::parse_size;
+use tcpx_p2p::config::{parse_size, PLUGIN_CHANNELS, PLUGIN_CHUNK};
 use tcpx_p2p::notif::MAX_NOTIF_NAME;
 use tcpx_p2p::{Config, NetKind};
 
@@ -15,6 +15,9 @@ pub struct CConfig {
     pub cfg: Config,
     /// The endpoint's GPU (None: host memory only).
     pub gpu: Option<i32>,
+    /// `channels` / `chunk` were set by key (a net change keeps them).
+    pub channels_set: bool,
+    pub chunk_set: bool,
 }
 
 fn bad(key: &str, value: &str, want: &str) -> Fail {
@@ -32,7 +35,37 @@ fn millis(key: &str, value: &str, min: usize, max: usize) -> Result<Duration, Fa
     Ok(Duration::from_millis(number(key, value, min, max)? as u64))
 }
 
+/// Whether one of these environment variables is set (non-empty).
+fn env_set(names: &[&str]) -> bool {
+    names
+        .iter()
+        .any(|n| std::env::var(n).is_ok_and(|v| !v.trim().is_empty()))
+}
+
 impl CConfig {
+    /// The engine's settings from the environment.
+    pub fn from_env() -> Result<Self, Fail> {
+        Ok(CConfig {
+            cfg: Config::from_env()?,
+            gpu: None,
+            channels_set: false,
+            chunk_set: false,
+        })
+    }
+
+    /// The net's own defaults for what neither a key nor the environment set
+    /// (as `Config::from_env` picks them for `TCPX_P2P_NET`).
+    fn net_defaults(&mut self, env_set: impl Fn(&[&str]) -> bool) {
+        let plugin = self.cfg.net == NetKind::Plugin;
+        let d = Config::default();
+        if !self.channels_set && !env_set(&["TCPX_P2P_CHANNELS", "UCCL_TCPX_NUM_CHANNELS"]) {
+            self.cfg.channels = if plugin { PLUGIN_CHANNELS } else { d.channels };
+        }
+        if !self.chunk_set && !env_set(&["TCPX_P2P_CHUNK"]) {
+            self.cfg.chunk = if plugin { PLUGIN_CHUNK } else { d.chunk };
+        }
+    }
+
     /// Sets one key (the keys are listed in the header).
     pub fn set(&mut self, key: &str, value: &str) -> Result<(), Fail> {
         let v = value.trim();
@@ -43,12 +76,19 @@ impl CConfig {
                     "socket" | "tcp" => NetKind::Socket,
                     "plugin" | "tcpx" => NetKind::Plugin,
                     _ => return Err(bad(key, value, "`socket` or `plugin`")),
-                }
+                };
+                self.net_defaults(env_set);
             }
             "plugin_path" => c.plugin_path = v.to_string(),
             "streams" => c.streams = number(key, v, 1, 64)?,
-            "channels" => c.channels = number(key, v, 1, 32)?,
-            "chunk" => c.chunk = number(key, v, 4096, 1 << 30)?,
+            "channels" => {
+                c.channels = number(key, v, 1, 32)?;
+                self.channels_set = true;
+            }
+            "chunk" => {
+                c.chunk = number(key, v, 4096, 1 << 30)?;
+                self.chunk_set = true;
+            }
             "interface" | "ifname" => c.ifname = (!v.is_empty()).then(|| v.to_string()),
             "port" => c.port = number(key, v, 0, 65535)? as u16,
             "auth_token" => c.auth_token = (!value.is_empty()).then(|| value.to_string()),
@@ -105,7 +145,34 @@ mod tests {
         CConfig {
             cfg: Config::default(),
             gpu: None,
+            channels_set: false,
+            chunk_set: false,
         }
+    }
+
+    #[test]
+    fn net_key_brings_the_nets_defaults_unless_set() {
+        let none = |_: &[&str]| false;
+        let mut c = cc();
+        c.cfg.net = NetKind::Plugin;
+        c.net_defaults(none);
+        assert_eq!(
+            (c.cfg.channels, c.cfg.chunk),
+            (PLUGIN_CHANNELS, PLUGIN_CHUNK)
+        );
+        c.cfg.net = NetKind::Socket;
+        c.net_defaults(none);
+        assert_eq!((c.cfg.channels, c.cfg.chunk), (1, 8 << 20));
+        c.set("channels", "4").unwrap();
+        c.cfg.net = NetKind::Plugin;
+        c.net_defaults(none);
+        assert_eq!((c.cfg.channels, c.cfg.chunk), (4, PLUGIN_CHUNK));
+        // a chunk from the environment stays
+        let mut c = cc();
+        c.cfg.chunk = 1 << 20;
+        c.cfg.net = NetKind::Plugin;
+        c.net_defaults(|names: &[&str]| names.contains(&"TCPX_P2P_CHUNK"));
+        assert_eq!((c.cfg.channels, c.cfg.chunk), (PLUGIN_CHANNELS, 1 << 20));
     }
 
     #[test]

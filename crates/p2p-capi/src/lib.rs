@@ -24,7 +24,7 @@ use std::time::Duration;
 
 use tcpx_p2p::endpoint::RemoteDesc;
 use tcpx_p2p::notif::MAX_NOTIF;
-use tcpx_p2p::{Buf, Config, Endpoint, Error, Notif};
+use tcpx_p2p::{Buf, Endpoint, Error, Notif};
 
 use crate::config::CConfig;
 use crate::desc::DESC_LEN;
@@ -39,18 +39,21 @@ const ENDPOINT_TAG: u64 = 0x7463_7078_6570_3031; // "tcpxep01"
 const NOTIFS_TAG: u64 = 0x7463_7078_6e74_6631; // "tcpxntf1"
 
 /// `tcpx_config_t`.
+#[repr(C)] // the tag first, where a check reads it
 pub struct TcpxConfig {
     tag: u64,
     c: CConfig,
 }
 
 /// `tcpx_endpoint_t`.
+#[repr(C)] // the tag first, where a check reads it
 pub struct TcpxEndpoint {
     tag: u64,
     ep: Endpoint,
 }
 
 /// `tcpx_notifs_t`.
+#[repr(C)] // the tag first, where a check reads it
 pub struct TcpxNotifs {
     tag: u64,
     list: Vec<Notif>,
@@ -293,10 +296,9 @@ pub extern "C" fn tcpx_last_error() -> *const c_char {
 pub unsafe extern "C" fn tcpx_config_new(out_cfg: *mut *mut TcpxConfig) -> Status {
     guard("tcpx_config_new", || {
         let o = out(out_cfg, "out")?;
-        let cfg = Config::from_env()?;
         *o = Box::into_raw(Box::new(TcpxConfig {
             tag: CONFIG_TAG,
-            c: CConfig { cfg, gpu: None },
+            c: CConfig::from_env()?,
         }));
         Ok(Status::Ok)
     })
@@ -622,7 +624,10 @@ fn rma(
         return Err(Fail::invalid("no pieces given"));
     }
     let mut bufs = Vec::with_capacity(iov.len());
-    let mut remotes = Vec::with_capacity(iov.len());
+    let mut remotes: Vec<(RemoteDesc, u64)> = Vec::with_capacity(iov.len());
+    // Pieces of one registration usually share a descriptor (a KV list
+    // names one peer region thousands of times): parse each run once.
+    let mut last: Option<(*const u8, RemoteDesc)> = None;
     for (i, p) in iov.iter().enumerate() {
         if p.ptr.is_null() {
             return Err(Fail::invalid(format!("piece {i}: pointer is NULL")));
@@ -632,8 +637,12 @@ fn rma(
             ptr: p.ptr as u64,
             len: p.len,
         });
-        let d = remote(p.desc, "desc")
-            .map_err(|f| Fail::new(f.status, format!("piece {i}: {}", f.msg)))?;
+        let d = match last {
+            Some((ptr, d)) if ptr == p.desc => d,
+            _ => remote(p.desc, "desc")
+                .map_err(|f| Fail::new(f.status, format!("piece {i}: {}", f.msg)))?,
+        };
+        last = Some((p.desc, d));
         remotes.push((d, p.remote_offset));
     }
     let mrs: Vec<u64> = bufs.iter().map(|b| b.mr).collect();

@@ -804,6 +804,13 @@ impl Endpoint {
             Self::check_notif(m)?;
         }
         let c = self.conn(conn)?;
+        if bufs.len() > crate::wire::MAX_RMA_ITEMS {
+            return Err(Error::invalid(format!(
+                "{} pieces in one transfer; at most {} (post several)",
+                bufs.len(),
+                crate::wire::MAX_RMA_ITEMS
+            )));
+        }
         if remote.len() != bufs.len() {
             return Err(Error::invalid(format!(
                 "{} local buffers but {} remote descriptors",

@@ -199,3 +199,33 @@ fn flooding_peer_fails_its_connection() {
     assert!(why.contains("notification queue full"), "{why}");
     assert_eq!(b.get_notifs().len(), QUEUE_MAX);
 }
+
+#[test]
+fn write_to_self_with_notif() {
+    // An endpoint connected to itself (what a transfer to self uses).
+    let a = Endpoint::new(None, cfg("self")).unwrap();
+    let addr = a.local_addr();
+    let c = a
+        .connect(&addr.ip().to_string(), addr.port(), None)
+        .unwrap();
+    let back = a.accept(Some(Duration::from_secs(10))).unwrap().conn;
+    let n = 1 << 20;
+    let mut dst = vec![0u8; n];
+    let db = buf(&a, &mut dst);
+    let desc = a.export_range(db.mr, db.ptr, n).unwrap();
+    let mut src = pattern(n, 4);
+    let sb = buf(&a, &mut src);
+    let w = a
+        .rma_async(
+            c,
+            false,
+            &[sb],
+            &[(RemoteDesc::from(&desc), 0)],
+            Some(b"me"),
+        )
+        .unwrap();
+    let got = take(&a, 1);
+    assert_eq!((got[0].from_name.as_str(), got[0].conn), ("self", back));
+    assert!(dst == src);
+    assert!(a.wait(w, Some(Duration::from_secs(20))).unwrap());
+}

@@ -796,6 +796,76 @@ impl Endpoint {
     fn gpu_index(&self) -> i32 {
         self.ep.gpu_index()
     }
+
+    /// This endpoint's name, sent with its notifications (`TCPX_P2P_NAME`,
+    /// default `hostname:port`).
+    fn name(&self) -> String {
+        self.ep.name().to_string()
+    }
+
+    /// Sends `msg` (at most 1 MiB) to the peer of `conn_id`; the peer's
+    /// `get_notifs()` returns it with this endpoint's name. False on
+    /// failure (see `last_error()`).
+    fn send_notif(&self, py: Python<'_>, conn_id: u64, msg: Vec<u8>) -> bool {
+        let r = py.detach(|| self.ep.send_notif(conn_id, &msg));
+        self.check(py, r).is_some()
+    }
+
+    /// Takes every notification received so far, oldest first:
+    /// `[(sender name, message)]`.
+    fn get_notifs<'py>(&self, py: Python<'py>) -> Vec<(String, Bound<'py, PyBytes>)> {
+        self.ep
+            .get_notifs()
+            .into_iter()
+            .map(|n| (n.from_name, PyBytes::new(py, &n.msg)))
+            .collect()
+    }
+
+    /// `write_async`, then `notif` sent to the peer once every byte has
+    /// landed there (not sent if the write fails).
+    #[allow(clippy::too_many_arguments)]
+    fn write_async_with_notif(
+        &self,
+        py: Python<'_>,
+        conn_id: u64,
+        mr_id: u64,
+        ptr: u64,
+        size: usize,
+        meta: Vec<u8>,
+        notif: Vec<u8>,
+    ) -> (bool, i64) {
+        self.started(py, |ep| {
+            let b = Buf {
+                mr: mr_id,
+                ptr,
+                len: size,
+            };
+            ep.write_async_with_notif(conn_id, &[b], &[fifo(&meta)?], Some(&notif))
+        })
+    }
+
+    /// `read_async`, then `notif` sent to the data's owner once every byte
+    /// has landed here (not sent if the read fails).
+    #[allow(clippy::too_many_arguments)]
+    fn read_async_with_notif(
+        &self,
+        py: Python<'_>,
+        conn_id: u64,
+        mr_id: u64,
+        ptr: u64,
+        size: usize,
+        meta: Vec<u8>,
+        notif: Vec<u8>,
+    ) -> (bool, i64) {
+        self.started(py, |ep| {
+            let b = Buf {
+                mr: mr_id,
+                ptr,
+                len: size,
+            };
+            ep.read_async_with_notif(conn_id, &[b], &[fifo(&meta)?], Some(&notif))
+        })
+    }
 }
 
 fn vec_args(
