@@ -222,6 +222,8 @@ class Side:
         h = self.handles[key][0]
         st = self.agent.transfer(h, notif) if notif else self.agent.transfer(h)
         while st == "PROC":
+            if self.a.poll_sleep_us:
+                time.sleep(self.a.poll_sleep_us * 1e-6)
             st = self.agent.check_xfer_state(h)
         if st != "DONE":
             raise RuntimeError(f"transfer {key}: {st}")
@@ -374,6 +376,7 @@ def main(argv=None):
     ap.add_argument("--tcpx-params", default="", help="TCPX_P2P backend parameters, k=v,k=v")
     ap.add_argument("--bytes-per-row", default="4G", help="about this many bytes timed per row (UCX: a tenth)")
     ap.add_argument("--notifs", type=int, default=200, help="notification samples (0: none)")
+    ap.add_argument("--poll-sleep-us", type=float, default=0, help="sleep between check_xfer_state calls (0: spin)")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     a = ap.parse_args(argv)
     sizes = [parse_size(s) for s in a.sizes.split(",") if s]
