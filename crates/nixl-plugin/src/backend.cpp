@@ -134,6 +134,8 @@ class Engine final : public nixl::BackendEngine {
         tcpx_endpoint_destroy(ep_);
     }
 
+    bool failed() const { return init_err_; }
+
     bool supportsRemote() const override { return true; }
     bool supportsLocal() const override { return true; }
     bool supportsNotif() const override { return true; }
@@ -610,6 +612,107 @@ int tcpx_nixl_check_slots(void) {
         if (w[0] != w[1]) return static_cast<int>(w[1]);
     }
     return 0;
+}
+
+// The engine class driven as libnixl drives it, with no libnixl: the checks
+// NIXL's own layer makes before ours (so the end-to-end tests cannot reach
+// them), then a transfer to self with bytes compared, a re-post, a
+// notification. 0 on success, else the line of the first failed check.
+int tcpx_nixl_selftest(void) {
+#define CHECK(c)                 \
+    do {                         \
+        if (!(c)) return __LINE__; \
+    } while (0)
+    using nixl::MetaDesc;
+    using nixl::MetaDescList;
+    nixl::Params params{{"interface", "lo"}, {"net", "socket"}};
+    nixl::InitParams ip{};
+    ip.local_agent = "selftest";
+    ip.type = PLUGIN_NAME;
+    ip.custom_params = &params;
+    Engine e(&ip);
+    CHECK(!e.failed());
+    std::string info;
+    CHECK(e.getConnInfo(info) == nixl::SUCCESS && !info.empty());
+
+    constexpr size_t N = 64 * 1024, B = 4096, BLOCKS = N / B;
+    std::vector<uint8_t> src(N), dst(N, 0);
+    for (size_t i = 0; i < N; i++) src[i] = static_cast<uint8_t>(i * 131 + i / 977);
+    nixl::BackendMD *smd = nullptr, *dmd = nullptr, *rdst = nullptr;
+    auto blob = [](const std::vector<uint8_t> &v) {
+        nixl::BlobDesc d;
+        d.addr = reinterpret_cast<uintptr_t>(v.data());
+        d.len = v.size();
+        d.dev_id = 0;
+        return d;
+    };
+    CHECK(e.registerMem(blob(src), nixl::DRAM_SEG, smd) == nixl::SUCCESS);
+    CHECK(e.registerMem(blob(dst), nixl::DRAM_SEG, dmd) == nixl::SUCCESS);
+    CHECK(e.registerMem(blob(dst), nixl::VRAM_SEG, rdst) == nixl::ERR_NOT_SUPPORTED);
+    CHECK(e.loadLocalMD(dmd, rdst) == nixl::SUCCESS);
+    std::string pub;
+    CHECK(e.getPublicData(smd, pub) == nixl::SUCCESS && pub.size() == TCPX_DESC_LEN);
+
+    const uintptr_t s0 = reinterpret_cast<uintptr_t>(src.data());
+    const uintptr_t d0 = reinterpret_cast<uintptr_t>(dst.data());
+    auto list = [](std::vector<MetaDesc> v) { return MetaDescList{nullptr, nixl::DRAM_SEG, std::move(v)}; };
+    auto refused = [&](const MetaDescList &l, const MetaDescList &r, const std::string &agent) {
+        nixl::BackendReqH *h = nullptr;
+        return e.prepXfer(nixl::WRITE, l, r, agent, h, nullptr) == nixl::ERR_INVALID_PARAM && h == nullptr;
+    };
+    auto one = [](uintptr_t a, size_t n, nixl::BackendMD *md) { return MetaDesc{{a, n, 0}, md}; };
+    // Past the peer's registration, past ours, lengths apart, another
+    // agent's region, a local object where a remote one belongs, nothing.
+    CHECK(refused(list({one(s0, B, smd)}), list({one(d0 + N - B / 2, B, rdst)}), "selftest"));
+    CHECK(refused(list({one(s0 + N - B / 2, B, smd)}), list({one(d0, B, rdst)}), "selftest"));
+    CHECK(refused(list({one(s0, B, smd)}), list({one(d0, B / 2, rdst)}), "selftest"));
+    CHECK(refused(list({one(s0, B, smd)}), list({one(d0, B, rdst)}), "someone-else"));
+    CHECK(refused(list({one(s0, B, smd)}), list({one(d0, B, dmd)}), "selftest"));
+    CHECK(refused(list({}), list({}), "selftest"));
+    CHECK(refused(list({one(s0, B, smd), one(s0 + B, B, smd)}), list({one(d0, B, rdst)}), "selftest"));
+    for (uint8_t b : dst) CHECK(b == 0);
+
+    // Block i of src to block BLOCKS-1-i of dst, twice through one handle.
+    std::vector<MetaDesc> l, r;
+    for (size_t i = 0; i < BLOCKS; i++) {
+        l.push_back(one(s0 + i * B, B, smd));
+        r.push_back(one(d0 + (BLOCKS - 1 - i) * B, B, rdst));
+    }
+    MetaDescList ll = list(l), rl = list(r);
+    nixl::BackendReqH *h = nullptr;
+    CHECK(e.prepXfer(nixl::WRITE, ll, rl, "selftest", h, nullptr) == nixl::SUCCESS && h != nullptr);
+    CHECK(e.checkXfer(h) == nixl::ERR_NOT_POSTED);
+    nixl::OptArgs opt{"done", true, ""};
+    for (int round = 0; round < 2; round++) {
+        Status st = e.postXfer(nixl::WRITE, ll, rl, "selftest", h, &opt);
+        for (int spins = 0; st == nixl::IN_PROG && spins < 1000000; spins++) st = e.checkXfer(h);
+        CHECK(st == nixl::SUCCESS);
+        for (size_t i = 0; i < BLOCKS; i++)
+            CHECK(std::memcmp(&dst[(BLOCKS - 1 - i) * B], &src[i * B], B) == 0);
+        std::fill(dst.begin(), dst.end(), 0);
+    }
+    CHECK(e.releaseReqH(h) == nixl::SUCCESS);
+
+    // The transfers' notifications and one on its own, with our name.
+    CHECK(e.genNotif("selftest", "alone") == nixl::SUCCESS);
+    CHECK(e.genNotif("nobody", "x") == nixl::ERR_NOT_FOUND);
+    nixl::NotifList got;
+    for (int spins = 0; got.size() < 3 && spins < 100000; spins++) CHECK(e.getNotifs(got) == nixl::SUCCESS);
+    CHECK(got.size() == 3);
+    for (const auto &n : got) CHECK(n.first == "selftest");
+    size_t done = 0, alone = 0;  // sent on transfer end: no order against genNotif
+    for (const auto &n : got) {
+        if (n.second == "done") done++;
+        if (n.second == "alone") alone++;
+    }
+    CHECK(done == 2 && alone == 1);
+
+    CHECK(e.unloadMD(rdst) == nixl::SUCCESS);
+    CHECK(e.deregisterMem(smd) == nixl::SUCCESS);
+    CHECK(e.deregisterMem(dmd) == nixl::SUCCESS);
+    CHECK(e.disconnect("selftest") == nixl::SUCCESS);
+    return 0;
+#undef CHECK
 }
 
 }  // extern "C"
