@@ -153,7 +153,12 @@ class Side:
 
             self.ep = p2p.Endpoint(a.gpu if a.memory == "gpu" else None)
         self.buf, self.ptr = self.mem.alloc(a.region)
-        self.agent.register_memory([(self.ptr, a.region, self.mem.dev, "")], self.mem.nixl_type)
+        for bk in list(self.backends):
+            try:
+                self.agent.register_memory([(self.ptr, a.region, self.mem.dev, "")], self.mem.nixl_type, backends=[bk])
+            except Exception as e:  # e.g. a UCX without CUDA support: measured without it
+                print(f"{role}: {bk} cannot register {self.mem.nixl_type}: {e}", file=sys.stderr, flush=True)
+                self.backends.remove(bk)
         self.mr = None
         if self.ep is not None:
             ok, self.mr = self.ep.reg(self.ptr, a.region)
