@@ -115,6 +115,20 @@ class Side:
                 raise TimeoutError(f"{len(got)} of {count} notifications from {sender}: {self.notifs}")
             time.sleep(0.002)
 
+    def digest_on_notif(self, sender, msg, i, timeout=60):
+        """Waits for the notification `msg` from sender, then at once digests
+        buffer i: what a consumer that trusts the notification would see."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for k, v in self.agent.get_new_notifs().items():
+                self.notifs.setdefault(k, []).extend(v)
+            got = self.notifs.get(sender, [])
+            if msg in got:
+                got.remove(msg)
+                return self.digest(i)
+            time.sleep(0.0005)
+        raise TimeoutError(f"no notification {msg!r} from {sender}: {self.notifs}")
+
     def notifs_now(self):
         for k, v in self.agent.get_new_notifs().items():
             self.notifs.setdefault(k, []).extend(v)
