@@ -267,6 +267,8 @@ class Side:
         while len(seen) < count and time.monotonic() < deadline:
             for m in self.agent.get_new_notifs().get(sender, []):
                 seen.append((m.decode(), time.perf_counter()))
+            if self.a.poll_sleep_us:
+                time.sleep(self.a.poll_sleep_us * 1e-6)
         return seen
 
     def notified_writes(self, key, count, gap):
@@ -291,6 +293,8 @@ class Side:
                 if m.startswith(b"p"):  # only pings: anything older is not answered
                     self.notify(peer, m)
                     n += 1
+            if self.a.poll_sleep_us:
+                time.sleep(self.a.poll_sleep_us * 1e-6)
         return n
 
     def ping(self, peer, count):
@@ -302,7 +306,8 @@ class Side:
             t = time.perf_counter()
             self.notify(peer, want)
             while want not in self.agent.get_new_notifs().get(peer, []):
-                pass
+                if self.a.poll_sleep_us:
+                    time.sleep(self.a.poll_sleep_us * 1e-6)
             rtts.append(time.perf_counter() - t)
         return rtts
 
@@ -381,7 +386,7 @@ def main(argv=None):
     ap.add_argument("--tcpx-params", default="", help="TCPX_P2P backend parameters, k=v,k=v")
     ap.add_argument("--bytes-per-row", default="4G", help="about this many bytes timed per row (UCX: a tenth)")
     ap.add_argument("--notifs", type=int, default=200, help="notification samples (0: none)")
-    ap.add_argument("--poll-sleep-us", type=float, default=0, help="sleep between check_xfer_state calls (0: spin)")
+    ap.add_argument("--poll-sleep-us", type=float, default=0, help="sleep between polls of check_xfer_state / get_new_notifs (0: spin)")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     a = ap.parse_args(argv)
     sizes = [parse_size(s) for s in a.sizes.split(",") if s]
