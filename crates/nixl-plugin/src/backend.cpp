@@ -145,12 +145,12 @@ class Engine final : public nixl::BackendEngine {
                        nixl::BackendMD *&out) override try {
         if (type != nixl::DRAM_SEG && type != nixl::VRAM_SEG) return nixl::ERR_NOT_SUPPORTED;
         if (mem.addr == 0 || mem.len == 0) return nixl::ERR_INVALID_PARAM;
-        if (type == nixl::VRAM_SEG && static_cast<int64_t>(mem.dev_id) != gpu_) {
+        // The descriptor's devId is not trusted to be a CUDA ordinal (vLLM
+        // puts its TP rank there): the engine asks CUDA about the pointer.
+        if (type == nixl::VRAM_SEG && gpu_ < 0) {
             std::fprintf(stderr,
-                         "TCPX_P2P: GPU memory of GPU %llu, but this backend serves GPU %d "
-                         "(set the backend parameter gpu, or create the agent after "
-                         "selecting the GPU)\n",
-                         static_cast<unsigned long long>(mem.dev_id), gpu_);
+                         "TCPX_P2P: GPU memory, but this backend has no GPU (set the backend "
+                         "parameter gpu, or create the agent after selecting the GPU)\n");
             return nixl::ERR_NOT_SUPPORTED;
         }
         auto md = std::make_unique<LocalMD>();
