@@ -365,7 +365,7 @@ def _stalled_write(a, b, size):
 
 
 def test_peer_killed_mid_transfer_fails_within_the_deadline():
-    a = local_side({"deadline_ms": "3000", "keepalive_ms": "250"})
+    a = local_side({"deadline_ms": "5000", "keepalive_ms": "250"})
     b = Remote(f"doomed-{os.getpid()}")
     try:
         connect(a, b)
