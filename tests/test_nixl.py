@@ -448,3 +448,21 @@ def test_bad_backend_parameters_are_refused():
         ag.create_backend("TCPX_P2P", {"no_such_key": "1"})
     with pytest.raises(Exception):
         ag.create_backend("TCPX_P2P", {"net": "carrier-pigeon"})
+
+
+def test_auth_token_parameter():
+    """Peers with another token are refused at the handshake: no byte lands;
+    with the same token the transfer goes through."""
+    a = local_side({"auth_token": "token-one"})
+    good = Remote(f"same-token-{os.getpid()}", params={"auth_token": "token-one"})
+    bad = Remote(f"other-token-{os.getpid()}", params={"auth_token": "token-two"})
+    try:
+        src = a.alloc(256 * KIB, seed=17)
+        for b, want in ((bad, "ERR"), (good, "DONE")):
+            dst = b.alloc(256 * KIB)
+            connect(a, b)
+            assert a.xfer("WRITE", [(a.addr(src), 256 * KIB)], [(b.addr(dst), 256 * KIB)], b.name, timeout=30) == want
+            assert b.digest(dst) == digest(pattern(256 * KIB, 17) if want == "DONE" else bytes(256 * KIB))
+    finally:
+        good.close()
+        bad.close()
