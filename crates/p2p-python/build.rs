@@ -1,8 +1,10 @@
-//! Builds the TCPX stand-in ncclNet plugin (crates/nccl-net-emu) and puts
-//! `libnccl_net_emu.so` inside the Python package, so that
-//! `tcpx_p2p.emulator_plugin_path()` finds it after `pip install .`.
-//! A nested cargo with its own target directory (the outer build holds the
-//! lock on ours). Set TCPX_P2P_SKIP_EMU=1 to skip it.
+//! Builds the TCPX stand-in ncclNet plugin (crates/nccl-net-emu) and the
+//! NIXL backend plugin (crates/nixl-plugin) and puts `libnccl_net_emu.so`
+//! and `nixl/libplugin_TCPX_P2P.so` inside the Python package, so that
+//! `tcpx_p2p.emulator_plugin_path()` and `tcpx_p2p.nixl_plugin_dir()` find
+//! them after `pip install .`. A nested cargo with its own target directory
+//! (the outer build holds the lock on ours). Set TCPX_P2P_SKIP_EMU=1 to skip
+//! both.
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -14,6 +16,12 @@ fn main() {
         "../nccl-net-emu/Cargo.toml",
         "../p2p-engine/src",
         "../p2p-engine/Cargo.toml",
+        "../nixl-plugin/src",
+        "../nixl-plugin/build.rs",
+        "../nixl-plugin/Cargo.toml",
+        "../p2p-capi/src",
+        "../p2p-capi/Cargo.toml",
+        "../../include",
     ] {
         println!("cargo:rerun-if-changed={p}");
     }
@@ -26,13 +34,21 @@ fn main() {
     let target_dir = out.join("emu-target");
     let release = std::env::var("PROFILE").as_deref() == Ok("release");
     let mut cmd = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
-    cmd.args(["build", "-p", "nccl-net-emu", "--lib", "--manifest-path"])
-        .arg(manifest.join("../../Cargo.toml"))
-        .arg("--target-dir")
-        .arg(&target_dir)
-        .env_remove("CARGO_TARGET_DIR")
-        .env_remove("RUSTFLAGS")
-        .env_remove("CARGO_ENCODED_RUSTFLAGS");
+    cmd.args([
+        "build",
+        "-p",
+        "nccl-net-emu",
+        "-p",
+        "tcpx-p2p-nixl-plugin",
+        "--lib",
+    ])
+    .arg("--manifest-path")
+    .arg(manifest.join("../../Cargo.toml"))
+    .arg("--target-dir")
+    .arg(&target_dir)
+    .env_remove("CARGO_TARGET_DIR")
+    .env_remove("RUSTFLAGS")
+    .env_remove("CARGO_ENCODED_RUSTFLAGS");
     if release {
         cmd.arg("--release");
     }
@@ -40,12 +56,23 @@ fn main() {
         .status()
         .unwrap_or_else(|e| panic!("cannot run cargo to build nccl-net-emu: {e}"));
     if !status.success() {
-        panic!("building nccl-net-emu (the TCPX stand-in plugin) failed; see the output above");
+        panic!("building nccl-net-emu (the TCPX stand-in plugin) and the NIXL plugin failed; see the output above");
     }
-    let so = target_dir
-        .join(if release { "release" } else { "debug" })
-        .join("libnccl_net_emu.so");
-    let dest = manifest.join("python/tcpx_p2p/libnccl_net_emu.so");
-    std::fs::copy(&so, &dest)
-        .unwrap_or_else(|e| panic!("copying {} to {}: {e}", so.display(), dest.display()));
+    let built = target_dir.join(if release { "release" } else { "debug" });
+    let pkg = manifest.join("python/tcpx_p2p");
+    copy(
+        &built.join("libnccl_net_emu.so"),
+        &pkg.join("libnccl_net_emu.so"),
+    );
+    let nixl = pkg.join("nixl");
+    std::fs::create_dir_all(&nixl).unwrap_or_else(|e| panic!("creating {}: {e}", nixl.display()));
+    copy(
+        &built.join("libplugin_TCPX_P2P.so"),
+        &nixl.join("libplugin_TCPX_P2P.so"),
+    );
+}
+
+fn copy(from: &std::path::Path, to: &std::path::Path) {
+    std::fs::copy(from, to)
+        .unwrap_or_else(|e| panic!("copying {} to {}: {e}", from.display(), to.display()));
 }

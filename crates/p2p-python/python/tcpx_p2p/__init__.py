@@ -38,6 +38,18 @@ def emulator_plugin_path() -> str:
         raise FileNotFoundError(f"{p}: the stand-in plugin is not part of this install")
     return p
 
+
+def nixl_plugin_dir() -> str:
+    """Absolute path of the folder holding the bundled NIXL backend plugin
+    (``libplugin_TCPX_P2P.so``, backend name ``TCPX_P2P``): set
+    ``NIXL_PLUGIN_DIR`` to it before the first NIXL agent is created."""
+    import os
+
+    d = os.path.join(os.path.dirname(os.path.abspath(__file__)), "nixl")
+    if not os.path.isfile(os.path.join(d, "libplugin_TCPX_P2P.so")):
+        raise FileNotFoundError(f"{d}: the NIXL plugin is not part of this install")
+    return d
+
 __all__ = [
     "p2p",
     "Endpoint",
@@ -55,5 +67,6 @@ __all__ = [
     "CudaError",
     "ConfigError",
     "emulator_plugin_path",
+    "nixl_plugin_dir",
     "__version__",
 ]

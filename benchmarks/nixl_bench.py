@@ -1,0 +1,562 @@
+"""NIXL with the TCPX_P2P backend beside NIXL's UCX backend and beside our
+own Python API, in one run: two processes (initiator and target) on one GPU
+(or on host memory), one-sided WRITE and READ of one descriptor per size,
+KV-shaped lists (many small descriptors vs one descriptor of the same
+bytes), and how soon a transfer's notification arrives compared with a
+notification round trip. Prints a table; writes nixl_bench.json to --out
+(default $OUT, else the current folder).
+
+    python benchmarks/nixl_bench.py --memory gpu            # on the device
+    python benchmarks/nixl_bench.py --memory host --sizes 64K,1M,16M
+
+NIXL finds both plugins through one folder (NIXL_PLUGIN_DIR replaces its
+default): this script makes one with links to our plugin and to the wheel's
+UCX plugin, and puts the wheel's library folders on LD_LIBRARY_PATH of the
+two processes it starts (the UCX plugin finds its libraries relative to its
+own file otherwise). Bytes are checked once per row before timing.
+"""
+
+import argparse
+import glob
+import hashlib
+import importlib
+import json
+import multiprocessing as mp
+import os
+import random
+import statistics
+import sys
+import tempfile
+import time
+import traceback
+
+UNITS = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+
+
+def parse_size(s):
+    s = s.strip().upper().rstrip("B").rstrip("I")
+    return int(float(s[:-1]) * UNITS[s[-1]]) if s[-1] in UNITS else int(s)
+
+
+def fmt_size(n):
+    for u, v in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
+        if n >= v and n % v == 0:
+            return f"{n // v}{u}"
+    return str(n)
+
+
+def nixl_module():
+    for name in ("nixl_cu13", "nixl_cu12", "nixl"):
+        try:
+            return importlib.import_module(name + "._api"), name
+        except ImportError:
+            continue
+    raise ImportError("no NIXL wheel (nixl-cu13 / nixl-cu12) installed")
+
+
+def plugin_env(want_ucx):
+    """NIXL_PLUGIN_DIR with our plugin (and the wheel's UCX plugin), and the
+    LD_LIBRARY_PATH the UCX plugin needs there."""
+    import tcpx_p2p
+
+    _, name = nixl_module()
+    mod = importlib.import_module(name)
+    site = os.path.dirname(os.path.dirname(os.path.abspath(mod.__file__)))
+    libs = os.path.join(site, f".{name}.mesonpy.libs")
+    d = tempfile.mkdtemp(prefix="nixl-plugins-")
+    os.symlink(os.path.join(tcpx_p2p.nixl_plugin_dir(), "libplugin_TCPX_P2P.so"), os.path.join(d, "libplugin_TCPX_P2P.so"))
+    env = {"NIXL_PLUGIN_DIR": d}
+    ucx = os.path.join(libs, "plugins", "libplugin_UCX.so")
+    if want_ucx and os.path.isfile(ucx):
+        os.symlink(ucx, os.path.join(d, "libplugin_UCX.so"))
+        paths = [libs, os.path.join(site, f"{name}.libs")] + glob.glob(os.path.join(site, "*.libs"))
+        old = os.environ.get("LD_LIBRARY_PATH")
+        env["LD_LIBRARY_PATH"] = ":".join(dict.fromkeys(paths + ([old] if old else [])))
+    return env
+
+
+class Mem:
+    """Buffers in GPU memory (torch, one GPU) or host memory (numpy)."""
+
+    def __init__(self, kind, gpu):
+        self.kind, self.gpu = kind, gpu
+        self.keep = []
+        if kind == "gpu":
+            import torch
+
+            self.torch = torch
+            torch.cuda.set_device(gpu)
+        else:
+            import numpy
+
+            self.np = numpy
+
+    @property
+    def nixl_type(self):
+        return "VRAM" if self.kind == "gpu" else "DRAM"
+
+    @property
+    def dev(self):
+        return self.gpu if self.kind == "gpu" else 0
+
+    def alloc(self, n):
+        if self.kind == "gpu":
+            t = self.torch.zeros(n, dtype=self.torch.uint8, device=f"cuda:{self.gpu}")
+            self.keep.append(t)
+            return t, t.data_ptr()
+        a = self.np.zeros(n, dtype=self.np.uint8)
+        self.keep.append(a)
+        return a, int(a.ctypes.data)
+
+    def fill(self, buf, seed):
+        if self.kind == "gpu":
+            g = self.torch.Generator(device=f"cuda:{self.gpu}").manual_seed(seed)
+            buf.copy_(self.torch.randint(0, 256, buf.shape, dtype=self.torch.uint8, device=buf.device, generator=g))
+            self.torch.cuda.synchronize()
+        else:
+            buf[:] = self.np.random.default_rng(seed).integers(0, 256, len(buf), dtype=self.np.uint8)
+
+    def zero(self, buf):
+        buf.zero_() if self.kind == "gpu" else buf.fill(0)
+        if self.kind == "gpu":
+            self.torch.cuda.synchronize()
+
+
+class Side:
+    """One process: a NIXL agent with the backends asked for, and our own
+    Python endpoint."""
+
+    def __init__(self, role, a):
+        api, _ = nixl_module()
+        self.role, self.a = role, a
+        self.mem = Mem(a.memory, a.gpu)
+        self.name = role
+        self.agent = api.nixl_agent(role, api.nixl_agent_config(True, False, 0, backends=[]))
+        self.backends = []
+        for b in a.backends.split(","):
+            if b == "api":
+                continue
+            params = {}
+            if b == "TCPX_P2P":
+                if a.memory == "gpu":
+                    params["gpu"] = str(a.gpu)
+                if a.tcpx_params:
+                    params.update(kv.split("=", 1) for kv in a.tcpx_params.split(","))
+            try:
+                self.agent.create_backend(b, params)
+                self.backends.append(b)
+            except Exception as e:  # reported; the run goes on without it
+                print(f"{role}: backend {b} not created: {e}", file=sys.stderr, flush=True)
+        self.ep = None
+        if "api" in a.backends.split(","):
+            from tcpx_p2p import p2p
+
+            self.ep = p2p.Endpoint(a.gpu if a.memory == "gpu" else None)
+        self.buf, self.ptr = self.mem.alloc(a.region)
+        for bk in list(self.backends):
+            try:
+                self.agent.register_memory([(self.ptr, a.region, self.mem.dev, "")], self.mem.nixl_type, backends=[bk])
+            except Exception as e:  # e.g. a UCX without CUDA support: measured without it
+                print(f"{role}: {bk} cannot register {self.mem.nixl_type}: {e}", file=sys.stderr, flush=True)
+                self.backends.remove(bk)
+        self.mr = None
+        if self.ep is not None:
+            ok, self.mr = self.ep.reg(self.ptr, a.region)
+            assert ok, self.ep.last_error()
+        self.conn = None
+        self.handles = {}
+
+    # set-up
+    def usable(self):
+        return self.backends + (["api"] if self.ep is not None else [])
+
+    def metadata(self):
+        return self.agent.get_agent_metadata(), self.ptr, (self.ep.get_metadata() if self.ep else b"")
+
+    def add_remote(self, md):
+        return self.agent.add_remote_agent(md)
+
+    def api_connect(self, md):
+        ok, self.conn = self.ep.add_remote_endpoint(md)
+        assert ok, self.ep.last_error()
+
+    def api_accept(self):
+        ok, _, _, self.conn = self.ep.accept()
+        assert ok, self.ep.last_error()
+
+    def api_advertise(self, offs, size):
+        metas = []
+        for o in offs:
+            ok, m = self.ep.advertise(self.conn, self.mr, self.ptr + o, size)
+            assert ok, self.ep.last_error()
+            metas.append(m)
+        return metas
+
+    # buffer contents
+    def fill(self, seed):
+        self.mem.fill(self.buf, seed) if seed is not None else self.mem.zero(self.buf)
+
+    def block_digest(self, offs, size):
+        """One digest of the blocks at offs, in that order."""
+        if self.mem.kind == "gpu":
+            self.mem.torch.cuda.synchronize()
+            host = self.buf.cpu().numpy()
+        else:
+            host = self.buf
+        h = hashlib.sha256()
+        for o in offs:
+            h.update(host[o : o + size].tobytes())
+        return h.hexdigest()
+
+    # NIXL transfers
+    def prep(self, key, backend, peer, peer_ptr, offs, roffs, size, op, notif=b""):
+        dev = self.mem.dev
+        local = self.agent.prep_xfer_dlist("", [(self.ptr + o, size, dev) for o in offs], self.mem.nixl_type, backends=[backend])
+        remote = self.agent.prep_xfer_dlist(peer, [(peer_ptr + o, size, dev) for o in roffs], self.mem.nixl_type, backends=[backend])
+        idx = list(range(len(offs)))
+        h = self.agent.make_prepped_xfer(op, local, idx, remote, idx, notif, backends=[backend])
+        self.handles[key] = (h, local, remote)
+
+    def release(self, key):
+        h, local, remote = self.handles.pop(key)
+        self.agent.release_xfer_handle(h)
+        self.agent.release_dlist_handle(local)
+        self.agent.release_dlist_handle(remote)
+
+    def post_wait(self, key, notif=b""):
+        h = self.handles[key][0]
+        st = self.agent.transfer(h, notif) if notif else self.agent.transfer(h)
+        while st == "PROC":
+            if self.a.poll_sleep_us:
+                time.sleep(self.a.poll_sleep_us * 1e-6)
+            st = self.agent.check_xfer_state(h)
+        if st != "DONE":
+            raise RuntimeError(f"transfer {key}: {st}")
+
+    def time_nixl(self, key, iters):
+        self.post_wait(key)  # warm-up
+        t = time.perf_counter()
+        for _ in range(iters):
+            self.post_wait(key)
+        return time.perf_counter() - t
+
+    # our own Python API
+    def api_once(self, op, offs, size, metas):
+        n = len(offs)
+        ptrs = [self.ptr + o for o in offs]
+        if n == 1:
+            f = self.ep.write if op == "WRITE" else self.ep.read
+            ok = f(self.conn, self.mr, ptrs[0], size, metas[0])
+        else:
+            f = self.ep.writev if op == "WRITE" else self.ep.readv
+            ok = f(self.conn, [self.mr] * n, ptrs, [size] * n, metas, n)
+        if not ok:
+            raise RuntimeError(self.ep.last_error())
+
+    def time_api(self, op, offs, size, metas, iters):
+        self.api_once(op, offs, size, metas)
+        t = time.perf_counter()
+        for _ in range(iters):
+            self.api_once(op, offs, size, metas)
+        return time.perf_counter() - t
+
+    # notifications
+    def notif_times(self, count, sender, timeout=60):
+        """Target: when each of `count` notifications from sender arrived."""
+        seen, deadline = [], time.monotonic() + timeout
+        while len(seen) < count and time.monotonic() < deadline:
+            for m in self.agent.get_new_notifs().get(sender, []):
+                seen.append((m.decode(), time.perf_counter()))
+            if self.a.poll_sleep_us:
+                time.sleep(self.a.poll_sleep_us * 1e-6)
+        return seen
+
+    def notified_writes(self, key, count, gap):
+        """Initiator: `count` transfers, each with a notification; when each ended here."""
+        done = []
+        for i in range(count):
+            self.post_wait(key, f"n{i}".encode())
+            done.append((f"n{i}", time.perf_counter()))
+            time.sleep(gap)
+        return done
+
+    def notify(self, peer, msg):
+        # nixl_agent.send_notif(backend=...) passes the handle where a list
+        # is expected (1.5.1): call the binding with the list.
+        self.agent.agent.genNotif(peer, msg, [self.agent.backends[self.a.notif_backend]])
+
+    def echo(self, peer, count, timeout=60):
+        """Target: answers each notification from peer with one back."""
+        n, deadline = 0, time.monotonic() + timeout
+        while n < count and time.monotonic() < deadline:
+            for m in self.agent.get_new_notifs().get(peer, []):
+                if m.startswith(b"p"):  # only pings: anything older is not answered
+                    self.notify(peer, m)
+                    n += 1
+            if self.a.poll_sleep_us:
+                time.sleep(self.a.poll_sleep_us * 1e-6)
+        return n
+
+    def ping(self, peer, count):
+        """Initiator: notification round trips to an echoing peer (seconds each)."""
+        rtts = []
+        self.agent.get_new_notifs()  # nothing older counts
+        for i in range(count):
+            want = f"p{i}".encode()
+            t = time.perf_counter()
+            self.notify(peer, want)
+            while want not in self.agent.get_new_notifs().get(peer, []):
+                if self.a.poll_sleep_us:
+                    time.sleep(self.a.poll_sleep_us * 1e-6)
+            rtts.append(time.perf_counter() - t)
+        return rtts
+
+
+def serve(pipe, role, a, env):
+    os.environ.update(env)
+    try:
+        side = Side(role, a)
+        pipe.send(("ok", None))
+    except Exception:
+        pipe.send(("err", traceback.format_exc()))
+        return
+    while True:
+        msg = pipe.recv()
+        if msg is None:
+            return
+        op, args = msg
+        try:
+            pipe.send(("ok", getattr(side, op)(*args)))
+        except Exception:
+            pipe.send(("err", traceback.format_exc()))
+
+
+class Proc:
+    def __init__(self, role, a, env):
+        ctx = mp.get_context("spawn")
+        self.pipe, child = ctx.Pipe()
+        self.proc = ctx.Process(target=serve, args=(child, role, a, env), daemon=True)
+        self.proc.start()
+        self.get(300)
+
+    def send(self, op, *args):
+        self.pipe.send((op, args))
+
+    def get(self, timeout=600):
+        if not self.pipe.poll(timeout):
+            raise TimeoutError("no answer")
+        st, res = self.pipe.recv()
+        if st != "ok":
+            raise RuntimeError(res)
+        return res
+
+    def __getattr__(self, op):
+        def call(*args):
+            self.send(op, *args)
+            return self.get()
+
+        return call
+
+    def close(self):
+        try:
+            self.pipe.send(None)
+        except OSError:
+            pass
+        self.proc.join(20)
+        if self.proc.is_alive():
+            self.proc.kill()
+
+
+def fmt_gbps(v):
+    return f"{v:7.2f}" if v is not None else "    n/a"
+
+
+def iters_for(total, budget):
+    return int(max(3, min(2000, budget / max(total, 1))))
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--memory", choices=["gpu", "host"], default="gpu")
+    ap.add_argument("--gpu", type=int, default=0, help="the GPU both processes use")
+    ap.add_argument("--sizes", default="64K,1M,16M,256M")
+    ap.add_argument("--ops", default="WRITE,READ")
+    ap.add_argument("--kv", default="4096x32K", help="KV-shaped lists: COUNTxSIZE (empty: none)")
+    ap.add_argument("--backends", default="TCPX_P2P,UCX,api", help="NIXL backends and 'api' (our Python API)")
+    ap.add_argument("--tcpx-params", default="", help="TCPX_P2P backend parameters, k=v,k=v")
+    ap.add_argument("--bytes-per-row", default="4G", help="about this many bytes timed per row (UCX: a tenth)")
+    ap.add_argument("--notifs", type=int, default=200, help="notification samples (0: none)")
+    ap.add_argument("--poll-sleep-us", type=float, default=0, help="sleep between polls of check_xfer_state / get_new_notifs (0: spin)")
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    a = ap.parse_args(argv)
+    sizes = [parse_size(s) for s in a.sizes.split(",") if s]
+    ops = [o.strip().upper() for o in a.ops.split(",") if o]
+    kv = None
+    if a.kv:
+        c, s = a.kv.lower().split("x")
+        kv = (int(c), parse_size(s))
+    backends = [b for b in a.backends.split(",") if b]
+    a.region = max(sizes + [kv[0] * kv[1] if kv else 0])
+    a.notif_backend = "TCPX_P2P"
+    budget = parse_size(a.bytes_per_row)
+    env = plugin_env("UCX" in backends)
+    if "UCX" in backends:
+        env["UCX_TLS"] = os.environ.get("UCX_TLS", "tcp,cuda_copy" if a.memory == "gpu" else "tcp")
+    env.setdefault("TCPX_P2P_IFNAME", os.environ.get("TCPX_P2P_IFNAME", "lo"))
+    os.environ.update(env)  # spawned processes start with it (LD_LIBRARY_PATH)
+
+    tgt = Proc("target", a, env)
+    ini = Proc("initiator", a, env)
+    rows = []
+    try:
+        usable = set(tgt.usable()) & set(ini.usable())
+        dropped = [b for b in backends if b not in usable]
+        if dropped:
+            print(f"not measured (could not be set up): {', '.join(dropped)}", flush=True)
+        backends = [b for b in backends if b in usable]
+        t_md, t_ptr, t_api = tgt.metadata()
+        i_md, _, _ = ini.metadata()
+        ini.add_remote(t_md)
+        tgt.add_remote(i_md)
+        if "api" in backends:
+            ini.api_connect(t_api)
+            tgt.api_accept()
+
+        def shapes():
+            for s in sizes:
+                yield f"{fmt_size(s)}", [0], [0], s
+            if kv:
+                # Blocks land in another order on the target (as KV blocks
+                # do), so NIXL cannot merge neighbouring descriptors.
+                n, s = kv
+                perm = list(range(n))
+                random.Random(5).shuffle(perm)
+                yield f"KV {n}x{fmt_size(s)}", [i * s for i in range(n)], [p * s for p in perm], s
+                yield f"KV as 1x{fmt_size(n * s)}", [0], [0], n * s
+
+        def measure(b, op, offs, roffs, size):
+            """GB/s of one backend on one shape, after checking the bytes once."""
+            total = len(offs) * size
+            iters = iters_for(total, budget / (10 if b == "UCX" else 1))
+            # The data's owner holds a pattern, the other side zeros.
+            src, dst = (ini, tgt) if op == "WRITE" else (tgt, ini)
+            src.fill(11)
+            dst.fill(None)
+            metas = None
+            if b == "api":
+                metas = tgt.api_advertise(roffs, size)
+                ini.api_once(op, offs, size, metas)
+            else:
+                ini.prep("k", b, "target", t_ptr, offs, roffs, size, op)
+                ini.post_wait("k")
+            # Each block where it was sent (initiator offs <-> target roffs).
+            if tgt.block_digest(roffs, size) != ini.block_digest(offs, size):
+                raise RuntimeError("the bytes that arrived differ from those sent")
+            if b == "api":
+                secs = ini.time_api(op, offs, size, metas, iters)
+            else:
+                secs = ini.time_nixl("k", iters)
+                ini.release("k")
+            return total * iters / secs / 1e9, iters
+
+        for shape, offs, roffs, size in shapes():
+            for op in ops:
+                row = {"shape": shape, "op": op, "descs": len(offs), "bytes": len(offs) * size}
+                for b in backends:
+                    try:
+                        row[b], row[f"{b}_iters"] = measure(b, op, offs, roffs, size)
+                    except Exception as e:  # one cell failed: say so, go on
+                        print(f"{b} {op} {shape}: {str(e).strip().splitlines()[-1]}", flush=True)
+                        row[b] = None
+                        if b != "api":
+                            try:
+                                ini.release("k")
+                            except Exception:
+                                pass
+                print(f"{shape:>16} {op:<5} " + "  ".join(f"{b} {fmt_gbps(row[b])} GB/s" for b in backends), flush=True)
+                rows.append(row)
+
+        notif = {}
+        if a.notifs and "TCPX_P2P" in backends:
+            # A 64 KiB write with a notification: when the target sees it,
+            # against when the initiator saw the transfer end.
+            ini.prep("n", "TCPX_P2P", "target", t_ptr, [0], [0], 64 << 10, "WRITE")
+            tgt.send("notif_times", a.notifs, "initiator")
+            done = ini.notified_writes("n", a.notifs, 0.002)
+            seen = dict(tgt.get())
+            ini.release("n")
+            after = [(seen[k] - t) * 1e6 for k, t in done if k in seen]
+            tgt.send("echo", "initiator", a.notifs)
+            rtts = [x * 1e6 for x in ini.ping("target", a.notifs)]
+            tgt.get()
+            notif = {
+                "samples": len(after),
+                "after_done_us_p50": statistics.median(after),
+                "after_done_us_p99": sorted(after)[int(0.99 * (len(after) - 1))],
+                "rtt_us_p50": statistics.median(rtts),
+                "rtt_us_p99": sorted(rtts)[int(0.99 * (len(rtts) - 1))],
+                "after_done_us": after,
+                "rtt_us": rtts,
+            }
+            print(
+                f"notification after a 64K write: p50 {notif['after_done_us_p50']:.1f} us after the initiator saw it end "
+                f"(p99 {notif['after_done_us_p99']:.1f}); notification round trip p50 {notif['rtt_us_p50']:.1f} us",
+                flush=True,
+            )
+    finally:
+        ini.close()
+        tgt.close()
+
+    print_table(rows, backends)
+    device = "host memory"
+    if a.memory == "gpu":
+        import torch
+
+        device = torch.cuda.get_device_name(a.gpu)
+    _, nixl_name = nixl_module()
+    out = {
+        "device": device,
+        "memory": a.memory,
+        "nixl": nixl_name,
+        "ucx_tls": env.get("UCX_TLS"),
+        "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "rows": rows,
+        "notification": notif,
+        "args": vars(a),
+    }
+    os.makedirs(a.out, exist_ok=True)
+    path = os.path.join(a.out, "nixl_bench.json")
+    with open(path, "w") as f:
+        json.dump(out, f, indent=1)
+    print(f"wrote {path}")
+
+
+def print_table(rows, backends):
+    hdr = f"{'shape':>16} {'op':<5} {'descs':>5} " + " ".join(f"{b + ' GB/s':>14}" for b in backends)
+    extra = []
+    if "TCPX_P2P" in backends and "api" in backends:
+        extra.append("ours/api")
+    if "TCPX_P2P" in backends and "UCX" in backends:
+        extra.append("ours/UCX")
+    print()
+    print(hdr + "".join(f"{e:>10}" for e in extra))
+    for r in rows:
+        line = f"{r['shape']:>16} {r['op']:<5} {r['descs']:>5} " + " ".join(f"{fmt_gbps(r[b]):>14}" for b in backends)
+        if "ours/api" in extra:
+            line += f"{ratio(r['TCPX_P2P'], r['api']):>10}"
+        if "ours/UCX" in extra:
+            line += f"{ratio(r['TCPX_P2P'], r['UCX']):>10}"
+        print(line)
+    kv = {(r["op"], r["shape"].startswith("KV as")): r for r in rows if r["shape"].startswith("KV")}
+    for op in ("WRITE", "READ"):
+        if (op, False) in kv and (op, True) in kv and "TCPX_P2P" in backends:
+            r = ratio(kv[(op, False)]["TCPX_P2P"], kv[(op, True)]["TCPX_P2P"])
+            print(f"KV {op}: many descriptors / one descriptor of the same bytes = {r} (TCPX_P2P)")
+
+
+def ratio(a, b):
+    return f"{a / b:.2f}" if a is not None and b else "n/a"
+
+
+if __name__ == "__main__":
+    sys.exit(main())
