@@ -291,7 +291,7 @@ impl Endpoint {
             args::i64_named(&n, "num_cpus")?;
         }
         let idx = match local_gpu_idx.filter(|g| !g.is_none()) {
-            Some(g) => Some(gpu_index_arg(py, &g)?),
+            Some(g) => Some(gpu_index_arg(&g)?),
             None => None,
         };
         tcpx_p2p::init_logging();
@@ -1087,7 +1087,7 @@ fn two_sided(
 /// A GPU index given to `Endpoint()`: >= 0, and one of this machine's GPUs
 /// where CUDA is present. Without CUDA any index is a label (a warning
 /// says so for indices above 0).
-fn gpu_index_arg(py: Python<'_>, g: &Bound<'_, PyAny>) -> PyResult<i32> {
+fn gpu_index_arg(g: &Bound<'_, PyAny>) -> PyResult<i32> {
     let i = args::i64_named(g, "local_gpu_idx")?;
     if i < 0 {
         return Err(InvalidArgumentError::new_err(format!(
@@ -1105,12 +1105,9 @@ fn gpu_index_arg(py: Python<'_>, g: &Bound<'_, PyAny>) -> PyResult<i32> {
         InvalidArgumentError::new_err(format!("local_gpu_idx: {i} is not a GPU index"))
     })?;
     if count == 0 && i > 0 {
-        log_warning(
-            py,
-            &format!(
-                "Endpoint(local_gpu_idx={i}): no CUDA GPU here; the index only labels this endpoint, which moves host memory"
-            ),
-        );
+        return Err(InvalidArgumentError::new_err(format!(
+            "local_gpu_idx: {i}, but this machine has no usable GPU (CUDA unavailable); use 0 or None for host memory"
+        )));
     }
     Ok(i)
 }
