@@ -9,6 +9,7 @@ pub mod conn;
 pub mod endpoint;
 pub mod error;
 pub mod gpu;
+pub mod local;
 pub mod memory;
 pub mod net;
 pub mod progress;
