@@ -289,7 +289,8 @@ impl Hub {
     /// The local connection `id`: None when `id` is not a local connection;
     /// an error when it was one and failed or closed.
     pub fn get(&self, id: u64) -> Result<Option<Arc<LocalConn>>> {
-        if let Some(c) = self.conns.read().get(&id) {
+        let found = self.conns.read().get(&id).cloned();
+        if let Some(c) = found {
             if let Some(why) = c.failure() {
                 drop(self.conns.write().remove(&id));
                 self.bury(id, why.clone());
@@ -298,7 +299,7 @@ impl Hub {
                     reason: why,
                 });
             }
-            return Ok(Some(c.clone()));
+            return Ok(Some(c));
         }
         match self.gone.lock().iter().find(|(g, _)| *g == id) {
             Some((_, why)) => Err(Error::ConnectionLost {
