@@ -168,18 +168,65 @@ pub struct Copy {
     pub len: u64,
 }
 
+/// Streams one thread keeps per GPU for same-host copies: large copies are
+/// cut into pieces on several streams so that several copy engines share
+/// them (NVLink peers especially).
+const STREAMS: usize = 4;
+/// Copies of at least twice this are split, in pieces of at least this.
+const PIECE: u64 = 16 << 20;
+
 /// Runs the copies on GPU `dev`'s copy engines and waits for them.
 ///
 /// # Safety
 /// Every range must be valid for its length: the caller checked them
 /// against the advertisement records and holds the mappings.
 pub unsafe fn run(dev: i32, copies: &[Copy]) -> Result<(), CudaError> {
-    gpu::Device::get(dev)?.bind()?;
-    for c in copies {
-        if c.len > 0 {
-            // SAFETY: by the caller's contract.
-            unsafe { gpu::copy_sync(c.dst, c.src, c.len as usize) }?;
-        }
+    thread_local! {
+        static MINE: std::cell::RefCell<HashMap<i32, Vec<gpu::Stream>>> =
+            std::cell::RefCell::new(HashMap::new());
     }
-    Ok(())
+    gpu::Device::get(dev)?.bind()?;
+    MINE.with(|cell| {
+        let mut map = cell.borrow_mut();
+        let ss = match map.entry(dev) {
+            std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+            std::collections::hash_map::Entry::Vacant(e) => e.insert(
+                (0..STREAMS)
+                    .map(|_| gpu::Stream::new())
+                    .collect::<Result<Vec<_>, _>>()?,
+            ),
+        };
+        let mut issued = 0usize;
+        let mut err = Ok(());
+        'all: for c in copies.iter().filter(|c| c.len > 0) {
+            let parts = if c.len >= 2 * PIECE {
+                (c.len / PIECE).min(STREAMS as u64)
+            } else {
+                1
+            };
+            let step = c.len.div_ceil(parts);
+            let mut off = 0;
+            while off < c.len {
+                let n = step.min(c.len - off);
+                let s = &ss[issued % STREAMS];
+                // SAFETY: by the caller's contract; the stream is live.
+                err = check("cuMemcpyAsync", unsafe {
+                    sys::cuMemcpyAsync(c.dst + off, c.src + off, n as usize, s.raw())
+                });
+                if err.is_err() {
+                    break 'all;
+                }
+                issued += 1;
+                off += n;
+            }
+        }
+        // Wait even after an error: the ranges must outlive the copies issued.
+        for s in ss.iter().take(issued.min(STREAMS)) {
+            let r = s.synchronize();
+            if err.is_ok() {
+                err = r;
+            }
+        }
+        err
+    })
 }
