@@ -224,6 +224,12 @@ def test_send_recv_ipc_host(pair):
     assert "larger" in me.ep.last_error()
     assert not peer.ep("wait", x, 30.0)
     assert peer.call("digest", bid) == before
+    # A send from memory the target cannot reach fails its receive too.
+    ok, x = peer.ep("recv_ipc_async", pcid, p, 100)
+    assert ok
+    assert not me.ep.send_ipc(cid, 4096, 100)
+    assert not peer.ep("wait", x, 30.0)
+    assert peer.call("digest", bid) == before
 
 
 def test_registered_calls_on_a_local_connection(pair):

@@ -1081,7 +1081,16 @@ impl LocalConn {
         if !spans.is_empty() {
             // SAFETY: each local range lies inside one of our live records
             // (checked above); `regions` keeps registry regions registered.
-            unsafe { os::cma(self.peer_pid, !read, &spans) }.map_err(|e| {
+            let moved = unsafe { os::cma(self.peer_pid, !read, &spans) };
+            if moved.is_err() {
+                // A posted receive this request was meant for fails with it.
+                for id in checked.iter().filter_map(|c| c.slot) {
+                    if let Some(t) = self.adverts.lock().remove(&id).and_then(|a| a.slot) {
+                        t.fail(Failure::Refused("the send into it failed".into()));
+                    }
+                }
+            }
+            moved.map_err(|e| {
                 let hint = if e.raw_os_error() == Some(libc::EPERM) {
                     " (ptrace permission: see kernel.yama.ptrace_scope)"
                 } else if e.raw_os_error() == Some(libc::EFAULT) {
