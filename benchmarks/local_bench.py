@@ -130,14 +130,19 @@ def main():
     if a.device == "gpu":
         import torch
 
+        # On one GPU a device-to-device copy; across two, a peer copy into
+        # the target's GPU (what cudaMemcpyPeer does).
+        far = dst.t if peer_gpu == a.gpu else torch.empty(maxsize, dtype=torch.uint8, device=f"cuda:{peer_gpu}")
+
         def plain(n):
             def f():
-                dst.t[:n].copy_(src.t[:n])
+                far[:n].copy_(src.t[:n])
                 torch.cuda.synchronize(a.gpu)
+                torch.cuda.synchronize(peer_gpu)
 
             return f
 
-        plain_name = "cuda_d2d_copy"
+        plain_name = "cuda_d2d_copy" if peer_gpu == a.gpu else "cuda_peer_copy"
     else:
 
         def plain(n):
