@@ -98,3 +98,47 @@ fn records_refuse_forged_and_stale() {
         .write_ipc(ca, &[(src.as_ptr() as u64, n)], &[&info])
         .is_err());
 }
+
+#[test]
+fn registered_calls_take_the_same_host_path() {
+    let (a, b, ca, cb) = pair();
+    let n = 100_000;
+    let mut src = pattern(n, 3);
+    let mut dst = vec![0u8; n];
+    let sb = common::buf(&a, &mut src);
+    let db = common::buf(&b, &mut dst);
+    // `register_memory` + `transfer`: the peer's whole-region descriptor.
+    let desc = b.export_region(db.mr).unwrap();
+    let x = a.transfer(ca, false, &[sb], &[desc]).unwrap();
+    assert!(a.wait(x, Some(Duration::from_secs(30))).unwrap());
+    assert_eq!(dst, src);
+    let mut back = vec![0u8; n];
+    let bb = common::buf(&a, &mut back);
+    let x = a.transfer(ca, true, &[bb], &[desc]).unwrap();
+    assert!(a.wait(x, Some(Duration::from_secs(30))).unwrap());
+    assert_eq!(back, src);
+    // Two-sided with registered buffers, two messages in one call.
+    let half = n / 2;
+    let parts = |b: tcpx_p2p::Buf| {
+        [
+            tcpx_p2p::Buf { len: half, ..b },
+            tcpx_p2p::Buf {
+                ptr: b.ptr + half as u64,
+                len: n - half,
+                ..b
+            },
+        ]
+    };
+    dst.iter_mut().for_each(|v| *v = 0);
+    let r = b.recv_async(cb, &parts(db)).unwrap();
+    let s = a.send_async(ca, &parts(sb)).unwrap();
+    assert!(a.wait(s, Some(Duration::from_secs(30))).unwrap());
+    assert!(b.wait(r, Some(Duration::from_secs(30))).unwrap());
+    assert_eq!(dst, src);
+    // Deregistered: the descriptor is stale and nothing moves.
+    b.dereg(db.mr).unwrap();
+    dst.iter_mut().for_each(|v| *v = 0);
+    let x = a.transfer(ca, false, &[sb], &[desc]).unwrap();
+    assert!(a.wait(x, Some(Duration::from_secs(30))).is_err());
+    assert!(dst.iter().all(|&v| v == 0));
+}
