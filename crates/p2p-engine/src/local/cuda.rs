@@ -111,7 +111,8 @@ impl Drop for Mapping {
     }
 }
 
-/// Opened allocations of one peer, by handle; bounded.
+/// Opened allocations of one peer, by handle; bounded. A mapping is
+/// shared by every connection of this process that opened the same handle.
 #[derive(Default)]
 pub struct Imports {
     by_handle: HashMap<[u8; 64], Arc<Mapping>>,
@@ -132,6 +133,16 @@ impl Imports {
         if let Some(m) = self.by_handle.get(&e.handle) {
             return Ok(m.clone());
         }
+        // CUDA maps a handle once per process: connections share mappings
+        // (the last one to let go closes it).
+        type Open = Mutex<HashMap<([u8; 64], i32), std::sync::Weak<Mapping>>>;
+        static OPEN: OnceLock<Open> = OnceLock::new();
+        let mut open = OPEN.get_or_init(Default::default).lock();
+        if let Some(m) = open.get(&(e.handle, dev)).and_then(|w| w.upgrade()) {
+            self.keep(e.handle, m.clone());
+            return Ok(m);
+        }
+        open.retain(|_, w| w.strong_count() > 0);
         gpu::Device::get(dev)?.bind()?;
         // SAFETY: zeroed bytes are a valid value of the plain C struct.
         let mut h: sys::CUipcMemHandle = unsafe { std::mem::zeroed() };
@@ -150,12 +161,17 @@ impl Imports {
             dev,
             opened: true,
         });
+        open.insert((e.handle, dev), Arc::downgrade(&m));
+        self.keep(e.handle, m.clone());
+        Ok(m)
+    }
+
+    fn keep(&mut self, handle: [u8; 64], m: Arc<Mapping>) {
         if self.by_handle.len() >= MAX_IMPORTS {
             // Copies in flight hold their own references.
             self.by_handle.clear();
         }
-        self.by_handle.insert(e.handle, m.clone());
-        Ok(m)
+        self.by_handle.insert(handle, m);
     }
 }
 
