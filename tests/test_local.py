@@ -386,6 +386,13 @@ def _gpu_roundtrip(me, peer, cid, pcid):
         rid, back = me.bufs.alloc(n)
         assert me.ep.read_ipc(cid, back, n, info), me.ep.last_error()
         assert me.bufs.digest(rid) == me.bufs.digest(sid2)
+        # The same record with a grown length: the cached resolution keeps
+        # the peer's range, so this goes to the peer, which refuses it.
+        forged = bytearray(info)
+        forged[40:48] = (n + 4096).to_bytes(8, "little")
+        bigid, big = me.bufs.alloc(n + 4096, seed=900)
+        assert not me.ep.write_ipc(cid, big, n + 4096, bytes(forged))
+        assert peer.call("digest", bid) == me.bufs.digest(sid2)
     # Host memory here into GPU memory there.
     host = peer_ops.Buffers("cpu", 0)
     hid, hsrc = host.alloc(65536, seed=600)

@@ -53,6 +53,8 @@ pub fn export(dev: i32, addr: u64, same_process: bool) -> Result<Export, CudaErr
             offset: addr - base,
             direct: addr,
             gpu: dev,
+            record_addr: 0,
+            record_len: 0,
         });
     }
     let cache = HANDLES.get_or_init(Default::default);
@@ -85,6 +87,8 @@ pub fn export(dev: i32, addr: u64, same_process: bool) -> Result<Export, CudaErr
         offset: addr - base,
         direct: 0,
         gpu: dev,
+        record_addr: 0,
+        record_len: 0,
     })
 }
 

@@ -226,12 +226,16 @@ pub struct Export {
     /// Non-zero between endpoints of one process: the range's address.
     pub direct: u64,
     pub gpu: i32,
+    /// The whole range of the target's record holding this range (the
+    /// requester may cache the export for exactly that range).
+    pub record_addr: u64,
+    pub record_len: u64,
 }
 
 pub const MAX_ITEMS: usize = 4096;
 pub const MAX_REASON: usize = 1024;
 /// Largest control frame: a request or answer of `MAX_ITEMS` items.
-pub const MAX_MSG: usize = 64 + MAX_ITEMS * 100 + MAX_REASON;
+pub const MAX_MSG: usize = 64 + MAX_ITEMS * 116 + MAX_REASON;
 
 /// Control messages after the handshake.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -297,6 +301,7 @@ impl LocalMsg {
                             out.extend_from_slice(&e.handle);
                             u64s(out, &[e.buffer_id, e.offset, e.direct]);
                             out.extend_from_slice(&e.gpu.to_le_bytes());
+                            u64s(out, &[e.record_addr, e.record_len]);
                         }
                     }
                 }
@@ -380,6 +385,8 @@ impl LocalMsg {
                             offset: r.u64_le()?,
                             direct: r.u64_le()?,
                             gpu: r.i32_le()?,
+                            record_addr: r.u64_le()?,
+                            record_len: r.u64_le()?,
                         }));
                     } else {
                         exports.push(None);
@@ -593,6 +600,8 @@ mod tests {
                         offset: 9,
                         direct: 0,
                         gpu: 1,
+                        record_addr: 10,
+                        record_len: 11,
                     }),
                 ],
             },

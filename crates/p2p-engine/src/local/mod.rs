@@ -397,6 +397,10 @@ struct Pending {
 /// A cached resolution of a GPU `advertise_ipc` record of the peer.
 struct Resolved {
     mapping: Arc<cuda::Mapping>,
+    secret: u64,
+    /// The record's range, as the peer confirmed it (not as a descriptor says).
+    addr: u64,
+    len: u64,
     /// Offset of the record's first byte in the mapped allocation.
     offset: u64,
     dev: i32,
@@ -811,13 +815,19 @@ impl LocalConn {
         let mut keep = Vec::new();
         for i in items {
             let d = i.desc?;
-            let r = res.get(&d.token.id)?;
-            // Within the record (checked against the descriptor the peer
-            // resolved, whose range it confirmed).
-            if i.remote < d.addr || i.remote - d.addr + i.len > d.len {
+            let r = res
+                .get(&d.token.id)
+                .filter(|r| r.secret == d.token.secret)?;
+            // Within the record's range as the peer confirmed it; anything
+            // else goes to the peer (which refuses what its record refuses).
+            let inside = i.remote >= r.addr
+                && (i.remote - r.addr)
+                    .checked_add(i.len)
+                    .is_some_and(|e| e <= r.len);
+            if !inside {
                 return None;
             }
-            let remote = r.mapping.base + r.offset + (i.remote - d.addr);
+            let remote = r.mapping.base + r.offset + (i.remote - r.addr);
             copies.push(if read {
                 cuda::Copy {
                     dst: i.local,
@@ -1012,6 +1022,8 @@ impl LocalConn {
             peer: u64,
             placement: Placement,
             slot: Option<u64>,
+            /// The record's whole range (IPC records only; else this range).
+            record: (u64, u64),
         }
         let mut checked = Vec::with_capacity(items.len());
         let mut regions = Vec::new();
@@ -1050,6 +1062,7 @@ impl LocalConn {
                         peer: it.peer,
                         placement: r.placement,
                         slot: r.slot.as_ref().map(|_| it.token.id),
+                        record: (r.addr, r.len),
                     });
                 }
                 Space::Registry => {
@@ -1063,6 +1076,7 @@ impl LocalConn {
                             MemKind::Cuda(d) => Placement::Gpu(d),
                         },
                         slot: None,
+                        record: (it.addr, it.len),
                     });
                     regions.push(r);
                 }
@@ -1108,10 +1122,12 @@ impl LocalConn {
         for c in &checked {
             exports.push(match c.placement {
                 Placement::Host => None,
-                Placement::Gpu(d) => Some(
-                    cuda::export(d, c.addr, self.same_process)
-                        .map_err(|e| format!("exporting GPU memory: {e}"))?,
-                ),
+                Placement::Gpu(d) => {
+                    let mut e = cuda::export(d, c.addr, self.same_process)
+                        .map_err(|e| format!("exporting GPU memory: {e}"))?;
+                    (e.record_addr, e.record_len) = c.record;
+                    Some(e)
+                }
             });
         }
         // Host receives are complete now; GPU ones when the sender says so.
@@ -1162,7 +1178,13 @@ impl LocalConn {
                     len: i.len,
                 }
             });
-            if let Some(desc) = i.desc {
+            // An `advertise_ipc` record (not a one-shot receive) is cached
+            // with the range the peer says it covers.
+            let rec_off = i
+                .remote
+                .checked_sub(e.record_addr)
+                .and_then(|k| e.offset.checked_sub(k));
+            if let (Some(desc), Some(rec_off)) = (i.desc, rec_off) {
                 let mut res = self.resolved.lock();
                 if res.len() >= MAX_RESOLVED {
                     res.clear();
@@ -1171,7 +1193,10 @@ impl LocalConn {
                     desc.token.id,
                     Resolved {
                         mapping: m.clone(),
-                        offset: e.offset - (i.remote - desc.addr),
+                        secret: desc.token.secret,
+                        addr: e.record_addr,
+                        len: e.record_len,
+                        offset: rec_off,
                         dev: d,
                     },
                 );
