@@ -434,3 +434,41 @@ def test_gpu_two_processes_one_gpu(pair):
 @pytest.mark.parametrize("pair", [("cuda", 0, "cuda", 1)], indirect=True)
 def test_gpu_two_gpus(pair):
     _gpu_roundtrip(*pair)
+
+
+def test_connect_transfer_close_cycles_leak_nothing():
+    """200 same-host connections made, used and removed: the fds and
+    threads of both endpoints come back to where they were."""
+    import ctypes
+
+    from tcpx_p2p import p2p
+
+    a, b = p2p.Endpoint(None), p2p.Endpoint(None)
+    src, dst = (ctypes.c_char * 4096)(), (ctypes.c_char * 4096)()
+    ctypes.memset(src, 5, 4096)
+
+    def counts():
+        return len(os.listdir("/proc/self/fd")), len(os.listdir("/proc/self/task"))
+
+    def cycle():
+        ok, c = a.connect_local(b.get_metadata())
+        assert ok, a.last_error()
+        ok, _bdf, cb = b.accept_local(10.0)
+        assert ok
+        ok, info = b.advertise_ipc(cb, ctypes.addressof(dst), 4096)
+        assert a.write_ipc(c, ctypes.addressof(src), 4096, info), a.last_error()
+        assert a.remove_remote_endpoint(c)
+
+    def settled(want):
+        deadline = time.time() + 10
+        while counts() != want and time.time() < deadline:
+            time.sleep(0.05)
+        return counts()
+
+    before = counts()
+    cycle()
+    assert settled(before) == before
+    for _ in range(200):
+        cycle()
+    assert settled(before) == before
+    assert bytes(dst) == b"\x05" * 4096

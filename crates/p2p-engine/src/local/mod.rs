@@ -217,7 +217,7 @@ impl Hub {
         Ok(hub)
     }
 
-    fn admit(&self, s: UnixStream) {
+    fn admit(self: &Arc<Self>, s: UnixStream) {
         let id = self.p.next_conn.fetch_add(1, Ordering::Relaxed);
         match LocalConn::establish(id, s, false, self) {
             Ok(c) => {
@@ -233,7 +233,7 @@ impl Hub {
         }
     }
 
-    pub fn connect(&self, peer: &LocalPeer) -> Result<u64> {
+    pub fn connect(self: &Arc<Self>, peer: &LocalPeer) -> Result<u64> {
         let name = name_of(peer)?;
         let addr = SocketAddr::from_abstract_name(name.as_bytes())
             .map_err(|e| Error::io(format!("socket name {name}"), e))?;
@@ -457,10 +457,12 @@ pub(crate) struct LocalConn {
     resolved: Mutex<HashMap<u64, Resolved>>,
     failed: Mutex<Option<String>>,
     jobs: Sender<Job>,
+    /// To leave the hub's table when the connection fails.
+    hub: std::sync::Weak<Hub>,
 }
 
 impl LocalConn {
-    fn establish(id: u64, mut s: UnixStream, initiator: bool, hub: &Hub) -> Result<Arc<Self>> {
+    fn establish(id: u64, mut s: UnixStream, initiator: bool, hub: &Arc<Hub>) -> Result<Arc<Self>> {
         let cerr = |reason: String| Error::Connect {
             peer: "same-host peer".into(),
             reason,
@@ -548,6 +550,7 @@ impl LocalConn {
             resolved: Mutex::new(HashMap::new()),
             failed: Mutex::new(None),
             jobs,
+            hub: Arc::downgrade(hub),
         });
         let r = c.clone();
         std::thread::Builder::new()
@@ -927,12 +930,24 @@ impl LocalConn {
             if let Err(why) = self.handle(m) {
                 break why;
             }
-            if self.failure().is_some() {
-                return;
+            if let Some(why) = self.failure() {
+                break why;
             }
         };
         tracing::info!(conn = self.id, "{why}");
         self.close(&why);
+        self.leave_hub();
+    }
+
+    /// A failed connection releases its socket and threads; its id keeps
+    /// answering with the reason.
+    fn leave_hub(&self) {
+        if let Some(h) = self.hub.upgrade() {
+            let removed = h.conns.write().remove(&self.id);
+            if removed.is_some() {
+                h.bury(self.id, self.failure().unwrap_or_default());
+            }
+        }
     }
 
     /// One message from the peer; Err: the connection must close.
