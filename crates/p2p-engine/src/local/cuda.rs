@@ -95,6 +95,8 @@ pub fn export(dev: i32, addr: u64, same_process: bool) -> Result<Export, CudaErr
 /// A peer's allocation opened in our context; closed when the last user drops it.
 pub struct Mapping {
     pub base: u64,
+    /// Bytes of the mapped allocation (what CUDA says, not the peer).
+    pub size: u64,
     dev: i32,
     opened: bool,
 }
@@ -128,8 +130,10 @@ impl Imports {
     /// The mapping of `e`'s allocation, opened on GPU `dev` the first time.
     pub fn open(&mut self, dev: i32, e: &Export) -> Result<Arc<Mapping>, CudaError> {
         if e.direct != 0 {
+            // Same process (the caller checked): the exporter's own address.
             return Ok(Arc::new(Mapping {
-                base: e.direct - e.offset,
+                base: e.direct.wrapping_sub(e.offset),
+                size: u64::MAX,
                 dev,
                 opened: false,
             }));
@@ -160,8 +164,17 @@ impl Imports {
                 sys::CUipcMem_flags::CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS as u32,
             )
         })?;
+        let size = match gpu::allocation_range(base) {
+            Ok((_, n)) => n as u64,
+            Err(err) => {
+                // SAFETY: opened just above, closed once here.
+                let _ = unsafe { sys::cuIpcCloseMemHandle(base) };
+                return Err(err);
+            }
+        };
         let m = Arc::new(Mapping {
             base,
+            size,
             dev,
             opened: true,
         });

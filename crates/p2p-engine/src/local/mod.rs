@@ -1169,6 +1169,9 @@ impl LocalConn {
         let mut dev = -1;
         for (i, e) in p.items.iter().zip(exports) {
             let Some(e) = e else { continue };
+            if e.direct != 0 && !self.same_process {
+                return Err("the peer sent a same-process address from another process".into());
+            }
             let d = if self.gpu >= 0 && gpu::available() {
                 self.gpu
             } else {
@@ -1179,7 +1182,14 @@ impl LocalConn {
                 .lock()
                 .open(d, e)
                 .map_err(|err| format!("opening the peer's GPU memory: {err}"))?;
-            let remote = m.base + e.offset;
+            // The peer's offset must stay inside the allocation CUDA mapped.
+            if e.offset.checked_add(i.len).is_none_or(|end| end > m.size) {
+                return Err(format!(
+                    "the peer's export ({} bytes at offset {}) lies outside its {}-byte allocation",
+                    i.len, e.offset, m.size
+                ));
+            }
+            let remote = m.base.wrapping_add(e.offset);
             copies.push(if p.read {
                 cuda::Copy {
                     dst: i.local,
@@ -1198,7 +1208,8 @@ impl LocalConn {
             let rec_off = i
                 .remote
                 .checked_sub(e.record_addr)
-                .and_then(|k| e.offset.checked_sub(k));
+                .and_then(|k| e.offset.checked_sub(k))
+                .filter(|o| o.checked_add(e.record_len).is_some_and(|end| end <= m.size));
             if let (Some(desc), Some(rec_off)) = (i.desc, rec_off) {
                 let mut res = self.resolved.lock();
                 if res.len() >= MAX_RESOLVED {
