@@ -1110,7 +1110,7 @@ impl LocalConn {
         if !spans.is_empty() {
             // SAFETY: each local range lies inside one of our live records
             // (checked above); `regions` keeps registry regions registered.
-            let moved = unsafe { os::cma(self.peer_pid, !read, &spans) };
+            let moved = unsafe { os::cma_parallel(self.peer_pid, !read, &spans) };
             if moved.is_err() {
                 // A posted receive this request was meant for fails with it.
                 for id in checked.iter().filter_map(|c| c.slot) {

@@ -144,6 +144,71 @@ pub unsafe fn cma(pid: i32, pull: bool, spans: &[Span]) -> io::Result<()> {
     Ok(())
 }
 
+/// Requests of at least this many bytes are copied by several threads.
+const PARALLEL_MIN: u64 = 4 << 20;
+
+/// As [`cma`], split across up to four threads (the CPUs allowing) when the
+/// request is large: one thread's page pinning and copying does not reach
+/// the memory's bandwidth.
+///
+/// # Safety
+/// As [`cma`].
+pub unsafe fn cma_parallel(pid: i32, pull: bool, spans: &[Span]) -> io::Result<()> {
+    let total: u64 = spans.iter().map(|s| s.len).sum();
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let parts = cpus.min(4) as u64;
+    if total < PARALLEL_MIN || parts < 2 {
+        // SAFETY: by the caller's contract.
+        return unsafe { cma(pid, pull, spans) };
+    }
+    // Cut the spans into `parts` groups of about equal bytes.
+    let share = total.div_ceil(parts);
+    let mut groups: Vec<Vec<Span>> = vec![Vec::new()];
+    let mut room = share;
+    for s in spans {
+        let mut s = *s;
+        while s.len > 0 {
+            let n = s.len.min(room);
+            if let Some(g) = groups.last_mut() {
+                g.push(Span {
+                    local: s.local,
+                    remote: s.remote,
+                    len: n,
+                });
+            }
+            s.local += n;
+            s.remote += n;
+            s.len -= n;
+            room -= n;
+            if room == 0 {
+                groups.push(Vec::new());
+                room = share;
+            }
+        }
+    }
+    std::thread::scope(|sc| {
+        let rest: Vec<_> = groups[1..]
+            .iter()
+            .filter(|g| !g.is_empty())
+            .map(|g| {
+                // SAFETY: each group is a disjoint part of the caller's spans.
+                sc.spawn(move || unsafe { cma(pid, pull, g) })
+            })
+            .collect();
+        // SAFETY: as above.
+        let mut r = unsafe { cma(pid, pull, &groups[0]) };
+        for h in rest {
+            let x = h
+                .join()
+                .unwrap_or_else(|_| Err(io::Error::other("copy thread panicked")));
+            if r.is_ok() {
+                r = x;
+            }
+        }
+        r
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -168,6 +233,27 @@ mod tests {
         };
         // SAFETY: as above; the remote address is invalid on purpose.
         assert!(unsafe { cma(pid, true, &[bad]) }.is_err());
+    }
+
+    #[test]
+    fn parallel_cma_covers_every_byte() {
+        let n = (9 << 20) + 4097;
+        let src: Vec<u8> = (0..n as u32).map(|i| (i * 13 + 1) as u8).collect();
+        let mut dst = vec![0u8; n];
+        let pid = std::process::id() as i32;
+        // Three spans of odd sizes, cut across the threads' shares.
+        let cut = [0usize, 1 << 20, (5 << 20) + 3, n];
+        let spans: Vec<Span> = cut
+            .windows(2)
+            .map(|w| Span {
+                local: dst.as_mut_ptr() as u64 + w[0] as u64,
+                remote: src.as_ptr() as u64 + w[0] as u64,
+                len: (w[1] - w[0]) as u64,
+            })
+            .collect();
+        // SAFETY: dst is ours and writable for its length.
+        unsafe { cma_parallel(pid, true, &spans) }.unwrap();
+        assert_eq!(dst, src);
     }
 
     #[test]
