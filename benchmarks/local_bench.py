@@ -8,6 +8,8 @@ connection of the same endpoints (over loopback). This process then times,
 per size, blocking `write_ipc` and `read_ipc`, blocking `write` over TCP, and
 a plain copy of the same size in one process (device-to-device `copy_` on a
 GPU, `memmove` on the host): p50/p99 latency in µs and GB/s (size / p50).
+The ways are timed in turn, iteration by iteration, so that all see the
+same machine load.
 
     python benchmarks/local_bench.py --device cpu --out results/
     python benchmarks/local_bench.py --device gpu --gpu 0 --out "$OUT"
@@ -75,18 +77,23 @@ def target(pipe, device, gpu, maxsize, env):
     pipe.recv()  # done
 
 
-def timed(fn, iters, warmup):
-    for _ in range(warmup):
-        fn()
-    lat = []
+def interleaved(fns, iters, warmup):
+    """(p50, p99) of each function, their iterations taken in turn so that
+    all see the same machine load."""
+    for fn in fns:
+        for _ in range(warmup):
+            fn()
+    lat = [[] for _ in fns]
     for _ in range(iters):
-        t0 = time.perf_counter()
-        fn()
-        lat.append(time.perf_counter() - t0)
-    lat.sort()
-    p50 = lat[len(lat) // 2]
-    p99 = lat[min(len(lat) - 1, int(len(lat) * 0.99))]
-    return p50, p99
+        for k, fn in enumerate(fns):
+            t0 = time.perf_counter()
+            fn()
+            lat[k].append(time.perf_counter() - t0)
+    out = []
+    for v in lat:
+        v.sort()
+        out.append((v[len(v) // 2], v[min(len(v) - 1, int(len(v) * 0.99))]))
+    return out
 
 
 def main():
@@ -165,8 +172,7 @@ def main():
         ]
         if n <= tcp_max:
             cases.append(("tcp_write", lambda: check(ep.write(tcp, smr, src.ptr, n, fifo))))
-        for name, fn in cases:
-            p50, p99 = timed(fn, iters, a.warmup)
+        for name, (p50, p99) in zip([c[0] for c in cases], interleaved([c[1] for c in cases], iters, a.warmup)):
             row[name] = {"p50_us": p50 * 1e6, "p99_us": p99 * 1e6, "GBps": n / p50 / 1e9}
         if "tcp_write" in row:
             row["write_ipc_vs_tcp"] = row["write_ipc"]["GBps"] / row["tcp_write"]["GBps"]
