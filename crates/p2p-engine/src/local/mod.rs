@@ -174,9 +174,9 @@ impl Hub {
                     listeners.push(l);
                     bound.push(n);
                 }
-                Err(e) if i == 0 => {
-                    return Err(Error::io(format!("binding the same-host socket {n}"), e))
-                }
+                Err(e) if i == 0 => tracing::warn!(
+                    "cannot bind the same-host socket {n} ({e}): peers on this host cannot connect_local to this endpoint"
+                ),
                 Err(e) => tracing::info!("same-host name {n} not taken ({e}): another endpoint has it; connect to this one by metadata"),
             }
         }
