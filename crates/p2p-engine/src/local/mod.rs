@@ -353,6 +353,23 @@ impl Hub {
     }
 }
 
+/// Why a same-host request failed, or why its connection must close.
+#[derive(Debug, Clone, thiserror::Error)]
+enum LocalError {
+    /// The target's records refuse the request (forged, stale, out of range).
+    #[error("{0}")]
+    Refused(String),
+    /// A copy failed (cross-memory attach, CUDA).
+    #[error("{0}")]
+    Copy(String),
+    /// The peer broke the protocol: the connection closes.
+    #[error("peer broke the protocol: {0}")]
+    Protocol(String),
+    /// The connection is gone.
+    #[error("{0}")]
+    Lost(String),
+}
+
 /// The placement of one of our own addresses.
 fn placement_of(addr: u64) -> Placement {
     match gpu::pointer_device(addr) {
@@ -928,7 +945,7 @@ impl LocalConn {
                 Err(e) => break format!("peer broke the protocol: {e}"),
             };
             if let Err(why) = self.handle(m) {
-                break why;
+                break why.to_string();
             }
             if let Some(why) = self.failure() {
                 break why;
@@ -951,18 +968,24 @@ impl LocalConn {
     }
 
     /// One message from the peer; Err: the connection must close.
-    fn handle(&self, m: LocalMsg) -> std::result::Result<(), String> {
+    fn handle(&self, m: LocalMsg) -> std::result::Result<(), LocalError> {
         match m {
             LocalMsg::Req { op, read, items } => {
                 let answer = match self.serve(read, &items) {
                     Ok(exports) => LocalMsg::Done { op, exports },
-                    Err(reason) => LocalMsg::Refused { op, reason },
+                    Err(e) => LocalMsg::Refused {
+                        op,
+                        reason: e.to_string(),
+                    },
                 };
-                self.send_msg(&answer).map_err(|e| e.to_string())
+                self.send_msg(&answer)
+                    .map_err(|e| LocalError::Lost(e.to_string()))
             }
             LocalMsg::Done { op, exports } => {
                 let Some(p) = self.ops.lock().remove(&op) else {
-                    return Err(format!("answer to unknown request {op}"));
+                    return Err(LocalError::Protocol(format!(
+                        "answer to unknown request {op}"
+                    )));
                 };
                 if exports.len() != p.items.len() {
                     p.t.fail(Failure::Refused(format!(
@@ -989,9 +1012,9 @@ impl LocalConn {
                 {
                     let mut two = self.two.lock();
                     if two.posted.len() >= MAX_POSTED {
-                        return Err(format!(
+                        return Err(LocalError::Protocol(format!(
                             "peer posted more than {MAX_POSTED} receives ahead of our sends"
-                        ));
+                        )));
                     }
                     two.posted.push_back(PostedRecv { token, addr, len });
                 }
@@ -1030,7 +1053,7 @@ impl LocalConn {
         &self,
         read: bool,
         items: &[ReqItem],
-    ) -> std::result::Result<Vec<Option<Export>>, String> {
+    ) -> std::result::Result<Vec<Option<Export>>, LocalError> {
         struct Ok1 {
             addr: u64,
             len: u64,
@@ -1050,10 +1073,15 @@ impl LocalConn {
                         .get(&it.token.id)
                         .filter(|r| r.secret == it.token.secret)
                         .ok_or_else(|| {
-                            format!("unknown or stale IPC descriptor (token {})", it.token.id)
+                            LocalError::Refused(format!(
+                                "unknown or stale IPC descriptor (token {})",
+                                it.token.id
+                            ))
                         })?;
                     if r.slot.is_some() && read {
-                        return Err("a posted receive cannot be read".into());
+                        return Err(LocalError::Refused(
+                            "a posted receive cannot be read".into(),
+                        ));
                     }
                     let inside = it.addr >= r.addr
                         && (it.addr - r.addr)
@@ -1069,7 +1097,7 @@ impl LocalConn {
                             self.adverts.lock().remove(&it.token.id);
                             t.fail(Failure::Refused(why.clone()));
                         }
-                        return Err(why);
+                        return Err(LocalError::Refused(why));
                     }
                     checked.push(Ok1 {
                         addr: it.addr,
@@ -1081,7 +1109,10 @@ impl LocalConn {
                     });
                 }
                 Space::Registry => {
-                    let r = self.registry.resolve(it.token, it.addr, it.len, self.id)?;
+                    let r = self
+                        .registry
+                        .resolve(it.token, it.addr, it.len, self.id)
+                        .map_err(LocalError::Refused)?;
                     checked.push(Ok1 {
                         addr: it.addr,
                         len: it.len,
@@ -1127,10 +1158,10 @@ impl LocalConn {
                 } else {
                     ""
                 };
-                format!(
+                LocalError::Copy(format!(
                     "cross-memory attach with process {}: {e}{hint}",
                     self.peer_pid
-                )
+                ))
             })?;
         }
         let mut exports = Vec::with_capacity(checked.len());
@@ -1139,7 +1170,7 @@ impl LocalConn {
                 Placement::Host => None,
                 Placement::Gpu(d) => {
                     let mut e = cuda::export(d, c.addr, self.same_process)
-                        .map_err(|e| format!("exporting GPU memory: {e}"))?;
+                        .map_err(|e| LocalError::Copy(format!("exporting GPU memory: {e}")))?;
                     (e.record_addr, e.record_len) = c.record;
                     Some(e)
                 }
@@ -1163,31 +1194,32 @@ impl LocalConn {
         &self,
         p: &Pending,
         exports: &[Option<Export>],
-    ) -> std::result::Result<(), String> {
+    ) -> std::result::Result<(), LocalError> {
         let mut copies = Vec::new();
         let mut keep = Vec::new();
         let mut dev = -1;
         for (i, e) in p.items.iter().zip(exports) {
             let Some(e) = e else { continue };
             if e.direct != 0 && !self.same_process {
-                return Err("the peer sent a same-process address from another process".into());
+                return Err(LocalError::Protocol(
+                    "the peer sent a same-process address from another process".into(),
+                ));
             }
             let d = if self.gpu >= 0 && gpu::available() {
                 self.gpu
             } else {
                 e.gpu
             };
-            let m = self
-                .imports
-                .lock()
-                .open(d, e)
-                .map_err(|err| format!("opening the peer's GPU memory: {err}"))?;
+            let m =
+                self.imports.lock().open(d, e).map_err(|err| {
+                    LocalError::Copy(format!("opening the peer's GPU memory: {err}"))
+                })?;
             // The peer's offset must stay inside the allocation CUDA mapped.
             if e.offset.checked_add(i.len).is_none_or(|end| end > m.size) {
-                return Err(format!(
+                return Err(LocalError::Protocol(format!(
                     "the peer's export ({} bytes at offset {}) lies outside its {}-byte allocation",
                     i.len, e.offset, m.size
-                ));
+                )));
             }
             let remote = m.base.wrapping_add(e.offset);
             copies.push(if p.read {
@@ -1232,7 +1264,7 @@ impl LocalConn {
         }
         // SAFETY: the peer checked each range against its record before
         // exporting it; the mappings are held in `keep`.
-        unsafe { cuda::run(dev, &copies) }.map_err(|e| format!("CUDA copy: {e}"))
+        unsafe { cuda::run(dev, &copies) }.map_err(|e| LocalError::Copy(format!("CUDA copy: {e}")))
     }
 }
 
@@ -1258,14 +1290,17 @@ fn copier(conn: std::sync::Weak<LocalConn>, jobs: Receiver<Job>) {
                 if let Some(token) = p.slot {
                     let (ok, reason) = match &r {
                         Ok(()) => (true, String::new()),
-                        Err(e) => (false, e.clone()),
+                        Err(e) => (false, e.to_string()),
                     };
                     let _ = c.send_msg(&LocalMsg::Landed { token, ok, reason });
                 }
                 match r {
                     Ok(()) => p.t.complete_one(),
+                    Err(e @ LocalError::Refused(_)) => {
+                        p.t.fail(Failure::Refused(e.to_string()));
+                    }
                     Err(e) => {
-                        p.t.fail(Failure::Lost(e));
+                        p.t.fail(Failure::Lost(e.to_string()));
                     }
                 }
             }
