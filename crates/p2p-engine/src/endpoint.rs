@@ -60,7 +60,7 @@ struct Inner {
     accepted_cv: Condvar,
     transfers: Mutex<HashMap<u64, Arc<Transfer>>>,
     by_metadata: Mutex<HashMap<Vec<u8>, u64>>,
-    next_conn: AtomicU64,
+    next_conn: Arc<AtomicU64>,
     next_xfer: AtomicU64,
     stopping: AtomicBool,
     handshakes: Mutex<Handshakes>,
@@ -68,6 +68,8 @@ struct Inner {
     name: String,
     /// Notifications received from peers, until taken.
     notifs: Arc<NotifQueue>,
+    /// Same-host connections (see [`crate::local`]).
+    local: Arc<crate::local::Hub>,
 }
 
 /// A transfer engine endpoint.
@@ -186,6 +188,17 @@ impl Endpoint {
             notifs: notifs.clone(),
         };
         let name = cfg.name.clone().unwrap_or_else(|| default_name(addr));
+        let next_conn = Arc::new(AtomicU64::new(0));
+        let local = crate::local::Hub::start(crate::local::HubParams {
+            auth: crate::handshake::local_auth(&params.auth_key),
+            gpu_index,
+            gpu_bdf: gpu_bdf.clone(),
+            registry: registry.clone(),
+            timeout: cfg.connect_timeout,
+            ip: addr.ip(),
+            port: addr.port(),
+            next_conn: next_conn.clone(),
+        })?;
         let inner = Arc::new(Inner {
             cfg,
             gpu_index,
@@ -199,12 +212,13 @@ impl Endpoint {
             accepted_cv: Condvar::new(),
             transfers: Mutex::new(HashMap::new()),
             by_metadata: Mutex::new(HashMap::new()),
-            next_conn: AtomicU64::new(0),
+            next_conn,
             next_xfer: AtomicU64::new(1),
             stopping: AtomicBool::new(false),
             handshakes: Mutex::new(Handshakes::default()),
             notifs,
             name,
+            local,
         });
         let weak = Arc::downgrade(&inner);
         let acceptor = std::thread::Builder::new()
@@ -355,6 +369,9 @@ impl Endpoint {
 
     /// Closes a connection: what is in flight on it fails.
     pub fn remove_conn(&self, id: u64) -> Result<()> {
+        if self.inner.local.remove(id) {
+            return Ok(());
+        }
         let c = self
             .inner
             .conns
@@ -369,12 +386,16 @@ impl Endpoint {
     /// Connection ids, oldest first.
     pub fn conn_ids(&self) -> Vec<u64> {
         let mut v: Vec<u64> = self.inner.conns.read().keys().copied().collect();
+        v.extend(self.inner.local.ids());
         v.sort_unstable();
         v
     }
 
     /// Why a connection failed, if it did.
     pub fn conn_failure(&self, id: u64) -> Result<Option<String>> {
+        if let Some(c) = self.inner.local.get(id)? {
+            return Ok(c.failure());
+        }
         Ok(self.conn(id)?.failure().map(|f| f.to_string()))
     }
 
@@ -400,7 +421,9 @@ impl Endpoint {
 
     /// The 64-byte descriptor offering `[ptr, ptr+len)` to the peer of `conn`.
     pub fn advertise(&self, conn: u64, mr: u64, ptr: u64, len: usize) -> Result<[u8; 64]> {
-        self.conn(conn)?;
+        if self.local_conn(conn)?.is_none() {
+            self.conn(conn)?;
+        }
         self.advertise_to(Some(conn), mr, ptr, len)
     }
 
@@ -476,12 +499,18 @@ impl Endpoint {
     /// Two-sided send of one or more buffers; matched in posting order by the
     /// peer's receives of the same sizes.
     pub fn send_async(&self, conn: u64, bufs: &[Buf]) -> Result<u64> {
+        if let Some(lc) = self.local_conn(conn)? {
+            return self.local_msg(&lc, true, bufs);
+        }
         let c = self.conn(conn)?;
         let local = self.resolve_local(bufs)?;
         Ok(self.publish(c.post_msg(self.next_xfer(), true, local)?))
     }
 
     pub fn recv_async(&self, conn: u64, bufs: &[Buf]) -> Result<u64> {
+        if let Some(lc) = self.local_conn(conn)? {
+            return self.local_msg(&lc, false, bufs);
+        }
         let c = self.conn(conn)?;
         let local = self.resolve_local(bufs)?;
         Ok(self.publish(c.post_msg(self.next_xfer(), false, local)?))
@@ -495,6 +524,9 @@ impl Endpoint {
         remote: Vec<RmaItem>,
         remote_region: &[u64],
     ) -> Result<u64> {
+        if let Some(lc) = self.local_conn(conn)? {
+            return self.local_rma(&lc, read, bufs, &remote);
+        }
         let c = self.conn(conn)?;
         let local = self.resolve_local(bufs)?;
         if remote.len() != local.len() {
@@ -642,6 +674,7 @@ impl Endpoint {
 impl Drop for Endpoint {
     fn drop(&mut self) {
         self.inner.stopping.store(true, Ordering::Release);
+        self.inner.local.stop();
         // Wake the acceptor.
         let _ = TcpStream::connect_timeout(&self.inner.addr, Duration::from_millis(200));
         if let Some(t) = self.acceptor.take() {
@@ -1074,5 +1107,160 @@ impl Endpoint {
                 return Ok(None);
             }
         }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Same-host calls (see `crate::local`): connections to endpoints of this
+// machine, CUDA IPC for GPU memory and cross-memory attach for host memory.
+
+pub use crate::local::{AcceptedLocal, LocalPeer};
+
+impl Endpoint {
+    /// The local connection `id` (None: not a local one).
+    fn local_conn(&self, id: u64) -> Result<Option<Arc<crate::local::LocalConn>>> {
+        self.inner.local.get(id)
+    }
+
+    fn need_local(&self, id: u64) -> Result<Arc<crate::local::LocalConn>> {
+        match self.local_conn(id)? {
+            Some(c) => Ok(c),
+            None if self.inner.conns.read().contains_key(&id) => Err(Error::invalid(format!(
+                "connection {id} is not a same-host connection (made by connect_local/accept_local)"
+            ))),
+            None => Err(Error::invalid(format!("unknown connection id {id}"))),
+        }
+    }
+
+    /// Connects to an endpoint of this host (see [`LocalPeer`]).
+    pub fn connect_local(&self, peer: &LocalPeer) -> Result<u64> {
+        self.inner.local.connect(peer)
+    }
+
+    /// Waits for the next same-host connection (None: forever).
+    pub fn accept_local(&self, timeout: Option<Duration>) -> Result<AcceptedLocal> {
+        self.inner.local.accept(timeout)
+    }
+
+    /// An opaque descriptor offering `[ptr, ptr+len)` (host or GPU memory,
+    /// registered or not) to the peer of local connection `conn`, for as
+    /// long as the connection lives.
+    pub fn advertise_ipc(&self, conn: u64, ptr: u64, len: usize) -> Result<Vec<u8>> {
+        Ok(self
+            .need_local(conn)?
+            .advertise(ptr, len as u64)?
+            .to_bytes())
+    }
+
+    fn ipc_rma(
+        &self,
+        conn: u64,
+        read: bool,
+        bufs: &[(u64, usize)],
+        infos: &[&[u8]],
+        inline: bool,
+    ) -> Result<Arc<Transfer>> {
+        let c = self.need_local(conn)?;
+        let items = c.ipc_items(bufs, infos)?;
+        let t = Transfer::new(self.next_xfer(), conn, 1, vec![]);
+        c.rma(t.clone(), read, items, inline)?;
+        Ok(t)
+    }
+
+    /// One-sided write of local buffers `(ptr, len)` (unregistered) into the
+    /// ranges the peer advertised with `advertise_ipc`; returns a transfer id.
+    pub fn write_ipc_async(
+        &self,
+        conn: u64,
+        bufs: &[(u64, usize)],
+        infos: &[&[u8]],
+    ) -> Result<u64> {
+        Ok(self.publish(self.ipc_rma(conn, false, bufs, infos, false)?))
+    }
+
+    /// One-sided read from the peer's `advertise_ipc` ranges; a transfer id.
+    pub fn read_ipc_async(&self, conn: u64, bufs: &[(u64, usize)], infos: &[&[u8]]) -> Result<u64> {
+        Ok(self.publish(self.ipc_rma(conn, true, bufs, infos, false)?))
+    }
+
+    /// Blocking [`Endpoint::write_ipc_async`]: a GPU copy to an already
+    /// resolved range runs on the calling thread.
+    pub fn write_ipc(&self, conn: u64, bufs: &[(u64, usize)], infos: &[&[u8]]) -> Result<()> {
+        let t = self.ipc_rma(conn, false, bufs, infos, true)?;
+        crate::local::outcome(&t, t.wait(None))
+    }
+
+    /// Blocking [`Endpoint::read_ipc_async`].
+    pub fn read_ipc(&self, conn: u64, bufs: &[(u64, usize)], infos: &[&[u8]]) -> Result<()> {
+        let t = self.ipc_rma(conn, true, bufs, infos, true)?;
+        crate::local::outcome(&t, t.wait(None))
+    }
+
+    /// Two-sided send of `[ptr, ptr+len)` (unregistered) on a local
+    /// connection, matched with the peer's receives in posting order.
+    pub fn send_ipc_async(&self, conn: u64, ptr: u64, len: usize) -> Result<u64> {
+        let c = self.need_local(conn)?;
+        let t = Transfer::new(self.next_xfer(), conn, 1, vec![]);
+        c.send(t.clone(), ptr, len as u64)?;
+        Ok(self.publish(t))
+    }
+
+    /// Two-sided receive into `[ptr, ptr+len)` (unregistered).
+    pub fn recv_ipc_async(&self, conn: u64, ptr: u64, len: usize) -> Result<u64> {
+        let c = self.need_local(conn)?;
+        let t = Transfer::new(self.next_xfer(), conn, 1, vec![]);
+        c.recv(t.clone(), ptr, len as u64)?;
+        Ok(self.publish(t))
+    }
+
+    /// `send`/`recv` of registered buffers on a local connection: one
+    /// message per buffer, one transfer for all.
+    fn local_msg(&self, c: &Arc<crate::local::LocalConn>, send: bool, bufs: &[Buf]) -> Result<u64> {
+        let local = self.resolve_local(bufs)?;
+        let regions = local.iter().map(|(_, r)| r.clone()).collect();
+        let t = Transfer::new(self.next_xfer(), c.id, bufs.len(), regions);
+        for b in bufs {
+            if send {
+                c.send(t.clone(), b.ptr, b.len as u64)?;
+            } else {
+                c.recv(t.clone(), b.ptr, b.len as u64)?;
+            }
+        }
+        Ok(self.publish(t))
+    }
+
+    /// `write`/`read`/`transfer` on a local connection: the same-host path
+    /// with the peer's registry advertisements.
+    fn local_rma(
+        &self,
+        c: &Arc<crate::local::LocalConn>,
+        read: bool,
+        bufs: &[Buf],
+        remote: &[RmaItem],
+    ) -> Result<u64> {
+        let local = self.resolve_local(bufs)?;
+        if remote.len() != local.len() {
+            return Err(Error::invalid(format!(
+                "{} local buffers but {} remote descriptors",
+                local.len(),
+                remote.len()
+            )));
+        }
+        let items = bufs
+            .iter()
+            .zip(remote)
+            .map(|(b, r)| crate::local::Item {
+                space: crate::local::desc::Space::Registry,
+                token: r.token,
+                remote: r.addr,
+                len: r.len,
+                local: b.ptr,
+                desc: None,
+            })
+            .collect();
+        let regions = local.into_iter().map(|(_, r)| r).collect();
+        let t = Transfer::new(self.next_xfer(), c.id, 1, regions);
+        c.rma(t.clone(), read, items, false)?;
+        Ok(self.publish(t))
     }
 }

@@ -119,6 +119,22 @@ const PROOF_LABEL: &[u8] = b"tcpx-p2p handshake proof v5";
 
 /// The proof `role` sends: HMAC-SHA256 under the shared secret over both
 /// hellos as they went over the wire (each length-prefixed).
+/// The secret's digest that a same-host connection's hello carries (0 with
+/// no secret). Same-host peers are also checked to be of our uid
+/// (`SO_PEERCRED`), which could read our memory anyway: the digest keeps
+/// endpoints of one user with different secrets apart, nothing more.
+pub fn local_auth(key: &[u8]) -> u64 {
+    if key.is_empty() {
+        return 0;
+    }
+    let mut m = <Hmac<Sha256> as Mac>::new_from_slice(key).expect("HMAC takes keys of any length");
+    m.update(b"tcpx-p2p same-host hello");
+    let d = m.finalize().into_bytes();
+    let mut b = [0u8; 8];
+    b.copy_from_slice(&d[..8]);
+    u64::from_le_bytes(b) | 1
+}
+
 pub fn proof(
     key: &[u8],
     role: Role,

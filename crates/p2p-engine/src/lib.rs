@@ -18,6 +18,7 @@ mod fuzzing;
 mod gpu;
 mod handler;
 mod handshake;
+mod local;
 mod memory;
 pub mod net;
 pub mod notif;
@@ -30,6 +31,7 @@ mod wire;
 pub use config::{Config, GpuSwitches, NetKind};
 pub use endpoint::{Accepted, Buf, Endpoint, RemoteDesc, RemoteGpu};
 pub use error::{CudaError, Error, ErrorKind, NetError, Result, WireError};
+pub use local::{AcceptedLocal, LocalPeer};
 pub use memory::MemKind;
 pub use notif::Notif;
 pub use topo::CpuAffinity;
@@ -53,6 +55,10 @@ pub mod internal {
     /// The I/O threads' time accounts.
     pub mod timing {
         pub use crate::net::timing::*;
+    }
+    /// The same-host path's descriptor and messages (fuzz targets, tests).
+    pub mod local {
+        pub use crate::local::desc;
     }
     /// The socket net, for tests that speak its wire format.
     pub mod socket {

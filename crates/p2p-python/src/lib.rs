@@ -1047,6 +1047,230 @@ impl Endpoint {
             ep.read_async_with_notif(conn_id, &[b], &[fifo(&meta)?], Some(&notif))
         })
     }
+    // ---------------------------------------------------------------------
+    // Same-host calls (UCCL v0.1.1's names and keywords): connections to an
+    // endpoint of this machine; GPU memory by CUDA IPC, host memory by
+    // cross-memory attach. Pointers need no registration; `info` blobs
+    // come from the peer's `advertise_ipc` and are opaque.
+
+    /// `(ok, conn_id)`. `remote_gpu_bdf`: the peer's PCI bus id, its GPU
+    /// index, or its `get_metadata()` bytes (exact, also for host-only
+    /// endpoints and several endpoints on one GPU).
+    fn connect_local(&self, py: Python<'_>, remote_gpu_bdf: Bound<'_, PyAny>) -> (bool, i64) {
+        let peer = if let Ok(b) = remote_gpu_bdf.cast::<PyBytes>() {
+            Ok(tcpx_p2p::LocalPeer::Metadata(b.as_bytes().to_vec()))
+        } else if let Ok(i) = remote_gpu_bdf.extract::<i32>() {
+            Ok(tcpx_p2p::LocalPeer::Index(i))
+        } else if let Ok(s) = remote_gpu_bdf.extract::<String>() {
+            Ok(tcpx_p2p::LocalPeer::Bdf(s))
+        } else {
+            Err(Error::Invalid(
+                "connect_local: remote_gpu_bdf must be a PCI bus id, a GPU index or metadata bytes"
+                    .into(),
+            ))
+        };
+        let r = peer.and_then(|p| py.detach(|| self.ep.connect_local(&p)));
+        match self.check(py, r) {
+            Some(id) => (true, id as i64),
+            None => (false, -1),
+        }
+    }
+
+    /// Blocks until an endpoint of this host connects:
+    /// `(ok, remote_gpu_bdf, conn_id)` (the bdf is the GPU index as a string
+    /// where the peer has no PCI bus id).
+    #[pyo3(signature = (timeout=None))]
+    fn accept_local(&self, py: Python<'_>, timeout: Option<f64>) -> (bool, String, i64) {
+        let t = timeout.map(std::time::Duration::from_secs_f64);
+        let r = py.detach(|| self.ep.accept_local(t));
+        match self.check(py, r) {
+            Some(a) => {
+                let bdf = if !a.gpu_bdf.is_empty() {
+                    a.gpu_bdf
+                } else if a.gpu_index >= 0 {
+                    a.gpu_index.to_string()
+                } else {
+                    String::new()
+                };
+                (true, bdf, a.conn as i64)
+            }
+            None => (false, String::new(), -1),
+        }
+    }
+
+    /// `(ok, info)`: an opaque descriptor of `[ptr, ptr+size)` for the peer.
+    fn advertise_ipc<'py>(
+        &self,
+        py: Python<'py>,
+        conn_id: u64,
+        ptr: u64,
+        size: usize,
+    ) -> (bool, Bound<'py, PyBytes>) {
+        match self.check(py, self.ep.advertise_ipc(conn_id, ptr, size)) {
+            Some(d) => (true, PyBytes::new(py, &d)),
+            None => (false, PyBytes::new(py, &[])),
+        }
+    }
+
+    fn advertisev_ipc<'py>(
+        &self,
+        py: Python<'py>,
+        conn_id: u64,
+        ptr_v: Vec<u64>,
+        size_v: Vec<usize>,
+    ) -> PyResult<(bool, Bound<'py, PyList>)> {
+        let r = ipc_pairs(&ptr_v, &size_v, None).and_then(|bs| {
+            bs.iter()
+                .map(|&(p, n)| self.ep.advertise_ipc(conn_id, p, n))
+                .collect::<EResult<Vec<_>>>()
+        });
+        match self.check(py, r) {
+            Some(ds) => Ok((
+                true,
+                PyList::new(py, ds.iter().map(|d| PyBytes::new(py, d)))?,
+            )),
+            None => Ok((false, PyList::empty(py))),
+        }
+    }
+
+    fn write_ipc(
+        &self,
+        py: Python<'_>,
+        conn_id: u64,
+        ptr: u64,
+        size: usize,
+        info: Vec<u8>,
+    ) -> bool {
+        let r = py.detach(|| self.ep.write_ipc(conn_id, &[(ptr, size)], &[&info]));
+        self.check(py, r).is_some()
+    }
+
+    fn read_ipc(&self, py: Python<'_>, conn_id: u64, ptr: u64, size: usize, info: Vec<u8>) -> bool {
+        let r = py.detach(|| self.ep.read_ipc(conn_id, &[(ptr, size)], &[&info]));
+        self.check(py, r).is_some()
+    }
+
+    fn write_ipc_async(
+        &self,
+        py: Python<'_>,
+        conn_id: u64,
+        ptr: u64,
+        size: usize,
+        info: Vec<u8>,
+    ) -> (bool, i64) {
+        self.started(py, |ep| {
+            ep.write_ipc_async(conn_id, &[(ptr, size)], &[&info])
+        })
+    }
+
+    fn read_ipc_async(
+        &self,
+        py: Python<'_>,
+        conn_id: u64,
+        ptr: u64,
+        size: usize,
+        info: Vec<u8>,
+    ) -> (bool, i64) {
+        self.started(py, |ep| {
+            ep.read_ipc_async(conn_id, &[(ptr, size)], &[&info])
+        })
+    }
+
+    fn writev_ipc(
+        &self,
+        py: Python<'_>,
+        conn_id: u64,
+        ptr_v: Vec<u64>,
+        size_v: Vec<usize>,
+        info_v: Vec<Vec<u8>>,
+    ) -> bool {
+        let r = py.detach(|| {
+            let b = ipc_pairs(&ptr_v, &size_v, Some(info_v.len()))?;
+            let i: Vec<&[u8]> = info_v.iter().map(Vec::as_slice).collect();
+            self.ep.write_ipc(conn_id, &b, &i)
+        });
+        self.check(py, r).is_some()
+    }
+
+    fn readv_ipc(
+        &self,
+        py: Python<'_>,
+        conn_id: u64,
+        ptr_v: Vec<u64>,
+        size_v: Vec<usize>,
+        info_v: Vec<Vec<u8>>,
+    ) -> bool {
+        let r = py.detach(|| {
+            let b = ipc_pairs(&ptr_v, &size_v, Some(info_v.len()))?;
+            let i: Vec<&[u8]> = info_v.iter().map(Vec::as_slice).collect();
+            self.ep.read_ipc(conn_id, &b, &i)
+        });
+        self.check(py, r).is_some()
+    }
+
+    fn writev_ipc_async(
+        &self,
+        py: Python<'_>,
+        conn_id: u64,
+        ptr_v: Vec<u64>,
+        size_v: Vec<usize>,
+        info_v: Vec<Vec<u8>>,
+    ) -> (bool, i64) {
+        self.started(py, |ep| {
+            let b = ipc_pairs(&ptr_v, &size_v, Some(info_v.len()))?;
+            let i: Vec<&[u8]> = info_v.iter().map(Vec::as_slice).collect();
+            ep.write_ipc_async(conn_id, &b, &i)
+        })
+    }
+
+    fn readv_ipc_async(
+        &self,
+        py: Python<'_>,
+        conn_id: u64,
+        ptr_v: Vec<u64>,
+        size_v: Vec<usize>,
+        info_v: Vec<Vec<u8>>,
+    ) -> (bool, i64) {
+        self.started(py, |ep| {
+            let b = ipc_pairs(&ptr_v, &size_v, Some(info_v.len()))?;
+            let i: Vec<&[u8]> = info_v.iter().map(Vec::as_slice).collect();
+            ep.read_ipc_async(conn_id, &b, &i)
+        })
+    }
+
+    /// Two-sided on a local connection, matched with the peer's `recv_ipc`
+    /// calls in posting order.
+    fn send_ipc(&self, py: Python<'_>, conn_id: u64, ptr: u64, size: usize) -> bool {
+        self.blocking(py, |ep| ep.send_ipc_async(conn_id, ptr, size))
+    }
+
+    fn recv_ipc(&self, py: Python<'_>, conn_id: u64, ptr: u64, size: usize) -> bool {
+        self.blocking(py, |ep| ep.recv_ipc_async(conn_id, ptr, size))
+    }
+
+    fn send_ipc_async(&self, py: Python<'_>, conn_id: u64, ptr: u64, size: usize) -> (bool, i64) {
+        self.started(py, |ep| ep.send_ipc_async(conn_id, ptr, size))
+    }
+
+    fn recv_ipc_async(&self, py: Python<'_>, conn_id: u64, ptr: u64, size: usize) -> (bool, i64) {
+        self.started(py, |ep| ep.recv_ipc_async(conn_id, ptr, size))
+    }
+}
+
+/// `(ptr, size)` pairs of a vector same-host call, checked against each
+/// other (and against the number of descriptors where given).
+fn ipc_pairs(ptr_v: &[u64], size_v: &[usize], infos: Option<usize>) -> EResult<Vec<(u64, usize)>> {
+    if ptr_v.len() != size_v.len() || infos.is_some_and(|n| n != ptr_v.len()) {
+        return Err(Error::Invalid(format!(
+            "{} pointers, {} sizes{}: the lists must have one entry per buffer",
+            ptr_v.len(),
+            size_v.len(),
+            infos
+                .map(|n| format!(" and {n} descriptors"))
+                .unwrap_or_default()
+        )));
+    }
+    Ok(ptr_v.iter().copied().zip(size_v.iter().copied()).collect())
 }
 
 fn one(mr: u64, ptr: u64, len: usize) -> [Buf; 1] {
