@@ -86,6 +86,8 @@ pub(crate) struct ConnParams {
     pub deadline: Duration,
     /// Net devices for channel i: `devices[i % len]` (never empty).
     pub devices: Vec<usize>,
+    /// One-sided transfers up to this size go inline (`TCPX_P2P_INLINE_MAX`).
+    pub inline_max: usize,
 }
 
 pub struct Conn {
@@ -115,6 +117,10 @@ pub struct Conn {
     /// Threads blocked in [`Conn::wait_on`]: the net's waker wakes them.
     waiters: Arc<Mutex<Vec<Thread>>>,
     threads: Mutex<Vec<JoinHandle<()>>>,
+    /// One-sided transfers up to this size go inline (see [`crate::inline`]).
+    inline_max: usize,
+    /// Our inline reads awaiting their `ReadData`: where the bytes land.
+    pending_reads: Mutex<HashMap<u64, Vec<(MemRef, Arc<crate::memory::Region>)>>>,
 }
 
 impl Conn {
@@ -269,6 +275,8 @@ impl Conn {
             book: Mutex::new(Book::new(p.limits)),
             waiters,
             threads: Mutex::new(Vec::new()),
+            inline_max: p.inline_max,
+            pending_reads: Mutex::new(HashMap::new()),
         });
         let weak = Arc::downgrade(&conn);
         let cpus = p.cpus.clone();
@@ -400,6 +408,7 @@ impl Conn {
         for t in live {
             t.fail(fl.clone());
         }
+        self.pending_reads.lock().clear();
         for (_, ops) in self.pending_writes.lock().drain() {
             for op in ops {
                 op.xfer.fail(fl.clone());
@@ -529,6 +538,10 @@ impl Conn {
         let ids: Vec<(MemRef, u64)> = local.iter().map(|(m, r)| (*m, r.id)).collect();
         let runs = rma::plan_runs(&ids, &remote, remote_region);
         let local = rma::merge_runs(local, &runs).map_err(Error::invalid)?;
+        let total = crate::inline::total(&local);
+        if total <= self.inline_max && total > 0 {
+            return Ok(self.post_inline(xfer_id, read, local, remote, runs, regions, total));
+        }
         let plan = self.plan(local.iter().map(|(m, _)| m.len));
         // +1: the target's WriteDone / ReadAck.
         let xfer = Transfer::new(xfer_id, self.id, plan.len() + 1, regions);
@@ -569,6 +582,55 @@ impl Conn {
             self.kick();
         }
         Ok(xfer)
+    }
+
+    /// A one-sided transfer whose data goes on the control connection:
+    /// a write's right after its request, a read's in the answer. Its one
+    /// event is the target's `WriteDone`, or the `ReadData` landing.
+    #[allow(clippy::too_many_arguments)]
+    fn post_inline(
+        self: &Arc<Self>,
+        xfer_id: u64,
+        read: bool,
+        local: Vec<(MemRef, Arc<crate::memory::Region>)>,
+        remote: Vec<RmaItem>,
+        runs: Vec<u32>,
+        regions: Vec<Arc<crate::memory::Region>>,
+        total: usize,
+    ) -> Arc<Transfer> {
+        tracing::trace!(xfer = xfer_id, read, bytes = total, "lat: post inline");
+        let xfer = Transfer::new(xfer_id, self.id, 1, regions);
+        self.track(&xfer);
+        self.book.lock().expect_inline(xfer_id, read, total as u32);
+        let mut body = Vec::new();
+        let written = if read {
+            self.pending_reads.lock().insert(xfer_id, local);
+            Control::ReadInline {
+                xfer: xfer_id,
+                items: remote,
+                runs,
+            }
+            .encode(&mut body);
+            self.write_locked(&mut self.oob.lock(), &body)
+        } else {
+            Control::WriteInline {
+                xfer: xfer_id,
+                items: remote,
+                runs,
+                len: total as u32,
+            }
+            .encode(&mut body);
+            let mut oob = self.oob.lock();
+            let r = crate::inline::write_with_payload(&mut *oob, &body, &local);
+            if r.is_ok() {
+                self.last_tx.store(now_ms(), Ordering::Relaxed);
+            }
+            r
+        };
+        if let Err(e) = written {
+            self.fail(format!("control connection write failed: {e}"));
+        }
+        xfer
     }
 
     fn send_control(&self, m: &Control) -> std::io::Result<()> {
@@ -616,7 +678,11 @@ impl Conn {
     }
 
     /// Carries out what [`Book::on_control`] decided about a message.
-    fn on_control(self: &Arc<Self>, m: Control) -> std::result::Result<(), Failure> {
+    fn on_control(
+        self: &Arc<Self>,
+        m: Control,
+        s: &mut TcpStream,
+    ) -> std::result::Result<(), Failure> {
         let cx = Ctx {
             registry: &self.registry,
             conn: self.id,
@@ -736,7 +802,72 @@ impl Conn {
                     t.complete_one();
                 }
             }
+            Action::LandWrite {
+                xfer,
+                local,
+                len,
+                weight,
+            } => {
+                tracing::trace!(xfer, bytes = len, "lat: inline write in");
+                let landed = crate::inline::land(s, &local);
+                self.book.lock().served_end(weight);
+                drop(local);
+                landed.map_err(|e| Failure::Lost(format!("inline write payload: {e}")))?;
+                self.send_control(&Control::WriteDone { xfer })
+                    .map_err(|e| Failure::Lost(e.to_string()))?;
+            }
+            Action::DropWrite { xfer, reason, len } => {
+                tracing::warn!(
+                    conn = self.id,
+                    "refused an inline write from {}: {reason}",
+                    self.peer
+                );
+                crate::inline::drain(s, len)
+                    .map_err(|e| Failure::Lost(format!("inline write payload: {e}")))?;
+                self.send_control(&Control::Refused { xfer, reason })
+                    .map_err(|e| Failure::Lost(e.to_string()))?;
+            }
+            Action::SendReadData {
+                xfer,
+                local,
+                len,
+                weight,
+            } => {
+                let mut body = Vec::new();
+                Control::ReadData {
+                    xfer,
+                    len: len as u32,
+                }
+                .encode(&mut body);
+                let written = {
+                    let mut oob = self.oob.lock();
+                    crate::inline::write_with_payload(&mut *oob, &body, &local)
+                };
+                self.book.lock().served_end(weight);
+                written.map_err(|e| Failure::Lost(e.to_string()))?;
+                self.last_tx.store(now_ms(), Ordering::Relaxed);
+            }
+            Action::LandRead { xfer, len } => {
+                let local = self.pending_reads.lock().remove(&xfer);
+                match local {
+                    Some(local) if crate::inline::total(&local) == len => {
+                        crate::inline::land(s, &local)
+                            .map_err(|e| Failure::Lost(format!("inline read payload: {e}")))?;
+                        tracing::trace!(xfer, "lat: inline read landed");
+                        let t = self.live.lock().get(&xfer).cloned();
+                        if let Some(t) = t {
+                            t.complete_one();
+                        }
+                    }
+                    _ => {
+                        return Err(Failure::Protocol(format!(
+                            "inline data for read {xfer}, which awaits none of that length"
+                        )))
+                    }
+                }
+            }
             Action::PeerRefused { xfer, reason } => {
+                self.pending_reads.lock().remove(&xfer);
                 self.pending_writes.lock().remove(&xfer);
                 let t = self.live.lock().get(&xfer).cloned();
                 if let Some(t) = t {
@@ -774,7 +905,7 @@ fn oob_loop(conn: Weak<Conn>, mut s: TcpStream) {
                 Err(e) => Err(Failure::Protocol(format!(
                     "peer sent a malformed control message: {e}"
                 ))),
-                Ok(m) => c.on_control(m),
+                Ok(m) => c.on_control(m, &mut s),
             },
         };
         if let Err(why) = res {

@@ -176,6 +176,7 @@ impl Endpoint {
             cpus,
             deadline: cfg.deadline,
             devices,
+            inline_max: cfg.inline_max.min(crate::wire::MAX_INLINE),
         };
         let inner = Arc::new(Inner {
             cfg,
