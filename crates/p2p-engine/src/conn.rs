@@ -90,6 +90,9 @@ pub(crate) struct ConnParams {
     pub inline_max: usize,
 }
 
+/// Where an inline read's bytes land: our buffers, in order.
+type Landing = Vec<(MemRef, Arc<crate::memory::Region>)>;
+
 pub struct Conn {
     pub id: u64,
     pub peer: SocketAddr,
@@ -120,7 +123,7 @@ pub struct Conn {
     /// One-sided transfers up to this size go inline (see [`crate::inline`]).
     inline_max: usize,
     /// Our inline reads awaiting their `ReadData`: where the bytes land.
-    pending_reads: Mutex<HashMap<u64, Vec<(MemRef, Arc<crate::memory::Region>)>>>,
+    pending_reads: Mutex<HashMap<u64, Landing>>,
 }
 
 impl Conn {
@@ -567,6 +570,7 @@ impl Conn {
         };
         let mut body = Vec::new();
         msg.encode(&mut body);
+        tracing::trace!(xfer = xfer_id, "lat: ctl out {}", msg.kind());
         let mut oob = self.oob.lock();
         let read = ops.is_some();
         if let Some(ops) = ops {
@@ -622,6 +626,7 @@ impl Conn {
             .encode(&mut body);
             let mut oob = self.oob.lock();
             let r = crate::inline::write_with_payload(&mut *oob, &body, &local);
+            tracing::trace!(xfer = xfer_id, "lat: inline write out");
             if r.is_ok() {
                 self.last_tx.store(now_ms(), Ordering::Relaxed);
             }
@@ -634,6 +639,7 @@ impl Conn {
     }
 
     fn send_control(&self, m: &Control) -> std::io::Result<()> {
+        tracing::trace!("lat: ctl out {}", m.kind());
         let mut body = Vec::new();
         m.encode(&mut body);
         self.write_locked(&mut self.oob.lock(), &body)
@@ -730,6 +736,7 @@ impl Conn {
                 let ops = self.ops_for(&inner, &local, &plan, true);
                 let mut body = Vec::new();
                 Control::WriteCts { xfer }.encode(&mut body);
+                tracing::trace!(xfer, "lat: ctl out WriteCts");
                 let mut oob = self.oob.lock();
                 self.enqueue(Cmd::Recv(Set::Rma, ops));
                 let written = self.write_locked(&mut oob, &body);
@@ -905,7 +912,10 @@ fn oob_loop(conn: Weak<Conn>, mut s: TcpStream) {
                 Err(e) => Err(Failure::Protocol(format!(
                     "peer sent a malformed control message: {e}"
                 ))),
-                Ok(m) => c.on_control(m, &mut s),
+                Ok(m) => {
+                    tracing::trace!("lat: ctl in {}", m.kind());
+                    c.on_control(m, &mut s)
+                }
             },
         };
         if let Err(why) = res {

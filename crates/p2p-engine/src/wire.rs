@@ -711,6 +711,23 @@ impl Control {
         }
     }
 
+    /// The message's name, for logs and traces.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Control::KeepAlive => "KeepAlive",
+            Control::WriteReq { .. } => "WriteReq",
+            Control::WriteCts { .. } => "WriteCts",
+            Control::WriteDone { .. } => "WriteDone",
+            Control::ReadReq { .. } => "ReadReq",
+            Control::ReadAck { .. } => "ReadAck",
+            Control::Refused { .. } => "Refused",
+            Control::Close => "Close",
+            Control::WriteInline { .. } => "WriteInline",
+            Control::ReadInline { .. } => "ReadInline",
+            Control::ReadData { .. } => "ReadData",
+        }
+    }
+
     /// How many payload bytes follow this message's frame on the stream.
     pub fn payload_len(&self) -> usize {
         match self {
