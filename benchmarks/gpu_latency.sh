@@ -3,8 +3,9 @@
 #   bash benchmarks/gpu_latency.sh WHEEL OUTDIR [INLINE_MAX_LIST]
 # 1. blocking write / read / send, GPU → GPU, 4 KiB … 256 MiB, --inflight 1,
 #    beside raw TCP and the staged copies measured in the same run, once per
-#    TCPX_P2P_INLINE_MAX in INLINE_MAX_LIST (default "64K 0": the default
-#    inline threshold, and inline off, i.e. every write through the net);
+#    TCPX_P2P_INLINE_MAX in INLINE_MAX_LIST (default "64K 1M 0": the
+#    default inline threshold, everything up to 1 MiB inline, and inline
+#    off, i.e. every write and read through the net);
 # 2. the pipelined figures beside them: --inflight 8 at 16 and 256 MiB;
 # 3. KV blocks: 4,096 × 32 KiB scattered writev, one at a time, beside the
 #    same bytes as one 128 MiB write.
@@ -14,7 +15,7 @@
 # time limit; a step that fails or runs over is named in summary.txt.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-WHEEL=$1 O=$2 LIST=${3:-"64K 0"}
+WHEEL=$1 O=$2 LIST=${3:-"64K 1M 0"}
 W=$(mktemp -d)/gpu_latency
 mkdir -p "$W" "$O"
 . benchmarks/device_env.sh "$WHEEL"
