@@ -70,10 +70,10 @@ def main():
     if not evs:
         sys.exit(f"{a.log}: no 'lat:' trace events (run with TCPX_P2P_LOG=trace)")
     rows = breakdown(evs)
-    print(f"{'from':<14}{'to':<14}{'count':>7}{'p50 us':>9}{'p90 us':>9}")
+    print(f"{'from':<22}{'to':<22}{'count':>7}{'p50 us':>9}{'p90 us':>9}")
     for r in rows:
         if r["count"] >= 5:
-            print(f"{r['from']:<14}{r['to']:<14}{r['count']:>7}{r['p50_us']:>9.1f}{r['p90_us']:>9.1f}")
+            print(f"{r['from']:<22}{r['to']:<22}{r['count']:>7}{r['p50_us']:>9.1f}{r['p90_us']:>9.1f}")
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"events": len(evs), "steps": rows}, f, indent=1)

@@ -230,6 +230,48 @@ def test_write_read_advertised(local, peers):
     assert ep.write(cid, smr, sptr, 1000, meta)
 
 
+# One-sided transfers up to TCPX_P2P_INLINE_MAX (default 64 KiB) carry their
+# data on the control connection; larger ones go through the net.
+INLINE_MAX = 64 << 10
+
+
+@pytest.mark.parametrize("n", [INLINE_MAX - 1, INLINE_MAX, INLINE_MAX + 1])
+def test_write_read_at_the_inline_threshold(local, peers, n):
+    ep, bufs = local
+    peer = peers()
+    cid, pcid = connect(ep, peer)
+    guard = 4096
+    tb, tptr = peer.call("alloc", n + 2 * guard)
+    ok, tmr = peer.ep("reg", tptr, n + 2 * guard)
+    ok, meta = peer.ep("advertise", pcid, tmr, tptr + guard, n)
+    assert ok
+    sb, sptr = bufs.alloc(n, seed=n % 251)
+    ok, smr = ep.reg(sptr, n)
+    assert ep.write(cid, smr, sptr, n, meta), ep.last_error()
+    assert peer.call("digest", tb, guard, n) == digest(pattern(n, n % 251))
+    assert peer.call("data", tb, 0, guard) == bytes(guard)
+    assert peer.call("data", tb, guard + n, guard) == bytes(guard)
+    rb, rptr = bufs.alloc(n + guard)
+    ok, rmr = ep.reg(rptr, n + guard)
+    assert ep.read(cid, rmr, rptr, n, meta), ep.last_error()
+    assert bufs.digest(rb, 0, n) == digest(pattern(n, n % 251))
+    assert bufs.data(rb, n, guard) == bytes(guard), "a read lands only its own bytes"
+    # Two items whose sum straddles the threshold: one scattered message.
+    half = n // 2
+    rest = n - half
+    ok, metas = peer.ep("advertisev", pcid, [tmr] * 2, [tptr + guard + half, tptr + guard], [rest, half], 2)
+    assert ok
+    sb2, sptr2 = bufs.alloc(n, seed=7)
+    ok, smr2 = ep.reg(sptr2, n)
+    assert ep.writev(cid, [smr2] * 2, [sptr2, sptr2 + rest], [rest, half], metas, 2), ep.last_error()
+    src = pattern(n, 7)
+    got = peer.call("data", tb, guard, n)
+    assert got[half:] == src[:rest] and got[:half] == src[rest:]
+    ok, x = ep.readv_async(cid, [rmr] * 2, [rptr, rptr + rest], [rest, half], metas, 2)
+    assert ok and ep.wait(x), ep.last_error()
+    assert bufs.digest(rb, 0, n) == digest(src)
+
+
 def test_kv_blocks_writev_readv(local, peers):
     ep, bufs = local
     peer = peers()

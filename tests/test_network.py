@@ -18,7 +18,7 @@ import time
 import uuid
 
 import pytest
-from conftest import Peer
+from conftest import PEER_GPU, Peer
 from peer_ops import pattern
 
 from tcpx_p2p import p2p
@@ -85,13 +85,13 @@ def pair(monkeypatch, ns, here, there, deadline_ms="10000"):
     ep = p2p.Endpoint(0)
     peer = Peer(
         "cpu",
-        1,
+        PEER_GPU,
         {"TEST_NETNS": ns, "TCPX_P2P_IFNAME": there, "NCCL_NET_EMU_IFNAME": there, "TCPX_P2P_DEADLINE_MS": deadline_ms},
     )
     ip, port, _ = ep.parse_metadata(peer.metadata)
     assert ip == THERE
     peer.pipe.send(("ep", ("accept", ())))
-    ok, cid = ep.connect(ip, 1, port)
+    ok, cid = ep.connect(ip, PEER_GPU, port)
     assert ok, ep.last_error()
     ok, _, _, pcid = peer._reply()
     assert ok

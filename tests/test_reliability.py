@@ -8,7 +8,7 @@ import struct
 import time
 
 import pytest
-from conftest import Peer, connect
+from conftest import PEER_GPU, Peer, connect
 from peer_ops import pattern
 
 from tcpx_p2p import p2p
@@ -22,7 +22,7 @@ def fresh_endpoint(monkeypatch, **env):
 
 def test_stopped_peer_fails_transfers_within_deadline(monkeypatch):
     ep = fresh_endpoint(monkeypatch, TCPX_P2P_KEEPALIVE_MS="200", TCPX_P2P_DEADLINE_MS="2000")
-    peer = Peer("cpu", 1)
+    peer = Peer("cpu", PEER_GPU)
     try:
         cid, pcid = connect(ep, peer)
         buf = bytearray(1 << 20)
@@ -51,9 +51,9 @@ def test_stopped_peer_fails_transfers_within_deadline(monkeypatch):
 def test_auth_token(monkeypatch):
     ep = fresh_endpoint(monkeypatch, TCPX_P2P_AUTH_TOKEN="s3cret")
     ip, port, _ = ep.parse_metadata(ep.get_metadata())
-    wrong = Peer("cpu", 1, {"TCPX_P2P_AUTH_TOKEN": "other"})
-    none = Peer("cpu", 1, {"TCPX_P2P_AUTH_TOKEN": ""})
-    right = Peer("cpu", 1, {"TCPX_P2P_AUTH_TOKEN": "s3cret"})
+    wrong = Peer("cpu", PEER_GPU, {"TCPX_P2P_AUTH_TOKEN": "other"})
+    none = Peer("cpu", PEER_GPU, {"TCPX_P2P_AUTH_TOKEN": ""})
+    right = Peer("cpu", PEER_GPU, {"TCPX_P2P_AUTH_TOKEN": "s3cret"})
     try:
         for p in (wrong, none):
             ok, _ = p.ep("connect", ip, 0, port)
@@ -77,23 +77,23 @@ def test_handshake_version_mismatch_is_refused():
     s = socket.create_connection((ip, port), timeout=10)
     body = struct.pack("<QHi", 0x3150325058504354, 99, 0) + b"\x00" * 40
     s.sendall(struct.pack("<I", len(body)) + body)
-    # The endpoint answers with a refusal frame (type 0, then the reason),
-    # then closes.
-    n = struct.unpack("<I", s.recv(4))[0]
-    assert n >= 1
-    body = b""
-    while len(body) < n:
-        chunk = s.recv(n - len(body))
-        assert chunk
-        body += chunk
-    assert body[:1] == b"\x00"
-    assert b"version" in body
+    # The endpoint answers with a refusal frame (type 0, then its reason as
+    # u16 length + text), then closes.
+    frame = b""
+    while len(frame) < 4 or len(frame) < 4 + struct.unpack("<I", frame[:4])[0]:
+        more = s.recv(4096)
+        assert more, "closed before the refusal frame was complete"
+        frame += more
+    n = struct.unpack("<I", frame[:4])[0]
+    assert 1 <= n <= 1 + 2 + 256 and frame[4] == 0
+    reason = frame[7 : 4 + n].decode() if n > 1 else ""
+    assert n == 1 or "version" in reason, reason
     s.close()
     garbage = socket.create_connection((ip, port), timeout=10)
     garbage.sendall(b"GET / HTTP/1.1\r\n\r\n" * 10)
     garbage.close()
     # Still serving.
-    peer = Peer("cpu", 1)
+    peer = Peer("cpu", PEER_GPU)
     try:
         connect(ep, peer)
     finally:
@@ -115,7 +115,7 @@ def _proc_stats():
 def test_connect_transfer_close_cycles_leak_nothing(record_property):
     cycles = int(os.environ.get("TCPX_P2P_TEST_CYCLES", "1000"))
     ep = p2p.Endpoint(0)
-    peer = Peer("cpu", 1)
+    peer = Peer("cpu", PEER_GPU)
     import ctypes
 
     n = 64 << 10

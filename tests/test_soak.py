@@ -9,7 +9,7 @@ import json
 import os
 import time
 
-from conftest import Peer
+from conftest import PEER_GPU, Peer
 
 from tcpx_p2p import p2p
 
@@ -32,7 +32,7 @@ def test_soak_many_peers(monkeypatch):
     base = ctypes.addressof(region)
     ok, mr = ep.reg(base, peers_n * per * slot)
     assert ok
-    peers = [Peer("cpu", 1, {"TCPX_P2P_STREAMS": "2"}) for _ in range(peers_n)]
+    peers = [Peer("cpu", PEER_GPU, {"TCPX_P2P_STREAMS": "2"}) for _ in range(peers_n)]
     try:
         work = []
         for i, p in enumerate(peers):

@@ -93,6 +93,11 @@ pub struct Config {
     /// The process-wide CUDA switches (read once per process; see
     /// [`GpuSwitches`]).
     pub gpu: GpuSwitches,
+    /// One-sided writes and reads of at most this many bytes go inline:
+    /// the data travels with the request (a write) or with the answer (a
+    /// read) on the control connection, one round trip and no net request.
+    /// 0 turns it off; at most `wire::MAX_INLINE` (1 MiB).
+    pub inline_max: usize,
 }
 
 /// CUDA switches for the whole process, read once from the environment:
@@ -158,6 +163,7 @@ impl Default for Config {
             dereg_wait: Duration::from_secs(10),
             name: None,
             gpu: GpuSwitches::get(),
+            inline_max: DEFAULT_INLINE_MAX,
         }
     }
 }
@@ -226,6 +232,7 @@ impl Config {
     /// | `TCPX_P2P_MAX_HANDSHAKES`, `TCPX_P2P_MAX_HANDSHAKES_PER_IP` | handshakes in progress at once (more are closed at once) | 64, 16 |
     /// | `TCPX_P2P_DEREG_WAIT_MS` | how long `dereg` waits for transfers using the region before refusing | 10000 |
     /// | `TCPX_P2P_NAME` | endpoint name sent with notifications (at most 256 bytes) | `hostname:port` |
+    /// | `TCPX_P2P_INLINE_MAX` | one-sided writes/reads up to this size carry their data on the control connection (one round trip; 0: never; at most 1M) | 64K |
     pub fn from_env() -> Result<Self> {
         let mut c = Config::default();
         if let Some((name, v)) = var(&["TCPX_P2P_NET"]) {
@@ -334,6 +341,9 @@ impl Config {
         if let Some(n) = size_var(&["TCPX_P2P_DEREG_WAIT_MS"], 0, 3_600_000)? {
             c.dereg_wait = Duration::from_millis(n as u64);
         }
+        if let Some(n) = size_var(&["TCPX_P2P_INLINE_MAX"], 0, crate::wire::MAX_INLINE)? {
+            c.inline_max = n;
+        }
         if let Some((_, v)) = var(&["TCPX_P2P_PLUGIN_PATH", "UCCL_TCPX_PLUGIN_PATH"]) {
             c.plugin_path = v;
         }
@@ -350,6 +360,13 @@ impl Config {
         Ok(c)
     }
 }
+
+/// Default of `TCPX_P2P_INLINE_MAX`. Above it a write's data goes over
+/// the net after the target's clear-to-send (pipelined, striped, staged for
+/// GPU memory); at or below it the extra round trip costs more than the
+/// pipeline saves. A payload also stays well inside the control
+/// connection's socket buffers, so one never holds that connection for long.
+pub const DEFAULT_INLINE_MAX: usize = 64 << 10;
 
 /// Channels (comm pairs) per connection on a plugin net.
 pub const PLUGIN_CHANNELS: usize = 8;

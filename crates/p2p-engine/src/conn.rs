@@ -92,6 +92,8 @@ pub(crate) struct ConnParams {
     pub devices: Vec<usize>,
     /// Where notifications from peers are queued (the endpoint's).
     pub notifs: Arc<NotifQueue>,
+    /// One-sided transfers up to this size go inline (`TCPX_P2P_INLINE_MAX`).
+    pub inline_max: usize,
 }
 
 impl ConnParams {
@@ -107,6 +109,9 @@ impl ConnParams {
         }
     }
 }
+
+/// Where an inline read's bytes land: our buffers, in order.
+type Landing = Vec<(MemRef, Arc<crate::memory::Region>)>;
 
 pub struct Conn {
     pub id: u64,
@@ -137,6 +142,10 @@ pub struct Conn {
     threads: Mutex<Vec<JoinHandle<()>>>,
     /// The endpoint's notification queue.
     notifs: Arc<NotifQueue>,
+    /// One-sided transfers up to this size go inline (see [`crate::inline`]).
+    inline_max: usize,
+    /// Our inline reads awaiting their `ReadData`: where the bytes land.
+    pending_reads: Mutex<HashMap<u64, Landing>>,
 }
 
 impl Conn {
@@ -292,6 +301,8 @@ impl Conn {
             waiters,
             threads: Mutex::new(Vec::new()),
             notifs: p.notifs.clone(),
+            inline_max: p.inline_max,
+            pending_reads: Mutex::new(HashMap::new()),
         });
         let weak = Arc::downgrade(&conn);
         let cpus = p.cpus.clone();
@@ -423,6 +434,7 @@ impl Conn {
         for t in live {
             t.fail(fl.clone());
         }
+        self.pending_reads.lock().clear();
         for (_, ops) in self.pending_writes.lock().drain() {
             for op in ops {
                 op.xfer.fail(fl.clone());
@@ -552,6 +564,10 @@ impl Conn {
         let ids: Vec<(MemRef, u64)> = local.iter().map(|(m, r)| (*m, r.id)).collect();
         let runs = rma::plan_runs(&ids, &remote, remote_region);
         let local = rma::merge_runs(local, &runs).map_err(|e| Error::invalid(e.to_string()))?;
+        let total = crate::inline::total(&local);
+        if total <= self.inline_max && total > 0 {
+            return Ok(self.post_inline(xfer_id, read, local, remote, runs, regions, total));
+        }
         let plan = self.plan(local.iter().map(|(m, _)| m.len));
         // +1: the target's WriteDone / ReadAck.
         let xfer = Transfer::new(xfer_id, self.id, plan.len() + 1, regions);
@@ -577,6 +593,7 @@ impl Conn {
         };
         let mut body = Vec::new();
         msg.encode(&mut body);
+        tracing::trace!(xfer = xfer_id, "lat: ctl out {}", msg.kind());
         let mut oob = self.oob.lock();
         let read = ops.is_some();
         if let Some(ops) = ops {
@@ -594,7 +611,58 @@ impl Conn {
         Ok(xfer)
     }
 
+    /// A one-sided transfer whose data goes on the control connection:
+    /// a write's right after its request, a read's in the answer. Its one
+    /// event is the target's `WriteDone`, or the `ReadData` landing.
+    #[allow(clippy::too_many_arguments)]
+    fn post_inline(
+        self: &Arc<Self>,
+        xfer_id: u64,
+        read: bool,
+        local: Vec<(MemRef, Arc<crate::memory::Region>)>,
+        remote: Vec<RmaItem>,
+        runs: Vec<u32>,
+        regions: Vec<Arc<crate::memory::Region>>,
+        total: usize,
+    ) -> Arc<Transfer> {
+        tracing::trace!(xfer = xfer_id, read, bytes = total, "lat: post inline");
+        let xfer = Transfer::new(xfer_id, self.id, 1, regions);
+        self.track(&xfer);
+        self.book.lock().expect_inline(xfer_id, read, total as u32);
+        let mut body = Vec::new();
+        let written = if read {
+            self.pending_reads.lock().insert(xfer_id, local);
+            Control::ReadInline {
+                xfer: xfer_id,
+                items: remote,
+                runs,
+            }
+            .encode(&mut body);
+            self.write_locked(&mut self.oob.lock(), &body)
+        } else {
+            Control::WriteInline {
+                xfer: xfer_id,
+                items: remote,
+                runs,
+                len: total as u32,
+            }
+            .encode(&mut body);
+            let mut oob = self.oob.lock();
+            let r = crate::inline::write_with_payload(&mut *oob, &body, &local);
+            tracing::trace!(xfer = xfer_id, "lat: inline write out");
+            if r.is_ok() {
+                self.last_tx.store(now_ms(), Ordering::Relaxed);
+            }
+            r
+        };
+        if let Err(e) = written {
+            self.fail(format!("control connection write failed: {e}"));
+        }
+        xfer
+    }
+
     fn send_control(&self, m: &Control) -> std::io::Result<()> {
+        tracing::trace!("lat: ctl out {}", m.kind());
         let mut body = Vec::new();
         m.encode(&mut body);
         self.write_locked(&mut self.oob.lock(), &body)
@@ -639,7 +707,11 @@ impl Conn {
     }
 
     /// Carries out what [`Book::on_control`] decided about a message.
-    fn on_control(self: &Arc<Self>, m: Control) -> std::result::Result<(), Failure> {
+    fn on_control(
+        self: &Arc<Self>,
+        m: Control,
+        s: &mut TcpStream,
+    ) -> std::result::Result<(), Failure> {
         let cx = Ctx {
             registry: &self.registry,
             conn: self.id,
@@ -687,6 +759,7 @@ impl Conn {
                 let ops = self.ops_for(&inner, &local, &plan, true);
                 let mut body = Vec::new();
                 Control::WriteCts { xfer }.encode(&mut body);
+                tracing::trace!(xfer, "lat: ctl out WriteCts");
                 let mut oob = self.oob.lock();
                 self.enqueue(Cmd::Recv(Set::Rma, ops));
                 let written = self.write_locked(&mut oob, &body);
@@ -759,7 +832,72 @@ impl Conn {
                     t.complete_one();
                 }
             }
+            Action::LandWrite {
+                xfer,
+                local,
+                len,
+                weight,
+            } => {
+                tracing::trace!(xfer, bytes = len, "lat: inline write in");
+                let landed = crate::inline::land(s, &local);
+                self.book.lock().served_end(weight);
+                drop(local);
+                landed.map_err(|e| Failure::Lost(format!("inline write payload: {e}")))?;
+                self.send_control(&Control::WriteDone { xfer })
+                    .map_err(|e| Failure::Lost(e.to_string()))?;
+            }
+            Action::DropWrite { xfer, reason, len } => {
+                tracing::warn!(
+                    conn = self.id,
+                    "refused an inline write from {}: {reason}",
+                    self.peer
+                );
+                crate::inline::drain(s, len)
+                    .map_err(|e| Failure::Lost(format!("inline write payload: {e}")))?;
+                self.send_control(&Control::Refused { xfer, reason })
+                    .map_err(|e| Failure::Lost(e.to_string()))?;
+            }
+            Action::SendReadData {
+                xfer,
+                local,
+                len,
+                weight,
+            } => {
+                let mut body = Vec::new();
+                Control::ReadData {
+                    xfer,
+                    len: len as u32,
+                }
+                .encode(&mut body);
+                let written = {
+                    let mut oob = self.oob.lock();
+                    crate::inline::write_with_payload(&mut *oob, &body, &local)
+                };
+                self.book.lock().served_end(weight);
+                written.map_err(|e| Failure::Lost(e.to_string()))?;
+                self.last_tx.store(now_ms(), Ordering::Relaxed);
+            }
+            Action::LandRead { xfer, len } => {
+                let local = self.pending_reads.lock().remove(&xfer);
+                match local {
+                    Some(local) if crate::inline::total(&local) == len => {
+                        crate::inline::land(s, &local)
+                            .map_err(|e| Failure::Lost(format!("inline read payload: {e}")))?;
+                        tracing::trace!(xfer, "lat: inline read landed");
+                        let t = self.live.lock().get(&xfer).cloned();
+                        if let Some(t) = t {
+                            t.complete_one();
+                        }
+                    }
+                    _ => {
+                        return Err(Failure::Protocol(format!(
+                            "inline data for read {xfer}, which awaits none of that length"
+                        )))
+                    }
+                }
+            }
             Action::PeerRefused { xfer, reason } => {
+                self.pending_reads.lock().remove(&xfer);
                 self.pending_writes.lock().remove(&xfer);
                 let t = self.live.lock().get(&xfer).cloned();
                 if let Some(t) = t {
@@ -824,7 +962,10 @@ fn oob_loop(conn: Weak<Conn>, mut s: TcpStream) {
                 Err(e) => Err(Failure::Protocol(format!(
                     "peer sent a malformed control message: {e}"
                 ))),
-                Ok(m) => c.on_control(m),
+                Ok(m) => {
+                    tracing::trace!("lat: ctl in {}", m.kind());
+                    c.on_control(m, &mut s)
+                }
             },
         };
         if let Err(why) = res {

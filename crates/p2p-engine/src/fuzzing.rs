@@ -106,6 +106,8 @@ pub fn control_handler(data: &[u8]) -> Seen {
     let mut asked: HashMap<u64, (bool, u8)> = HashMap::new();
     let mut served: Vec<usize> = Vec::new();
     let mut fillers: Vec<usize> = Vec::new();
+    // The payload length each of our inline requests awaits.
+    let mut inline_len: HashMap<u64, u32> = HashMap::new();
     let inside_ours = |off: u64, len: u64| {
         ours.iter()
             .any(|&(o, l)| off >= o && off.checked_add(len).is_some_and(|e| e <= o + l))
@@ -200,7 +202,25 @@ pub fn control_handler(data: &[u8]) -> Seen {
                     left -= r;
                 }
                 let xfer = b.u8() as u64 % 16;
-                if op == 0 {
+                // Now and then the inline forms, with a payload length
+                // that matches the items or not.
+                let inline = b.u8();
+                if inline & 3 == 0 && op == 0 {
+                    let sum = items.iter().fold(0u64, |a, it| a.saturating_add(it.len));
+                    let len = match inline >> 2 & 3 {
+                        0 | 1 => sum.min(u32::MAX as u64) as u32,
+                        2 => sum.saturating_add(1).min(u32::MAX as u64) as u32,
+                        _ => b.u16() as u32,
+                    };
+                    Control::WriteInline {
+                        xfer,
+                        items,
+                        runs,
+                        len,
+                    }
+                } else if inline & 3 == 0 {
+                    Control::ReadInline { xfer, items, runs }
+                } else if op == 0 {
                     Control::WriteReq { xfer, items, runs }
                 } else {
                     Control::ReadReq { xfer, items, runs }
@@ -214,6 +234,14 @@ pub fn control_handler(data: &[u8]) -> Seen {
                     2 => Control::WriteCts { xfer },
                     3 => Control::WriteDone { xfer },
                     4 => Control::ReadAck { xfer },
+                    _ if b.u8() & 1 == 1 => Control::ReadData {
+                        xfer,
+                        len: match b.u8() % 3 {
+                            0 => inline_len.get(&xfer).copied().unwrap_or(0),
+                            1 => inline_len.get(&xfer).copied().unwrap_or(0) + 1,
+                            _ => b.u16() as u32,
+                        },
+                    },
                     _ => Control::Refused {
                         xfer,
                         reason: "no".into(),
@@ -228,9 +256,17 @@ pub fn control_handler(data: &[u8]) -> Seen {
                         let xfer = b.u8() as u64 % 16;
                         let read = b.u8() & 1 == 1;
                         // Ids are never reused while outstanding.
+                        let inline = b.u8();
                         if let std::collections::hash_map::Entry::Vacant(e) = asked.entry(xfer) {
-                            book.expect(xfer, read);
-                            e.insert((read, 0));
+                            if inline & 1 == 1 {
+                                let len = inline as u32 * 16;
+                                book.expect_inline(xfer, read, len);
+                                e.insert((read, if read { 3 } else { 2 }));
+                                inline_len.insert(xfer, len);
+                            } else {
+                                book.expect(xfer, read);
+                                e.insert((read, 0));
+                            }
                         }
                     }
                     1 => {
@@ -326,12 +362,57 @@ pub fn control_handler(data: &[u8]) -> Seen {
             Action::Acked { xfer } => {
                 let a = asked.remove(&xfer).expect("an answer to a request we made");
                 assert!(
-                    a.0 || a.1 == 1,
-                    "a write acknowledged before it was cleared"
+                    (a.0 && a.1 == 0) || (!a.0 && (a.1 == 1 || a.1 == 2)),
+                    "a write acknowledged before it was cleared, or an inline read acknowledged"
                 );
             }
             Action::PeerRefused { xfer, .. } => {
                 asked.remove(&xfer).expect("a refusal of a request we made");
+                inline_len.remove(&xfer);
+            }
+            Action::LandWrite {
+                local, len, weight, ..
+            } => {
+                seen.accepted += 1;
+                assert!(weight <= LIMITS.max_items);
+                assert!(len <= crate::wire::MAX_INLINE);
+                let mut total = 0;
+                for (m, r) in &local {
+                    assert_eq!(r.id, rid, "accepted memory of another region");
+                    let off = m.addr.wrapping_sub(base);
+                    assert!(
+                        inside_ours(off, m.len as u64),
+                        "inline write of {} bytes at offset {off:#x}, outside what was advertised",
+                        m.len
+                    );
+                    mem[off as usize..off as usize + m.len].fill(0xCD);
+                    total += m.len;
+                }
+                assert_eq!(total, len, "payload length differs from the items'");
+                served.push(weight);
+            }
+            Action::DropWrite { len, .. } => {
+                assert!(len <= crate::wire::MAX_INLINE);
+                seen.refused += 1;
+            }
+            Action::SendReadData {
+                local, len, weight, ..
+            } => {
+                seen.accepted += 1;
+                assert!(len <= crate::wire::MAX_INLINE);
+                for (m, _) in &local {
+                    let off = m.addr.wrapping_sub(base);
+                    assert!(inside_ours(off, m.len as u64), "inline read outside");
+                }
+                served.push(weight);
+            }
+            Action::LandRead { xfer, len } => {
+                let a = asked.remove(&xfer).expect("data for a read we made");
+                assert!(
+                    a.0 && a.1 == 3,
+                    "inline data for a request that is no inline read"
+                );
+                assert_eq!(inline_len.remove(&xfer), Some(len as u32));
             }
             Action::Nothing => {}
         }

@@ -50,6 +50,8 @@ enum Awaiting {
     Done,
     /// A read: `ReadAck` (or a refusal).
     ReadAck,
+    /// An inline read: `ReadData` of exactly `len` bytes (or a refusal).
+    ReadData { len: u32 },
 }
 
 /// A peer broke the protocol: the connection fails with this reason.
@@ -69,6 +71,8 @@ pub enum ProtocolError {
         fillers: u64,
         left: usize,
     },
+    #[error("peer broke the protocol: inline data of {len} bytes for read {xfer}, which asked for {want}")]
+    InlineLength { xfer: u64, len: u32, want: u32 },
     #[error("peer closed the connection")]
     Closed,
 }
@@ -93,7 +97,7 @@ pub enum Action {
         plan: Vec<OpPlan>,
         weight: usize,
     },
-    /// Refuse the peer's write: send `Refused`.
+    /// Refuse the peer's write or inline read: send `Refused`.
     RefuseWrite {
         xfer: u64,
         reason: String,
@@ -123,6 +127,36 @@ pub enum Action {
     Notif {
         name: String,
         msg: Vec<u8>,
+    },
+    /// The peer's inline write is accepted: read its `len` payload bytes
+    /// into `local`, in order (their lengths add up to `len`), then hand
+    /// `weight` back with [`Book::served_end`] and send `WriteDone`.
+    LandWrite {
+        xfer: u64,
+        local: Vec<(MemRef, Arc<Region>)>,
+        len: usize,
+        weight: usize,
+    },
+    /// The peer's inline write is refused: read and drop its `len` payload
+    /// bytes (at most [`wire::MAX_INLINE`]), then send `Refused`.
+    DropWrite {
+        xfer: u64,
+        reason: String,
+        len: usize,
+    },
+    /// The peer's inline read is accepted: send `ReadData` with the `len`
+    /// bytes of `local`, then hand `weight` back.
+    SendReadData {
+        xfer: u64,
+        local: Vec<(MemRef, Arc<Region>)>,
+        len: usize,
+        weight: usize,
+    },
+    /// The data of our inline read `xfer`: read its `len` bytes into the
+    /// read's buffers; it is then done.
+    LandRead {
+        xfer: u64,
+        len: usize,
     },
 }
 
@@ -164,6 +198,19 @@ impl Book {
                 Awaiting::ReadAck
             } else {
                 Awaiting::Cts
+            },
+        );
+    }
+
+    /// Our inline request `xfer` is about to go out: a write awaits
+    /// `WriteDone`, a read its `len` bytes of `ReadData`.
+    pub fn expect_inline(&mut self, xfer: u64, read: bool, len: u32) {
+        self.ours.insert(
+            xfer,
+            if read {
+                Awaiting::ReadData { len }
+            } else {
+                Awaiting::Done
             },
         );
     }
@@ -237,6 +284,80 @@ impl Book {
                         reason,
                         fillers: fillers as usize,
                     }
+                }
+            },
+            Control::WriteInline {
+                xfer,
+                items,
+                runs,
+                len,
+            } => {
+                let len = len as usize;
+                match self.admit(cx, &items, &runs) {
+                    Ok((local, _, weight)) => {
+                        // Our records' length, not the claim's, must match
+                        // the bytes that follow.
+                        let total: usize = local.iter().map(|(m, _)| m.len).sum();
+                        if total == len {
+                            Action::LandWrite {
+                                xfer,
+                                local,
+                                len,
+                                weight,
+                            }
+                        } else {
+                            self.served_end(weight);
+                            Action::DropWrite {
+                                xfer,
+                                reason: format!(
+                                    "inline write of {len} bytes for items of {total} bytes"
+                                ),
+                                len,
+                            }
+                        }
+                    }
+                    Err(reason) => Action::DropWrite { xfer, reason, len },
+                }
+            }
+            Control::ReadInline { xfer, items, runs } => match self.admit(cx, &items, &runs) {
+                Ok((local, _, weight)) => {
+                    let len: usize = local.iter().map(|(m, _)| m.len).sum();
+                    if len <= wire::MAX_INLINE {
+                        Action::SendReadData {
+                            xfer,
+                            local,
+                            len,
+                            weight,
+                        }
+                    } else {
+                        self.served_end(weight);
+                        Action::RefuseWrite {
+                            xfer,
+                            reason: format!(
+                                "inline read of {len} bytes exceeds the inline limit of {}",
+                                wire::MAX_INLINE
+                            ),
+                        }
+                    }
+                }
+                Err(reason) => Action::RefuseWrite { xfer, reason },
+            },
+            Control::ReadData { xfer, len } => match self.ours.get(&xfer) {
+                Some(&Awaiting::ReadData { len: want }) if want == len => {
+                    self.ours.remove(&xfer);
+                    Action::LandRead {
+                        xfer,
+                        len: len as usize,
+                    }
+                }
+                Some(&Awaiting::ReadData { len: want }) => {
+                    return Err(ProtocolError::InlineLength { xfer, len, want })
+                }
+                _ => {
+                    return Err(ProtocolError::Unexpected {
+                        what: "ReadData",
+                        xfer,
+                    })
                 }
             },
             Control::WriteCts { xfer } => match self.ours.get_mut(&xfer) {
@@ -538,6 +659,126 @@ mod tests {
             b.on_control(cx(&f), Control::Close).unwrap_err(),
             ProtocolError::Closed
         );
+        assert_eq!(b.awaiting(), 0);
+    }
+
+    #[test]
+    fn inline_writes_land_only_inside_the_advertisement_with_exact_lengths() {
+        let f = fixture();
+        let mut b = Book::new(Limits {
+            max_requests: 1,
+            max_items: 16,
+        });
+        let w = |xfer, off, len, token, payload| Control::WriteInline {
+            xfer,
+            items: vec![item(&f, off, len, token)],
+            runs: vec![1],
+            len: payload,
+        };
+        match b.on_control(cx(&f), w(1, 4096, 100, f.token, 100)).unwrap() {
+            Action::LandWrite {
+                xfer: 1,
+                local,
+                len: 100,
+                weight,
+            } => {
+                assert_eq!(local[0].0.addr, f.buf.as_ptr() as u64 + 4096);
+                assert_eq!(local[0].0.len, 100);
+                assert_eq!(weight, 2);
+            }
+            a => panic!("{a:?}"),
+        }
+        // Held while it lands: the next one is over the request limit.
+        match b.on_control(cx(&f), w(2, 4096, 100, f.token, 100)).unwrap() {
+            Action::DropWrite {
+                len: 100, reason, ..
+            } => {
+                assert!(reason.contains("TCPX_P2P_MAX_REQUESTS"))
+            }
+            a => panic!("{a:?}"),
+        }
+        b.served_end(2);
+        assert_eq!(b.held(), (0, 0, 0));
+        // Payload longer or shorter than the items: dropped, nothing held.
+        for payload in [99, 101] {
+            assert!(matches!(
+                b.on_control(cx(&f), w(3, 4096, 100, f.token, payload)).unwrap(),
+                Action::DropWrite { xfer: 3, len, .. } if len == payload as usize
+            ));
+            assert_eq!(b.held(), (0, 0, 0));
+        }
+        // Outside the advertised range, or a forged token.
+        let forged = Token {
+            id: f.token.id,
+            secret: f.token.secret ^ 1,
+        };
+        for m in [
+            w(4, 4096 + 8192 - 10, 11, f.token, 11),
+            w(5, 0, 100, f.token, 100),
+            w(6, 4096, 100, forged, 100),
+        ] {
+            assert!(matches!(
+                b.on_control(cx(&f), m).unwrap(),
+                Action::DropWrite { .. }
+            ));
+        }
+        assert_eq!(b.held(), (0, 0, 0));
+    }
+
+    #[test]
+    fn inline_reads_are_served_and_answered_exactly_once() {
+        let f = fixture();
+        let mut b = Book::new(Limits::default());
+        let r = Control::ReadInline {
+            xfer: 1,
+            items: vec![item(&f, 4096, 8192, f.token)],
+            runs: vec![1],
+        };
+        match b.on_control(cx(&f), r).unwrap() {
+            Action::SendReadData {
+                xfer: 1, len: 8192, ..
+            } => {}
+            a => panic!("{a:?}"),
+        }
+        let bogus = Token { id: 999, secret: 1 };
+        let r = Control::ReadInline {
+            xfer: 2,
+            items: vec![item(&f, 0, 1 << 62, bogus)],
+            runs: vec![1],
+        };
+        assert!(matches!(
+            b.on_control(cx(&f), r).unwrap(),
+            Action::RefuseWrite { xfer: 2, .. }
+        ));
+        // Our own inline read: exactly the bytes asked for, once.
+        b.expect_inline(7, true, 64);
+        assert_eq!(
+            b.on_control(cx(&f), Control::ReadData { xfer: 7, len: 65 })
+                .unwrap_err(),
+            ProtocolError::InlineLength {
+                xfer: 7,
+                len: 65,
+                want: 64
+            }
+        );
+        let mut b = Book::new(Limits::default());
+        b.expect_inline(7, true, 64);
+        assert!(matches!(
+            b.on_control(cx(&f), Control::ReadData { xfer: 7, len: 64 }),
+            Ok(Action::LandRead { xfer: 7, len: 64 })
+        ));
+        assert!(b
+            .on_control(cx(&f), Control::ReadData { xfer: 7, len: 64 })
+            .is_err());
+        // An inline write awaits WriteDone with no clear-to-send.
+        b.expect_inline(8, false, 10);
+        assert!(b.on_control(cx(&f), Control::WriteCts { xfer: 8 }).is_err());
+        let mut b = Book::new(Limits::default());
+        b.expect_inline(8, false, 10);
+        assert!(matches!(
+            b.on_control(cx(&f), Control::WriteDone { xfer: 8 }),
+            Ok(Action::Acked { xfer: 8 })
+        ));
         assert_eq!(b.awaiting(), 0);
     }
 }

@@ -18,6 +18,7 @@ mod fuzzing;
 mod gpu;
 mod handler;
 mod handshake;
+mod inline;
 mod local;
 mod memory;
 pub mod net;

@@ -517,6 +517,44 @@ pub enum Control {
     /// application. Sent after a transfer's last byte has landed when it is
     /// attached to one.
     Notif { name: String, msg: Vec<u8> },
+    /// Initiator → target: a small write whose data comes with it. The
+    /// frame is followed on the control connection by `len` bytes (at most
+    /// [`MAX_INLINE`]): the items' data in order. The target checks the
+    /// request exactly as a `WriteReq` before reading any of them into the
+    /// advertised range, and answers `WriteDone` or `Refused` (having read
+    /// and dropped the bytes).
+    WriteInline {
+        xfer: u64,
+        items: Vec<RmaItem>,
+        runs: Vec<u32>,
+        len: u32,
+    },
+    /// Initiator → target: a small read answered on the control connection
+    /// (`ReadData` or `Refused`); the reader posts no receive.
+    ReadInline {
+        xfer: u64,
+        items: Vec<RmaItem>,
+        runs: Vec<u32>,
+    },
+    /// Target → initiator: the data of a `ReadInline`, `len` bytes (at most
+    /// [`MAX_INLINE`]) following the frame.
+    ReadData { xfer: u64, len: u32 },
+}
+
+/// Most payload bytes that follow one `WriteInline` or `ReadData` frame on
+/// the control connection. What a side sends inline is set by
+/// `TCPX_P2P_INLINE_MAX` (see `Config::inline_max`), never above this.
+pub const MAX_INLINE: usize = 1 << 20;
+
+fn get_inline_len(r: &mut Reader<'_>) -> Result<u32, WireError> {
+    let len = r.u32_le()?;
+    if len as usize > MAX_INLINE {
+        return Err(WireError::BadLength {
+            what: "inline payload",
+            len: len as usize,
+        });
+    }
+    Ok(len)
 }
 
 const T_KEEPALIVE: u8 = 1;
@@ -528,6 +566,9 @@ const T_READ_ACK: u8 = 6;
 const T_REFUSED: u8 = 7;
 const T_CLOSE: u8 = 8;
 const T_NOTIF: u8 = 9;
+const T_WRITE_INLINE: u8 = 10;
+const T_READ_INLINE: u8 = 11;
+const T_READ_DATA: u8 = 12;
 
 /// Longest notification message.
 pub const MAX_NOTIF: usize = 1 << 20;
@@ -662,6 +703,55 @@ impl Control {
                 out.extend_from_slice(&(m.len() as u32).to_le_bytes());
                 out.extend_from_slice(m);
             }
+            Control::WriteInline {
+                xfer,
+                items,
+                runs,
+                len,
+            } => {
+                out.push(T_WRITE_INLINE);
+                out.extend_from_slice(&xfer.to_le_bytes());
+                put_items(out, items);
+                put_runs(out, runs);
+                out.extend_from_slice(&len.to_le_bytes());
+            }
+            Control::ReadInline { xfer, items, runs } => {
+                out.push(T_READ_INLINE);
+                out.extend_from_slice(&xfer.to_le_bytes());
+                put_items(out, items);
+                put_runs(out, runs);
+            }
+            Control::ReadData { xfer, len } => {
+                out.push(T_READ_DATA);
+                out.extend_from_slice(&xfer.to_le_bytes());
+                out.extend_from_slice(&len.to_le_bytes());
+            }
+        }
+    }
+
+    /// The message's name, for logs and traces.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Control::KeepAlive => "KeepAlive",
+            Control::WriteReq { .. } => "WriteReq",
+            Control::WriteCts { .. } => "WriteCts",
+            Control::WriteDone { .. } => "WriteDone",
+            Control::ReadReq { .. } => "ReadReq",
+            Control::ReadAck { .. } => "ReadAck",
+            Control::Refused { .. } => "Refused",
+            Control::Close => "Close",
+            Control::WriteInline { .. } => "WriteInline",
+            Control::ReadInline { .. } => "ReadInline",
+            Control::ReadData { .. } => "ReadData",
+            Control::Notif { .. } => "Notif",
+        }
+    }
+
+    /// How many payload bytes follow this message's frame on the stream.
+    pub fn payload_len(&self) -> usize {
+        match self {
+            Control::WriteInline { len, .. } | Control::ReadData { len, .. } => *len as usize,
+            _ => 0,
         }
     }
 
@@ -704,6 +794,28 @@ impl Control {
                     msg: r.take(n)?.to_vec(),
                 }
             }
+            T_WRITE_INLINE => {
+                let xfer = r.u64_le()?;
+                let items = get_items(&mut r)?;
+                let runs = get_runs(&mut r, items.len())?;
+                let len = get_inline_len(&mut r)?;
+                Control::WriteInline {
+                    xfer,
+                    items,
+                    runs,
+                    len,
+                }
+            }
+            T_READ_INLINE => {
+                let xfer = r.u64_le()?;
+                let items = get_items(&mut r)?;
+                let runs = get_runs(&mut r, items.len())?;
+                Control::ReadInline { xfer, items, runs }
+            }
+            T_READ_DATA => Control::ReadData {
+                xfer: r.u64_le()?,
+                len: get_inline_len(&mut r)?,
+            },
             other => {
                 return Err(WireError::BadValue {
                     what: "control message type",
@@ -727,8 +839,9 @@ fn floor_char_boundary(s: &str, max: usize) -> usize {
     i
 }
 
-/// Longest control frame accepted from a peer.
-pub const MAX_FRAME: usize = 16 + 4 + MAX_RMA_ITEMS * 32 + 4 + MAX_RMA_ITEMS * 4;
+/// Longest control frame accepted from a peer (an inline message's
+/// payload, at most [`MAX_INLINE`], follows its frame and is not counted).
+pub const MAX_FRAME: usize = 16 + 4 + MAX_RMA_ITEMS * 32 + 4 + MAX_RMA_ITEMS * 4 + 4;
 // The largest notification fits a frame.
 const _: () = assert!(1 + 2 + MAX_NOTIF_NAME + 4 + MAX_NOTIF <= MAX_FRAME);
 
@@ -886,6 +999,18 @@ mod tests {
                 name: String::new(),
                 msg: vec![],
             },
+            Control::WriteInline {
+                xfer: 7,
+                items: vec![item; 2],
+                runs: vec![2],
+                len: 8,
+            },
+            Control::ReadInline {
+                xfer: 8,
+                items: vec![item],
+                runs: vec![1],
+            },
+            Control::ReadData { xfer: 9, len: 4 },
         ] {
             let mut v = Vec::new();
             m.encode(&mut v);
@@ -910,6 +1035,77 @@ mod tests {
             .encode(&mut v);
             assert!(Control::decode(&v).is_err(), "runs {runs:?} accepted");
         }
+    }
+
+    #[test]
+    fn inline_messages_fixed_bytes_and_bounds() {
+        let item = RmaItem {
+            token: Token { id: 1, secret: 2 },
+            addr: 3,
+            len: 4,
+        };
+        let mut v = Vec::new();
+        Control::WriteInline {
+            xfer: 0x0102,
+            items: vec![item],
+            runs: vec![1],
+            len: 4,
+        }
+        .encode(&mut v);
+        let mut want = vec![9u8];
+        want.extend_from_slice(&0x0102u64.to_le_bytes());
+        want.extend_from_slice(&1u32.to_le_bytes());
+        for x in [1u64, 2, 3, 4] {
+            want.extend_from_slice(&x.to_le_bytes());
+        }
+        want.extend_from_slice(&1u32.to_le_bytes());
+        want.extend_from_slice(&1u32.to_le_bytes());
+        want.extend_from_slice(&4u32.to_le_bytes());
+        assert_eq!(v, want);
+        assert_eq!(Control::decode(&v).unwrap().payload_len(), 4);
+        let mut v = Vec::new();
+        Control::ReadData { xfer: 5, len: 16 }.encode(&mut v);
+        let mut want = vec![11u8];
+        want.extend_from_slice(&5u64.to_le_bytes());
+        want.extend_from_slice(&16u32.to_le_bytes());
+        assert_eq!(v, want);
+        let mut v = Vec::new();
+        Control::ReadInline {
+            xfer: 6,
+            items: vec![item],
+            runs: vec![1],
+        }
+        .encode(&mut v);
+        assert_eq!(v[0], 10);
+        assert_eq!(Control::decode(&v).unwrap().payload_len(), 0);
+        // A payload claim over the inline bound is malformed.
+        for m in [
+            Control::ReadData {
+                xfer: 1,
+                len: MAX_INLINE as u32 + 1,
+            },
+            Control::WriteInline {
+                xfer: 1,
+                items: vec![item],
+                runs: vec![1],
+                len: u32::MAX,
+            },
+        ] {
+            let mut v = Vec::new();
+            m.encode(&mut v);
+            assert!(matches!(
+                Control::decode(&v),
+                Err(WireError::BadLength {
+                    what: "inline payload",
+                    ..
+                })
+            ));
+        }
+        // Trailing bytes after the length are rejected too.
+        let mut v = Vec::new();
+        Control::ReadData { xfer: 1, len: 1 }.encode(&mut v);
+        v.push(0);
+        assert!(Control::decode(&v).is_err());
     }
 
     #[test]

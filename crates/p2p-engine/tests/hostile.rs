@@ -558,7 +558,12 @@ fn d5_wrong_and_replayed_proofs_are_refused() {
 #[test]
 fn d6_a_duplicate_acknowledgement_fails_the_connection() {
     let _g = serial();
-    let w = world(cfg(), cfg());
+    // A read through the net (not inline): ReadReq, ReadAck, data.
+    let acfg = Config {
+        inline_max: 0,
+        ..cfg()
+    };
+    let w = world(acfg, cfg());
     let base = counts();
     let fake = TcpListener::bind((LO, 0)).unwrap();
     let fake_addr = fake.local_addr().unwrap();
@@ -727,4 +732,164 @@ fn d9_unmapped_memory_and_bad_gpu_indices_are_named() {
         assert!(e.contains(&format!("GPU index {bad}")), "{e}");
     }
     assert!(Endpoint::new(Some(0), cfg()).is_ok());
+}
+
+/// Inline writes and reads (data on the control connection): a forged
+/// token, a payload longer or shorter than its items, a range past the
+/// advertisement and an oversized payload claim land nothing; a valid one
+/// lands exactly its bytes. As the reader, inline data of the wrong length
+/// or for a read never made fails the connection with nothing landed.
+#[test]
+fn d10_inline_payloads_land_only_inside_the_advertisement() {
+    let _g = serial();
+    let w = world(cfg(), cfg());
+    legit_transfer(&w, 11);
+    let base = counts();
+    let n = 8192usize;
+    let mut mem = vec![0xEEu8; 3 * n];
+    {
+        let mut h = Hostile::connect(w.b.local_addr(), b"");
+        let cb = w.b.accept(Some(Duration::from_secs(10))).unwrap().conn;
+        let tb = buf(&w.b, &mut mem);
+        let d = w.b.advertise(cb, tb.mr, tb.ptr + n as u64, n).unwrap();
+        let token = FifoItem::decode(&d).unwrap().token;
+        let at = |off: usize, len: usize, token| RmaItem {
+            token,
+            addr: tb.ptr + (n + off) as u64,
+            len: len as u64,
+        };
+        let mut send = |xfer, item: RmaItem, payload: &[u8]| {
+            let m = Control::WriteInline {
+                xfer,
+                items: vec![item],
+                runs: vec![1],
+                len: payload.len() as u32,
+            };
+            send_ctl(&mut h.oob, &m).unwrap();
+            std::io::Write::write_all(&mut h.oob, payload).unwrap();
+            recv_ctl(&mut h.oob)
+        };
+        let forged = Token {
+            id: token.id,
+            secret: token.secret ^ 1,
+        };
+        let refused = |m: Option<Control>, want: u64| match m {
+            Some(Control::Refused { xfer, .. }) => assert_eq!(xfer, want),
+            m => panic!("{m:?}"),
+        };
+        refused(send(1, at(0, 100, forged), &[0x11; 100]), 1);
+        refused(send(2, at(0, 100, token), &[0x22; 101]), 2);
+        refused(send(3, at(0, 100, token), &[0x33; 99]), 3);
+        refused(send(4, at(n - 10, 20, token), &[0x44; 20]), 4);
+        refused(send(5, at(0, 1 << 40, token), &[0x55; 64]), 5);
+        // Still in step after the dropped payloads: a valid one lands.
+        assert_eq!(
+            send(6, at(100, 1000, token), &[0x5A; 1000]),
+            Some(Control::WriteDone { xfer: 6 })
+        );
+        // An inline read of the advertised range: exactly its bytes.
+        let m = Control::ReadInline {
+            xfer: 7,
+            items: vec![at(0, n, token)],
+            runs: vec![1],
+        };
+        send_ctl(&mut h.oob, &m).unwrap();
+        assert_eq!(
+            recv_ctl(&mut h.oob),
+            Some(Control::ReadData {
+                xfer: 7,
+                len: n as u32
+            })
+        );
+        let mut got = vec![0u8; n];
+        h.oob.read_exact(&mut got).unwrap();
+        assert!(got[..100].iter().chain(&got[1100..]).all(|&b| b == 0xEE));
+        assert!(got[100..1100].iter().all(|&b| b == 0x5A));
+        // A forged read is refused with nothing following.
+        let m = Control::ReadInline {
+            xfer: 8,
+            items: vec![at(0, n, forged)],
+            runs: vec![1],
+        };
+        send_ctl(&mut h.oob, &m).unwrap();
+        refused(recv_ctl(&mut h.oob), 8);
+        // A payload claim over the inline bound: malformed, the connection ends.
+        let mut v = Vec::new();
+        Control::WriteInline {
+            xfer: 9,
+            items: vec![at(0, n, token)],
+            runs: vec![1],
+            len: wire::MAX_INLINE as u32 + 1,
+        }
+        .encode(&mut v);
+        write_frame(&mut h.oob, &v).unwrap();
+        expect_closed(&mut h.oob);
+        w.b.dereg(tb.mr).unwrap();
+    }
+    assert!(mem[..n + 100].iter().all(|&b| b == 0xEE));
+    assert!(mem[n + 100..n + 1100].iter().all(|&b| b == 0x5A));
+    assert!(mem[n + 1100..].iter().all(|&b| b == 0xEE));
+
+    // As the reader: a hostile target answers an inline read with the
+    // wrong length, then with data for a read never made.
+    for wrong_xfer in [false, true] {
+        let fake = TcpListener::bind((LO, 0)).unwrap();
+        let fake_addr = fake.local_addr().unwrap();
+        let target = std::thread::spawn(move || {
+            let (s, _) = fake.accept().unwrap();
+            let mut h = Hostile::shake(s, Role::Acceptor, b"");
+            let Some(Control::ReadInline { xfer, items, .. }) = recv_ctl(&mut h.oob) else {
+                panic!()
+            };
+            let len = items[0].len as u32 + if wrong_xfer { 0 } else { 1 };
+            let xfer = xfer + if wrong_xfer { 100 } else { 0 };
+            send_ctl(&mut h.oob, &Control::ReadData { xfer, len }).unwrap();
+            let _ = std::io::Write::write_all(&mut h.oob, &vec![0x77; len as usize]);
+            expect_closed(&mut h.oob);
+        });
+        let ca =
+            w.a.connect(&fake_addr.ip().to_string(), fake_addr.port(), None)
+                .unwrap();
+        let mut dst = vec![0x11u8; 4096];
+        let db = buf(&w.a, &mut dst);
+        let meta = FifoItem {
+            addr: 0x10000,
+            size: 4096,
+            rkey: 1,
+            nmsgs: 1,
+            rid: 0,
+            idx: 1,
+            token: Token { id: 1, secret: 2 },
+        };
+        let x = w.a.read_async(ca, &[db], &[meta]).unwrap();
+        match w.a.wait(x, Some(Duration::from_secs(30))) {
+            Err(e) => assert!(
+                e.to_string().contains("ReadData") || e.to_string().contains("inline"),
+                "{e}"
+            ),
+            Ok(done) => panic!("a read with bad data ended with {done}"),
+        }
+        target.join().unwrap();
+        assert!(dst.iter().all(|&b| b == 0x11), "no byte landed");
+        w.a.dereg(db.mr).unwrap();
+    }
+    // A legitimate inline write and read still work.
+    let mut target = vec![0u8; 4096];
+    let tb = buf(&w.b, &mut target);
+    let meta = FifoItem::decode(&w.b.advertise(w.cb, tb.mr, tb.ptr, 4096).unwrap()).unwrap();
+    let mut src = pattern(4096, 12);
+    let sb = buf(&w.a, &mut src);
+    let x = w.a.write_async(w.ca, &[sb], &[meta]).unwrap();
+    assert!(w.a.wait(x, Some(Duration::from_secs(30))).unwrap());
+    assert_eq!(target, src);
+    let mut back = vec![0u8; 4096];
+    let bb = buf(&w.a, &mut back);
+    let x = w.a.read_async(w.ca, &[bb], &[meta]).unwrap();
+    assert!(w.a.wait(x, Some(Duration::from_secs(30))).unwrap());
+    assert_eq!(back, src);
+    for (e, mr) in [(&w.a, sb.mr), (&w.a, bb.mr), (&w.b, tb.mr)] {
+        e.dereg(mr).unwrap();
+    }
+    legit_transfer(&w, 13);
+    back_to(base);
 }

@@ -655,7 +655,10 @@ def measure_inflight(ep, ctl, conn, a, op, gpu, size, nblk, refs):
                 tr.wait(x)
                 if i >= warm:
                     lats.append(time.perf_counter() - t)
-            pending.append((tr.post(), time.perf_counter()))
+            # Timed from before the post: a post may move data itself (an
+            # inline write sends its bytes in the call).
+            t = time.perf_counter()
+            pending.append((tr.post(), t))
         while pending:
             x, t = pending.pop(0)
             tr.wait(x)
