@@ -1052,7 +1052,7 @@ mod tests {
             len: 4,
         }
         .encode(&mut v);
-        let mut want = vec![9u8];
+        let mut want = vec![10u8];
         want.extend_from_slice(&0x0102u64.to_le_bytes());
         want.extend_from_slice(&1u32.to_le_bytes());
         for x in [1u64, 2, 3, 4] {
@@ -1065,7 +1065,7 @@ mod tests {
         assert_eq!(Control::decode(&v).unwrap().payload_len(), 4);
         let mut v = Vec::new();
         Control::ReadData { xfer: 5, len: 16 }.encode(&mut v);
-        let mut want = vec![11u8];
+        let mut want = vec![12u8];
         want.extend_from_slice(&5u64.to_le_bytes());
         want.extend_from_slice(&16u32.to_le_bytes());
         assert_eq!(v, want);
@@ -1076,7 +1076,7 @@ mod tests {
             runs: vec![1],
         }
         .encode(&mut v);
-        assert_eq!(v[0], 10);
+        assert_eq!(v[0], 11);
         assert_eq!(Control::decode(&v).unwrap().payload_len(), 0);
         // A payload claim over the inline bound is malformed.
         for m in [
