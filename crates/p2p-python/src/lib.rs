@@ -13,10 +13,14 @@ use tcpx_p2p::internal::wire::{self, DescEntry, FifoItem, GpuId, Metadata};
 use tcpx_p2p::{Buf, Config, Error, RemoteGpu};
 
 mod args;
+mod convert;
 mod errors;
 mod rawtcp;
 mod regcache;
+use convert::*;
+mod xferdesc;
 use errors::{log_warning, to_py, InvalidArgumentError};
+use xferdesc::XferDesc;
 
 type EResult<T> = tcpx_p2p::Result<T>;
 
@@ -31,112 +35,6 @@ enum FloatType {
     kFloat32,
     kFloat8E4M3FN,
     kFloat8E5M2,
-}
-
-/// A registered buffer as `register_memory` returns it. `rkeys` holds the
-/// token a peer must present to use it: `[advertisement id, secret]`;
-/// `lkeys` the id of the region that token belongs to.
-#[pyclass(get_all, module = "tcpx_p2p._native")]
-#[derive(Clone, Debug)]
-struct XferDesc {
-    addr: u64,
-    size: u64,
-    mr_id: u64,
-    lkeys: Vec<u64>,
-    rkeys: Vec<u64>,
-}
-
-#[pymethods]
-impl XferDesc {
-    /// `XferDesc()` (all zero, as UCCL allows) or with its fields.
-    #[new]
-    #[pyo3(signature = (addr=0, size=0, mr_id=0, lkeys=vec![], rkeys=vec![]))]
-    fn new(
-        #[pyo3(from_py_with = args::addr)] addr: u64,
-        #[pyo3(from_py_with = args::size)] size: usize,
-        #[pyo3(from_py_with = args::mr_id)] mr_id: u64,
-        #[pyo3(from_py_with = args::lkeys)] lkeys: Vec<u64>,
-        #[pyo3(from_py_with = args::rkeys)] rkeys: Vec<u64>,
-    ) -> Self {
-        XferDesc {
-            addr,
-            size: size as u64,
-            mr_id,
-            lkeys,
-            rkeys,
-        }
-    }
-    #[setter]
-    fn set_addr(&mut self, #[pyo3(from_py_with = args::addr)] v: u64) {
-        self.addr = v;
-    }
-    #[setter]
-    fn set_size(&mut self, #[pyo3(from_py_with = args::size)] v: usize) {
-        self.size = v as u64;
-    }
-    #[setter]
-    fn set_mr_id(&mut self, #[pyo3(from_py_with = args::mr_id)] v: u64) {
-        self.mr_id = v;
-    }
-    #[setter]
-    fn set_lkeys(&mut self, #[pyo3(from_py_with = args::lkeys)] v: Vec<u64>) {
-        self.lkeys = v;
-    }
-    #[setter]
-    fn set_rkeys(&mut self, #[pyo3(from_py_with = args::rkeys)] v: Vec<u64>) {
-        self.rkeys = v;
-    }
-    fn __repr__(&self) -> String {
-        format!(
-            "XferDesc(addr={:#x}, size={}, mr_id={})",
-            self.addr, self.size, self.mr_id
-        )
-    }
-    /// Picklable, so descriptors can travel through torch.distributed or
-    /// multiprocessing.
-    #[allow(clippy::type_complexity)]
-    fn __reduce__<'py>(
-        slf: &Bound<'py, Self>,
-    ) -> (
-        Bound<'py, pyo3::types::PyType>,
-        (u64, u64, u64, Vec<u64>, Vec<u64>),
-    ) {
-        let d = slf.borrow();
-        (
-            slf.get_type(),
-            (d.addr, d.size, d.mr_id, d.lkeys.clone(), d.rkeys.clone()),
-        )
-    }
-}
-
-impl XferDesc {
-    fn entry(&self) -> EResult<DescEntry> {
-        let token = tcpx_p2p::internal::token_from_keys(&self.rkeys).ok_or_else(|| {
-            Error::Invalid(format!(
-                "descriptor of mr {} carries no access token (rkeys); use descriptors from register_memory/deserialize_descs",
-                self.mr_id
-            ))
-        })?;
-        Ok(DescEntry {
-            addr: self.addr,
-            size: self.size,
-            mr_id: self.mr_id,
-            token,
-        })
-    }
-    fn buf(&self) -> EResult<Buf> {
-        let len = usize::try_from(self.size).map_err(|_| {
-            Error::Invalid(format!(
-                "descriptor of mr {}: size {} is too large",
-                self.mr_id, self.size
-            ))
-        })?;
-        Ok(Buf {
-            mr: self.mr_id,
-            ptr: self.addr,
-            len,
-        })
-    }
 }
 
 /// An endpoint: one GPU (or host memory only), its connections and regions.
@@ -1255,112 +1153,6 @@ impl Endpoint {
     fn recv_ipc_async(&self, py: Python<'_>, conn_id: u64, ptr: u64, size: usize) -> (bool, i64) {
         self.started(py, |ep| ep.recv_ipc_async(conn_id, ptr, size))
     }
-}
-
-/// `(ptr, size)` pairs of a vector same-host call, checked against each
-/// other (and against the number of descriptors where given).
-fn ipc_pairs(ptr_v: &[u64], size_v: &[usize], infos: Option<usize>) -> EResult<Vec<(u64, usize)>> {
-    if ptr_v.len() != size_v.len() || infos.is_some_and(|n| n != ptr_v.len()) {
-        return Err(Error::Invalid(format!(
-            "{} pointers, {} sizes{}: the lists must have one entry per buffer",
-            ptr_v.len(),
-            size_v.len(),
-            infos
-                .map(|n| format!(" and {n} descriptors"))
-                .unwrap_or_default()
-        )));
-    }
-    Ok(ptr_v.iter().copied().zip(size_v.iter().copied()).collect())
-}
-
-fn one(mr: u64, ptr: u64, len: usize) -> [Buf; 1] {
-    [Buf { mr, ptr, len }]
-}
-
-/// The 64-byte descriptor argument `name` of a one-sided call.
-fn fifo_arg(meta: &[u8], name: &str) -> PyResult<FifoItem> {
-    if meta.len() != wire::FIFO_ITEM_LEN {
-        return Err(InvalidArgumentError::new_err(format!(
-            "{name}: must be exactly {} bytes (a descriptor from the peer's advertise), got {}",
-            wire::FIFO_ITEM_LEN,
-            meta.len()
-        )));
-    }
-    fifo(meta).map_err(|e| to_py(&e))
-}
-
-fn two_sided(
-    call: &str,
-    mr_id_v: &[u64],
-    data_ptr_v: &[u64],
-    size_v: &[usize],
-    n: usize,
-) -> PyResult<Vec<Buf>> {
-    check_lens(
-        call,
-        n,
-        &[
-            ("mr_id_v", mr_id_v.len()),
-            ("data_ptr_v", data_ptr_v.len()),
-            ("size_v", size_v.len()),
-        ],
-    )?;
-    bufs(mr_id_v, data_ptr_v, size_v, n).map_err(|e| to_py(&e))
-}
-
-/// A GPU index given to `Endpoint()`: >= 0, and one of this machine's GPUs
-/// where CUDA is present. Without CUDA any index is a label (a warning
-/// says so for indices above 0).
-fn gpu_index_arg(g: &Bound<'_, PyAny>) -> PyResult<i32> {
-    let i = args::i64_named(g, "local_gpu_idx")?;
-    if i < 0 {
-        return Err(InvalidArgumentError::new_err(format!(
-            "local_gpu_idx: {i} is not a GPU index (0 or more)"
-        )));
-    }
-    let count = tcpx_p2p::internal::gpu::device_count();
-    if count > 0 && i >= count as i64 {
-        return Err(InvalidArgumentError::new_err(format!(
-            "local_gpu_idx: {i}, but this machine has {count} GPU(s) (0 to {})",
-            count - 1
-        )));
-    }
-    let i = i32::try_from(i).map_err(|_| {
-        InvalidArgumentError::new_err(format!("local_gpu_idx: {i} is not a GPU index"))
-    })?;
-    if count == 0 && i > 0 {
-        return Err(InvalidArgumentError::new_err(format!(
-            "local_gpu_idx: {i}, but this machine has no usable GPU (CUDA unavailable); use 0 or None for host memory"
-        )));
-    }
-    Ok(i)
-}
-
-fn vec_args(
-    call: &str,
-    mr_id_v: &[u64],
-    ptr_v: &[u64],
-    size_v: &[usize],
-    meta_blob_v: &[Vec<u8>],
-    n: usize,
-) -> PyResult<(Vec<Buf>, Vec<FifoItem>)> {
-    check_lens(
-        call,
-        n,
-        &[
-            ("mr_id_v", mr_id_v.len()),
-            ("ptr_v", ptr_v.len()),
-            ("size_v", size_v.len()),
-            ("meta_blob_v", meta_blob_v.len()),
-        ],
-    )?;
-    let b = bufs(mr_id_v, ptr_v, size_v, n).map_err(|e| to_py(&e))?;
-    let m = meta_blob_v
-        .iter()
-        .enumerate()
-        .map(|(i, m)| fifo_arg(m, &format!("meta_blob_v[{i}]")))
-        .collect::<PyResult<Vec<_>>>()?;
-    Ok((b, m))
 }
 
 /// The IP address an endpoint advertises.

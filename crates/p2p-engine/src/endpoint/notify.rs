@@ -1,0 +1,189 @@
+//! Notifications, one-sided transfers at an offset, and calls for callers
+//! that poll (the C API).
+
+use super::*;
+
+/// Notifications, one-sided transfers at an offset, and calls for callers
+/// that poll (the C API).
+impl Endpoint {
+    /// The name sent with this endpoint's notifications.
+    pub fn name(&self) -> &str {
+        &self.inner.name
+    }
+
+    pub(super) fn check_notif(msg: &[u8]) -> Result<()> {
+        if msg.len() > crate::wire::MAX_NOTIF {
+            return Err(Error::invalid(format!(
+                "notification of {} bytes exceeds the limit of {} bytes",
+                msg.len(),
+                crate::wire::MAX_NOTIF
+            )));
+        }
+        Ok(())
+    }
+
+    /// Sends `msg` (at most [`crate::notif::MAX_NOTIF`] bytes) to the peer of
+    /// `conn`; the peer's [`Endpoint::get_notifs`] returns it with our name.
+    pub fn send_notif(&self, conn: u64, msg: &[u8]) -> Result<()> {
+        Self::check_notif(msg)?;
+        self.conn(conn)?.send_notif(&self.inner.name, msg)
+    }
+
+    /// Takes every notification received so far, oldest first.
+    pub fn get_notifs(&self) -> Vec<Notif> {
+        self.inner.notifs.drain()
+    }
+
+    /// One-sided write (`read == false`) or read of `bufs[i]` to or from
+    /// `remote[i].1` bytes into the range `remote[i].0` names. With `notif`,
+    /// the message is sent to the peer once the transfer has ended well:
+    /// after a write, once the peer has every byte (its `WriteDone` came);
+    /// after a read, once every byte has landed here.
+    pub fn rma_async(
+        &self,
+        conn: u64,
+        read: bool,
+        bufs: &[Buf],
+        remote: &[(RemoteDesc, u64)],
+        notif: Option<&[u8]>,
+    ) -> Result<u64> {
+        if let Some(m) = notif {
+            Self::check_notif(m)?;
+        }
+        let c = self.conn(conn)?;
+        if bufs.len() > crate::wire::MAX_RMA_ITEMS {
+            return Err(Error::invalid(format!(
+                "{} pieces in one transfer; at most {} (post several)",
+                bufs.len(),
+                crate::wire::MAX_RMA_ITEMS
+            )));
+        }
+        if remote.len() != bufs.len() {
+            return Err(Error::invalid(format!(
+                "{} local buffers but {} remote descriptors",
+                bufs.len(),
+                remote.len()
+            )));
+        }
+        let items = bufs
+            .iter()
+            .zip(remote)
+            .map(|(b, (d, off))| {
+                let fits = off
+                    .checked_add(b.len as u64)
+                    .is_some_and(|end| end <= d.len);
+                if !fits {
+                    return Err(Error::invalid(format!(
+                        "{} bytes at offset {off} do not fit the {} bytes the peer's descriptor names",
+                        b.len, d.len
+                    )));
+                }
+                Ok(RmaItem {
+                    token: d.token,
+                    addr: d.addr + off,
+                    len: b.len as u64,
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let regions: Vec<u64> = remote.iter().map(|(d, _)| d.region).collect();
+        let local = self.resolve_local(bufs)?;
+        let t = c.post_rma(self.next_xfer(), read, local, items, &regions)?;
+        if let Some(m) = notif {
+            let (weak, name, msg) = (Arc::downgrade(&c), self.inner.name.clone(), m.to_vec());
+            t.on_end(move |s| {
+                if *s != Status::Done {
+                    return;
+                }
+                if let Some(c) = weak.upgrade() {
+                    if let Err(e) = c.send_notif(&name, &msg) {
+                        tracing::warn!(conn = c.id, "notification after a transfer not sent: {e}");
+                    }
+                }
+            });
+        }
+        Ok(self.publish(t))
+    }
+
+    /// [`Endpoint::write_async`] with an optional notification sent once
+    /// the peer has every byte.
+    pub fn write_async_with_notif(
+        &self,
+        conn: u64,
+        bufs: &[Buf],
+        metas: &[FifoItem],
+        notif: Option<&[u8]>,
+    ) -> Result<u64> {
+        let remote: Vec<_> = metas.iter().map(|m| (RemoteDesc::from(m), 0)).collect();
+        self.rma_async(conn, false, bufs, &remote, notif)
+    }
+
+    /// [`Endpoint::read_async`] with an optional notification sent to the
+    /// data's owner once every byte has landed here.
+    pub fn read_async_with_notif(
+        &self,
+        conn: u64,
+        bufs: &[Buf],
+        metas: &[FifoItem],
+        notif: Option<&[u8]>,
+    ) -> Result<u64> {
+        let remote: Vec<_> = metas.iter().map(|m| (RemoteDesc::from(m), 0)).collect();
+        self.rma_async(conn, true, bufs, &remote, notif)
+    }
+
+    /// Offers `[ptr, ptr+len)` of region `mr` (any size) to every peer,
+    /// connected now or later, until the region is deregistered.
+    pub fn export_range(&self, mr: u64, ptr: u64, len: usize) -> Result<DescEntry> {
+        let token = self.inner.registry.advertise(mr, ptr, len, None)?;
+        Ok(DescEntry {
+            addr: ptr,
+            size: len as u64,
+            mr_id: mr,
+            token,
+        })
+    }
+
+    /// The address and length of a registered region.
+    pub fn region(&self, mr: u64) -> Result<(u64, usize)> {
+        let r = self.inner.registry.get(mr)?;
+        Ok((r.addr, r.len))
+    }
+
+    /// Stops tracking a transfer: it runs to its end on its own (its
+    /// buffers stay in use until then; deregistration waits for them).
+    pub fn release(&self, xfer: u64) -> Result<()> {
+        self.inner
+            .transfers
+            .lock()
+            .remove(&xfer)
+            .map(|_| ())
+            .ok_or_else(|| Error::invalid(format!("unknown transfer id {xfer}")))
+    }
+
+    /// The next connection from a peer if one comes within `timeout`
+    /// (zero: only one already pending).
+    pub fn try_accept(&self, timeout: Duration) -> Result<Option<Accepted>> {
+        let deadline = Instant::now() + timeout;
+        let mut q = self.inner.accepted.lock();
+        loop {
+            if let Some(id) = q.pop_front() {
+                drop(q);
+                let conn = self.conn(id)?;
+                return Ok(Some(Accepted {
+                    conn: id,
+                    ip: conn.peer.ip(),
+                    gpu_index: conn.remote_gpu,
+                }));
+            }
+            if Instant::now() >= deadline
+                || self
+                    .inner
+                    .accepted_cv
+                    .wait_until(&mut q, deadline)
+                    .timed_out()
+                    && q.is_empty()
+            {
+                return Ok(None);
+            }
+        }
+    }
+}
