@@ -115,6 +115,13 @@ def test_connect_local_by_index_and_metadata():
         ok, bdf, pcid2 = peer._reply()
         assert ok and isinstance(bdf, str) and pcid2 != pcid
         assert me.ep.remove_remote_endpoint(cid2)
+        # The keyword UCCL's own same-host tests use.
+        peer.pipe.send(("ep", ("accept_local", (30.0,))))
+        ok, cid3 = me.ep.connect_local(remote_gpu_idx=0)
+        assert ok, me.ep.last_error()
+        ok, _bdf, _pcid3 = peer._reply()
+        assert ok
+        assert me.ep.remove_remote_endpoint(cid3)
         # Nobody there: an error, not a hang.
         ok, _ = me.ep.connect_local(label + 1)
         assert not ok and "no endpoint listens" in me.ep.last_error()

@@ -954,24 +954,24 @@ impl Endpoint {
     /// `(ok, conn_id)`. `remote_gpu_bdf`: the peer's PCI bus id, its GPU
     /// index, or its `get_metadata()` bytes (exact, also for host-only
     /// endpoints and several endpoints on one GPU).
-    fn connect_local(&self, py: Python<'_>, remote_gpu_bdf: Bound<'_, PyAny>) -> (bool, i64) {
-        let peer = if let Ok(b) = remote_gpu_bdf.cast::<PyBytes>() {
-            Ok(tcpx_p2p::LocalPeer::Metadata(b.as_bytes().to_vec()))
-        } else if let Ok(i) = remote_gpu_bdf.extract::<i32>() {
-            Ok(tcpx_p2p::LocalPeer::Index(i))
-        } else if let Ok(s) = remote_gpu_bdf.extract::<String>() {
-            Ok(tcpx_p2p::LocalPeer::Bdf(s))
-        } else {
-            Err(Error::Invalid(
-                "connect_local: remote_gpu_bdf must be a PCI bus id, a GPU index or metadata bytes"
-                    .into(),
-            ))
+    /// UCCL's own tests also pass `remote_gpu_idx=`: accepted as another
+    /// name for the same argument.
+    #[pyo3(signature = (remote_gpu_bdf=None, remote_gpu_idx=None))]
+    fn connect_local(
+        &self,
+        py: Python<'_>,
+        remote_gpu_bdf: Option<Bound<'_, PyAny>>,
+        remote_gpu_idx: Option<Bound<'_, PyAny>>,
+    ) -> PyResult<(bool, i64)> {
+        let remote_gpu_bdf = match (remote_gpu_bdf, remote_gpu_idx) {
+            (Some(b), None) | (None, Some(b)) => b,
+            _ => {
+                return Err(PyTypeError::new_err(
+                    "connect_local: give exactly one of remote_gpu_bdf and remote_gpu_idx",
+                ))
+            }
         };
-        let r = peer.and_then(|p| py.detach(|| self.ep.connect_local(&p)));
-        match self.check(py, r) {
-            Some(id) => (true, id as i64),
-            None => (false, -1),
-        }
+        Ok(self.connect_local_to(py, remote_gpu_bdf))
     }
 
     /// Blocks until an endpoint of this host connects:
@@ -1256,4 +1256,26 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     errors::register(m)?;
     Ok(())
+}
+
+impl Endpoint {
+    fn connect_local_to(&self, py: Python<'_>, remote_gpu_bdf: Bound<'_, PyAny>) -> (bool, i64) {
+        let peer = if let Ok(b) = remote_gpu_bdf.cast::<PyBytes>() {
+            Ok(tcpx_p2p::LocalPeer::Metadata(b.as_bytes().to_vec()))
+        } else if let Ok(i) = remote_gpu_bdf.extract::<i32>() {
+            Ok(tcpx_p2p::LocalPeer::Index(i))
+        } else if let Ok(s) = remote_gpu_bdf.extract::<String>() {
+            Ok(tcpx_p2p::LocalPeer::Bdf(s))
+        } else {
+            Err(Error::Invalid(
+                "connect_local: remote_gpu_bdf must be a PCI bus id, a GPU index or metadata bytes"
+                    .into(),
+            ))
+        };
+        let r = peer.and_then(|p| py.detach(|| self.ep.connect_local(&p)));
+        match self.check(py, r) {
+            Some(id) => (true, id as i64),
+            None => (false, -1),
+        }
+    }
 }
