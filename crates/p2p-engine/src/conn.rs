@@ -661,6 +661,33 @@ impl Conn {
         xfer
     }
 
+    /// Sends our answer to a peer's message; a failed write loses the
+    /// connection.
+    fn answer(&self, m: &Control) -> std::result::Result<(), Failure> {
+        self.send_control(m)
+            .map_err(|e| Failure::Lost(e.to_string()))
+    }
+
+    /// The transfer that serves a peer's accepted request over `local` in
+    /// `parts` net requests; when it ends, the request's `weight` goes back
+    /// to the book.
+    fn serving(
+        self: &Arc<Self>,
+        local: &[(MemRef, Arc<crate::memory::Region>)],
+        parts: usize,
+        weight: usize,
+    ) -> Arc<Transfer> {
+        let regions = local.iter().map(|(_, r)| r.clone()).collect();
+        let inner = Transfer::new(0, self.id, parts, regions);
+        let weak = Arc::downgrade(self);
+        inner.on_end(move |_| {
+            if let Some(c) = weak.upgrade() {
+                c.book.lock().served_end(weight);
+            }
+        });
+        inner
+    }
+
     fn send_control(&self, m: &Control) -> std::io::Result<()> {
         tracing::trace!("lat: ctl out {}", m.kind());
         let mut body = Vec::new();
@@ -730,8 +757,7 @@ impl Conn {
                     "refused a write from {}: {reason}",
                     self.peer
                 );
-                self.send_control(&Control::Refused { xfer, reason })
-                    .map_err(|e| Failure::Lost(e.to_string()))?;
+                self.answer(&Control::Refused { xfer, reason })?;
             }
             Action::AcceptWrite {
                 xfer,
@@ -739,12 +765,10 @@ impl Conn {
                 plan,
                 weight,
             } => {
-                let regions = local.iter().map(|(_, r)| r.clone()).collect();
-                let inner = Transfer::new(0, self.id, plan.len(), regions);
+                let inner = self.serving(&local, plan.len(), weight);
                 let weak = Arc::downgrade(self);
                 inner.on_end(move |s| {
                     if let Some(c) = weak.upgrade() {
-                        c.book.lock().served_end(weight);
                         let m = match s {
                             crate::transfer::Status::Done => Control::WriteDone { xfer },
                             crate::transfer::Status::Failed(f) => Control::Refused {
@@ -775,17 +799,9 @@ impl Conn {
             } => {
                 // The reader posted one receive per request of its plan of
                 // the runs' lengths: ours pairs with it request for request.
-                let regions = local.iter().map(|(_, r)| r.clone()).collect();
-                let inner = Transfer::new(0, self.id, plan.len(), regions);
-                let weak = Arc::downgrade(self);
-                inner.on_end(move |_| {
-                    if let Some(c) = weak.upgrade() {
-                        c.book.lock().served_end(weight);
-                    }
-                });
+                let inner = self.serving(&local, plan.len(), weight);
                 let ops = self.ops_for(&inner, &local, &plan, true);
-                self.send_control(&Control::ReadAck { xfer })
-                    .map_err(|e| Failure::Lost(e.to_string()))?;
+                self.answer(&Control::ReadAck { xfer })?;
                 self.submit(Cmd::Send(Set::Rma, ops));
             }
             Action::RefuseRead {
@@ -814,8 +830,7 @@ impl Conn {
                         expect: None,
                     })
                     .collect();
-                self.send_control(&Control::Refused { xfer, reason })
-                    .map_err(|e| Failure::Lost(e.to_string()))?;
+                self.answer(&Control::Refused { xfer, reason })?;
                 self.submit(Cmd::Send(Set::Rma, ops));
             }
             Action::SendWrite { xfer } => match self.pending_writes.lock().remove(&xfer) {
@@ -843,8 +858,7 @@ impl Conn {
                 self.book.lock().served_end(weight);
                 drop(local);
                 landed.map_err(|e| Failure::Lost(format!("inline write payload: {e}")))?;
-                self.send_control(&Control::WriteDone { xfer })
-                    .map_err(|e| Failure::Lost(e.to_string()))?;
+                self.answer(&Control::WriteDone { xfer })?;
             }
             Action::DropWrite { xfer, reason, len } => {
                 tracing::warn!(
@@ -854,8 +868,7 @@ impl Conn {
                 );
                 crate::inline::drain(s, len)
                     .map_err(|e| Failure::Lost(format!("inline write payload: {e}")))?;
-                self.send_control(&Control::Refused { xfer, reason })
-                    .map_err(|e| Failure::Lost(e.to_string()))?;
+                self.answer(&Control::Refused { xfer, reason })?;
             }
             Action::SendReadData {
                 xfer,
