@@ -5,7 +5,7 @@ use std::cell::RefCell;
 use std::ffi::{c_char, CString};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
-use tcpx_p2p::Error;
+use tcpx_p2p::{Error, ErrorKind};
 
 /// `tcpx_status_t`: keep in step with `include/tcpx_p2p.h`.
 #[repr(C)]
@@ -80,8 +80,20 @@ pub fn status_of(e: &Error) -> Status {
         Error::Wire(_) => Status::Malformed,
         Error::Connect { .. } => Status::Connect,
         Error::Refused { .. } => Status::Refused,
-        Error::ConnectionLost { .. } => Status::ConnectionLost,
-        Error::Net { .. } => Status::Net,
+        // A peer that broke the protocol, or went silent past the deadline,
+        // had its connection ended: to the caller the connection is lost
+        // (TCPX_ERR_TIMEOUT is kept for the caller's own timeouts); the
+        // last-error text says why.
+        Error::ConnectionLost { .. } | Error::Protocol { .. } | Error::TimedOut { .. } => {
+            Status::ConnectionLost
+        }
+        // A transport error is reported by what it did to the caller: a
+        // closed or reset stream loses the connection like any other.
+        Error::Net { .. } => match e.kind() {
+            ErrorKind::Lost | ErrorKind::Protocol | ErrorKind::TimedOut => Status::ConnectionLost,
+            ErrorKind::LocalCuda => Status::Cuda,
+            _ => Status::Net,
+        },
         Error::Cuda(_) => Status::Cuda,
         Error::Io { .. } => Status::Io,
         Error::Config(_) => Status::Config,
@@ -168,6 +180,7 @@ pub fn guard_void(call: &str, f: impl FnOnce()) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tcpx_p2p::NetError;
 
     #[test]
     fn engine_errors_map_to_their_codes() {
@@ -190,6 +203,37 @@ mod tests {
             Status::ConnectionLost
         );
         assert_eq!(status_of(&Error::Config("x".into())), Status::Config);
+        assert_eq!(
+            status_of(&Error::Protocol {
+                conn: 1,
+                reason: "bad".into()
+            }),
+            Status::ConnectionLost
+        );
+        assert_eq!(
+            status_of(&Error::TimedOut {
+                conn: 1,
+                reason: "slow".into()
+            }),
+            Status::ConnectionLost
+        );
+        assert_eq!(
+            status_of(&Error::Net {
+                conn: 1,
+                source: NetError::Closed { net: "socket" }
+            }),
+            Status::ConnectionLost
+        );
+        assert_eq!(
+            status_of(&Error::Net {
+                conn: 1,
+                source: NetError::Misuse {
+                    net: "socket",
+                    reason: "x".into()
+                }
+            }),
+            Status::Net
+        );
     }
 
     #[test]

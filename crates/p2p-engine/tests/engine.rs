@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use tcpx_p2p::internal::wire::FifoItem;
-use tcpx_p2p::{Config, Endpoint, Error};
+use tcpx_p2p::{Config, Endpoint, Error, ErrorKind};
 
 mod common;
 use common::{buf, pattern};
@@ -111,10 +111,12 @@ fn peer_drop_fails_pending() {
     let rb = buf(&a, &mut dst);
     let r = a.recv_async(ca, &[rb]).unwrap();
     drop(b);
-    assert!(matches!(
-        a.wait(r, Some(Duration::from_secs(20))),
-        Err(Error::ConnectionLost { .. })
-    ));
+    // Which layer notices first (the control stream's close, or a data
+    // stream's end) decides the variant; the kind is the contract.
+    match a.wait(r, Some(Duration::from_secs(20))) {
+        Err(e) if e.kind() == ErrorKind::Lost => {}
+        other => panic!("a dropped peer must fail the receive as lost, got {other:?}"),
+    }
 }
 
 #[test]
