@@ -295,7 +295,8 @@ tcpx_status_t tcpx_readv_async(tcpx_endpoint_t *ep, uint64_t conn, const tcpx_rm
                                size_t n, const void *notif, size_t notif_len, uint64_t *xfer);
 
 /* Two-sided: n buffers sent as n messages, matched in posting order by the
- * peer's tcpx_recv_async of the same sizes. */
+ * peer's tcpx_recv_async of the same sizes. A send completes once its bytes
+ * have landed in the peer's receive (the receiver acknowledges). */
 tcpx_status_t tcpx_send_async(tcpx_endpoint_t *ep, uint64_t conn, const tcpx_buf_t *bufs,
                               size_t n, uint64_t *xfer);
 tcpx_status_t tcpx_recv_async(tcpx_endpoint_t *ep, uint64_t conn, const tcpx_buf_t *bufs,

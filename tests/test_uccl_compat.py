@@ -166,6 +166,23 @@ def test_remove_remote_endpoint(shapes_device):
         assert r["raised"] is not None and "Invalid conn_id" in r["raised"]
 
 
+# ------------------------------------------- test_gpu_index_mapping.py
+
+
+@pytest.mark.parametrize("n", [4 * KIB, 1 << 20])
+def test_sender_exits_right_after_send(n, shapes_device):
+    """test_gpu_index_mapping.py's exchange: the receiver registers and
+    posts its receive only after the sender has sent and exited. A send
+    completes when its bytes have landed (as in UCCL), so the sender's
+    `send` returns only once the receive is posted, and its exit loses
+    nothing."""
+    # The receiver posts only after "sent", which the sender says while its
+    # send is still waiting: the send completes once the receive is posted.
+    got, (pending, want) = run_pair(shapes.late_receiver, (n,), shapes.sender_exits, (n, 31))
+    assert got == want == sha(pattern(n, 31))
+    assert pending, "send returned before any receive was posted"
+
+
 # ------------------------------------------------ single-process semantics
 
 

@@ -315,6 +315,52 @@ def sendrecv_client(chan, sizes, kvblocks, async_api, seed):
     return out
 
 
+def late_receiver(chan, n):
+    """test_gpu_index_mapping.py's `_subprocess_ipc_server`: accept, and
+    only then allocate, register and receive, after the sender has sent
+    and gone."""
+    ep = p2p.Endpoint(0)
+    chan.send(bytes(ep.get_metadata()))
+    ok, r_ip, r_gpu, conn_id = ep.accept()
+    assert ok
+    assert chan.recv() == "sent"
+    time.sleep(0.5)  # the sender's process ends meanwhile
+    t = tensor(n)
+    ok, mr_id = ep.reg(t.data_ptr(), n)
+    assert ok
+    assert ep.recv(conn_id, mr_id, t.data_ptr(), size=n), ep.last_error()
+    return digest_of(t)
+
+
+def sender_exits(chan, n, seed):
+    """test_gpu_index_mapping.py's `_subprocess_ipc_client`: connect by the
+    peer's metadata with UCCL's keywords, send once and exit at once (no
+    close, no goodbye)."""
+    ip, port, remote_bdf = p2p.Endpoint.parse_metadata(chan.recv())
+    ep = p2p.Endpoint(0)
+    ok, conn_id = ep.connect(remote_ip_addr=ip, remote_gpu_bdf=remote_bdf, remote_port=port)
+    assert ok
+    t = tensor(n, seed)
+    ok, mr_id = ep.reg(t.data_ptr(), n)
+    assert ok
+    done = []
+
+    def sent():
+        ok = ep.send(conn_id, mr_id, t.data_ptr(), n)
+        done.append(ok)
+
+    import threading
+
+    th = threading.Thread(target=sent)
+    th.start()
+    th.join(0.3)
+    pending_before_recv = th.is_alive()  # no receive is posted yet
+    chan.send("sent")
+    th.join(30)
+    assert done == [True], ep.last_error()
+    return pending_before_recv, digest_of(t)
+
+
 def dual_side(chan, first, sizes, seed):
     """benchmark_uccl.py --dual: each side accepts one connection and makes
     one; per size each receives on one and sends on the other at once."""

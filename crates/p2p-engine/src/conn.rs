@@ -6,7 +6,7 @@
 //! `WriteCts` for a write, the `ReadReq` itself for a read) while holding
 //! the control-connection lock, and the sender posts in arrival order.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -113,6 +113,28 @@ impl ConnParams {
 /// Where an inline read's bytes land: our buffers, in order.
 type Landing = Vec<(MemRef, Arc<crate::memory::Region>)>;
 
+/// Our two-sided receives, numbered in posting order (the order the peer's
+/// messages fill them), and how many of them, counted from the first, have
+/// landed: what `MsgDone` tells the sender.
+#[derive(Default)]
+struct RecvAcks {
+    next: u64,
+    landed: BTreeSet<u64>,
+    count: u64,
+}
+
+impl RecvAcks {
+    /// Receive `seq` landed: the new count to acknowledge, if it grew.
+    fn landed(&mut self, seq: u64) -> Option<u64> {
+        self.landed.insert(seq);
+        let before = self.count;
+        while self.landed.remove(&self.count) {
+            self.count += 1;
+        }
+        (self.count > before).then_some(self.count)
+    }
+}
+
 pub struct Conn {
     pub id: u64,
     pub peer: SocketAddr,
@@ -146,6 +168,11 @@ pub struct Conn {
     inline_max: usize,
     /// Our inline reads awaiting their `ReadData`: where the bytes land.
     pending_reads: Mutex<HashMap<u64, Landing>>,
+    /// Our sends whose messages the peer has not acknowledged yet, in
+    /// posting order: a send completes when its message has landed.
+    msg_sends: Mutex<VecDeque<Arc<Transfer>>>,
+    /// Our receives' numbering and what we acknowledged.
+    msg_recvs: Mutex<RecvAcks>,
 }
 
 impl Conn {
@@ -303,6 +330,8 @@ impl Conn {
             notifs: p.notifs.clone(),
             inline_max: p.inline_max,
             pending_reads: Mutex::new(HashMap::new()),
+            msg_sends: Mutex::new(VecDeque::new()),
+            msg_recvs: Mutex::new(RecvAcks::default()),
         });
         let weak = Arc::downgrade(&conn);
         let cpus = p.cpus.clone();
@@ -435,6 +464,7 @@ impl Conn {
             t.fail(fl.clone());
         }
         self.pending_reads.lock().clear();
+        self.msg_sends.lock().clear();
         for (_, ops) in self.pending_writes.lock().drain() {
             for op in ops {
                 op.xfer.fail(fl.clone());
@@ -537,15 +567,58 @@ impl Conn {
         tracing::trace!(xfer = xfer_id, send, "lat: post");
         let regions: Vec<_> = items.iter().map(|(_, r)| r.clone()).collect();
         let plan = self.plan(items.iter().map(|(m, _)| m.len));
-        let xfer = Transfer::new(xfer_id, self.id, plan.len(), regions);
+        // A send's last event is the receiver's acknowledgement: it
+        // completes once its bytes have landed, as a one-sided write does.
+        let events = plan.len() + usize::from(send);
+        let xfer = Transfer::new(xfer_id, self.id, events, regions);
         self.track(&xfer);
         let ops = self.ops_for(&xfer, &items, &plan, false);
-        self.submit(if send {
-            Cmd::Send(Set::Msg, ops)
+        // Numbered and queued under one lock, so that the numbers follow the
+        // order in which the engine posts them (and the peer's messages
+        // fill them).
+        if send {
+            let mut q = self.msg_sends.lock();
+            self.book.lock().msg_posted();
+            q.push_back(xfer.clone());
+            self.enqueue(Cmd::Send(Set::Msg, ops));
         } else {
-            Cmd::Recv(Set::Msg, ops)
-        });
+            let seq = {
+                let mut r = self.msg_recvs.lock();
+                r.next += 1;
+                self.enqueue(Cmd::Recv(Set::Msg, ops));
+                r.next - 1
+            };
+            let weak = Arc::downgrade(self);
+            xfer.on_end(move |s| {
+                if let Some(c) = weak.upgrade() {
+                    c.recv_ended(seq, s);
+                }
+            });
+        }
+        self.kick();
         Ok(xfer)
+    }
+
+    /// Our receive number `seq` ended: acknowledge what has landed, in
+    /// order; a failed receive leaves the message streams out of step.
+    fn recv_ended(&self, seq: u64, s: &crate::transfer::Status) {
+        match s {
+            crate::transfer::Status::Done => {
+                // The lock is held while writing, so that counts go out in
+                // the order they grow.
+                let mut r = self.msg_recvs.lock();
+                if let Some(count) = r.landed(seq) {
+                    if let Err(e) = self.send_control(&Control::MsgDone { count }) {
+                        drop(r);
+                        self.fail(format!("control connection write failed: {e}"));
+                    }
+                }
+            }
+            crate::transfer::Status::Failed(f) => self.fail(Failure::Protocol(format!(
+                "receive {seq} on this connection failed ({f}); the message streams are out of step"
+            ))),
+            crate::transfer::Status::Pending => {}
+        }
     }
 
     /// One-sided write (`read == false`) or read of local buffers into/from
@@ -915,6 +988,16 @@ impl Conn {
                 let t = self.live.lock().get(&xfer).cloned();
                 if let Some(t) = t {
                     t.fail(Failure::Refused(reason));
+                }
+            }
+            Action::MsgsLanded { from, to } => {
+                let done: Vec<_> = {
+                    let mut q = self.msg_sends.lock();
+                    let n = (to - from).min(q.len() as u64) as usize;
+                    q.drain(..n).collect()
+                };
+                for t in done {
+                    t.complete_one();
                 }
             }
             Action::Notif { name, msg } => self

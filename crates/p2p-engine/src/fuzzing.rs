@@ -108,6 +108,8 @@ pub fn control_handler(data: &[u8]) -> Seen {
     let mut fillers: Vec<usize> = Vec::new();
     // The payload length each of our inline requests awaits.
     let mut inline_len: HashMap<u64, u32> = HashMap::new();
+    // Our two-sided messages posted and acknowledged, as the model counts.
+    let (mut msgs_sent, mut msgs_acked) = (0u64, 0u64);
     let inside_ours = |off: u64, len: u64| {
         ours.iter()
             .any(|&(o, l)| off >= o && off.checked_add(len).is_some_and(|e| e <= o + l))
@@ -248,10 +250,21 @@ pub fn control_handler(data: &[u8]) -> Seen {
                     },
                 }
             }
+            6 if b.u8() & 1 == 1 => Control::MsgDone {
+                count: match b.u8() % 3 {
+                    0 => msgs_acked + 1,
+                    1 => msgs_sent,
+                    _ => b.u64(),
+                },
+            },
             6 => Control::KeepAlive,
             7 => {
                 // Local events.
-                match b.u8() % 4 {
+                match b.u8() % 5 {
+                    4 => {
+                        assert_eq!(book.msg_posted(), msgs_sent);
+                        msgs_sent += 1;
+                    }
                     0 | 3 => {
                         let xfer = b.u8() as u64 % 16;
                         let read = b.u8() & 1 == 1;
@@ -414,8 +427,14 @@ pub fn control_handler(data: &[u8]) -> Seen {
                 );
                 assert_eq!(inline_len.remove(&xfer), Some(len as u32));
             }
+            Action::MsgsLanded { from, to } => {
+                assert_eq!(from, msgs_acked, "acknowledgements skip or repeat");
+                assert!(to > from && to <= msgs_sent, "more acknowledged than sent");
+                msgs_acked = to;
+            }
             Action::Nothing => {}
         }
+        assert_eq!(book.msgs_unacked(), msgs_sent - msgs_acked);
         let (reqs, items, fill) = book.held();
         assert!(reqs <= LIMITS.max_requests);
         assert!(items <= LIMITS.max_items);

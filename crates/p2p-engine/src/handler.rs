@@ -73,6 +73,11 @@ pub enum ProtocolError {
     },
     #[error("peer broke the protocol: inline data of {len} bytes for read {xfer}, which asked for {want}")]
     InlineLength { xfer: u64, len: u32, want: u32 },
+    #[error(
+        "peer broke the protocol: it acknowledged {count} messages, but {acked} were \
+         acknowledged before and {sent} sent (counts must grow, up to what was sent)"
+    )]
+    MsgCount { count: u64, acked: u64, sent: u64 },
     #[error("peer closed the connection")]
     Closed,
 }
@@ -158,6 +163,12 @@ pub enum Action {
         xfer: u64,
         len: usize,
     },
+    /// Our two-sided messages `from..to` (counted in posting order) have
+    /// landed in the peer's receives: their sends are complete.
+    MsgsLanded {
+        from: u64,
+        to: u64,
+    },
 }
 
 /// What the handler needs to know of its connection.
@@ -180,6 +191,10 @@ pub struct Book {
     served_items: usize,
     /// Empty messages of refused reads not yet sent.
     fillers: usize,
+    /// Our two-sided messages posted, and how many the peer has
+    /// acknowledged (see [`Control::MsgDone`]).
+    msgs_sent: u64,
+    msgs_acked: u64,
 }
 
 impl Book {
@@ -215,6 +230,17 @@ impl Book {
         );
     }
 
+    /// We posted one more two-sided message; returns its number (from 0).
+    pub fn msg_posted(&mut self) -> u64 {
+        self.msgs_sent += 1;
+        self.msgs_sent - 1
+    }
+
+    /// Our two-sided messages posted and not yet acknowledged.
+    pub fn msgs_unacked(&self) -> u64 {
+        self.msgs_sent - self.msgs_acked
+    }
+
     /// Forgets our request `xfer` (it could not be sent).
     pub fn forget(&mut self, xfer: u64) {
         self.ours.remove(&xfer);
@@ -247,6 +273,17 @@ impl Book {
             Control::KeepAlive => Action::Nothing,
             Control::Close => return Err(ProtocolError::Closed),
             Control::Notif { name, msg } => Action::Notif { name, msg },
+            Control::MsgDone { count } => {
+                let (acked, sent) = (self.msgs_acked, self.msgs_sent);
+                if count <= acked || count > sent {
+                    return Err(ProtocolError::MsgCount { count, acked, sent });
+                }
+                self.msgs_acked = count;
+                Action::MsgsLanded {
+                    from: acked,
+                    to: count,
+                }
+            }
             Control::WriteReq { xfer, items, runs } => match self.admit(cx, &items, &runs) {
                 Ok((local, plan, weight)) => Action::AcceptWrite {
                     xfer,
@@ -660,6 +697,39 @@ mod tests {
             ProtocolError::Closed
         );
         assert_eq!(b.awaiting(), 0);
+    }
+
+    #[test]
+    fn message_acknowledgements_grow_up_to_what_was_sent() {
+        let f = fixture();
+        let mut b = Book::new(Limits::default());
+        let done = |count| Control::MsgDone { count };
+        assert_eq!(
+            b.on_control(cx(&f), done(1)).unwrap_err(),
+            ProtocolError::MsgCount {
+                count: 1,
+                acked: 0,
+                sent: 0
+            },
+            "nothing sent"
+        );
+        for i in 0..3 {
+            assert_eq!(b.msg_posted(), i);
+        }
+        assert!(matches!(
+            b.on_control(cx(&f), done(2)),
+            Ok(Action::MsgsLanded { from: 0, to: 2 })
+        ));
+        assert_eq!(b.msgs_unacked(), 1);
+        assert!(b.on_control(cx(&f), done(2)).is_err(), "no growth");
+        assert!(b.on_control(cx(&f), done(1)).is_err(), "backwards");
+        assert!(b.on_control(cx(&f), done(4)).is_err(), "beyond sent");
+        assert!(b.on_control(cx(&f), done(u64::MAX)).is_err(), "absurd");
+        assert!(matches!(
+            b.on_control(cx(&f), done(3)),
+            Ok(Action::MsgsLanded { from: 2, to: 3 })
+        ));
+        assert_eq!(b.msgs_unacked(), 0);
     }
 
     #[test]

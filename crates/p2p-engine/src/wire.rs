@@ -302,7 +302,9 @@ pub const MAGIC: u64 = 0x3150_3250_5850_4354; // "TCPXP2P1"
 /// the receiver's smallest part, which the sender adopts. 5: mutual
 /// challenge-response authentication (fresh nonces, HMAC-SHA256 proofs)
 /// before any listen handle is exchanged; handles travel in their own frame.
-pub const VERSION: u16 = 5;
+/// 6: a two-sided message's receiver acknowledges it (`MsgDone`), and the
+/// send completes only then.
+pub const VERSION: u16 = 6;
 /// An ncclNet listen handle is at most this long.
 pub const NET_HANDLE_LEN: usize = 128;
 /// Most channels per set a connection may have.
@@ -539,6 +541,10 @@ pub enum Control {
     /// Target → initiator: the data of a `ReadInline`, `len` bytes (at most
     /// [`MAX_INLINE`]) following the frame.
     ReadData { xfer: u64, len: u32 },
+    /// Receiver → sender of two-sided messages: the first `count` messages
+    /// the sender posted (in posting order) have landed in receives. Counts
+    /// only grow; each send completes when its message is counted.
+    MsgDone { count: u64 },
 }
 
 /// Most payload bytes that follow one `WriteInline` or `ReadData` frame on
@@ -569,6 +575,7 @@ const T_NOTIF: u8 = 9;
 const T_WRITE_INLINE: u8 = 10;
 const T_READ_INLINE: u8 = 11;
 const T_READ_DATA: u8 = 12;
+const T_MSG_DONE: u8 = 13;
 
 /// Longest notification message.
 pub const MAX_NOTIF: usize = 1 << 20;
@@ -726,6 +733,10 @@ impl Control {
                 out.extend_from_slice(&xfer.to_le_bytes());
                 out.extend_from_slice(&len.to_le_bytes());
             }
+            Control::MsgDone { count } => {
+                out.push(T_MSG_DONE);
+                out.extend_from_slice(&count.to_le_bytes());
+            }
         }
     }
 
@@ -743,6 +754,7 @@ impl Control {
             Control::WriteInline { .. } => "WriteInline",
             Control::ReadInline { .. } => "ReadInline",
             Control::ReadData { .. } => "ReadData",
+            Control::MsgDone { .. } => "MsgDone",
             Control::Notif { .. } => "Notif",
         }
     }
@@ -816,6 +828,7 @@ impl Control {
                 xfer: r.u64_le()?,
                 len: get_inline_len(&mut r)?,
             },
+            T_MSG_DONE => Control::MsgDone { count: r.u64_le()? },
             other => {
                 return Err(WireError::BadValue {
                     what: "control message type",
@@ -1011,6 +1024,7 @@ mod tests {
                 runs: vec![1],
             },
             Control::ReadData { xfer: 9, len: 4 },
+            Control::MsgDone { count: 10 },
         ] {
             let mut v = Vec::new();
             m.encode(&mut v);

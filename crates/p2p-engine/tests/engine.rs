@@ -47,6 +47,71 @@ fn send_recv_many_sizes() {
 }
 
 #[test]
+fn send_completes_when_its_bytes_have_landed() {
+    // A send waits for the receiver's acknowledgement: posted before any
+    // receive, it is still pending; once it completes the sender may go
+    // away at once and the receiver still has every byte.
+    let (a, b, ca, cb) = pair();
+    for &n in &[64usize, 4096, 300 << 10] {
+        let mut src = pattern(n, 5);
+        let mut dst = vec![0u8; n];
+        let sb = buf(&a, &mut src);
+        let rb = buf(&b, &mut dst);
+        let s = a.send_async(ca, &[sb]).unwrap();
+        assert!(
+            !a.wait(s, Some(Duration::from_millis(200))).unwrap(),
+            "a send of {n} bytes completed before any receive was posted"
+        );
+        let r = b.recv_async(cb, &[rb]).unwrap();
+        assert!(b.wait(r, Some(Duration::from_secs(20))).unwrap());
+        assert!(a.wait(s, Some(Duration::from_secs(20))).unwrap());
+        assert_eq!(src, dst, "size {n}");
+    }
+    // Several sends ahead of their receives complete in order as they land.
+    let n = 8192;
+    let mut srcs: Vec<Vec<u8>> = (0..4).map(|i| pattern(n, 20 + i)).collect();
+    let mut dsts = vec![vec![0u8; n]; 4];
+    let sends: Vec<_> = srcs
+        .iter_mut()
+        .map(|s| a.send_async(ca, &[buf(&a, s)]).unwrap())
+        .collect();
+    let rbs: Vec<_> = dsts.iter_mut().map(|d| buf(&b, d)).collect();
+    for (i, rb) in rbs.into_iter().enumerate() {
+        let r = b.recv_async(cb, &[rb]).unwrap();
+        assert!(b.wait(r, Some(Duration::from_secs(20))).unwrap());
+        assert!(a.wait(sends[i], Some(Duration::from_secs(20))).unwrap());
+        for later in &sends[i + 1..] {
+            assert!(
+                !a.poll(*later).unwrap(),
+                "a send completed before its message landed"
+            );
+        }
+    }
+    assert_eq!(srcs, dsts);
+}
+
+#[test]
+fn sender_gone_right_after_send_still_delivers() {
+    let (a, b, ca, cb) = pair();
+    let n = 4096;
+    let mut src = pattern(n, 9);
+    let sb = buf(&a, &mut src);
+    let s = a.send_async(ca, &[sb]).unwrap();
+    let t = std::thread::spawn(move || {
+        let done = a.wait(s, Some(Duration::from_secs(20))).unwrap();
+        drop(a);
+        done
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    let mut dst = vec![0u8; n];
+    let rb = buf(&b, &mut dst);
+    let r = b.recv_async(cb, &[rb]).unwrap();
+    assert!(b.wait(r, Some(Duration::from_secs(20))).unwrap());
+    assert!(t.join().unwrap());
+    assert_eq!(src, dst);
+}
+
+#[test]
 fn write_read_and_refusals() {
     let (a, b, ca, cb) = pair();
     let n = 1 << 20;
