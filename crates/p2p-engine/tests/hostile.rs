@@ -893,3 +893,76 @@ fn d10_inline_payloads_land_only_inside_the_advertisement() {
     legit_transfer(&w, 13);
     back_to(base);
 }
+
+/// Two-sided sends complete on the receiver's `MsgDone` count: a count
+/// that does not grow, or that covers messages never sent, fails the
+/// connection; an early one cannot end a send before its bytes left.
+#[test]
+fn d11_message_acknowledgements_are_checked() {
+    let _g = serial();
+    let w = world(cfg(), cfg());
+    let base = counts();
+    let fake = TcpListener::bind((LO, 0)).unwrap();
+    let fake_addr = fake.local_addr().unwrap();
+    let (go, wait_go) = std::sync::mpsc::channel::<u64>();
+    let target = std::thread::spawn(move || {
+        let (s, _) = fake.accept().unwrap();
+        let mut h = Hostile::shake(s, Role::Acceptor, b"");
+        // Acknowledge the first message before receiving it, then repeat
+        // that count (it must grow), then claim messages never sent.
+        let count = wait_go.recv().unwrap();
+        send_ctl(&mut h.oob, &Control::MsgDone { count }).unwrap();
+        let again = wait_go.recv().unwrap();
+        send_ctl(&mut h.oob, &Control::MsgDone { count: again }).unwrap();
+        expect_closed(&mut h.oob);
+    });
+    let ca =
+        w.a.connect(&fake_addr.ip().to_string(), fake_addr.port(), None)
+            .unwrap();
+    let mut src = pattern(4096, 3);
+    let sb = buf(&w.a, &mut src);
+    let x = w.a.send_async(ca, &[sb]).unwrap();
+    go.send(1).unwrap();
+    // Its bytes fit the socket buffers: it ends once written and counted.
+    assert!(w.a.wait(x, Some(Duration::from_secs(30))).unwrap());
+    let y = w.a.send_async(ca, &[sb]).unwrap();
+    go.send(1).unwrap();
+    match w.a.wait(y, Some(Duration::from_secs(30))) {
+        Err(e) => assert!(e.to_string().contains("acknowledged 1 messages"), "{e}"),
+        Ok(done) => panic!("a repeated count ended with {done}"),
+    }
+    target.join().unwrap();
+    w.a.dereg(sb.mr).unwrap();
+    legit_transfer(&w, 11);
+    back_to(base);
+}
+
+#[test]
+fn d11_counts_beyond_what_was_sent_fail_the_connection() {
+    let _g = serial();
+    let w = world(cfg(), cfg());
+    let base = counts();
+    let fake = TcpListener::bind((LO, 0)).unwrap();
+    let fake_addr = fake.local_addr().unwrap();
+    let target = std::thread::spawn(move || {
+        let (s, _) = fake.accept().unwrap();
+        let mut h = Hostile::shake(s, Role::Acceptor, b"");
+        send_ctl(&mut h.oob, &Control::MsgDone { count: u64::MAX }).unwrap();
+        expect_closed(&mut h.oob);
+    });
+    let ca =
+        w.a.connect(&fake_addr.ip().to_string(), fake_addr.port(), None)
+            .unwrap();
+    target.join().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let why = loop {
+        if let Ok(Some(f)) = w.a.conn_failure(ca) {
+            break f;
+        }
+        assert!(Instant::now() < deadline, "connection still up");
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    assert!(why.contains("acknowledged"), "{why}");
+    legit_transfer(&w, 12);
+    back_to(base);
+}
