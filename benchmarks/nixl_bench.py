@@ -122,6 +122,15 @@ class Mem:
             self.torch.cuda.synchronize()
 
 
+def gpu_of(a, role):
+    """The GPU of `role` (initiator / target): `--gpus A,B` names the
+    initiator's and the target's, else both use `--gpu`."""
+    if a.gpus:
+        ini, tgt = (int(g) for g in a.gpus.split(","))
+        return tgt if role == "target" else ini
+    return a.gpu
+
+
 class Side:
     """One process: a NIXL agent with the backends asked for, and our own
     Python endpoint."""
@@ -129,7 +138,8 @@ class Side:
     def __init__(self, role, a):
         api, _ = nixl_module()
         self.role, self.a = role, a
-        self.mem = Mem(a.memory, a.gpu)
+        gpu = gpu_of(a, role)
+        self.mem = Mem(a.memory, gpu)
         self.name = role
         self.agent = api.nixl_agent(role, api.nixl_agent_config(True, False, 0, backends=[]))
         self.backends = []
@@ -139,7 +149,7 @@ class Side:
             params = {}
             if b == "TCPX_P2P":
                 if a.memory == "gpu":
-                    params["gpu"] = str(a.gpu)
+                    params["gpu"] = str(gpu)
                 if a.tcpx_params:
                     params.update(kv.split("=", 1) for kv in a.tcpx_params.split(","))
             try:
@@ -151,7 +161,7 @@ class Side:
         if "api" in a.backends.split(","):
             from tcpx_p2p import p2p
 
-            self.ep = p2p.Endpoint(a.gpu if a.memory == "gpu" else None)
+            self.ep = p2p.Endpoint(gpu if a.memory == "gpu" else None)
         self.buf, self.ptr = self.mem.alloc(a.region)
         for bk in list(self.backends):
             try:
@@ -379,6 +389,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--memory", choices=["gpu", "host"], default="gpu")
     ap.add_argument("--gpu", type=int, default=0, help="the GPU both processes use")
+    ap.add_argument("--gpus", default="", help="INITIATOR,TARGET: one GPU each (e.g. 0,1), instead of --gpu")
     ap.add_argument("--sizes", default="64K,1M,16M,256M")
     ap.add_argument("--ops", default="WRITE,READ")
     ap.add_argument("--kv", default="4096x32K", help="KV-shaped lists: COUNTxSIZE (empty: none)")
@@ -512,7 +523,10 @@ def main(argv=None):
     if a.memory == "gpu":
         import torch
 
-        device = torch.cuda.get_device_name(a.gpu)
+        g_ini, g_tgt = gpu_of(a, "initiator"), gpu_of(a, "target")
+        device = torch.cuda.get_device_name(g_ini)
+        if g_ini != g_tgt:
+            device = f"GPU {g_ini} -> GPU {g_tgt}: {device} / {torch.cuda.get_device_name(g_tgt)}"
     _, nixl_name = nixl_module()
     out = {
         "device": device,

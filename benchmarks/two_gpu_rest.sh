@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# What a two-GPU machine has still to run (GPU 0 → GPU 1), in bounded steps:
+#   bash benchmarks/two_gpu_rest.sh WHEEL OUTDIR STEP...
+# STEPs (each under its own limit; the summary is written as it goes, and
+# everything is packed into OUTDIR/two_gpu.tgz after each step):
+#   nets     the benchmark on the socket net and on the plugin net (the TCPX
+#            stand-in), rounds alternated: send / write / read at 64 KiB …
+#            256 MiB pipelined and one at a time, KV blocks scattered and as
+#            one message                                     (~6 minutes)
+#   nixl     NIXL VRAM GPU 0 → GPU 1 through TCPX_P2P beside UCX and our
+#            API, WRITE / READ, 64 KiB … 256 MiB and 4,096 × 32 KiB lists;
+#            needs NIXL_WHEEL (a nixl-cu13 wheel, folder or tarball)   (~5)
+#   uccl     UCCL's own tests, import changed only; needs UCCL_TESTS (a
+#            folder of their p2p/tests files)                   (~4)
+# Split the steps over calls where a command may run 10 minutes at most:
+# `nets`, then `nixl uccl`.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+WHEEL=$1 OUTDIR=$2
+shift 2
+O=$(mktemp -d)/two_gpu
+mkdir -p "$O" "$OUTDIR"
+. benchmarks/device_env.sh "$WHEEL"
+EMU=$(python3 -c 'import tcpx_p2p; print(tcpx_p2p.emulator_plugin_path())')
+{ date -u +%FT%TZ; nvidia-smi -L; } > "$O/device.txt" 2>&1
+S="$O/summary.txt"
+cp "$O/device.txt" "$S"
+pack() {
+  cp "$S" "$OUTDIR/summary.txt"
+  tar -C "$(dirname "$O")" -czf "$OUTDIR/two_gpu.tgz" two_gpu
+}
+run() { # run NAME LIMIT CMD...: output to NAME.txt, its table into the summary
+  local name=$1 limit=$2
+  shift 2
+  timeout "$limit" "$@" > "$O/$name.txt" 2>&1
+  local rc=$?
+  { echo; echo "== $name (status $rc; 124: over its limit of $limit s)"; grep -v '^\S* gpu \[' "$O/$name.txt" | tail -20; } >> "$S"
+  pack
+}
+B="python3 -m tcpx_p2p.bench pair --memory gpu --gpus 0,1"
+PLUGIN="env TCPX_P2P_NET=plugin TCPX_P2P_PLUGIN_PATH=$EMU"
+for st in "$@"; do
+  case $st in
+    nets)
+      for round in 1 2; do
+        for net in socket plugin; do
+          pre=""; [ $net = plugin ] && pre=$PLUGIN
+          run "${net}_pipelined_$round" 75 $pre $B --op send,write,read --sizes 64K,1M,16M,256M --json "$O/${net}_pipelined_$round.json"
+        done
+      done
+      for net in socket plugin; do
+        pre=""; [ $net = plugin ] && pre=$PLUGIN
+        run "${net}_blocking" 60 $pre $B --inflight 1 --op write,read,send --sizes 64K,1M,16M,256M --rounds 2
+        run "${net}_kv_scattered" 40 $pre $B --inflight 1 --op write --kv-blocks 4096 --block-size 32K --kv-layout scattered
+        run "${net}_kv_one" 30 $pre $B --inflight 1 --op write --sizes 128M
+      done ;;
+    nixl)
+      [ -n "${NIXL_WHEEL:-}" ] || { echo "nixl: NIXL_WHEEL not set, skipped" >> "$S"; continue; }
+      timeout 280 bash benchmarks/nixl_bench.sh "$WHEEL" "$NIXL_WHEEL" "$O/nixl" --gpus 0,1 > "$O/nixl.txt" 2>&1
+      { echo; echo "== nixl (status $?)"; grep -v INFO "$O/nixl.txt" | tail -16; } >> "$S"
+      pack ;;
+    uccl)
+      [ -n "${UCCL_TESTS:-}" ] || { echo "uccl: UCCL_TESTS not set, skipped" >> "$S"; continue; }
+      UCCL_TEST_LIMIT=60 timeout 280 bash benchmarks/uccl_own_tests.sh "$UCCL_TESTS" "$O/uccl" > /dev/null 2>&1
+      { echo; echo "== uccl (status $?)"; grep -v '^    ' "$O/uccl/summary.txt"; } >> "$S"
+      pack ;;
+    *) echo "unknown step $st" >&2 ;;
+  esac
+done
+cat "$S"

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# UCCL's own P2P tests against tcpx-p2p, with only the import changed:
+#   bash benchmarks/uccl_own_tests.sh UCCL_TESTS_DIR OUTDIR [FILE...]
+# UCCL_TESTS_DIR: a folder holding UCCL's test files (p2p/tests of a UCCL
+# checkout, any tag); their files are not part of this repository and are
+# never changed in place: each is copied into OUTDIR with
+# `from uccl import p2p` replaced by `from tcpx_p2p import p2p`, and run
+# there, one at a time (with `torchrun --nproc_per_node=2` where its own
+# docstring says so), each under a time limit (UCCL_TEST_LIMIT, 120 s).
+# FILEs default to every test_*.py that imports p2p (tests for RDMA-only or
+# vendor-only parts of UCCL are left out). OUTDIR/summary.txt: one line per
+# file (pass / fail / timeout, and the last lines of its log).
+set -uo pipefail
+SRC=$1 O=$2
+shift 2
+LIMIT=${UCCL_TEST_LIMIT:-120}
+mkdir -p "$O"
+S="$O/summary.txt"
+: > "$S"
+files=("$@")
+if [ ${#files[@]} -eq 0 ]; then
+  for f in "$SRC"/test_*.py; do
+    case $(basename "$f") in *rdma*|*hygon*|*compress*|*_native*|test_util_*) continue ;; esac
+    grep -q "from uccl import p2p" "$f" && files+=("$(basename "$f")")
+  done
+fi
+for name in "${files[@]}"; do
+  src="$SRC/$name" dst="$O/$name"
+  [ -f "$src" ] || { echo "$name: missing in $SRC" >> "$S"; continue; }
+  sed 's/^\(\s*\)from uccl import p2p/\1from tcpx_p2p import p2p/' "$src" > "$dst"
+  if grep -q "torchrun" "$dst"; then
+    (cd "$O" && timeout "$LIMIT" torchrun --nproc_per_node=2 "$name" > "$name.log" 2>&1)
+  else
+    (cd "$O" && timeout "$LIMIT" python3 "$name" > "$name.log" 2>&1)
+  fi
+  rc=$?
+  case $rc in 0) verdict=pass ;; 124) verdict="timeout ($LIMIT s)" ;; *) verdict="fail (exit $rc)" ;; esac
+  { echo "$name: $verdict"; tail -3 "$O/$name.log" | sed 's/^/    /'; } >> "$S"
+done
+cat "$S"
