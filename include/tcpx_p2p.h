@@ -106,7 +106,9 @@ typedef enum tcpx_status {
     /* A bug: a panic was caught at the API boundary. */
     TCPX_ERR_PANIC = -13,
     /* Any other engine failure (see tcpx_last_error). */
-    TCPX_ERR_INTERNAL = -14
+    TCPX_ERR_INTERNAL = -14,
+    /* The transfer was cancelled (tcpx_cancel) before its data moved. */
+    TCPX_ERR_CANCELLED = -15
 } tcpx_status_t;
 
 /* Opaque handles. */
@@ -314,6 +316,15 @@ tcpx_status_t tcpx_wait(tcpx_endpoint_t *ep, uint64_t xfer, int64_t timeout_ms);
  * with its connection) on its own; its buffers must stay valid until then
  * (tcpx_dereg waits for it). Use it to give up on a transfer. */
 tcpx_status_t tcpx_release(tcpx_endpoint_t *ep, uint64_t xfer);
+
+/* Gives a transfer up and waits up to timeout_ms (negative: no limit) for
+ * it to end. If none of its data has moved (a write the peer has not
+ * cleared yet, a small read not yet answered) it is called back at once;
+ * data already in flight cannot be, and runs to its end. TCPX_OK: it has
+ * ended, cancelled or not; no byte of it touches its buffers any more and
+ * its id is forgotten. TCPX_ERR_TIMEOUT: still moving data (the id stays
+ * valid). The connection and its other transfers go on. */
+tcpx_status_t tcpx_cancel(tcpx_endpoint_t *ep, uint64_t xfer, int64_t timeout_ms);
 
 /* -------------------------------------------------------- notifications */
 

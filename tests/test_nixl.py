@@ -418,6 +418,38 @@ def test_release_in_flight_aborts_and_the_agent_goes_on():
         b.close()
 
 
+def test_release_aborts_that_transfer_alone():
+    """Two writes to a peer that has not cleared them yet (it is stopped):
+    releasing one calls it back at once and no byte of it lands; the other,
+    on the same connection, completes once the peer runs again."""
+    a = local_side()
+    b = Remote(f"two-{os.getpid()}")
+    try:
+        connect(a, b)
+        size = 4 * MIB
+        src1, src2 = a.alloc(size, seed=21), a.alloc(size, seed=22)
+        dst1, dst2 = b.alloc(size), b.alloc(size)
+        refresh(a, b)
+        ag = a.agent
+        h1 = ag.initialize_xfer("WRITE", a.descs([(a.addr(src1), size)]), a.descs([(b.addr(dst1), size)]), b.name)
+        h2 = ag.initialize_xfer("WRITE", a.descs([(a.addr(src2), size)]), a.descs([(b.addr(dst2), size)]), b.name)
+        ag.make_connection(b.name)
+        b.signal(signal.SIGSTOP)
+        s1, s2 = a.post(h1), a.post(h2)
+        assert (s1, s2) == ("PROC", "PROC")
+        t0 = time.monotonic()
+        ag.release_xfer_handle(h1)
+        assert time.monotonic() - t0 < 1.5, "a write not yet cleared is called back at once"
+        b.signal(signal.SIGCONT)
+        assert a.wait(h2, s2, timeout=30) == "DONE"
+        assert b.digest(dst2) == digest(pattern(size, 22))
+        assert b.digest(dst1) == digest(bytes(size)), "no byte of the released write landed"
+        ag.release_xfer_handle(h2)
+    finally:
+        b.signal(signal.SIGCONT)
+        b.close()
+
+
 def test_backend_parameters_select_the_plugin_net():
     """net / plugin_path / channels as create_backend parameters: the TCPX
     stand-in carries the bytes whatever TCPX_P2P_NET says."""

@@ -26,6 +26,9 @@ using nixl::Status;
 
 constexpr const char *PLUGIN_NAME = "TCPX_P2P";
 constexpr const char *PLUGIN_VERSION = "0.1.0";
+// How long releaseReqH lets a transfer whose data is already moving run
+// to its end before it ends it with its connection.
+constexpr int64_t kCancelWaitMs = 2000;
 
 // Backend parameters (create_backend(name, params)), each passed to the
 // engine's config under the same name. Unset ones keep the engine's
@@ -277,12 +280,16 @@ class Engine final : public nixl::BackendEngine {
         auto *req = dynamic_cast<Request *>(handle);
         if (req == nullptr) return nixl::ERR_INVALID_PARAM;
         if (req->active && poll(*req) == nixl::IN_PROG) {
-            // Abort: the engine fails what is in flight on a connection it
-            // closes; the next transfer to that agent connects again.
-            forget_conn(req->agent, req->conn, TCPX_ERR_CONNECTION_LOST);
-            tcpx_disconnect(ep_, req->conn);
-            // It fails at once; bounded all the same.
-            if (tcpx_wait(ep_, req->xfer, 10000) == TCPX_ERR_TIMEOUT) tcpx_release(ep_, req->xfer);
+            // Abort this transfer alone: called back if none of its data
+            // has moved, else run to its end (bounded), so that no byte
+            // touches the handle's buffers once it is released.
+            if (tcpx_cancel(ep_, req->xfer, kCancelWaitMs) == TCPX_ERR_TIMEOUT) {
+                // Still moving data: end it with its connection (the next
+                // transfer to that agent connects again).
+                forget_conn(req->agent, req->conn, TCPX_ERR_CONNECTION_LOST);
+                tcpx_disconnect(ep_, req->conn);
+                if (tcpx_wait(ep_, req->xfer, 10000) == TCPX_ERR_TIMEOUT) tcpx_release(ep_, req->xfer);
+            }
         }
         delete req;
         return nixl::SUCCESS;

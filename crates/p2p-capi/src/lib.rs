@@ -825,6 +825,25 @@ pub unsafe extern "C" fn tcpx_release(ep: *mut TcpxEndpoint, xfer: u64) -> Statu
     })
 }
 
+#[no_mangle]
+pub unsafe extern "C" fn tcpx_cancel(ep: *mut TcpxEndpoint, xfer: u64, timeout_ms: i64) -> Status {
+    guard("tcpx_cancel", || {
+        let ended = endpoint(ep)?
+            .cancel(xfer, timeout_of(timeout_ms))
+            .map_err(on_xfer)?;
+        if ended {
+            Ok(Status::Ok)
+        } else {
+            Err(Fail::new(
+                Status::Timeout,
+                format!(
+                    "transfer {xfer} still moving data after {timeout_ms} ms (its id stays valid)"
+                ),
+            ))
+        }
+    })
+}
+
 // -------------------------------------------------------- notifications
 
 #[no_mangle]

@@ -27,11 +27,12 @@ pub enum Status {
     BufferTooSmall = -12,
     Panic = -13,
     Internal = -14,
+    Cancelled = -15,
 }
 
 impl Status {
     /// Every code, for tests and `tcpx_status_str`.
-    pub const ALL: [Status; 16] = [
+    pub const ALL: [Status; 17] = [
         Status::Ok,
         Status::Again,
         Status::InvalidArgument,
@@ -48,6 +49,7 @@ impl Status {
         Status::BufferTooSmall,
         Status::Panic,
         Status::Internal,
+        Status::Cancelled,
     ];
 
     /// A short static description, NUL-terminated.
@@ -69,6 +71,7 @@ impl Status {
             Status::BufferTooSmall => c"buffer too small",
             Status::Panic => c"internal panic",
             Status::Internal => c"internal error",
+            Status::Cancelled => c"cancelled",
         }
     }
 }
@@ -97,6 +100,7 @@ pub fn status_of(e: &Error) -> Status {
         Error::Cuda(_) => Status::Cuda,
         Error::Io { .. } => Status::Io,
         Error::Config(_) => Status::Config,
+        Error::Cancelled { .. } => Status::Cancelled,
         _ => Status::Internal,
     }
 }

@@ -113,6 +113,16 @@ impl ConnParams {
 /// Where an inline read's bytes land: our buffers, in order.
 type Landing = Vec<(MemRef, Arc<crate::memory::Region>)>;
 
+/// A write of ours waiting for the target's clear-to-send.
+enum PendingWrite {
+    /// Its chunk ops, sent when cleared.
+    Ops(Vec<ChunkOp>),
+    /// Cancelled by the application: when cleared, this many empty
+    /// messages fill the target's posted receives (which then refuse the
+    /// write), so that both sides stay in step.
+    Cancelled(usize),
+}
+
 /// Our two-sided receives, numbered in posting order (the order the peer's
 /// messages fill them), and how many of them, counted from the first, have
 /// landed: what `MsgDone` tells the sender.
@@ -156,7 +166,7 @@ pub struct Conn {
     /// User transfers of this connection, failed together if it breaks.
     live: Mutex<HashMap<u64, Arc<Transfer>>>,
     /// Writes waiting for the target's clear-to-send.
-    pending_writes: Mutex<HashMap<u64, Vec<ChunkOp>>>,
+    pending_writes: Mutex<HashMap<u64, PendingWrite>>,
     /// The one-sided bookkeeping: answers awaited, work held for the peer.
     book: Mutex<Book>,
     /// Threads blocked in [`Conn::wait_on`]: the net's waker wakes them.
@@ -166,8 +176,9 @@ pub struct Conn {
     notifs: Arc<NotifQueue>,
     /// One-sided transfers up to this size go inline (see [`crate::inline`]).
     inline_max: usize,
-    /// Our inline reads awaiting their `ReadData`: where the bytes land.
-    pending_reads: Mutex<HashMap<u64, Landing>>,
+    /// Our inline reads awaiting their `ReadData`: where the bytes land
+    /// (None: cancelled, the bytes are read and dropped).
+    pending_reads: Mutex<HashMap<u64, Option<Landing>>>,
     /// Our sends whose messages the peer has not acknowledged yet, in
     /// posting order: a send completes when its message has landed.
     msg_sends: Mutex<VecDeque<Arc<Transfer>>>,
@@ -465,9 +476,11 @@ impl Conn {
         }
         self.pending_reads.lock().clear();
         self.msg_sends.lock().clear();
-        for (_, ops) in self.pending_writes.lock().drain() {
-            for op in ops {
-                op.xfer.fail(fl.clone());
+        for (_, w) in self.pending_writes.lock().drain() {
+            if let PendingWrite::Ops(ops) = w {
+                for op in ops {
+                    op.xfer.fail(fl.clone());
+                }
             }
         }
         self.registry.forget_conn(self.id);
@@ -657,7 +670,7 @@ impl Conn {
         } else {
             self.pending_writes
                 .lock()
-                .insert(xfer_id, ops.take().unwrap_or_default());
+                .insert(xfer_id, PendingWrite::Ops(ops.take().unwrap_or_default()));
             Control::WriteReq {
                 xfer: xfer_id,
                 items: remote,
@@ -704,7 +717,7 @@ impl Conn {
         self.book.lock().expect_inline(xfer_id, read, total as u32);
         let mut body = Vec::new();
         let written = if read {
-            self.pending_reads.lock().insert(xfer_id, local);
+            self.pending_reads.lock().insert(xfer_id, Some(local));
             Control::ReadInline {
                 xfer: xfer_id,
                 items: remote,
@@ -907,7 +920,20 @@ impl Conn {
                 self.submit(Cmd::Send(Set::Rma, ops));
             }
             Action::SendWrite { xfer } => match self.pending_writes.lock().remove(&xfer) {
-                Some(ops) => self.submit(Cmd::Send(Set::Rma, ops)),
+                Some(PendingWrite::Ops(ops)) => self.submit(Cmd::Send(Set::Rma, ops)),
+                Some(PendingWrite::Cancelled(n)) => {
+                    // The target posted n receives: fill each with an empty
+                    // message; it refuses the write, which nobody awaits.
+                    let inner = Transfer::new(0, self.id, n, vec![]);
+                    let ops = (0..n)
+                        .map(|_| ChunkOp {
+                            segs: vec![],
+                            xfer: inner.clone(),
+                            expect: None,
+                        })
+                        .collect();
+                    self.submit(Cmd::Send(Set::Rma, ops));
+                }
                 None => {
                     return Err(Failure::Protocol(format!(
                         "clear-to-send for unknown write {xfer}"
@@ -966,7 +992,10 @@ impl Conn {
             Action::LandRead { xfer, len } => {
                 let local = self.pending_reads.lock().remove(&xfer);
                 match local {
-                    Some(local) if crate::inline::total(&local) == len => {
+                    // Cancelled: the length was checked against our request.
+                    Some(None) => crate::inline::drain(s, len)
+                        .map_err(|e| Failure::Lost(format!("inline read payload: {e}")))?,
+                    Some(Some(local)) if crate::inline::total(&local) == len => {
                         crate::inline::land(s, &local)
                             .map_err(|e| Failure::Lost(format!("inline read payload: {e}")))?;
                         tracing::trace!(xfer, "lat: inline read landed");
@@ -1034,6 +1063,37 @@ impl Conn {
     /// Tells the progress thread a region is gone.
     pub(crate) fn drop_region(&self, id: u64) {
         self.submit(Cmd::DropRegion(id));
+    }
+
+    /// Cancels our transfer `t` if none of its data has moved and none will
+    /// touch its buffers: a write still waiting for the target's
+    /// clear-to-send, or an inline read still waiting for its data. It
+    /// then ends at once, failed as cancelled, and its buffers are free.
+    /// Returns false for anything else (data in flight cannot be called
+    /// back: it runs to its end).
+    pub(crate) fn cancel(&self, t: &Transfer) -> bool {
+        let cancelled = {
+            let mut w = self.pending_writes.lock();
+            let n = match w.get(&t.id) {
+                Some(PendingWrite::Ops(ops)) => Some(ops.len()),
+                _ => None,
+            };
+            n.map(|n| w.insert(t.id, PendingWrite::Cancelled(n)))
+                .is_some()
+        } || {
+            let mut r = self.pending_reads.lock();
+            match r.get_mut(&t.id) {
+                Some(l @ Some(_)) => {
+                    *l = None;
+                    true
+                }
+                _ => false,
+            }
+        };
+        if cancelled {
+            t.fail(Failure::Cancelled);
+        }
+        cancelled
     }
 }
 

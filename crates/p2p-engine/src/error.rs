@@ -109,6 +109,8 @@ pub enum ErrorKind {
     Lost,
     /// The peer did not answer in time.
     TimedOut,
+    /// The application cancelled the transfer.
+    Cancelled,
 }
 
 /// The engine's error: everything a caller of [`crate::Endpoint`] can see.
@@ -133,6 +135,9 @@ pub enum Error {
     /// The peer broke the protocol: the connection was ended.
     #[error("connection {conn}: peer broke the protocol: {reason}")]
     Protocol { conn: u64, reason: String },
+    /// The application cancelled the transfer before its data moved.
+    #[error("connection {conn}: transfer cancelled before its data moved")]
+    Cancelled { conn: u64 },
     /// The peer went silent past the deadline: the connection was ended.
     #[error("connection {conn}: {reason}")]
     TimedOut { conn: u64, reason: String },
@@ -165,6 +170,7 @@ impl Error {
             Error::Refused { .. } => ErrorKind::Refused,
             Error::Protocol { .. } => ErrorKind::Protocol,
             Error::TimedOut { .. } => ErrorKind::TimedOut,
+            Error::Cancelled { .. } => ErrorKind::Cancelled,
             Error::Net { source, .. } => source.kind(),
             Error::Cuda(_) => ErrorKind::LocalCuda,
             Error::Io { .. } => ErrorKind::Local,

@@ -26,6 +26,8 @@ pub enum Failure {
     /// The transport failed: its own error (a local CUDA failure on an I/O
     /// thread, a reset stream, a peer's malformed part header...).
     Net(NetError),
+    /// The application cancelled it before its data moved.
+    Cancelled,
 }
 
 impl Failure {
@@ -37,6 +39,7 @@ impl Failure {
             Failure::Protocol(reason) => Error::Protocol { conn, reason },
             Failure::TimedOut(reason) => Error::TimedOut { conn, reason },
             Failure::Net(source) => Error::Net { conn, source },
+            Failure::Cancelled => Error::Cancelled { conn },
         }
     }
 }
@@ -60,6 +63,7 @@ impl std::fmt::Display for Failure {
             Failure::Refused(r) => write!(f, "refused by peer: {r}"),
             Failure::Lost(r) | Failure::Protocol(r) | Failure::TimedOut(r) => write!(f, "{r}"),
             Failure::Net(e) => write!(f, "transport failed: {e}"),
+            Failure::Cancelled => write!(f, "cancelled before its data moved"),
         }
     }
 }
@@ -75,6 +79,7 @@ impl PartialEq for Failure {
             | (Protocol(a), Protocol(b))
             | (TimedOut(a), TimedOut(b)) => a == b,
             (Net(a), Net(b)) => a.to_string() == b.to_string(),
+            (Cancelled, Cancelled) => true,
             _ => false,
         }
     }

@@ -112,6 +112,61 @@ fn sender_gone_right_after_send_still_delivers() {
 }
 
 #[test]
+fn cancel_ends_a_transfer_whole_or_not_at_all() {
+    // Cancelled right after posting: a write the target has not cleared
+    // yet is called back (nothing lands), one already cleared runs to its
+    // end (everything lands); never a part of it, and the connection goes
+    // on either way.
+    let cfg = Config {
+        inline_max: 0,
+        ..cfg()
+    };
+    let a = Endpoint::new(None, cfg.clone()).unwrap();
+    let b = Endpoint::new(None, cfg).unwrap();
+    let addr = b.local_addr();
+    let ca = a
+        .connect(&addr.ip().to_string(), addr.port(), None)
+        .unwrap();
+    let cb = b.accept(Some(Duration::from_secs(10))).unwrap().conn;
+    let n = 1 << 20;
+    let mut src = pattern(n, 8);
+    let sb = buf(&a, &mut src);
+    let (mut called_back, mut ran) = (0, 0);
+    for i in 0..20 {
+        let mut target = vec![0u8; n];
+        let tb = buf(&b, &mut target);
+        let meta = FifoItem::decode(&b.advertise(cb, tb.mr, tb.ptr, n).unwrap()).unwrap();
+        let w = a.write_async(ca, &[sb], &[meta]).unwrap();
+        if i % 2 == 1 {
+            std::thread::yield_now();
+        }
+        assert!(a.cancel(w, Some(Duration::from_secs(20))).unwrap());
+        assert!(a.poll(w).is_err(), "the id is forgotten once ended");
+        // The target's side ends too (its receives filled or refused).
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        while b.dereg(tb.mr).is_err() {
+            assert!(std::time::Instant::now() < deadline, "target still busy");
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        if target == src {
+            ran += 1;
+        } else {
+            assert!(target.iter().all(|&x| x == 0), "a part of a write landed");
+            called_back += 1;
+        }
+    }
+    assert_eq!(called_back + ran, 20);
+    // Still in step: a write after them lands whole.
+    let mut target = vec![0u8; n];
+    let tb = buf(&b, &mut target);
+    let meta = FifoItem::decode(&b.advertise(cb, tb.mr, tb.ptr, n).unwrap()).unwrap();
+    let w = a.write_async(ca, &[sb], &[meta]).unwrap();
+    assert!(a.wait(w, Some(Duration::from_secs(20))).unwrap());
+    assert_eq!(target, src);
+    eprintln!("cancelled before clearing: {called_back}, ran to the end: {ran}");
+}
+
+#[test]
 fn write_read_and_refusals() {
     let (a, b, ca, cb) = pair();
     let n = 1 << 20;

@@ -200,7 +200,7 @@ struct Hostile {
     oob: TcpStream,
     channels: usize,
     sends: Vec<Box<dyn SendComm>>,
-    _recvs: Vec<Box<dyn RecvComm>>,
+    recvs: Vec<Box<dyn RecvComm>>,
 }
 
 fn noop() -> Waker {
@@ -275,7 +275,7 @@ impl Hostile {
             oob,
             channels,
             sends: sends.into_iter().flatten().collect(),
-            _recvs: recvs.into_iter().flatten().collect(),
+            recvs: recvs.into_iter().flatten().collect(),
         }
     }
 
@@ -964,5 +964,124 @@ fn d11_counts_beyond_what_was_sent_fail_the_connection() {
     };
     assert!(why.contains("acknowledged"), "{why}");
     legit_transfer(&w, 12);
+    back_to(base);
+}
+
+/// Cancelling is safe against whatever the peer does next: a write
+/// cancelled before its clear-to-send sends empty messages when cleared
+/// (the target refuses it), an inline read cancelled before its data reads
+/// and drops the bytes; neither touches the buffers, and the connection
+/// goes on.
+#[test]
+fn cancelled_transfers_keep_the_connection_in_step() {
+    let _g = serial();
+    let acfg = Config {
+        inline_max: 4096,
+        ..cfg()
+    };
+    let w = world(acfg, cfg());
+    let base = counts();
+    let fake = TcpListener::bind((LO, 0)).unwrap();
+    let fake_addr = fake.local_addr().unwrap();
+    let (go, wait_go) = std::sync::mpsc::channel::<()>();
+    let (told, heard) = std::sync::mpsc::channel::<usize>();
+    let target = std::thread::spawn(move || {
+        let (s, _) = fake.accept().unwrap();
+        let mut h = Hostile::shake(s, Role::Acceptor, b"");
+        // The write: cleared only after it was cancelled.
+        let Some(Control::WriteReq { xfer, .. }) = recv_ctl(&mut h.oob) else {
+            panic!("no write request")
+        };
+        wait_go.recv().unwrap();
+        let mut landing = vec![0x5Au8; 64 << 10];
+        let mem = MemRef {
+            addr: landing.as_mut_ptr() as u64,
+            len: landing.len(),
+            kind: MemKind::Host,
+        };
+        let recv = &mut h.recvs[h.channels];
+        let mrh = recv.reg_mr(mem).unwrap();
+        let req = loop {
+            if let Some(r) = recv.irecv(mem, mrh).unwrap() {
+                break r;
+            }
+        };
+        send_ctl(&mut h.oob, &Control::WriteCts { xfer }).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let got = loop {
+            if let Some(n) = recv.test(req).unwrap() {
+                break n;
+            }
+            assert!(Instant::now() < deadline, "no filler arrived");
+            std::thread::sleep(Duration::from_millis(1));
+        };
+        told.send(got).unwrap();
+        send_ctl(
+            &mut h.oob,
+            &Control::Refused {
+                xfer,
+                reason: "empty".into(),
+            },
+        )
+        .unwrap();
+        // The inline read: answered only after it was cancelled.
+        let Some(Control::ReadInline { xfer, .. }) = recv_ctl(&mut h.oob) else {
+            panic!("no inline read")
+        };
+        wait_go.recv().unwrap();
+        let mut frame = Vec::new();
+        Control::ReadData { xfer, len: 2048 }.encode(&mut frame);
+        write_frame(&mut h.oob, &frame).unwrap();
+        std::io::Write::write_all(&mut h.oob, &[0xABu8; 2048]).unwrap();
+        // Still in step: a keep-alive-free notification gets through.
+        send_ctl(
+            &mut h.oob,
+            &Control::Notif {
+                name: "hostile".into(),
+                msg: b"after".to_vec(),
+            },
+        )
+        .unwrap();
+        wait_go.recv().unwrap();
+    });
+    let ca =
+        w.a.connect(&fake_addr.ip().to_string(), fake_addr.port(), None)
+            .unwrap();
+    let meta = |size: u32| FifoItem {
+        addr: 0x10000,
+        size,
+        rkey: 1,
+        nmsgs: 1,
+        rid: 0,
+        idx: 1,
+        token: Token { id: 1, secret: 2 },
+    };
+    let mut src = pattern(64 << 10, 4);
+    let sb = buf(&w.a, &mut src);
+    let x = w.a.write_async(ca, &[sb], &[meta(64 << 10)]).unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+    assert!(w.a.cancel(x, Some(Duration::from_secs(5))).unwrap());
+    // Its buffer is free at once.
+    w.a.dereg(sb.mr).unwrap();
+    go.send(()).unwrap();
+    assert_eq!(heard.recv().unwrap(), 0, "the cleared write sent no byte");
+
+    let mut dst = vec![0x11u8; 2048];
+    let db = buf(&w.a, &mut dst);
+    let r = w.a.read_async(ca, &[db], &[meta(2048)]).unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+    assert!(w.a.cancel(r, Some(Duration::from_secs(5))).unwrap());
+    go.send(()).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while w.a.get_notifs().is_empty() {
+        assert!(Instant::now() < deadline, "the connection fell out of step");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert!(matches!(w.a.conn_failure(ca), Ok(None)), "connection up");
+    assert!(dst.iter().all(|&b| b == 0x11), "no byte of the read landed");
+    w.a.dereg(db.mr).unwrap();
+    go.send(()).unwrap();
+    target.join().unwrap();
+    legit_transfer(&w, 13);
     back_to(base);
 }

@@ -336,6 +336,14 @@ static void run_a(int rd, int wr) {
     OK(tcpx_release(ep, xfer));
     EXPECT(TCPX_ERR_UNKNOWN_ID, tcpx_poll(ep, xfer));
 
+    /* A write cancelled at once ends (called back, or run to its end); its
+     * id is forgotten and the connection goes on (the steps below use it).
+     * Into a part of the export nothing below reads. */
+    uint64_t can;
+    OK(tcpx_write_async(ep, conn, mr_src, src, 65536, d_exp, 2 * MiB + 65536, NULL, 0, &can));
+    OK(tcpx_cancel(ep, can, 20000));
+    EXPECT(TCPX_ERR_UNKNOWN_ID, tcpx_poll(ep, can));
+
     /* 3. Vectors: three pieces at offsets into the export, then read back. */
     size_t offs[3] = {0, 100000, 3 * MiB}, lens[3] = {1000, 5000, 65536};
     tcpx_rma_iov_t iov[3];
@@ -422,6 +430,7 @@ static void run_a(int rd, int wr) {
     EXPECT(TCPX_ERR_UNKNOWN_ID, tcpx_poll(ep, 123456));
     EXPECT(TCPX_ERR_UNKNOWN_ID, tcpx_wait(ep, 123456, 10));
     EXPECT(TCPX_ERR_UNKNOWN_ID, tcpx_release(ep, 123456));
+    EXPECT(TCPX_ERR_UNKNOWN_ID, tcpx_cancel(ep, 123456, 0));
     EXPECT(TCPX_ERR_UNKNOWN_ID, tcpx_dereg(ep, 999));
     EXPECT(TCPX_ERR_INVALID_ARGUMENT, tcpx_send_notif(ep, conn, NULL, 3));
     EXPECT(TCPX_ERR_INVALID_ARGUMENT, tcpx_get_notifs(ep, NULL));

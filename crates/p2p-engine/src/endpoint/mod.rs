@@ -666,6 +666,31 @@ impl Endpoint {
         self.finish(&t, s)
     }
 
+    /// Gives transfer `xfer` up. If none of its data has moved (a write the
+    /// target has not cleared yet, an inline read not yet answered) it ends
+    /// at once, failed as [`Error::Cancelled`], and the peer is kept in
+    /// step; data already in flight cannot be called back, and such a
+    /// transfer runs to its end. Returns true once the transfer has ended,
+    /// cancelled or not (no byte of it touches its buffers any more, and its
+    /// id is forgotten), false if it still runs when `timeout` passes (its
+    /// id stays valid). The connection and its other transfers go on.
+    pub fn cancel(&self, xfer: u64, timeout: Option<Duration>) -> Result<bool> {
+        let t = self.status_of(xfer)?;
+        if !t.ended() {
+            let conn = self.inner.conns.read().get(&t.conn).cloned();
+            if let Some(c) = conn {
+                if c.cancel(&t) {
+                    tracing::debug!(xfer, conn = t.conn, "transfer cancelled");
+                }
+            }
+        }
+        match self.wait(xfer, timeout) {
+            Ok(ended) => Ok(ended),
+            // It ended failed (cancelled, or as its connection failed).
+            Err(_) => Ok(true),
+        }
+    }
+
     /// Blocks on a transfer and returns its outcome (no id lookups).
     pub fn wait_transfer(&self, xfer: u64) -> Result<()> {
         self.wait(xfer, None).map(|_| ())
