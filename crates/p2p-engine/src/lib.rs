@@ -10,6 +10,7 @@
 //! the life of a transfer: `docs/ARCHITECTURE.md` in the repository.
 #![deny(unsafe_code)]
 
+mod accept;
 mod config;
 mod conn;
 mod endpoint;

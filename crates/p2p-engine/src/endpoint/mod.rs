@@ -801,10 +801,7 @@ fn handshake_slot(ep: &Arc<Inner>, ip: IpAddr) -> std::result::Result<HandshakeS
 }
 
 fn accept_loop(inner: Weak<Inner>, listener: TcpListener) {
-    // Back-off after a failed accept (EMFILE, ENFILE, ENOBUFS): retrying at
-    // once would spin on a core while the condition lasts.
-    let mut backoff = Duration::ZERO;
-    let mut last_warn: Option<Instant> = None;
+    let mut backoff = crate::accept::Backoff::new("control connections");
     let (mut turned_away, mut last_turned) = (0u64, None::<Instant>);
     for s in listener.incoming() {
         let Some(ep) = inner.upgrade() else { return };
@@ -813,25 +810,14 @@ fn accept_loop(inner: Weak<Inner>, listener: TcpListener) {
         }
         let s = match s {
             Ok(s) => {
-                backoff = Duration::ZERO;
+                backoff.accepted();
                 s
             }
             Err(e) => {
-                if e.kind() == std::io::ErrorKind::Interrupted
-                    || e.kind() == std::io::ErrorKind::ConnectionAborted
-                {
-                    continue;
+                if let Some(wait) = backoff.failed(&e) {
+                    drop(ep);
+                    std::thread::sleep(wait);
                 }
-                backoff = (backoff * 2).clamp(Duration::from_millis(10), Duration::from_secs(1));
-                if last_warn.is_none_or(|t| t.elapsed() > Duration::from_secs(10)) {
-                    tracing::warn!(
-                        "accepting control connections failed: {e} (out of file descriptors? \
-                         raise `ulimit -n`); retrying in {backoff:?}"
-                    );
-                    last_warn = Some(Instant::now());
-                }
-                drop(ep);
-                std::thread::sleep(backoff);
                 continue;
             }
         };

@@ -44,12 +44,25 @@ impl Hub {
             let h = std::thread::Builder::new()
                 .name("tcpx-local-accept".into())
                 .spawn(move || {
+                    let mut backoff = crate::accept::Backoff::new("same-host connections");
                     for s in l.incoming() {
                         let Some(hub) = weak.upgrade() else { return };
                         if hub.stopping.load(Ordering::Acquire) {
                             return;
                         }
-                        let Ok(s) = s else { continue };
+                        let s = match s {
+                            Ok(s) => {
+                                backoff.accepted();
+                                s
+                            }
+                            Err(e) => {
+                                if let Some(wait) = backoff.failed(&e) {
+                                    drop(hub);
+                                    std::thread::sleep(wait);
+                                }
+                                continue;
+                            }
+                        };
                         let h2 = hub.clone();
                         let r = std::thread::Builder::new()
                             .name("tcpx-local-hs".into())
