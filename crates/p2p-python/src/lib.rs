@@ -15,6 +15,7 @@ use tcpx_p2p::{Buf, Config, Error, RemoteGpu};
 mod args;
 mod convert;
 mod errors;
+mod local;
 mod rawtcp;
 mod regcache;
 use convert::*;
@@ -1177,72 +1178,6 @@ fn cuda_device_count() -> usize {
     tcpx_p2p::internal::gpu::device_count()
 }
 
-/// Starts the raw-TCP reference server on `ip:port` (0 = any) in the
-/// background; returns the port.
-#[pyfunction]
-#[pyo3(signature = (ip, port=0))]
-fn rawtcp_serve(ip: &str, #[pyo3(from_py_with = args::port)] port: u16) -> PyResult<u16> {
-    let l = std::net::TcpListener::bind((ip, port)).map_err(|e| {
-        to_py(&Error::Io {
-            what: format!("raw TCP reference: bind {ip}:{port}"),
-            source: e,
-        })
-    })?;
-    let port = l.local_addr().map(|a| a.port()).unwrap_or(0);
-    std::thread::Builder::new()
-        .name("tcpx-rawtcp".into())
-        .spawn(move || {
-            if let Err(e) = rawtcp::serve(l) {
-                tracing::warn!("raw TCP reference server stopped: {e}");
-            }
-        })
-        .map_err(|e| {
-            to_py(&Error::Io {
-                what: "spawning raw TCP server".into(),
-                source: e,
-            })
-        })?;
-    Ok(port)
-}
-
-/// Runs the raw-TCP reference: seconds of the whole run (throughput) or of
-/// each round trip (`pingpong`).
-#[pyfunction]
-#[pyo3(signature = (ip, port, streams, size, iters, pingpong=false))]
-fn rawtcp_run(
-    py: Python<'_>,
-    ip: &str,
-    #[pyo3(from_py_with = args::port)] port: u16,
-    #[pyo3(from_py_with = args::streams)] streams: usize,
-    #[pyo3(from_py_with = args::size)] size: usize,
-    #[pyo3(from_py_with = args::iters)] iters: usize,
-    pingpong: bool,
-) -> PyResult<Vec<f64>> {
-    // The reference server serves 1 to 64 streams and up to 4 GiB.
-    if !(1..=64).contains(&streams) {
-        return Err(InvalidArgumentError::new_err(format!(
-            "streams: {streams} (1 to 64)"
-        )));
-    }
-    if size > 4 << 30 {
-        return Err(InvalidArgumentError::new_err(format!(
-            "size: {size} bytes (at most 4 GiB)"
-        )));
-    }
-    let addr: std::net::SocketAddr = format!("{ip}:{port}")
-        .parse()
-        .map_err(|_| to_py(&Error::Invalid(format!("bad address {ip}:{port}"))))?;
-    let run = rawtcp::RawRun {
-        streams,
-        size,
-        iters,
-        pingpong,
-    };
-    py.detach(|| rawtcp::run(addr, run))
-        .map(|v| v.iter().map(|d| d.as_secs_f64()).collect())
-        .map_err(|e| to_py(&e))
-}
-
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Endpoint>()?;
@@ -1251,31 +1186,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(get_oob_ip, m)?)?;
     m.add_function(wrap_pyfunction!(cuda_device_count, m)?)?;
     m.add_function(wrap_pyfunction!(configured_streams, m)?)?;
-    m.add_function(wrap_pyfunction!(rawtcp_serve, m)?)?;
-    m.add_function(wrap_pyfunction!(rawtcp_run, m)?)?;
+    rawtcp::register(m)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     errors::register(m)?;
     Ok(())
-}
-
-impl Endpoint {
-    fn connect_local_to(&self, py: Python<'_>, remote_gpu_bdf: Bound<'_, PyAny>) -> (bool, i64) {
-        let peer = if let Ok(b) = remote_gpu_bdf.cast::<PyBytes>() {
-            Ok(tcpx_p2p::LocalPeer::Metadata(b.as_bytes().to_vec()))
-        } else if let Ok(i) = remote_gpu_bdf.extract::<i32>() {
-            Ok(tcpx_p2p::LocalPeer::Index(i))
-        } else if let Ok(s) = remote_gpu_bdf.extract::<String>() {
-            Ok(tcpx_p2p::LocalPeer::Bdf(s))
-        } else {
-            Err(Error::Invalid(
-                "connect_local: remote_gpu_bdf must be a PCI bus id, a GPU index or metadata bytes"
-                    .into(),
-            ))
-        };
-        let r = peer.and_then(|p| py.detach(|| self.ep.connect_local(&p)));
-        match self.check(py, r) {
-            Some(id) => (true, id as i64),
-            None => (false, -1),
-        }
-    }
 }

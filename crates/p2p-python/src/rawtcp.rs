@@ -163,6 +163,86 @@ pub fn run(addr: SocketAddr, r: RawRun) -> Result<Vec<Duration>> {
     Ok(out)
 }
 
+// ------------------------------------------------------------ Python face
+
+use pyo3::prelude::*;
+
+use crate::args;
+use crate::errors::{to_py, InvalidArgumentError};
+
+/// Starts the raw-TCP reference server on `ip:port` (0 = any) in the
+/// background; returns the port.
+#[pyfunction]
+#[pyo3(signature = (ip, port=0))]
+fn rawtcp_serve(ip: &str, #[pyo3(from_py_with = args::port)] port: u16) -> PyResult<u16> {
+    let l = std::net::TcpListener::bind((ip, port)).map_err(|e| {
+        to_py(&Error::Io {
+            what: format!("raw TCP reference: bind {ip}:{port}"),
+            source: e,
+        })
+    })?;
+    let port = l.local_addr().map(|a| a.port()).unwrap_or(0);
+    std::thread::Builder::new()
+        .name("tcpx-rawtcp".into())
+        .spawn(move || {
+            if let Err(e) = serve(l) {
+                tracing::warn!("raw TCP reference server stopped: {e}");
+            }
+        })
+        .map_err(|e| {
+            to_py(&Error::Io {
+                what: "spawning raw TCP server".into(),
+                source: e,
+            })
+        })?;
+    Ok(port)
+}
+
+/// Runs the raw-TCP reference: seconds of the whole run (throughput) or of
+/// each round trip (`pingpong`).
+#[pyfunction]
+#[pyo3(signature = (ip, port, streams, size, iters, pingpong=false))]
+fn rawtcp_run(
+    py: Python<'_>,
+    ip: &str,
+    #[pyo3(from_py_with = args::port)] port: u16,
+    #[pyo3(from_py_with = args::streams)] streams: usize,
+    #[pyo3(from_py_with = args::size)] size: usize,
+    #[pyo3(from_py_with = args::iters)] iters: usize,
+    pingpong: bool,
+) -> PyResult<Vec<f64>> {
+    // The reference server serves 1 to 64 streams and up to 4 GiB.
+    if !(1..=64).contains(&streams) {
+        return Err(InvalidArgumentError::new_err(format!(
+            "streams: {streams} (1 to 64)"
+        )));
+    }
+    if size > 4 << 30 {
+        return Err(InvalidArgumentError::new_err(format!(
+            "size: {size} bytes (at most 4 GiB)"
+        )));
+    }
+    let addr: std::net::SocketAddr = format!("{ip}:{port}")
+        .parse()
+        .map_err(|_| to_py(&Error::Invalid(format!("bad address {ip}:{port}"))))?;
+    let r = RawRun {
+        streams,
+        size,
+        iters,
+        pingpong,
+    };
+    py.detach(|| run(addr, r))
+        .map(|v| v.iter().map(|d| d.as_secs_f64()).collect())
+        .map_err(|e| to_py(&e))
+}
+
+/// Adds the reference's functions to the module.
+pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(rawtcp_serve, m)?)?;
+    m.add_function(wrap_pyfunction!(rawtcp_run, m)?)?;
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
