@@ -230,6 +230,43 @@ def test_write_read_advertised(local, peers):
     assert ep.write(cid, smr, sptr, 1000, meta)
 
 
+def test_cancel_ends_a_write_whole_or_not_at_all(local, peers):
+    """cancel() right after posting: a write the peer has not cleared yet is
+    called back (nothing lands), one already moving runs to its end
+    (everything lands); the id is forgotten and the connection goes on."""
+    ep, bufs = local
+    peer = peers()
+    cid, pcid = connect(ep, peer)
+    n = 1 << 20
+    sb, sptr = bufs.alloc(n, seed=6)
+    ok, smr = ep.reg(sptr, n)
+    outcomes = set()
+    for i in range(6):
+        tb, tptr = peer.call("alloc", n)
+        ok, tmr = peer.ep("reg", tptr, n)
+        ok, meta = peer.ep("advertise", pcid, tmr, tptr, n)
+        ok, x = ep.write_async(cid, smr, sptr, n, meta)
+        assert ok, ep.last_error()
+        assert ep.cancel(x, 30.0), ep.last_error()
+        assert ep.poll_async(x) == (False, False), "the id is forgotten once ended"
+        # The peer's side ends too: its region can be deregistered.
+        deadline = time.monotonic() + 30
+        while not peer.ep("dereg", tmr):
+            assert time.monotonic() < deadline, "the target still holds the region"
+            time.sleep(0.01)
+        got = peer.call("digest", tb)
+        assert got in (digest(pattern(n, 6)), digest(bytes(n))), "a part of a write landed"
+        outcomes.add(got == digest(pattern(n, 6)))
+    # Still in step.
+    tb, tptr = peer.call("alloc", n)
+    ok, tmr = peer.ep("reg", tptr, n)
+    ok, meta = peer.ep("advertise", pcid, tmr, tptr, n)
+    assert ep.write(cid, smr, sptr, n, meta), ep.last_error()
+    assert peer.call("digest", tb) == digest(pattern(n, 6))
+    assert not ep.cancel(10**9), "an unknown id"
+    assert "unknown transfer" in ep.last_error()
+
+
 # One-sided transfers up to TCPX_P2P_INLINE_MAX (default 64 KiB) carry their
 # data on the control connection; larger ones go through the net.
 INLINE_MAX = 64 << 10

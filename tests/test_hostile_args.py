@@ -100,6 +100,7 @@ def calls(ptr, mr, meta, desc):
         ("readv_async", vecm, (i, l_, l_, l_, bl, i)),
         ("poll_async", (424242,), (i,)),
         ("wait", (424242, 0.0), (i, "timeout")),
+        ("cancel", (424242, 0.0), (i, "timeout")),
         ("accept", (0.0,), ("timeout",)),
         ("remove_remote_endpoint", (NOCONN,), (i,)),
         ("conn_id_of_rank", (3,), (i,)),

@@ -862,6 +862,23 @@ impl Endpoint {
         self.check(py, r).unwrap_or(false)
     }
 
+    /// Gives a transfer up (seconds to wait; None = no limit). One none of
+    /// whose data has moved (a write the peer has not cleared yet, a small
+    /// read not yet answered) is called back at once; one whose data is
+    /// moving runs to its end. True once it has ended either way (its
+    /// buffers are free and its id is forgotten), False if it still runs
+    /// at the timeout. The connection goes on.
+    #[pyo3(signature = (transfer_id, timeout=None))]
+    fn cancel(
+        &self,
+        py: Python<'_>,
+        #[pyo3(from_py_with = args::transfer_id)] transfer_id: u64,
+        #[pyo3(from_py_with = args::timeout)] timeout: Option<Duration>,
+    ) -> bool {
+        let r = py.detach(|| self.ep.cancel(transfer_id, timeout));
+        self.check(py, r).unwrap_or(false)
+    }
+
     /// Ids of the open connections.
     fn conn_ids(&self) -> Vec<u64> {
         self.ep.conn_ids()
