@@ -55,7 +55,7 @@ for st in $STEPS; do
       im=${st#inline}
       step "blocking_inline$im" 120 \
         env TCPX_P2P_INLINE_MAX="$im" $B --inflight 1 --op write,read,send --sizes 4K,64K,256K,1M,16M,256M --rounds 2 ;;
-    pipelined) step pipelined8 90 $B --inflight 8 --op write,send --sizes 16M,256M ;;
+    pipelined) step pipelined8 150 $B --inflight 8 --op write,send --sizes 16M,256M --rounds 2 ;;
     kv)
       step kv_scattered 60 $B --inflight 1 --op write --kv-blocks 4096 --block-size 32K --kv-layout scattered
       step kv_one_message 45 $B --inflight 1 --op write --sizes 128M ;;
