@@ -1,8 +1,8 @@
-//! What an accept loop does when accepting fails (out of file descriptors
-//! or buffers): it backs off, doubling from 10 ms to 1 s, and warns at most
-//! every 10 s, rather than retrying at once and keeping a core busy while
-//! the condition lasts. Both the control listener and the same-host
-//! listeners use it.
+//! The accept loop of the control listener and of the same-host
+//! listeners. When accepting fails (out of file descriptors or buffers) it
+//! backs off, doubling from 10 ms to 1 s, and warns at most every 10 s,
+//! rather than retrying at once and keeping a core busy while the
+//! condition lasts.
 
 use std::io;
 use std::time::{Duration, Instant};
@@ -11,7 +11,35 @@ const FIRST: Duration = Duration::from_millis(10);
 const MOST: Duration = Duration::from_secs(1);
 const WARN_EVERY: Duration = Duration::from_secs(10);
 
-pub(crate) struct Backoff {
+/// Accepts from `incoming` for as long as `owner` gives its owner (None:
+/// gone or stopping, and the loop ends), handing each accepted stream to
+/// `take` with the owner. A failed accept backs off, the owner let go
+/// while it waits.
+pub(crate) fn accept_loop<S, O>(
+    what: &'static str,
+    incoming: impl Iterator<Item = io::Result<S>>,
+    owner: impl Fn() -> Option<O>,
+    mut take: impl FnMut(O, S),
+) {
+    let mut backoff = Backoff::new(what);
+    for s in incoming {
+        let Some(o) = owner() else { return };
+        match s {
+            Ok(s) => {
+                backoff.accepted();
+                take(o, s);
+            }
+            Err(e) => {
+                if let Some(wait) = backoff.failed(&e) {
+                    drop(o);
+                    std::thread::sleep(wait);
+                }
+            }
+        }
+    }
+}
+
+struct Backoff {
     /// Which listener, for the warning.
     what: &'static str,
     delay: Duration,
@@ -21,7 +49,7 @@ pub(crate) struct Backoff {
 }
 
 impl Backoff {
-    pub(crate) fn new(what: &'static str) -> Self {
+    fn new(what: &'static str) -> Self {
         Backoff {
             what,
             delay: Duration::ZERO,
@@ -31,13 +59,13 @@ impl Backoff {
     }
 
     /// An accept succeeded: the next failure starts from the shortest wait.
-    pub(crate) fn accepted(&mut self) {
+    fn accepted(&mut self) {
         self.delay = Duration::ZERO;
     }
 
     /// An accept failed with `e`: how long to wait before the next one
     /// (None: at once -- a signal, or a peer that gave up while queued).
-    pub(crate) fn failed(&mut self, e: &io::Error) -> Option<Duration> {
+    fn failed(&mut self, e: &io::Error) -> Option<Duration> {
         if matches!(
             e.kind(),
             io::ErrorKind::Interrupted | io::ErrorKind::ConnectionAborted

@@ -801,77 +801,69 @@ fn handshake_slot(ep: &Arc<Inner>, ip: IpAddr) -> std::result::Result<HandshakeS
 }
 
 fn accept_loop(inner: Weak<Inner>, listener: TcpListener) {
-    let mut backoff = crate::accept::Backoff::new("control connections");
     let (mut turned_away, mut last_turned) = (0u64, None::<Instant>);
-    for s in listener.incoming() {
-        let Some(ep) = inner.upgrade() else { return };
-        if ep.stopping.load(Ordering::Acquire) {
-            return;
-        }
-        let s = match s {
-            Ok(s) => {
-                backoff.accepted();
-                s
-            }
-            Err(e) => {
-                if let Some(wait) = backoff.failed(&e) {
-                    drop(ep);
-                    std::thread::sleep(wait);
-                }
-                continue;
-            }
-        };
-        let ip = match s.peer_addr() {
-            Ok(a) => a.ip(),
-            Err(_) => continue,
-        };
-        let slot = match handshake_slot(&ep, ip) {
-            Ok(slot) => slot,
-            Err(why) => {
-                // Logged at most every 10 s: a flood must not flood the log.
-                turned_away += 1;
-                if last_turned.is_none_or(|t| t.elapsed() > Duration::from_secs(10)) {
-                    tracing::warn!(
-                        "closed {turned_away} control connection(s) at once, the last from {ip}: {why}"
-                    );
-                    last_turned = Some(Instant::now());
-                    turned_away = 0;
-                }
-                continue;
-            }
-        };
-        let weak = Arc::downgrade(&ep);
-        let params = ep.params.clone();
-        let id = ep.next_conn.fetch_add(1, Ordering::Relaxed);
-        drop(ep);
-        let spawned = std::thread::Builder::new()
-            .name("tcpx-handshake".into())
-            .spawn(move || {
-                let peer = s.peer_addr().map(|a| a.to_string()).unwrap_or_default();
-                let params = params.for_peer(&s);
-                let res = Conn::establish(id, s, false, &params);
-                drop(slot);
-                match res {
-                    Ok(conn) => {
-                        let Some(ep) = weak.upgrade() else {
-                            conn.close();
-                            return;
-                        };
-                        if ep.stopping.load(Ordering::Acquire) {
-                            conn.close();
-                            return;
-                        }
-                        ep.conns.write().insert(id, conn);
-                        ep.accepted.lock().push_back(id);
-                        ep.accepted_cv.notify_all();
+    let owner = || {
+        inner
+            .upgrade()
+            .filter(|ep| !ep.stopping.load(Ordering::Acquire))
+    };
+    crate::accept::accept_loop(
+        "control connections",
+        listener.incoming(),
+        owner,
+        |ep, s| {
+            let ip = match s.peer_addr() {
+                Ok(a) => a.ip(),
+                Err(_) => return,
+            };
+            let slot = match handshake_slot(&ep, ip) {
+                Ok(slot) => slot,
+                Err(why) => {
+                    // Logged at most every 10 s: a flood must not flood the log.
+                    turned_away += 1;
+                    if last_turned.is_none_or(|t| t.elapsed() > Duration::from_secs(10)) {
+                        tracing::warn!(
+                            "closed {turned_away} control connection(s) at once, the last from {ip}: {why}"
+                        );
+                        last_turned = Some(Instant::now());
+                        turned_away = 0;
                     }
-                    Err(e) => tracing::warn!("refused a connection from {peer}: {e}"),
+                    return;
                 }
-            });
-        if let Err(e) = spawned {
-            tracing::warn!("cannot spawn a handshake thread: {e}");
-        }
-    }
+            };
+            let weak = Arc::downgrade(&ep);
+            let params = ep.params.clone();
+            let id = ep.next_conn.fetch_add(1, Ordering::Relaxed);
+            drop(ep);
+            let spawned = std::thread::Builder::new()
+                .name("tcpx-handshake".into())
+                .spawn(move || {
+                    let peer = s.peer_addr().map(|a| a.to_string()).unwrap_or_default();
+                    let params = params.for_peer(&s);
+                    let res = Conn::establish(id, s, false, &params);
+                    drop(slot);
+                    match res {
+                        Ok(conn) => {
+                            let Some(ep) = weak.upgrade() else {
+                                conn.close();
+                                return;
+                            };
+                            if ep.stopping.load(Ordering::Acquire) {
+                                conn.close();
+                                return;
+                            }
+                            ep.conns.write().insert(id, conn);
+                            ep.accepted.lock().push_back(id);
+                            ep.accepted_cv.notify_all();
+                        }
+                        Err(e) => tracing::warn!("refused a connection from {peer}: {e}"),
+                    }
+                });
+            if let Err(e) = spawned {
+                tracing::warn!("cannot spawn a handshake thread: {e}");
+            }
+        },
+    );
 }
 
 /// The access token an `XferDesc`'s `rkeys` carry: `[advertisement id, secret]`.

@@ -44,33 +44,23 @@ impl Hub {
             let h = std::thread::Builder::new()
                 .name("tcpx-local-accept".into())
                 .spawn(move || {
-                    let mut backoff = crate::accept::Backoff::new("same-host connections");
-                    for s in l.incoming() {
-                        let Some(hub) = weak.upgrade() else { return };
-                        if hub.stopping.load(Ordering::Acquire) {
-                            return;
-                        }
-                        let s = match s {
-                            Ok(s) => {
-                                backoff.accepted();
-                                s
+                    let owner = || {
+                        weak.upgrade()
+                            .filter(|hub| !hub.stopping.load(Ordering::Acquire))
+                    };
+                    crate::accept::accept_loop(
+                        "same-host connections",
+                        l.incoming(),
+                        owner,
+                        |hub: Arc<Hub>, s| {
+                            let r = std::thread::Builder::new()
+                                .name("tcpx-local-hs".into())
+                                .spawn(move || hub.admit(s));
+                            if let Err(e) = r {
+                                tracing::warn!("cannot spawn a same-host handshake thread: {e}");
                             }
-                            Err(e) => {
-                                if let Some(wait) = backoff.failed(&e) {
-                                    drop(hub);
-                                    std::thread::sleep(wait);
-                                }
-                                continue;
-                            }
-                        };
-                        let h2 = hub.clone();
-                        let r = std::thread::Builder::new()
-                            .name("tcpx-local-hs".into())
-                            .spawn(move || h2.admit(s));
-                        if let Err(e) = r {
-                            tracing::warn!("cannot spawn a same-host handshake thread: {e}");
-                        }
-                    }
+                        },
+                    );
                 })
                 .map_err(|e| Error::io("spawning the same-host acceptor", e))?;
             hub.acceptors.lock().push(h);
