@@ -293,6 +293,40 @@ fn advertised(b: &Endpoint, conn: u64, mem: &mut [u8]) -> (u64, Token, u64) {
     (tb.mr, d.token, tb.ptr)
 }
 
+/// A hostile target on its own listener: its one connection, made here by
+/// `a`, is taken through the handshake as the acceptor and handed to
+/// `play` on the target's thread. Returns `a`'s connection to it and that
+/// thread.
+fn hostile_target(
+    a: &Endpoint,
+    play: impl FnOnce(Hostile) + Send + 'static,
+) -> (u64, std::thread::JoinHandle<()>) {
+    let fake = TcpListener::bind((LO, 0)).unwrap();
+    let addr = fake.local_addr().unwrap();
+    let target = std::thread::spawn(move || {
+        let (s, _) = fake.accept().unwrap();
+        play(Hostile::shake(s, Role::Acceptor, b""));
+    });
+    let conn = a
+        .connect(&addr.ip().to_string(), addr.port(), None)
+        .unwrap();
+    (conn, target)
+}
+
+/// A descriptor of `size` bytes that no record of a hostile target stands
+/// behind (made up: the target only plays along).
+fn made_up(size: u32) -> FifoItem {
+    FifoItem {
+        addr: 0x10000,
+        size,
+        rkey: 1,
+        nmsgs: 1,
+        rid: 0,
+        idx: 1,
+        token: Token { id: 1, secret: 2 },
+    }
+}
+
 // --------------------------------------------------------------------- tests
 
 /// Defect 1: a read claiming 2^62 bytes with a made-up token used to abort
@@ -565,11 +599,7 @@ fn d6_a_duplicate_acknowledgement_fails_the_connection() {
     };
     let w = world(acfg, cfg());
     let base = counts();
-    let fake = TcpListener::bind((LO, 0)).unwrap();
-    let fake_addr = fake.local_addr().unwrap();
-    let target = std::thread::spawn(move || {
-        let (s, _) = fake.accept().unwrap();
-        let mut h = Hostile::shake(s, Role::Acceptor, b"");
+    let (ca, target) = hostile_target(&w.a, |mut h| {
         let Some(Control::ReadReq { xfer, .. }) = recv_ctl(&mut h.oob) else {
             panic!()
         };
@@ -577,21 +607,9 @@ fn d6_a_duplicate_acknowledgement_fails_the_connection() {
         send_ctl(&mut h.oob, &Control::ReadAck { xfer }).unwrap();
         expect_closed(&mut h.oob);
     });
-    let ca =
-        w.a.connect(&fake_addr.ip().to_string(), fake_addr.port(), None)
-            .unwrap();
     let mut dst = vec![0x11u8; 64 << 10];
     let db = buf(&w.a, &mut dst);
-    let meta = FifoItem {
-        addr: 0x10000,
-        size: 64 << 10,
-        rkey: 1,
-        nmsgs: 1,
-        rid: 0,
-        idx: 1,
-        token: Token { id: 1, secret: 2 },
-    };
-    let x = w.a.read_async(ca, &[db], &[meta]).unwrap();
+    let x = w.a.read_async(ca, &[db], &[made_up(64 << 10)]).unwrap();
     match w.a.wait(x, Some(Duration::from_secs(30))) {
         Err(e) => assert!(e.to_string().contains("ReadAck"), "{e}"),
         Ok(done) => panic!("a read without data ended with {done}"),
@@ -833,11 +851,7 @@ fn d10_inline_payloads_land_only_inside_the_advertisement() {
     // As the reader: a hostile target answers an inline read with the
     // wrong length, then with data for a read never made.
     for wrong_xfer in [false, true] {
-        let fake = TcpListener::bind((LO, 0)).unwrap();
-        let fake_addr = fake.local_addr().unwrap();
-        let target = std::thread::spawn(move || {
-            let (s, _) = fake.accept().unwrap();
-            let mut h = Hostile::shake(s, Role::Acceptor, b"");
+        let (ca, target) = hostile_target(&w.a, move |mut h| {
             let Some(Control::ReadInline { xfer, items, .. }) = recv_ctl(&mut h.oob) else {
                 panic!()
             };
@@ -847,21 +861,9 @@ fn d10_inline_payloads_land_only_inside_the_advertisement() {
             let _ = std::io::Write::write_all(&mut h.oob, &vec![0x77; len as usize]);
             expect_closed(&mut h.oob);
         });
-        let ca =
-            w.a.connect(&fake_addr.ip().to_string(), fake_addr.port(), None)
-                .unwrap();
         let mut dst = vec![0x11u8; 4096];
         let db = buf(&w.a, &mut dst);
-        let meta = FifoItem {
-            addr: 0x10000,
-            size: 4096,
-            rkey: 1,
-            nmsgs: 1,
-            rid: 0,
-            idx: 1,
-            token: Token { id: 1, secret: 2 },
-        };
-        let x = w.a.read_async(ca, &[db], &[meta]).unwrap();
+        let x = w.a.read_async(ca, &[db], &[made_up(4096)]).unwrap();
         match w.a.wait(x, Some(Duration::from_secs(30))) {
             Err(e) => assert!(
                 e.to_string().contains("ReadData") || e.to_string().contains("inline"),
@@ -902,12 +904,8 @@ fn d11_message_acknowledgements_are_checked() {
     let _g = serial();
     let w = world(cfg(), cfg());
     let base = counts();
-    let fake = TcpListener::bind((LO, 0)).unwrap();
-    let fake_addr = fake.local_addr().unwrap();
     let (go, wait_go) = std::sync::mpsc::channel::<u64>();
-    let target = std::thread::spawn(move || {
-        let (s, _) = fake.accept().unwrap();
-        let mut h = Hostile::shake(s, Role::Acceptor, b"");
+    let (ca, target) = hostile_target(&w.a, move |mut h| {
         // Acknowledge the first message before receiving it, then repeat
         // that count (it must grow), then claim messages never sent.
         let count = wait_go.recv().unwrap();
@@ -916,9 +914,6 @@ fn d11_message_acknowledgements_are_checked() {
         send_ctl(&mut h.oob, &Control::MsgDone { count: again }).unwrap();
         expect_closed(&mut h.oob);
     });
-    let ca =
-        w.a.connect(&fake_addr.ip().to_string(), fake_addr.port(), None)
-            .unwrap();
     let mut src = pattern(4096, 3);
     let sb = buf(&w.a, &mut src);
     let x = w.a.send_async(ca, &[sb]).unwrap();
@@ -942,17 +937,10 @@ fn d11_counts_beyond_what_was_sent_fail_the_connection() {
     let _g = serial();
     let w = world(cfg(), cfg());
     let base = counts();
-    let fake = TcpListener::bind((LO, 0)).unwrap();
-    let fake_addr = fake.local_addr().unwrap();
-    let target = std::thread::spawn(move || {
-        let (s, _) = fake.accept().unwrap();
-        let mut h = Hostile::shake(s, Role::Acceptor, b"");
+    let (ca, target) = hostile_target(&w.a, |mut h| {
         send_ctl(&mut h.oob, &Control::MsgDone { count: u64::MAX }).unwrap();
         expect_closed(&mut h.oob);
     });
-    let ca =
-        w.a.connect(&fake_addr.ip().to_string(), fake_addr.port(), None)
-            .unwrap();
     target.join().unwrap();
     let deadline = Instant::now() + Duration::from_secs(30);
     let why = loop {
@@ -981,13 +969,9 @@ fn cancelled_transfers_keep_the_connection_in_step() {
     };
     let w = world(acfg, cfg());
     let base = counts();
-    let fake = TcpListener::bind((LO, 0)).unwrap();
-    let fake_addr = fake.local_addr().unwrap();
     let (go, wait_go) = std::sync::mpsc::channel::<()>();
     let (told, heard) = std::sync::mpsc::channel::<usize>();
-    let target = std::thread::spawn(move || {
-        let (s, _) = fake.accept().unwrap();
-        let mut h = Hostile::shake(s, Role::Acceptor, b"");
+    let (ca, target) = hostile_target(&w.a, move |mut h| {
         // The write: cleared only after it was cancelled.
         let Some(Control::WriteReq { xfer, .. }) = recv_ctl(&mut h.oob) else {
             panic!("no write request")
@@ -1044,21 +1028,9 @@ fn cancelled_transfers_keep_the_connection_in_step() {
         .unwrap();
         wait_go.recv().unwrap();
     });
-    let ca =
-        w.a.connect(&fake_addr.ip().to_string(), fake_addr.port(), None)
-            .unwrap();
-    let meta = |size: u32| FifoItem {
-        addr: 0x10000,
-        size,
-        rkey: 1,
-        nmsgs: 1,
-        rid: 0,
-        idx: 1,
-        token: Token { id: 1, secret: 2 },
-    };
     let mut src = pattern(64 << 10, 4);
     let sb = buf(&w.a, &mut src);
-    let x = w.a.write_async(ca, &[sb], &[meta(64 << 10)]).unwrap();
+    let x = w.a.write_async(ca, &[sb], &[made_up(64 << 10)]).unwrap();
     std::thread::sleep(Duration::from_millis(100));
     assert!(w.a.cancel(x, Some(Duration::from_secs(5))).unwrap());
     // Its buffer is free at once.
@@ -1068,7 +1040,7 @@ fn cancelled_transfers_keep_the_connection_in_step() {
 
     let mut dst = vec![0x11u8; 2048];
     let db = buf(&w.a, &mut dst);
-    let r = w.a.read_async(ca, &[db], &[meta(2048)]).unwrap();
+    let r = w.a.read_async(ca, &[db], &[made_up(2048)]).unwrap();
     std::thread::sleep(Duration::from_millis(100));
     assert!(w.a.cancel(r, Some(Duration::from_secs(5))).unwrap());
     go.send(()).unwrap();
