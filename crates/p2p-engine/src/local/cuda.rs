@@ -202,6 +202,19 @@ pub struct Copy {
     pub len: u64,
 }
 
+impl Copy {
+    /// `len` bytes between our `local` address and the peer's `remote`
+    /// one (mapped here): into `local` for a read, out of it for a write.
+    pub fn between(local: u64, remote: u64, len: u64, read: bool) -> Self {
+        let (dst, src) = if read {
+            (local, remote)
+        } else {
+            (remote, local)
+        };
+        Copy { dst, src, len }
+    }
+}
+
 /// Streams one thread keeps per GPU for same-host copies: large copies are
 /// cut into pieces on several streams so that several copy engines share
 /// them (NVLink peers especially).

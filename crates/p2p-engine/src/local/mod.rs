@@ -650,19 +650,7 @@ impl LocalConn {
                 return None;
             }
             let remote = r.mapping.base + r.offset + (i.remote - r.addr);
-            copies.push(if read {
-                cuda::Copy {
-                    dst: i.local,
-                    src: remote,
-                    len: i.len,
-                }
-            } else {
-                cuda::Copy {
-                    dst: remote,
-                    src: i.local,
-                    len: i.len,
-                }
-            });
+            copies.push(cuda::Copy::between(i.local, remote, i.len, read));
             dev = r.dev;
             keep.push(r.mapping.clone());
         }
@@ -1024,19 +1012,7 @@ impl LocalConn {
                 )));
             }
             let remote = m.base.wrapping_add(e.offset);
-            copies.push(if p.read {
-                cuda::Copy {
-                    dst: i.local,
-                    src: remote,
-                    len: i.len,
-                }
-            } else {
-                cuda::Copy {
-                    dst: remote,
-                    src: i.local,
-                    len: i.len,
-                }
-            });
+            copies.push(cuda::Copy::between(i.local, remote, i.len, p.read));
             // An `advertise_ipc` record (not a one-shot receive) is cached
             // with the range the peer says it covers.
             let rec_off = i
