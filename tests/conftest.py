@@ -69,15 +69,7 @@ class Peer:
         self.proc.join(10)
 
     def close(self):
-        if self.proc.is_alive():
-            try:
-                self.pipe.send(None)
-            except (BrokenPipeError, OSError):
-                pass
-            self.proc.join(10)
-            if self.proc.is_alive():
-                self.proc.kill()
-                self.proc.join(10)
+        peer_ops.stop_child(self.proc, self.pipe, 10)
 
 
 @pytest.fixture(params=DEVICES)

@@ -63,6 +63,20 @@ class Buffers:
         self.bufs.pop(bid, None)
 
 
+def stop_child(proc, pipe, grace):
+    """Ends a peer process: asks it to stop (None on its pipe), waits
+    `grace` seconds, then kills it."""
+    if proc.is_alive():
+        try:
+            pipe.send(None)
+        except (BrokenPipeError, OSError):
+            pass
+        proc.join(grace)
+        if proc.is_alive():
+            proc.kill()
+            proc.join(10)
+
+
 def enter_netns(name):
     """Moves this process into network namespace `name` (a test host)."""
     libc = ctypes.CDLL(None, use_errno=True)

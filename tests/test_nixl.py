@@ -15,6 +15,7 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
 import nixl_peer  # noqa: E402
+import peer_ops  # noqa: E402
 from nixl_peer import digest, pattern  # noqa: E402
 
 try:
@@ -78,15 +79,7 @@ class Remote:
         os.kill(self.proc.pid, sig)
 
     def close(self):
-        if self.proc.is_alive():
-            try:
-                self.pipe.send(None)
-            except (BrokenPipeError, OSError):
-                pass
-            self.proc.join(15)
-            if self.proc.is_alive():
-                self.proc.kill()
-                self.proc.join(10)
+        peer_ops.stop_child(self.proc, self.pipe, 15)
 
 
 _names = iter(range(1_000_000))
