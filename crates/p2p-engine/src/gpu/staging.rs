@@ -344,7 +344,9 @@ impl<T> Ring<T> {
         // One stream: the newest event covers every copy queued before it.
         let k = self.fill_slot;
         self.seal(k)?;
+        tracing::trace!("lat: rx copy queued");
         self.wait(k)?;
+        tracing::trace!("lat: rx copy landed");
         for j in 0..self.depth() {
             self.slots[j].2 = false;
             self.landed(j, out);

@@ -227,12 +227,21 @@ def serve_session(ctl, gpu, bind_ip):
             elif cmd == "echo":
                 # Blocking send/recv: each message received is answered with
                 # `ack` bytes, so the sender times one transfer and its news.
+                # The answer goes from host memory: on one GPU shared by
+                # both sides, small copies into the GPU made by the two
+                # processes in turn cost ~150 us each (a context switch;
+                # benchmarks/h2d_small.py), which a GPU answer would add.
                 nblk, bs = len(blocks), buf.n // max(len(blocks), 1)
                 ack = min(m["ack"], buf.n)
-                for _ in range(m["iters"]):
-                    ok = ep.recvv(conn, [mr] * nblk, blocks, [bs] * nblk, nblk)
-                    if not ok or not ep.send(conn, mr, buf.ptr, ack):
-                        raise RuntimeError(ep.last_error())
+                note = Buffer(max(ack, 1))
+                _, note_mr = ep.reg(note.ptr, note.n)
+                try:
+                    for _ in range(m["iters"]):
+                        ok = ep.recvv(conn, [mr] * nblk, blocks, [bs] * nblk, nblk)
+                        if not ok or not ep.send(conn, note_mr, note.ptr, ack):
+                            raise RuntimeError(ep.last_error())
+                finally:
+                    ep.dereg(note_mr)
                 ctl.send(done=True)
             elif cmd == "pingpong":
                 for _ in range(m["iters"]):
@@ -614,14 +623,22 @@ def measure_inflight(ep, ctl, conn, a, op, gpu, size, nblk, refs):
     same run, alternated with ours round by round.
 
     send with one in flight: the receiver answers each message with 8 bytes
-    (through the engine), so a transfer is timed to its news on the sender,
-    as a write is (it returns once the bytes are in the target's memory)."""
+    (through the engine, from and to host memory), so a transfer is timed to
+    its news on the sender, as a write is (it returns once the bytes are in
+    the target's memory)."""
     tr = Transfer(ep, ctl, conn, a, op, gpu, size, nblk)
     verified = tr.verify()
     iters = a.iters or blocking_iters(tr.total)
     warm = min(10, iters)
     n_in = max(1, a.inflight)
     ack = min(8, tr.total)
+    # The answer to a blocking send lands in host memory (see "echo").
+    note, note_mr = None, None
+    if op == "send" and n_in == 1:
+        note = Buffer(ack)
+        ok, note_mr = ep.reg(note.ptr, note.n)
+        if not ok:
+            raise RuntimeError(ep.last_error())
 
     def timed():
         """Per-transfer seconds (post to completion) and the wall time of
@@ -634,7 +651,7 @@ def measure_inflight(ep, ctl, conn, a, op, gpu, size, nblk, refs):
                     t0 = time.perf_counter()
                 t = time.perf_counter()
                 tr.wait(tr.post())
-                if not ep.recv(conn, tr.mr, tr.src.ptr, ack):
+                if not ep.recv(conn, note_mr, note.ptr, ack):
                     raise RuntimeError(ep.last_error())
                 lats.append(time.perf_counter() - t)
             wall = time.perf_counter() - t0
@@ -681,6 +698,8 @@ def measure_inflight(ep, ctl, conn, a, op, gpu, size, nblk, refs):
             floors += f["samples"]
             back = f["back"] if back is None else min(back, f["back"])
             fstreams, method = f["streams"], f["method"]
+    if note_mr is not None:
+        ep.dereg(note_mr)
     if gpu is not None:
         copies = refs.gpu_copy.call(staged_copy_us, tr.src, tr.total, max(20, min(200, (1 << 30) // max(tr.total, 1))))
     us = lambda v: round(v * 1e6, 1)  # noqa: E731
@@ -1024,7 +1043,7 @@ def print_inflight_table(rows, title, out=sys.stdout):
             line += f"  {r['raw_tcp_method']}, {r['raw_tcp_streams']} stream{'s' if r['raw_tcp_streams'] > 1 else ''}"
         p(line)
     p("(microseconds. us/xfer: wall time per transfer; p50 / p99: each transfer, posted to done;")
-    p(" send is timed to the receiver's 8-byte answer; opxN: N blocks of that size per transfer;")
+    p(" send is timed to the receiver's 8-byte answer (host memory); opxN: N blocks of that size per transfer;")
     p(" xfer/fl: us/xfer over the floor, with several in flight. rawTCP: raw TCP moving the same")
     p(" bytes one way and a few back, p50: the faster of half a ping-pong of them + half one of")
     p(" 8 bytes, and from 1 MiB single acknowledged runs, on 1 stream and on as many as ours;")

@@ -194,6 +194,7 @@ impl Rx {
     fn settle(&mut self) -> Result<(), NetError> {
         timing::mark(Spent::Other);
         if self.stager.landing() && self.r.buffered() < HDR_LEN && !readable_now(&self.r.s) {
+            tracing::trace!("lat: rx flush");
             let flushed = self.flush();
             timing::mark(Spent::Copies);
             flushed?;
@@ -252,6 +253,7 @@ impl Rx {
             if stager.landing() {
                 // The receive may be posted only once earlier ones complete.
                 drop(book);
+                tracing::trace!(seq, "lat: rx flush at find");
                 let flushed = stager.flush(done);
                 complete(shared, done);
                 flushed?;
