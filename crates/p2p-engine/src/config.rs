@@ -6,8 +6,9 @@
 //! - `chunk` ([`Config::chunk`]): the largest piece of a transfer the engine
 //!   posts to a net as one request ([`PLUGIN_CHUNK`]: its default on a
 //!   plugin net);
-//! - `min_part` ([`Config::min_part`]): the socket net cuts each request
-//!   into parts of at least this size, one per stream;
+//! - `min_part` ([`Config::min_part`]): the size of each part the socket
+//!   net cuts a 1 MiB request into, one per stream (other sizes are cut
+//!   into a number of parts growing with the square root of their size);
 //! - `staging_slice` ([`Config::staging_slice`]): one pinned slot of GPU
 //!   staging (a window: the bytes one slot carries);
 //! - inside the socket net, `INLINE_MAX` (a part the posting thread writes
@@ -40,7 +41,8 @@ pub struct Config {
     pub streams: usize,
     /// Largest piece of a message posted to the net as one request.
     pub chunk: usize,
-    /// Smallest piece a socket-net message is split into across streams.
+    /// The size of the parts a 1 MiB socket-net message is cut into across
+    /// streams (other sizes: see the socket net's `part_count`).
     pub min_part: usize,
     /// Channels (send/receive comm pairs) per set, per connection.
     pub channels: usize,
@@ -377,18 +379,26 @@ pub const PLUGIN_CHANNELS: usize = 8;
 /// 22.85 with 4 MiB (TCPX's largest receive), socket net 20.66 / 19.84.
 pub const PLUGIN_CHUNK: usize = 2 << 20;
 
-/// A 1 MiB message is cut into as many parts as there are cores (2 to 8):
-/// parts run on their streams' threads at once only where cores are spare.
-/// 128 KiB (8 parts) was tuned on nvidia-h200-x2 (32 cores); on a 2-core
-/// box, host memory, 1 MiB blocking write p50 335-340 µs with 128 KiB
-/// parts, 286-297 with 256 KiB, 240-247 with 512 KiB (floor 128-145), and
-/// 8 in flight 5.1 → 6.8-7.4 GB/s, with 256 KiB and 16 MiB unchanged.
+/// A 1 MiB message is cut into one part per four cores, 2 to 8 (a power of
+/// two): each part keeps a send thread and a receive thread busy, on both
+/// sides, so parts run at once only where cores are spare.
+/// - nvidia-h200-x2 (32 cores): 128 KiB, 8 parts, tuned there.
+/// - One H100 (16 cores, both sides of a pair on it), 128 against 256 KiB
+///   alternated: GPU 1 MiB blocking send p50 418-561 → 255-285 µs, write
+///   254-401 → 253-371; 8 in flight 6.7 → 7.7 GB/s (write and send), host
+///   9.7 → 10.7-11.3; a 256 KiB GPU write, one part instead of two, 185 →
+///   235-259 µs.
+/// - A 2-core box, host memory: 1 MiB blocking write p50 335-340 µs with
+///   128 KiB parts, 286-297 with 256 KiB, 240-247 with 512 KiB (floor
+///   128-145), 8 in flight 5.1 → 6.8-7.4 GB/s; 256 KiB and 16 MiB
+///   unchanged.
 fn default_min_part() -> usize {
     min_part_for(std::thread::available_parallelism().map_or(1, |n| n.get()))
 }
 
 fn min_part_for(cores: usize) -> usize {
-    (1 << 20) / cores.clamp(2, 8)
+    let parts = (cores / 4).clamp(2, 8);
+    (1 << 20) >> parts.ilog2()
 }
 
 /// Spinning pays where cores are spare and costs where they are not:
@@ -420,9 +430,12 @@ mod tests {
         for (cores, part) in [
             (1, 512 << 10),
             (2, 512 << 10),
-            (4, 256 << 10),
-            (8, 128 << 10),
-            (64, 128 << 10),
+            (8, 512 << 10),
+            (15, 512 << 10),
+            (16, 256 << 10),
+            (31, 256 << 10),
+            (32, 128 << 10),
+            (208, 128 << 10),
         ] {
             assert_eq!(min_part_for(cores), part, "{cores} cores");
         }

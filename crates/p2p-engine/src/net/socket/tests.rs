@@ -35,6 +35,35 @@ fn split_covers_every_byte_once() {
     assert_eq!(split_parts(1 << 20, 4, 4096).len(), 4);
 }
 
+#[test]
+fn parts_grow_with_the_square_root_of_the_size() {
+    const K: usize = 1 << 10;
+    const M: usize = 1 << 20;
+    let n = |len, min_part| split_parts(len, 8, min_part).len();
+    // 16 cores (256 KiB parts at 1 MiB): 2 parts at 256 KiB, 4 at 1 MiB.
+    let got: Vec<usize> = [64 * K, 128 * K, 256 * K, 512 * K, M, 2 * M, 4 * M, 16 * M]
+        .iter()
+        .map(|&l| n(l, 256 * K))
+        .collect();
+    assert_eq!(got, [1, 1, 2, 3, 4, 6, 8, 8]);
+    // 32+ cores (128 KiB): as a plain 128 KiB cut up to 1 MiB.
+    let got: Vec<usize> = [64 * K, 128 * K, 256 * K, 512 * K, M, 4 * M]
+        .iter()
+        .map(|&l| n(l, 128 * K))
+        .collect();
+    assert_eq!(got, [1, 1, 2, 4, 8, 8]);
+    // 2 cores (512 KiB): 2 parts at 1 MiB, 4 at 4 MiB, every stream at 16.
+    let got: Vec<usize> = [256 * K, M, 4 * M, 16 * M]
+        .iter()
+        .map(|&l| n(l, 512 * K))
+        .collect();
+    assert_eq!(got, [1, 2, 4, 8]);
+    // Below the floor, `min_part` alone sets the cut (tests cut small
+    // messages this way).
+    assert_eq!(n(64 * K, K), 8);
+    assert_eq!(split_parts(usize::MAX >> 8, 64, 1).len(), 64);
+}
+
 fn pair(streams: usize) -> (Box<dyn SendComm>, Box<dyn RecvComm>) {
     pair_of(cfg(streams), cfg(streams))
 }
