@@ -96,6 +96,14 @@ pub enum Status {
 
 type OnEnd = Box<dyn FnOnce(&Status) + Send>;
 
+/// A transfer's end as it is being decided: the outcome (set once, by the
+/// first to end it) and the callbacks still to run.
+#[derive(Default)]
+struct Ending {
+    outcome: Option<Status>,
+    callbacks: Vec<OnEnd>,
+}
+
 /// One transfer (user-visible or internal to the engine).
 pub struct Transfer {
     pub id: u64,
@@ -104,8 +112,9 @@ pub struct Transfer {
     ended: AtomicBool,
     status: Mutex<Status>,
     cv: Condvar,
-    /// Run in order when the transfer ends.
-    on_end: Mutex<Vec<OnEnd>>,
+    /// How it ends, once decided, and what runs then (in order), before
+    /// the end is published.
+    ending: Mutex<Ending>,
     /// Set when a piece went wrong in a way that another event will explain
     /// (a refused read's empty fillers): the transfer then cannot end Done.
     poison: Mutex<Option<Failure>>,
@@ -127,7 +136,7 @@ impl Transfer {
             ended: AtomicBool::new(false),
             status: Mutex::new(Status::Pending),
             cv: Condvar::new(),
-            on_end: Mutex::new(Vec::new()),
+            ending: Mutex::new(Ending::default()),
             poison: Mutex::new(None),
             regions: Mutex::new(regions),
             waiter: Mutex::new(None),
@@ -141,29 +150,36 @@ impl Transfer {
     /// Runs `f` when the transfer ends (at once if it already has); several
     /// run in the order they were given.
     pub fn on_end(&self, f: impl FnOnce(&Status) + Send + 'static) {
-        let status = self.status.lock().clone();
-        if status != Status::Pending {
-            f(&status);
-            return;
-        }
-        self.on_end.lock().push(Box::new(f));
-        // It may have ended between the two locks.
-        let status = self.status.lock().clone();
-        if status != Status::Pending {
-            let fs = std::mem::take(&mut *self.on_end.lock());
-            for f in fs {
-                f(&status);
+        let outcome = {
+            let mut e = self.ending.lock();
+            match &e.outcome {
+                Some(s) => s.clone(),
+                None => return e.callbacks.push(Box::new(f)),
             }
-        }
+        };
+        f(&outcome);
     }
 
+    /// Ends the transfer with `s` unless its end is decided already. The
+    /// callbacks run before the end is published, so that what they send
+    /// (a receive's acknowledgement, a notification after a transfer)
+    /// leaves before anyone waiting on the transfer can act on its end
+    /// (exit, and close the connection).
     fn end(&self, s: Status) -> bool {
-        {
-            let mut st = self.status.lock();
-            if *st != Status::Pending {
+        let callbacks = {
+            let mut e = self.ending.lock();
+            if e.outcome.is_some() {
                 return false;
             }
-            *st = s.clone();
+            e.outcome = Some(s.clone());
+            std::mem::take(&mut e.callbacks)
+        };
+        for f in callbacks {
+            f(&s);
+        }
+        {
+            let mut st = self.status.lock();
+            *st = s;
             self.ended.store(true, Ordering::Release);
             self.regions.lock().clear();
             tracing::trace!(xfer = self.id, "lat: ended");
@@ -171,10 +187,6 @@ impl Transfer {
         self.cv.notify_all();
         if let Some(t) = self.waiter.lock().as_ref() {
             t.unpark();
-        }
-        let fs = std::mem::take(&mut *self.on_end.lock());
-        for f in fs {
-            f(&s);
         }
         true
     }
@@ -448,6 +460,23 @@ mod tests {
             *log.lock(),
             (0..3).map(|i| (i, Status::Done)).collect::<Vec<_>>()
         );
+    }
+
+    #[test]
+    fn callbacks_run_before_the_end_is_published() {
+        // A receive's acknowledgement must leave before its waiter can see
+        // the receive done (and exit, closing the connection under it).
+        let t = Transfer::new(1, 1, 1, vec![]);
+        let seen = Arc::new(Mutex::new(None));
+        let (weak, s2) = (Arc::downgrade(&t), seen.clone());
+        t.on_end(move |_| {
+            let t = weak.upgrade().expect("the transfer is alive");
+            *s2.lock() = Some((t.ended(), t.status()));
+        });
+        t.complete_one();
+        assert_eq!(*seen.lock(), Some((false, Status::Pending)));
+        assert!(t.ended());
+        assert_eq!(t.status(), Status::Done);
     }
 
     #[test]
