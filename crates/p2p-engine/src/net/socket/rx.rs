@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use super::book::{check_part, part_done, Landing, RecvReq, RecvShared};
 use super::reader::StreamReader;
-use super::segs::{uniform_kind, window_copies, windows, Ramp};
+use super::segs::{uniform_kind, window_copies, windows};
 use super::sockio::{poll_readable, read_err, readable_now};
 use super::stage::Stager;
 use super::wire::{PartHeader, HDR_LEN};
@@ -69,7 +69,7 @@ fn rx_windows(
     shared: &RecvShared,
     done: &mut Vec<Landing>,
 ) -> Result<(), NetError> {
-    for (wlen, pieces) in windows(run, ring.slice(), Ramp::Down) {
+    for (wlen, pieces) in windows(run, ring.slice()) {
         timing::mark(Spent::Other);
         let k = ring.next_slot(ring.slice(), done)?;
         complete(shared, done);

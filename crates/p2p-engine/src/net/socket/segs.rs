@@ -98,69 +98,18 @@ pub(super) fn uniform_kind(pieces: &[MemRef]) -> Option<MemKind> {
 /// in the window, length).
 pub(super) type Window = (usize, Vec<(u64, usize, usize)>);
 
-/// The first window of a part sent, and the last of a part received
-/// (see [`Ramp`]).
-pub(super) const RAMP_START: usize = 128 << 10;
-
-/// Which end of a part's staging windows is kept short.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum Ramp {
-    /// Whole slices throughout.
-    Flat,
-    /// Sending: the windows start at [`RAMP_START`] and double up to the
-    /// slice, so the first bytes leave after a short copy out of the GPU
-    /// rather than a whole slice's.
-    Up,
-    /// Receiving: the mirror of `Up`, the last windows halving down to
-    /// [`RAMP_START`], so the copy into the GPU left after the last byte is
-    /// short.
-    Down,
-}
-
-/// The lengths of the windows `len` bytes go through, in order.
-///
-/// Measured on one H100 (both sides on it), a blocking 16 MiB GPU write
-/// (2 MiB parts on 8 streams, 1 MiB slices): 61-79 % of the sender's
-/// windows were still being copied when due, and each part's first write
-/// waited for a whole 1 MiB copy (eight at once), its last byte for
-/// another on the receiver.
-pub(super) fn window_lens(len: usize, slice: usize, ramp: Ramp) -> Vec<usize> {
-    let slice = slice.max(1);
-    let mut w = match ramp {
-        Ramp::Flat => slice,
-        Ramp::Up | Ramp::Down => RAMP_START.min(slice),
-    };
-    let mut out = Vec::with_capacity(len / slice + 8);
-    let mut left = len;
-    while left > 0 {
-        let l = w.min(left);
-        out.push(l);
-        left -= l;
-        w = w.saturating_mul(2).min(slice);
-    }
-    if ramp == Ramp::Down {
-        out.reverse();
-    }
-    out
-}
-
-/// Cuts device pieces into staging windows of at most `slice` bytes,
-/// their lengths by [`window_lens`].
-pub(super) fn windows(run: &[MemRef], slice: usize, ramp: Ramp) -> Vec<Window> {
-    let total = run.iter().map(|m| m.len).sum();
-    let mut lens = window_lens(total, slice, ramp).into_iter();
+/// Cuts device pieces into staging windows of at most `slice` bytes.
+pub(super) fn windows(run: &[MemRef], slice: usize) -> Vec<Window> {
     let mut out = Vec::new();
     let (mut cur, mut used) = (Vec::new(), 0);
-    let mut cap = lens.next().unwrap_or(0);
     for m in run {
         let mut done = 0;
         while done < m.len {
-            if used == cap {
+            if used == slice {
                 out.push((used, std::mem::take(&mut cur)));
                 used = 0;
-                cap = lens.next().unwrap_or(slice.max(1));
             }
-            let l = (m.len - done).min(cap - used);
+            let l = (m.len - done).min(slice - used);
             cur.push((m.addr + done as u64, used, l));
             used += l;
             done += l;
@@ -265,7 +214,7 @@ mod tests {
     #[test]
     fn windows_cover_pieces_once() {
         let run = [host(0, 300), host(1000, 50), host(5000, 700)];
-        let w = windows(&run, 256, Ramp::Flat);
+        let w = windows(&run, 256);
         assert_eq!(
             w.iter().map(|x| x.0).collect::<Vec<_>>(),
             [256, 256, 256, 256, 26]
@@ -278,45 +227,5 @@ mod tests {
         seen.sort();
         let bytes: usize = seen.iter().map(|x| x.1).sum();
         assert_eq!(bytes, 1050);
-    }
-
-    #[test]
-    fn ramps_shorten_one_end() {
-        const K: usize = 1 << 10;
-        let m = 1 << 20;
-        assert_eq!(window_lens(2 * m, m, Ramp::Flat), [m, m]);
-        assert_eq!(
-            window_lens(2 * m, m, Ramp::Up),
-            [128 * K, 256 * K, 512 * K, m, 128 * K]
-        );
-        assert_eq!(
-            window_lens(2 * m, m, Ramp::Down),
-            [128 * K, m, 512 * K, 256 * K, 128 * K]
-        );
-        assert_eq!(window_lens(100 * K, m, Ramp::Up), [100 * K]);
-        assert_eq!(window_lens(0, m, Ramp::Down), Vec::<usize>::new());
-        // Slices under the ramp's start: whole slices.
-        assert_eq!(window_lens(10 * K, 4 * K, Ramp::Up), [4 * K, 4 * K, 2 * K]);
-        // Pieces are cut along the ramp, each byte once, in order.
-        let run = [host(0, 300 * K), host(1 << 30, 900 * K)];
-        for ramp in [Ramp::Flat, Ramp::Up, Ramp::Down] {
-            let w = windows(&run, 512 * K, ramp);
-            let lens: Vec<usize> = w.iter().map(|x| x.0).collect();
-            assert_eq!(lens, window_lens(1200 * K, 512 * K, ramp), "{ramp:?}");
-            let mut flat: Vec<(u64, usize)> = Vec::new();
-            for (wlen, pieces) in &w {
-                assert_eq!(pieces.iter().map(|p| p.2).sum::<usize>(), *wlen);
-                let mut at = 0;
-                for &(addr, off, len) in pieces {
-                    assert_eq!(off, at, "pieces fill the window in order");
-                    at += len;
-                    match flat.last_mut() {
-                        Some(l) if l.0 + l.1 as u64 == addr => l.1 += len,
-                        _ => flat.push((addr, len)),
-                    }
-                }
-            }
-            assert_eq!(flat, [(0, 300 * K), (1 << 30, 900 * K)], "{ramp:?}");
-        }
     }
 }

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::Receiver;
 use parking_lot::Mutex;
 
-use super::segs::{small_gpu_part, uniform_kind, window_copies, windows, Ramp, Window};
+use super::segs::{small_gpu_part, uniform_kind, window_copies, windows, Window};
 use super::sockio::{write_all_slices, write_err};
 use super::splice::Splicer;
 use super::stage::{Lend, Stager, Staging};
@@ -101,7 +101,7 @@ fn tx_part(s: &TcpStream, op: &TxOp, stager: &mut Stager<()>) -> Result<(), NetE
             MemKind::Cuda(dev) => {
                 let (st, mut sp) = stager.lending(dev)?;
                 let mut pipe = TxPipe::default();
-                pipe.push(Vec::new(), windows(run, st.ring.slice(), Ramp::Up), false);
+                pipe.push(Vec::new(), windows(run, st.ring.slice()), false);
                 while !pipe.is_empty() {
                     pipe.write_next(s, st, sp.as_deref_mut(), false)?;
                 }
@@ -161,7 +161,7 @@ impl TxPipe {
     /// fits in its window, else as a new batch.
     fn add(&mut self, op: TxOp, slice: usize) {
         if gpu_batchable(&op, slice).is_none() {
-            let wins = windows(&op.pieces, slice, Ramp::Up);
+            let wins = windows(&op.pieces, slice);
             return self.push(vec![op], wins, true);
         }
         if let Some(t) = self.parts.back_mut().filter(|t| t.open_batch()) {
@@ -175,7 +175,7 @@ impl TxPipe {
                 return;
             }
         }
-        let wins = windows(&op.pieces, slice, Ramp::Flat);
+        let wins = windows(&op.pieces, slice);
         self.push(vec![op], wins, false);
     }
 
@@ -532,7 +532,7 @@ mod tests {
         // One-window parts (a 1 MiB part through 1 MiB slots): the pipe
         // keeps taking them until it knows a window for every slot, so
         // their copies can be queued ahead of the writes.
-        let one = |addr| windows(&[host(addr, 1 << 20)], 1 << 20, Ramp::Flat);
+        let one = |addr| windows(&[host(addr, 1 << 20)], 1 << 20);
         let mut pipe = TxPipe::default();
         assert!(pipe.wants_more(4));
         for i in 0..3 {
@@ -545,11 +545,7 @@ mod tests {
         pipe.parts[0].written = 1;
         assert!(pipe.wants_more(4));
         let mut pipe = TxPipe::default();
-        pipe.push(
-            Vec::new(),
-            windows(&[host(0, 5 << 20)], 1 << 20, Ramp::Flat),
-            true,
-        );
+        pipe.push(Vec::new(), windows(&[host(0, 5 << 20)], 1 << 20), true);
         assert!(!pipe.wants_more(4));
     }
 
@@ -608,16 +604,11 @@ mod tests {
         pipe.parts[1].issued = 1;
         pipe.add(part(2 << 30, 4096), slice);
         assert_eq!(pipe.parts.len(), 3);
-        // A large part is a part of its own, lent, its windows ramping up
-        // from 128 KiB.
+        // A large part is a part of its own, lent.
         pipe.add(part(3 << 30, 3 << 20), slice);
         assert_eq!(pipe.parts.len(), 4);
         assert!(pipe.parts[3].lend);
-        let lens: Vec<usize> = pipe.parts[3].wins.iter().map(|w| w.0).collect();
-        assert_eq!(
-            lens,
-            [128 << 10, 256 << 10, 512 << 10, slice, slice, 128 << 10]
-        );
+        assert_eq!(pipe.parts[3].wins.len(), 3);
         assert_eq!(pipe.parts.iter().map(|p| p.ops.len()).sum::<usize>(), 11);
     }
 }
