@@ -16,6 +16,10 @@
 #   parts    TCPX_P2P_MIN_PART 128K against 256K, alternated over ROUNDS
 #            rounds: GPU blocking write / send 256K and 1M, GPU 8 in flight
 #            1M and 4M, host blocking and 8 in flight write 1M
+#   rule     the default cut against TCPX_P2P_MIN_PART=128K (on 16 to 31
+#            cores: the cut before parts grew with the square root of the
+#            size), alternated over ROUNDS rounds: GPU blocking write / read
+#            / send 64K-16M, GPU and host 8 in flight 256K-2M
 #   h2d      benchmarks/h2d_small.py: small host → GPU copies, by how made
 # Everything goes into OUTDIR/gpu_probe.tar.gz plus OUTDIR/summary.txt.
 set -uo pipefail
@@ -80,6 +84,17 @@ for st in $STEPS; do
           step "parts$mp-gpu-inflight8-r$r" 40 $E $B --inflight 8 --op write,send --sizes 1M,4M --rounds 1
           step "parts$mp-host-blocking-r$r" 30 $E $H --inflight 1 --op write --sizes 1M --rounds 1
           step "parts$mp-host-inflight8-r$r" 30 $E $H --inflight 8 --op write --sizes 1M --rounds 1
+        done
+      done ;;
+    rule)
+      H="python3 -m tcpx_p2p.bench pair --memory host"
+      for r in $(seq "$ROUNDS"); do
+        for mp in default 128K; do
+          E=env
+          [ "$mp" = default ] || E="env TCPX_P2P_MIN_PART=$mp"
+          step "rule-$mp-gpu-blocking-r$r" 90 $E $B --inflight 1 --op write,read,send --sizes 64K,256K,512K,1M,2M,16M --rounds 1
+          step "rule-$mp-gpu-inflight8-r$r" 60 $E $B --inflight 8 --op write,send --sizes 256K,1M,2M --rounds 1
+          step "rule-$mp-host-inflight8-r$r" 40 $E $H --inflight 8 --op write --sizes 256K,1M,2M --rounds 1
         done
       done ;;
     h2d)
