@@ -6,6 +6,7 @@
 #   blocking  write / read / send at AB_SIZES (default 1M,2M,16M,64M)
 #   inflight8 write / send at 16M and 256M (nothing slower)
 #   kv        4,096 × 32 KiB scattered writev beside one 128 MiB write
+# AB_STEPS picks some of them (default "blocking inflight8 kv").
 # The table rows of every run go to OUTDIR/summary.txt (each tagged with
 # build and round); the raw output to OUTDIR/ab_blocking.tar.gz.
 set -uo pipefail
@@ -32,10 +33,15 @@ for r in $(seq 1 "$ROUNDS"); do
         echo "== $name (status $?)"
         grep -E '^(write|read|send)' "$W/$name.txt"
       }
-      run blocking 120 --inflight 1 --op write,read,send --sizes "$SIZES" --rounds 1
-      run inflight8 90 --inflight 8 --op write,send --sizes 16M,256M --rounds 1
-      run kv_scattered 45 --inflight 1 --op write --kv-blocks 4096 --block-size 32K --kv-layout scattered --rounds 1
-      run kv_one_message 30 --inflight 1 --op write --sizes 128M --rounds 1
+      for st in ${AB_STEPS:-blocking inflight8 kv}; do
+        case $st in
+          blocking) run blocking 120 --inflight 1 --op write,read,send --sizes "$SIZES" --rounds 1 ;;
+          inflight8) run inflight8 90 --inflight 8 --op write,send --sizes 16M,256M --rounds 1 ;;
+          kv)
+            run kv_scattered 45 --inflight 1 --op write --kv-blocks 4096 --block-size 32K --kv-layout scattered --rounds 1
+            run kv_one_message 30 --inflight 1 --op write --sizes 128M --rounds 1 ;;
+        esac
+      done
     ) >> "$S"
   done
 done
