@@ -358,9 +358,10 @@ impl Conn {
             .map_err(|e| Error::io("spawning progress thread", e))?;
         let _ = progress_thread.set(pthread.thread().clone());
         let weak = Arc::downgrade(&conn);
+        let spin = p.spin;
         let rthread = std::thread::Builder::new()
             .name(format!("tcpx-oob{id}"))
-            .spawn(move || oob_loop(weak, reader))
+            .spawn(move || oob_loop(weak, reader, spin))
             .map_err(|e| Error::io("spawning control thread", e))?;
         conn.threads.lock().extend([pthread, rthread]);
         tracing::debug!(conn = id, %peer, channels, chunk, "connection established");
@@ -1097,9 +1098,23 @@ impl Conn {
     }
 }
 
-fn oob_loop(conn: Weak<Conn>, mut s: TcpStream) {
+/// The control connection's reader. While a transfer of ours awaits an
+/// answer, or the peer spoke within `spin`, it spins (up to `spin`) for the
+/// next frame before sleeping in the read: a blocking read's wake-up was
+/// one of the larger steps of a small transfer's trip (traced on one
+/// H100: 4-5 µs from a frame's arrival to its handling, 12-20 µs one way).
+fn oob_loop(conn: Weak<Conn>, mut s: TcpStream, spin: Duration) {
+    let mut last: Option<Instant> = None;
     loop {
+        if !spin.is_zero() {
+            let busy = last.is_some_and(|t| t.elapsed() < spin)
+                || conn.upgrade().is_some_and(|c| !c.live.lock().is_empty());
+            if busy {
+                crate::net::socket::poll_readable(&s, spin);
+            }
+        }
         let r = read_frame(&mut s, wire::MAX_FRAME);
+        last = Some(Instant::now());
         let Some(c) = conn.upgrade() else { return };
         if r.is_ok() {
             c.last_rx.store(now_ms(), Ordering::Relaxed);

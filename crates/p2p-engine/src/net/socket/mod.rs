@@ -44,6 +44,10 @@ mod rx;
 mod segs;
 mod send;
 mod sockio;
+
+/// Whether a TCP stream has bytes to read, and a bounded spin until it
+/// has: the control connection's reader uses them too.
+pub(crate) use sockio::poll_readable;
 pub(crate) mod splice;
 mod stage;
 #[cfg(test)]

@@ -59,7 +59,7 @@ pub(super) fn write_all_slices(s: &TcpStream, parts: &[&[u8]]) -> io::Result<()>
 }
 
 /// Whether the socket has bytes waiting to be read.
-pub(super) fn readable_now(s: &TcpStream) -> bool {
+pub(crate) fn readable_now(s: &TcpStream) -> bool {
     use std::os::fd::AsRawFd;
     let mut n: libc::c_int = 0;
     // SAFETY: FIONREAD writes one int through the pointer given.
@@ -69,7 +69,7 @@ pub(super) fn readable_now(s: &TcpStream) -> bool {
 
 /// Spins until `s` has bytes to read or `spin` has passed (at once when
 /// `spin` is zero).
-pub(super) fn poll_readable(s: &TcpStream, spin: Duration) {
+pub(crate) fn poll_readable(s: &TcpStream, spin: Duration) {
     if spin.is_zero() {
         return;
     }
