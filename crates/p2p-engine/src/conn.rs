@@ -1027,7 +1027,7 @@ impl Conn {
                     q.drain(..n).collect()
                 };
                 for t in done {
-                    t.complete_one();
+                    t.complete_all();
                 }
             }
             Action::Notif { name, msg } => self
