@@ -94,6 +94,9 @@ pub(crate) struct ConnParams {
     pub notifs: Arc<NotifQueue>,
     /// One-sided transfers up to this size go inline (`TCPX_P2P_INLINE_MAX`).
     pub inline_max: usize,
+    /// The control connection's socket buffers (`TCPX_P2P_SOCKBUF`; 0: the
+    /// kernel's).
+    pub sockbuf: usize,
 }
 
 impl ConnParams {
@@ -153,7 +156,7 @@ pub struct Conn {
     pub chunk: usize,
     /// How small items share a request on this connection's net.
     gather: Gather,
-    oob: Mutex<TcpStream>,
+    oob: Mutex<crate::oob_out::OobOut>,
     cmds: Sender<Cmd>,
     progress: Arc<OnceLock<Thread>>,
     engine: Arc<Engine>,
@@ -300,6 +303,12 @@ impl Conn {
         let recvs_rma = recvs.split_off(channels);
         oob.set_read_timeout(None)
             .map_err(|e| Error::io("control connection", e))?;
+        if p.sockbuf > 0 {
+            let r = socket2::SockRef::from(&oob);
+            r.set_send_buffer_size(p.sockbuf)
+                .and_then(|()| r.set_recv_buffer_size(p.sockbuf))
+                .map_err(|e| Error::io("control connection buffers", e))?;
+        }
         // A peer that stops reading must not block our writers forever.
         oob.set_write_timeout(Some(p.deadline))
             .map_err(|e| Error::io("control connection", e))?;
@@ -324,7 +333,7 @@ impl Conn {
             remote_bdf: theirs.gpu_bdf.clone(),
             chunk,
             gather: Gather::new(chunk, net.max_segments()),
-            oob: Mutex::new(oob),
+            oob: Mutex::new(crate::oob_out::OobOut::new(oob)),
             cmds: tx,
             progress: progress_thread.clone(),
             engine: engine.clone(),
@@ -363,7 +372,17 @@ impl Conn {
             .name(format!("tcpx-oob{id}"))
             .spawn(move || oob_loop(weak, reader, spin))
             .map_err(|e| Error::io("spawning control thread", e))?;
-        conn.threads.lock().extend([pthread, rthread]);
+        let weak = Arc::downgrade(&conn);
+        let wthread = conn
+            .oob
+            .lock()
+            .spawn_writer(format!("tcpx-oobw{id}"), move |e| {
+                if let Some(c) = weak.upgrade() {
+                    c.fail(format!("control connection write failed: {e}"));
+                }
+            })
+            .map_err(|e| Error::io("spawning control writer thread", e))?;
+        conn.threads.lock().extend([pthread, rthread, wthread]);
         tracing::debug!(conn = id, %peer, channels, chunk, "connection established");
         Ok(conn)
     }
@@ -469,7 +488,11 @@ impl Conn {
         if let Some(t) = self.progress.get() {
             t.unpark();
         }
-        let _ = self.oob.lock().shutdown(std::net::Shutdown::Both);
+        {
+            let oob = self.oob.lock();
+            oob.close();
+            let _ = oob.stream().shutdown(std::net::Shutdown::Both);
+        }
         let fl = why;
         let live: Vec<_> = self.live.lock().drain().map(|(_, t)| t).collect();
         for t in live {
@@ -495,7 +518,12 @@ impl Conn {
         if self.failure().is_none() {
             let mut v = Vec::new();
             Control::Close.encode(&mut v);
-            let _ = write_frame(&mut *self.oob.lock(), &v);
+            let mut oob = self.oob.lock();
+            if write_frame(&mut *oob, &v).is_ok() {
+                drop(oob);
+                // What is queued (the close among it) goes out first.
+                self.oob.lock().flush_for(Duration::from_secs(1));
+            }
         }
         self.fail(Failure::Lost("closed locally".into()));
         let me = std::thread::current().id();
@@ -783,7 +811,7 @@ impl Conn {
     }
 
     /// Writes a frame on the control connection (its lock held by the caller).
-    fn write_locked(&self, oob: &mut TcpStream, body: &[u8]) -> std::io::Result<()> {
+    fn write_locked(&self, oob: &mut crate::oob_out::OobOut, body: &[u8]) -> std::io::Result<()> {
         write_frame(oob, body)?;
         self.last_tx.store(now_ms(), Ordering::Relaxed);
         Ok(())

@@ -24,6 +24,7 @@ mod local;
 mod memory;
 pub mod net;
 pub mod notif;
+mod oob_out;
 mod progress;
 mod rma;
 mod topo;

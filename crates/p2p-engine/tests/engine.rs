@@ -167,6 +167,52 @@ fn cancel_ends_a_transfer_whole_or_not_at_all() {
 }
 
 #[test]
+fn inline_reads_both_ways_at_once_do_not_wedge_the_control_connection() {
+    // Each side reads 1 MiB inline from the other, 24 at a time, at once:
+    // 24 MiB of answers each way through 64 KiB socket buffers. A control
+    // thread that waited to write its answers while the peer's did the
+    // same would never read again (before the control connection's writes
+    // were made never to wait, this timed out).
+    let cfg = Config {
+        inline_max: 1 << 20,
+        sockbuf: 64 << 10,
+        ..cfg()
+    };
+    let a = Endpoint::new(None, cfg.clone()).unwrap();
+    let b = Endpoint::new(None, cfg).unwrap();
+    let addr = b.local_addr();
+    let ca = a
+        .connect(&addr.ip().to_string(), addr.port(), None)
+        .unwrap();
+    let cb = b.accept(Some(Duration::from_secs(10))).unwrap().conn;
+    let (n, k) = (1 << 20, 24);
+    let mut src_a = pattern(n, 21);
+    let mut src_b = pattern(n, 22);
+    let sa = buf(&a, &mut src_a);
+    let sb = buf(&b, &mut src_b);
+    let meta_a = FifoItem::decode(&a.advertise(ca, sa.mr, sa.ptr, n).unwrap()).unwrap();
+    let meta_b = FifoItem::decode(&b.advertise(cb, sb.mr, sb.ptr, n).unwrap()).unwrap();
+    let mut into_a: Vec<Vec<u8>> = (0..k).map(|_| vec![0u8; n]).collect();
+    let mut into_b: Vec<Vec<u8>> = (0..k).map(|_| vec![0u8; n]).collect();
+    let bufs_a: Vec<_> = into_a.iter_mut().map(|v| buf(&a, v)).collect();
+    let bufs_b: Vec<_> = into_b.iter_mut().map(|v| buf(&b, v)).collect();
+    let mut ids = Vec::new();
+    for i in 0..k {
+        ids.push((0, a.read_async(ca, &[bufs_a[i]], &[meta_b]).unwrap()));
+        ids.push((1, b.read_async(cb, &[bufs_b[i]], &[meta_a]).unwrap()));
+    }
+    for (side, id) in ids {
+        let ep = if side == 0 { &a } else { &b };
+        assert!(
+            ep.wait(id, Some(Duration::from_secs(30))).unwrap(),
+            "read {id} did not end"
+        );
+    }
+    assert!(into_a.iter().all(|v| *v == src_b));
+    assert!(into_b.iter().all(|v| *v == src_a));
+}
+
+#[test]
 fn write_read_and_refusals() {
     let (a, b, ca, cb) = pair();
     let n = 1 << 20;

@@ -187,6 +187,7 @@ impl Endpoint {
             devices,
             notifs: notifs.clone(),
             inline_max: cfg.inline_max.min(crate::wire::MAX_INLINE),
+            sockbuf: cfg.sockbuf,
         };
         let name = cfg.name.clone().unwrap_or_else(|| default_name(addr));
         let next_conn = Arc::new(AtomicU64::new(0));

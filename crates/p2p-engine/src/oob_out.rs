@@ -1,0 +1,262 @@
+//! The writing side of a control connection, which no thread ever waits
+//! on: each write goes straight to the socket while it takes the bytes,
+//! and what it does not take waits in a backlog that a writer thread of its
+//! own drains, in order.
+//!
+//! Two peers whose control threads both write replies to each other (an
+//! inline read's answer carries up to 1 MiB) could otherwise fill both
+//! sockets' buffers while each reader waits to write and neither reads.
+//! Every write is made under the connection's control lock, so the order
+//! of frames is the order of the writes, whether a frame went out at once
+//! or through the backlog.
+
+use std::collections::VecDeque;
+use std::io::{self, IoSlice, Write};
+use std::net::TcpStream;
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use parking_lot::{Condvar, Mutex};
+
+/// Most bytes the backlog holds: a peer that leaves more of our control
+/// messages unread loses the connection rather than our memory.
+pub(crate) const MAX_BACKLOG: usize = 64 << 20;
+
+/// What the writer thread and the writers share.
+#[derive(Default)]
+pub(crate) struct Backlog {
+    chunks: VecDeque<Vec<u8>>,
+    bytes: usize,
+    /// The writer thread holds a chunk it took from the backlog: every
+    /// write queues behind it.
+    draining: bool,
+    closed: bool,
+}
+
+/// The control connection's writing end (see the module's text). Held
+/// under the connection's control lock.
+pub(crate) struct OobOut {
+    s: TcpStream,
+    shared: Arc<(Mutex<Backlog>, Condvar)>,
+}
+
+impl OobOut {
+    pub(crate) fn new(s: TcpStream) -> Self {
+        OobOut {
+            s,
+            shared: Arc::default(),
+        }
+    }
+
+    /// The stream written to (for shutting it down).
+    pub(crate) fn stream(&self) -> &TcpStream {
+        &self.s
+    }
+
+    /// Starts the writer thread on a clone of the stream; `failed` is
+    /// called with what went wrong if a write of the backlog fails.
+    pub(crate) fn spawn_writer(
+        &self,
+        name: String,
+        failed: impl Fn(io::Error) + Send + 'static,
+    ) -> io::Result<std::thread::JoinHandle<()>> {
+        let s = self.s.try_clone()?;
+        let shared = Arc::downgrade(&self.shared);
+        std::thread::Builder::new()
+            .name(name)
+            .spawn(move || drain(s, shared, failed))
+    }
+
+    /// Ends the writer thread once the backlog is written (or at once,
+    /// when the stream is shut down).
+    pub(crate) fn close(&self) {
+        let (m, cv) = &*self.shared;
+        m.lock().closed = true;
+        cv.notify_all();
+    }
+
+    /// Waits up to `limit` for the backlog to be written.
+    pub(crate) fn flush_for(&self, limit: Duration) {
+        let (m, cv) = &*self.shared;
+        let mut b = m.lock();
+        let end = std::time::Instant::now() + limit;
+        while (b.bytes > 0 || b.draining) && std::time::Instant::now() < end {
+            cv.wait_until(&mut b, end);
+        }
+    }
+
+    fn queue(&self, b: &mut Backlog, bytes: &[u8]) -> io::Result<()> {
+        if b.bytes + bytes.len() > MAX_BACKLOG {
+            return Err(io::Error::new(
+                io::ErrorKind::WouldBlock,
+                format!(
+                    "the peer left {} bytes of our control messages unread (at most {MAX_BACKLOG} are kept)",
+                    b.bytes
+                ),
+            ));
+        }
+        b.bytes += bytes.len();
+        b.chunks.push_back(bytes.to_vec());
+        self.shared.1.notify_all();
+        Ok(())
+    }
+}
+
+impl Write for OobOut {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.write_vectored(&[IoSlice::new(buf)])
+    }
+
+    /// Takes every byte given: what the socket does not take now is queued.
+    fn write_vectored(&mut self, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
+        let total: usize = bufs.iter().map(|b| b.len()).sum();
+        let shared = self.shared.clone();
+        let mut b = shared.0.lock();
+        if b.closed {
+            return Err(io::Error::new(
+                io::ErrorKind::BrokenPipe,
+                "control connection closed",
+            ));
+        }
+        let sent = if b.draining || b.bytes > 0 {
+            0
+        } else {
+            let sock = socket2::SockRef::from(&self.s);
+            loop {
+                match sock.send_vectored_with_flags(bufs, libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL) {
+                    Ok(n) => break n,
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => break 0,
+                    Err(e) => return Err(e),
+                }
+            }
+        };
+        if sent < total {
+            let mut rest = Vec::with_capacity(total - sent);
+            let mut skip = sent;
+            for s in bufs {
+                if skip >= s.len() {
+                    skip -= s.len();
+                    continue;
+                }
+                rest.extend_from_slice(&s[skip..]);
+                skip = 0;
+            }
+            self.queue(&mut b, &rest)?;
+        }
+        Ok(total)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+/// The writer thread: writes the backlog's chunks in order, blocking (up
+/// to the stream's write timeout) on each.
+fn drain(mut s: TcpStream, shared: Weak<(Mutex<Backlog>, Condvar)>, failed: impl Fn(io::Error)) {
+    loop {
+        let Some(sh) = shared.upgrade() else { return };
+        let chunk = {
+            let (m, cv) = &*sh;
+            let mut b = m.lock();
+            loop {
+                if let Some(c) = b.chunks.pop_front() {
+                    b.draining = true;
+                    break c;
+                }
+                if b.draining {
+                    b.draining = false;
+                    cv.notify_all();
+                }
+                if b.closed {
+                    return;
+                }
+                // Woken by each queued chunk and by close; the timeout
+                // lets the thread go once the connection is dropped.
+                cv.wait_for(&mut b, Duration::from_millis(200));
+                if Arc::strong_count(&sh) == 1 {
+                    return;
+                }
+            }
+        };
+        drop(sh);
+        let r = s.write_all(&chunk);
+        let Some(sh) = shared.upgrade() else { return };
+        {
+            let (m, cv) = &*sh;
+            let mut b = m.lock();
+            b.bytes -= chunk.len();
+            if b.chunks.is_empty() {
+                b.draining = false;
+            }
+            cv.notify_all();
+        }
+        if let Err(e) = r {
+            failed(e);
+            let (m, cv) = &*sh;
+            m.lock().closed = true;
+            cv.notify_all();
+            return;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Read;
+    use std::net::TcpListener;
+
+    #[test]
+    fn writes_never_wait_and_arrive_in_order() {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let a = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (mut b, _) = l.accept().unwrap();
+        let mut out = OobOut::new(a);
+        let h = out
+            .spawn_writer("test-oobw".into(), |e| panic!("{e}"))
+            .unwrap();
+        // Far more than the socket buffers hold, written while nobody
+        // reads: every write returns at once.
+        let frame = |i: u32| {
+            let mut v = i.to_le_bytes().to_vec();
+            v.resize(256 << 10, (i % 251) as u8);
+            v
+        };
+        let t = std::time::Instant::now();
+        for i in 0..128u32 {
+            out.write_all(&frame(i)).unwrap();
+        }
+        assert!(t.elapsed() < Duration::from_secs(5), "a write waited");
+        let mut got = vec![0u8; 256 << 10];
+        for i in 0..128u32 {
+            b.read_exact(&mut got).unwrap();
+            assert!(got == frame(i), "frame {i} out of order or damaged");
+        }
+        out.flush_for(Duration::from_secs(5));
+        out.close();
+        h.join().unwrap();
+    }
+
+    #[test]
+    fn a_peer_that_never_reads_hits_the_cap() {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let a = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (_b, _) = l.accept().unwrap();
+        a.set_write_timeout(Some(Duration::from_secs(30))).unwrap();
+        let mut out = OobOut::new(a);
+        let _h = out.spawn_writer("test-oobw".into(), |_| {}).unwrap();
+        let chunk = vec![7u8; 1 << 20];
+        let mut err = None;
+        for _ in 0..(MAX_BACKLOG >> 20) + 64 {
+            if let Err(e) = out.write_all(&chunk) {
+                err = Some(e);
+                break;
+            }
+        }
+        let e = err.expect("the backlog is bounded");
+        assert!(e.to_string().contains("unread"), "{e}");
+        out.close();
+    }
+}
