@@ -26,11 +26,28 @@ pub(crate) const MAX_BACKLOG: usize = 64 << 20;
 #[derive(Default)]
 pub(crate) struct Backlog {
     chunks: VecDeque<Vec<u8>>,
+    /// Bytes not yet written: the chunks queued and the one the writer
+    /// thread is writing. Every write queues behind them while any are.
     bytes: usize,
-    /// The writer thread holds a chunk it took from the backlog: every
-    /// write queues behind it.
-    draining: bool,
     closed: bool,
+}
+
+impl Backlog {
+    fn queue(&mut self, bytes: Vec<u8>, cv: &Condvar) -> io::Result<()> {
+        if self.bytes + bytes.len() > MAX_BACKLOG {
+            return Err(io::Error::new(
+                io::ErrorKind::WouldBlock,
+                format!(
+                    "the peer left {} bytes of our control messages unread (at most {MAX_BACKLOG} are kept)",
+                    self.bytes
+                ),
+            ));
+        }
+        self.bytes += bytes.len();
+        self.chunks.push_back(bytes);
+        cv.notify_all();
+        Ok(())
+    }
 }
 
 /// The control connection's writing end (see the module's text). Held
@@ -80,25 +97,9 @@ impl OobOut {
         let (m, cv) = &*self.shared;
         let mut b = m.lock();
         let end = std::time::Instant::now() + limit;
-        while (b.bytes > 0 || b.draining) && std::time::Instant::now() < end {
+        while b.bytes > 0 && std::time::Instant::now() < end {
             cv.wait_until(&mut b, end);
         }
-    }
-
-    fn queue(&self, b: &mut Backlog, bytes: &[u8]) -> io::Result<()> {
-        if b.bytes + bytes.len() > MAX_BACKLOG {
-            return Err(io::Error::new(
-                io::ErrorKind::WouldBlock,
-                format!(
-                    "the peer left {} bytes of our control messages unread (at most {MAX_BACKLOG} are kept)",
-                    b.bytes
-                ),
-            ));
-        }
-        b.bytes += bytes.len();
-        b.chunks.push_back(bytes.to_vec());
-        self.shared.1.notify_all();
-        Ok(())
     }
 }
 
@@ -110,15 +111,15 @@ impl Write for OobOut {
     /// Takes every byte given: what the socket does not take now is queued.
     fn write_vectored(&mut self, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
         let total: usize = bufs.iter().map(|b| b.len()).sum();
-        let shared = self.shared.clone();
-        let mut b = shared.0.lock();
+        let (m, cv) = &*self.shared;
+        let mut b = m.lock();
         if b.closed {
             return Err(io::Error::new(
                 io::ErrorKind::BrokenPipe,
                 "control connection closed",
             ));
         }
-        let sent = if b.draining || b.bytes > 0 {
+        let sent = if b.bytes > 0 {
             0
         } else {
             let sock = socket2::SockRef::from(&self.s);
@@ -142,7 +143,7 @@ impl Write for OobOut {
                 rest.extend_from_slice(&s[skip..]);
                 skip = 0;
             }
-            self.queue(&mut b, &rest)?;
+            b.queue(rest, cv)?;
         }
         Ok(total)
     }
@@ -162,12 +163,7 @@ fn drain(mut s: TcpStream, shared: Weak<(Mutex<Backlog>, Condvar)>, failed: impl
             let mut b = m.lock();
             loop {
                 if let Some(c) = b.chunks.pop_front() {
-                    b.draining = true;
                     break c;
-                }
-                if b.draining {
-                    b.draining = false;
-                    cv.notify_all();
                 }
                 if b.closed {
                     return;
@@ -183,22 +179,17 @@ fn drain(mut s: TcpStream, shared: Weak<(Mutex<Backlog>, Condvar)>, failed: impl
         drop(sh);
         let r = s.write_all(&chunk);
         let Some(sh) = shared.upgrade() else { return };
-        {
-            let (m, cv) = &*sh;
-            let mut b = m.lock();
-            b.bytes -= chunk.len();
-            if b.chunks.is_empty() {
-                b.draining = false;
-            }
-            cv.notify_all();
-        }
+        let (m, cv) = &*sh;
+        let mut b = m.lock();
+        b.bytes -= chunk.len();
         if let Err(e) = r {
-            failed(e);
-            let (m, cv) = &*sh;
-            m.lock().closed = true;
+            b.closed = true;
             cv.notify_all();
+            drop(b);
+            failed(e);
             return;
         }
+        cv.notify_all();
     }
 }
 
