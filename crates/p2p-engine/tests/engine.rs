@@ -20,8 +20,13 @@ fn cfg() -> Config {
 }
 
 fn pair() -> (Endpoint, Endpoint, u64, u64) {
-    let a = Endpoint::new(None, cfg()).unwrap();
-    let b = Endpoint::new(None, cfg()).unwrap();
+    pair_with(cfg())
+}
+
+/// Two endpoints made with `cfg`, connected: (a, b, a's conn, b's conn).
+fn pair_with(cfg: Config) -> (Endpoint, Endpoint, u64, u64) {
+    let a = Endpoint::new(None, cfg.clone()).unwrap();
+    let b = Endpoint::new(None, cfg).unwrap();
     let addr = b.local_addr();
     let ca = a
         .connect(&addr.ip().to_string(), addr.port(), None)
@@ -121,13 +126,7 @@ fn cancel_ends_a_transfer_whole_or_not_at_all() {
         inline_max: 0,
         ..cfg()
     };
-    let a = Endpoint::new(None, cfg.clone()).unwrap();
-    let b = Endpoint::new(None, cfg).unwrap();
-    let addr = b.local_addr();
-    let ca = a
-        .connect(&addr.ip().to_string(), addr.port(), None)
-        .unwrap();
-    let cb = b.accept(Some(Duration::from_secs(10))).unwrap().conn;
+    let (a, b, ca, cb) = pair_with(cfg);
     let n = 1 << 20;
     let mut src = pattern(n, 8);
     let sb = buf(&a, &mut src);
@@ -178,13 +177,7 @@ fn inline_reads_both_ways_at_once_do_not_wedge_the_control_connection() {
         sockbuf: 64 << 10,
         ..cfg()
     };
-    let a = Endpoint::new(None, cfg.clone()).unwrap();
-    let b = Endpoint::new(None, cfg).unwrap();
-    let addr = b.local_addr();
-    let ca = a
-        .connect(&addr.ip().to_string(), addr.port(), None)
-        .unwrap();
-    let cb = b.accept(Some(Duration::from_secs(10))).unwrap().conn;
+    let (a, b, ca, cb) = pair_with(cfg);
     let (n, k) = (1 << 20, 24);
     let mut src_a = pattern(n, 21);
     let mut src_b = pattern(n, 22);
