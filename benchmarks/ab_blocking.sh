@@ -22,9 +22,7 @@ for r in $(seq 1 "$ROUNDS"); do
     tag=${tw%%=*} w=${tw#*=}
     (
       . benchmarks/device_env.sh "$w"
-      NGPU=$(python3 -c 'from tcpx_p2p import cuda_device_count; print(cuda_device_count())')
-      GPUS=0,1
-      [ "$NGPU" -lt 2 ] && GPUS=0,0
+      pair_gpus
       B="python3 -m tcpx_p2p.bench pair --memory gpu --gpus $GPUS"
       run() { # run NAME LIMIT ARGS...
         local name=${tag}_r${r}_$1 limit=$2

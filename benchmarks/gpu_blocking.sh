@@ -17,9 +17,7 @@ WHEEL=$1 O=$2
 mkdir -p "$O"
 . benchmarks/device_env.sh "$WHEEL"
 { date -u +%FT%TZ; nvidia-smi -L; uptime; } > "$O/device.txt" 2>&1
-NGPU=$(python3 -c 'from tcpx_p2p import cuda_device_count; print(cuda_device_count())')
-GPUS=0,1
-[ "$NGPU" -lt 2 ] && GPUS=0,0
+pair_gpus
 B="python3 -m tcpx_p2p.bench pair"
 SIZES=4K,64K,1M,16M,256M
 timeout 300 python3 -m pytest -p no:cacheprovider -q tests/test_bench.py > "$O/test_bench.txt" 2>&1

@@ -31,9 +31,7 @@ mkdir -p "$W" "$O"
 S="$O/summary.txt"
 { date -u +%FT%TZ; nvidia-smi -L; uptime; } > "$W/device.txt" 2>&1
 cp "$W/device.txt" "$S"
-NGPU=$(python3 -c 'from tcpx_p2p import cuda_device_count; print(cuda_device_count())')
-GPUS=0,1
-[ "$NGPU" -lt 2 ] && GPUS=0,0
+pair_gpus
 echo "GPUs: $NGPU, pair on $GPUS" >> "$S"
 B="python3 -m tcpx_p2p.bench pair --memory gpu --gpus $GPUS"
 

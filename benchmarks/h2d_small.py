@@ -16,12 +16,19 @@ copies.
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
 import time
 
 SIZES = [1 << 10, 4 << 10, 16 << 10, 32 << 10, 64 << 10, 128 << 10, 256 << 10]
+
+
+def summary(ts):
+    """p50 / p90 of per-copy µs."""
+    ts = sorted(ts)
+    return {"p50_us": round(statistics.median(ts), 1), "p90_us": round(ts[int(len(ts) * 0.9)], 1)}
 
 
 def ways_for(torch, dev, size, side, ev):
@@ -42,8 +49,6 @@ def ways_for(torch, dev, size, side, ev):
 def turns(gpu, iters, rd, wr, first):
     """Copies taking turns with another process over pipes `rd` / `wr`:
     each way and size, `iters` copies each timed on its own."""
-    import os
-
     import torch
 
     dev = torch.device("cuda", gpu)
@@ -66,11 +71,7 @@ def turns(gpu, iters, rd, wr, first):
             # The first process's last token is read by nobody: drain it.
             if first:
                 os.read(rd, 1)
-            ts = sorted(ts[20:])
-            row[name] = {
-                "p50_us": round(statistics.median(ts), 1),
-                "p90_us": round(ts[int(len(ts) * 0.9)], 1),
-            }
+            row[name] = summary(ts[20:])
         out[size] = row
     return out
 
@@ -96,11 +97,7 @@ def measure(gpu, iters):
                     t = time.perf_counter()
                     fn()
                     ts.append((time.perf_counter() - t) * 1e6)
-            ts.sort()
-            row[name] = {
-                "p50_us": round(statistics.median(ts), 1),
-                "p90_us": round(ts[int(len(ts) * 0.9)], 1),
-            }
+            row[name] = summary(ts)
         out[size] = row
     return out
 
@@ -135,8 +132,6 @@ def main():
     finally:
         other.stdin.close()
         other.wait(timeout=30)
-    import os
-
     a_rd, b_wr = os.pipe()
     b_rd, a_wr = os.pipe()
     other = subprocess.Popen(

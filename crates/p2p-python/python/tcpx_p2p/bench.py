@@ -234,7 +234,9 @@ def serve_session(ctl, gpu, bind_ip):
                 nblk, bs = len(blocks), buf.n // max(len(blocks), 1)
                 ack = min(m["ack"], buf.n)
                 note = Buffer(max(ack, 1))
-                _, note_mr = ep.reg(note.ptr, note.n)
+                ok, note_mr = ep.reg(note.ptr, note.n)
+                if not ok:
+                    raise RuntimeError(ep.last_error())
                 try:
                     for _ in range(m["iters"]):
                         ok = ep.recvv(conn, [mr] * nblk, blocks, [bs] * nblk, nblk)
