@@ -1,6 +1,6 @@
 """NIXL with the TCPX_P2P backend beside NIXL's UCX backend and beside our
 own Python API, in one run: two processes (initiator and target) on one GPU
-(or on host memory), one-sided WRITE and READ of one descriptor per size,
+(or on host memory; UCX in a pair of its own, after ours), one-sided WRITE and READ of one descriptor per size,
 KV-shaped lists (many small descriptors vs one descriptor of the same
 bytes), and how soon a transfer's notification arrives compared with a
 notification round trip. Prints a table; writes nixl_bench.json to --out
@@ -13,7 +13,9 @@ NIXL finds both plugins through one folder (NIXL_PLUGIN_DIR replaces its
 default): this script makes one with links to our plugin and to the wheel's
 UCX plugin, and puts the wheel's library folders on LD_LIBRARY_PATH of the
 two processes it starts (the UCX plugin finds its libraries relative to its
-own file otherwise). Bytes are checked once per row before timing.
+own file otherwise). Every row is measured in --rounds rounds, each round
+over all rows, and the table gives each cell's median (the JSON keeps every
+round). Bytes are checked once per row, in the first round, before timing.
 """
 
 import argparse
@@ -377,6 +379,30 @@ class Proc:
             self.proc.kill()
 
 
+class InProc:
+    """A side in this process (`--one-process`): both agents then share one
+    CUDA context, so the GPU does not switch between two processes' contexts
+    for every copy (deployments run one process per GPU)."""
+
+    def __init__(self, role, a, env):
+        os.environ.update(env)
+        self.side = Side(role, a)
+        self.pending = None
+
+    def send(self, op, *args):
+        self.pending = getattr(self.side, op)(*args)
+
+    def get(self, timeout=600):
+        res, self.pending = self.pending, None
+        return res
+
+    def __getattr__(self, op):
+        return getattr(self.side, op)
+
+    def close(self):
+        self.side = None
+
+
 def fmt_gbps(v):
     return f"{v:7.2f}" if v is not None else "    n/a"
 
@@ -385,40 +411,16 @@ def iters_for(total, budget):
     return int(max(3, min(2000, budget / max(total, 1))))
 
 
-def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--memory", choices=["gpu", "host"], default="gpu")
-    ap.add_argument("--gpu", type=int, default=0, help="the GPU both processes use")
-    ap.add_argument("--gpus", default="", help="INITIATOR,TARGET: one GPU each (e.g. 0,1), instead of --gpu")
-    ap.add_argument("--sizes", default="64K,1M,16M,256M")
-    ap.add_argument("--ops", default="WRITE,READ")
-    ap.add_argument("--kv", default="4096x32K", help="KV-shaped lists: COUNTxSIZE (empty: none)")
-    ap.add_argument("--backends", default="TCPX_P2P,UCX,api", help="NIXL backends and 'api' (our Python API)")
-    ap.add_argument("--tcpx-params", default="", help="TCPX_P2P backend parameters, k=v,k=v")
-    ap.add_argument("--bytes-per-row", default="4G", help="about this many bytes timed per row (UCX: a tenth)")
-    ap.add_argument("--notifs", type=int, default=200, help="notification samples (0: none)")
-    ap.add_argument("--poll-sleep-us", type=float, default=0, help="sleep between polls of check_xfer_state / get_new_notifs (0: spin)")
-    ap.add_argument("--out", default=os.environ.get("OUT", "."))
-    a = ap.parse_args(argv)
-    sizes = [parse_size(s) for s in a.sizes.split(",") if s]
-    ops = [o.strip().upper() for o in a.ops.split(",") if o]
-    kv = None
-    if a.kv:
-        c, s = a.kv.lower().split("x")
-        kv = (int(c), parse_size(s))
-    backends = [b for b in a.backends.split(",") if b]
-    a.region = max(sizes + [kv[0] * kv[1] if kv else 0])
-    a.notif_backend = "TCPX_P2P"
-    budget = parse_size(a.bytes_per_row)
-    env = plugin_env("UCX" in backends)
-    if "UCX" in backends:
-        env["UCX_TLS"] = os.environ.get("UCX_TLS", "tcp,cuda_copy" if a.memory == "gpu" else "tcp")
-    env.setdefault("TCPX_P2P_IFNAME", os.environ.get("TCPX_P2P_IFNAME", "lo"))
-    os.environ.update(env)  # spawned processes start with it (LD_LIBRARY_PATH)
-
-    tgt = Proc("target", a, env)
-    ini = Proc("initiator", a, env)
-    rows = []
+def run_group(a, backends, env, cells, budget):
+    """Measures `cells` with `backends` in one process pair (or one process):
+    every cell once per round, the rounds one after the other, so a
+    machine's slow spell lands in one round of each cell rather than in all
+    of one cell. Returns {(shape, op, backend): [(GB/s, iters) per round]}
+    and the notification figures (with TCPX_P2P)."""
+    side = InProc if a.one_process else Proc
+    tgt = side("target", a, env)
+    ini = side("initiator", a, env)
+    samples, notif = {}, {}
     try:
         usable = set(tgt.usable()) & set(ini.usable())
         dropped = [b for b in backends if b not in usable]
@@ -433,26 +435,16 @@ def main(argv=None):
             ini.api_connect(t_api)
             tgt.api_accept()
 
-        def shapes():
-            for s in sizes:
-                yield f"{fmt_size(s)}", [0], [0], s
-            if kv:
-                # Blocks land in another order on the target (as KV blocks
-                # do), so NIXL cannot merge neighbouring descriptors.
-                n, s = kv
-                perm = list(range(n))
-                random.Random(5).shuffle(perm)
-                yield f"KV {n}x{fmt_size(s)}", [i * s for i in range(n)], [p * s for p in perm], s
-                yield f"KV as 1x{fmt_size(n * s)}", [0], [0], n * s
-
-        def measure(b, op, offs, roffs, size):
-            """GB/s of one backend on one shape, after checking the bytes once."""
+        def measure(b, op, offs, roffs, size, check):
+            """GB/s of one backend on one shape (with `check`, after checking
+            the bytes once)."""
             total = len(offs) * size
-            iters = iters_for(total, budget / (10 if b == "UCX" else 1))
+            iters = iters_for(total, budget / a.rounds / (10 if b == "UCX" else 1))
             # The data's owner holds a pattern, the other side zeros.
             src, dst = (ini, tgt) if op == "WRITE" else (tgt, ini)
-            src.fill(11)
-            dst.fill(None)
+            if check:
+                src.fill(11)
+                dst.fill(None)
             metas = None
             if b == "api":
                 metas = tgt.api_advertise(roffs, size)
@@ -461,7 +453,7 @@ def main(argv=None):
                 ini.prep("k", b, "target", t_ptr, offs, roffs, size, op)
                 ini.post_wait("k")
             # Each block where it was sent (initiator offs <-> target roffs).
-            if tgt.block_digest(roffs, size) != ini.block_digest(offs, size):
+            if check and tgt.block_digest(roffs, size) != ini.block_digest(offs, size):
                 raise RuntimeError("the bytes that arrived differ from those sent")
             if b == "api":
                 secs = ini.time_api(op, offs, size, metas, iters)
@@ -470,24 +462,25 @@ def main(argv=None):
                 ini.release("k")
             return total * iters / secs / 1e9, iters
 
-        for shape, offs, roffs, size in shapes():
-            for op in ops:
-                row = {"shape": shape, "op": op, "descs": len(offs), "bytes": len(offs) * size}
+        for rnd in range(a.rounds):
+            for shape, op, offs, roffs, size in cells:
+                got = {}
                 for b in backends:
+                    if rnd > 0 and samples.get((shape, op, b)) is None:
+                        continue  # failed in an earlier round
                     try:
-                        row[b], row[f"{b}_iters"] = measure(b, op, offs, roffs, size)
+                        got[b] = measure(b, op, offs, roffs, size, rnd == 0)
+                        samples.setdefault((shape, op, b), []).append(got[b])
                     except Exception as e:  # one cell failed: say so, go on
                         print(f"{b} {op} {shape}: {str(e).strip().splitlines()[-1]}", flush=True)
-                        row[b] = None
+                        samples[(shape, op, b)] = None
                         if b != "api":
                             try:
                                 ini.release("k")
                             except Exception:
                                 pass
-                print(f"{shape:>16} {op:<5} " + "  ".join(f"{b} {fmt_gbps(row[b])} GB/s" for b in backends), flush=True)
-                rows.append(row)
-
-        notif = {}
+                line = "  ".join(f"{b} {fmt_gbps(got[b][0] if b in got else None)} GB/s" for b in backends)
+                print(f"round {rnd + 1} {shape:>16} {op:<5} {line}", flush=True)
         if a.notifs and "TCPX_P2P" in backends:
             # A 64 KiB write with a notification: when the target sees it,
             # against when the initiator saw the transfer end.
@@ -517,6 +510,95 @@ def main(argv=None):
     finally:
         ini.close()
         tgt.close()
+    return {k: v for k, v in samples.items() if v}, notif
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--memory", choices=["gpu", "host"], default="gpu")
+    ap.add_argument("--gpu", type=int, default=0, help="the GPU both processes use")
+    ap.add_argument("--gpus", default="", help="INITIATOR,TARGET: one GPU each (e.g. 0,1), instead of --gpu")
+    ap.add_argument("--sizes", default="64K,1M,16M,256M")
+    ap.add_argument("--ops", default="WRITE,READ")
+    ap.add_argument("--kv", default="4096x32K", help="KV-shaped lists: COUNTxSIZE (empty: none)")
+    ap.add_argument("--backends", default="TCPX_P2P,UCX,api", help="NIXL backends and 'api' (our Python API)")
+    ap.add_argument("--tcpx-params", default="", help="TCPX_P2P backend parameters, k=v,k=v")
+    ap.add_argument("--bytes-per-row", default="4G", help="about this many bytes timed per row, over all rounds (UCX: a tenth)")
+    ap.add_argument("--rounds", type=int, default=3, help="rounds over all rows; a row gives each cell's median")
+    ap.add_argument("--notifs", type=int, default=200, help="notification samples (0: none)")
+    ap.add_argument("--poll-sleep-us", type=float, default=0, help="sleep between polls of check_xfer_state / get_new_notifs (0: spin)")
+    ap.add_argument(
+        "--one-process",
+        action="store_true",
+        help="both agents in this process, sharing one CUDA context (no notification figures: they need two processes)",
+    )
+    ap.add_argument(
+        "--shared-processes",
+        action="store_true",
+        help="NIXL's UCX backend in the same processes as ours (by default it gets a process pair of its own)",
+    )
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    a = ap.parse_args(argv)
+    if a.one_process:
+        a.notifs = 0
+    sizes = [parse_size(s) for s in a.sizes.split(",") if s]
+    ops = [o.strip().upper() for o in a.ops.split(",") if o]
+    kv = None
+    if a.kv:
+        c, s = a.kv.lower().split("x")
+        kv = (int(c), parse_size(s))
+    backends = [b for b in a.backends.split(",") if b]
+    a.region = max(sizes + [kv[0] * kv[1] if kv else 0])
+    a.notif_backend = "TCPX_P2P"
+    budget = parse_size(a.bytes_per_row)
+    env = plugin_env("UCX" in backends)
+    if "UCX" in backends:
+        env["UCX_TLS"] = os.environ.get("UCX_TLS", "tcp,cuda_copy" if a.memory == "gpu" else "tcp")
+    env.setdefault("TCPX_P2P_IFNAME", os.environ.get("TCPX_P2P_IFNAME", "lo"))
+    os.environ.update(env)  # spawned processes start with it (LD_LIBRARY_PATH)
+    if a.one_process and "UCX" in backends and os.environ.get("NIXL_BENCH_REEXEC") != "1":
+        # The loader reads LD_LIBRARY_PATH once, at start: start again with it.
+        os.environ["NIXL_BENCH_REEXEC"] = "1"
+        os.execv(sys.executable, [sys.executable, os.path.abspath(__file__)] + (argv if argv is not None else sys.argv[1:]))
+
+    def shapes():
+        for s in sizes:
+            yield f"{fmt_size(s)}", [0], [0], s
+        if kv:
+            # Blocks land in another order on the target (as KV blocks do),
+            # so NIXL cannot merge neighbouring descriptors.
+            n, s = kv
+            perm = list(range(n))
+            random.Random(5).shuffle(perm)
+            yield f"KV {n}x{fmt_size(s)}", [i * s for i in range(n)], [p * s for p in perm], s
+            yield f"KV as 1x{fmt_size(n * s)}", [0], [0], n * s
+
+    cells = [(shape, op, offs, roffs, size) for shape, offs, roffs, size in shapes() for op in ops]
+    samples, notif, measured = {}, {}, []
+    # A user runs one backend; the others' threads (UCX's progress thread,
+    # our spinning waits) would take cores from the one measured. Unless
+    # --shared-processes, NIXL's UCX backend runs in a process pair of its
+    # own, after ours (our NIXL backend and our Python API, idle in turn).
+    groups = [backends]
+    if "UCX" in backends and not a.shared_processes and len(backends) > 1:
+        groups = [[b for b in backends if b != "UCX"], ["UCX"]]
+    for group in groups:
+        ga = argparse.Namespace(**vars(a))
+        ga.backends = ",".join(group)
+        got, n = run_group(ga, group, env, cells, budget)
+        samples.update(got)
+        notif = notif or n
+        measured += [b for b in group if any(k[2] == b for k in got)]
+    backends = [b for b in backends if b in measured]
+    rows = []
+    for shape, op, offs, roffs, size in cells:
+        row = {"shape": shape, "op": op, "descs": len(offs), "bytes": len(offs) * size}
+        for b in backends:
+            got = samples.get((shape, op, b))
+            row[b] = statistics.median(g[0] for g in got) if got else None
+            row[f"{b}_rounds"] = [g[0] for g in got] if got else None
+            row[f"{b}_iters"] = got[0][1] if got else None
+        rows.append(row)
 
     print_table(rows, backends)
     device = "host memory"
@@ -530,6 +612,8 @@ def main(argv=None):
     _, nixl_name = nixl_module()
     out = {
         "device": device,
+        "processes": 1 if a.one_process else 2,
+        "ucx_in_own_processes": len(groups) > 1,
         "memory": a.memory,
         "nixl": nixl_name,
         "ucx_tls": env.get("UCX_TLS"),
@@ -564,8 +648,10 @@ def print_table(rows, backends):
     kv = {(r["op"], r["shape"].startswith("KV as")): r for r in rows if r["shape"].startswith("KV")}
     for op in ("WRITE", "READ"):
         if (op, False) in kv and (op, True) in kv and "TCPX_P2P" in backends:
-            r = ratio(kv[(op, False)]["TCPX_P2P"], kv[(op, True)]["TCPX_P2P"])
-            print(f"KV {op}: many descriptors / one descriptor of the same bytes = {r} (TCPX_P2P)")
+            many, one = kv[(op, False)], kv[(op, True)]
+            r = ratio(many["TCPX_P2P"], one["TCPX_P2P"])
+            each = ", ".join(ratio(x, y) for x, y in zip(many.get("TCPX_P2P_rounds") or [], one.get("TCPX_P2P_rounds") or []))
+            print(f"KV {op}: many descriptors / one descriptor of the same bytes = {r} (TCPX_P2P; rounds: {each})")
 
 
 def ratio(a, b):

@@ -696,6 +696,126 @@ mod tests {
         }
     }
 
+    /// How a copy-rate thread moves its blocks (see [`copy_threads`]).
+    #[derive(Clone, Copy, PartialEq)]
+    enum How {
+        /// Scattered blocks, one driver call each.
+        OneCall,
+        /// Scattered blocks, batch calls of 32.
+        Batch,
+        /// Scattered blocks, launches of 32 of the copy kernel.
+        Kernel,
+        /// Contiguous blocks joined into one copy per 32.
+        Joined,
+    }
+
+    /// Threads each copying its share of 4096 x 32 KiB blocks between a GPU
+    /// buffer and its own pinned buffer, five rounds, as `plans` say (per
+    /// thread: towards the host or not, and how), all started at once.
+    /// Returns GB/s summed over the threads of each direction (D2H, H2D),
+    /// and the calling threads' time per 32 copies spent in the calls
+    /// themselves (what a stream thread pays per window), µs.
+    fn copy_threads(dev: &Arc<Device>, plans: &[(bool, How)]) -> (f64, f64, f64) {
+        let (n, bs, rounds) = (4096usize, 32usize << 10, 5usize);
+        // One GPU buffer per direction: the two never copy the same bytes.
+        let bufs = [
+            DeviceBuf::new(dev, n * bs).unwrap(),
+            DeviceBuf::new(dev, n * bs).unwrap(),
+        ];
+        let per_dir = |d2h: bool| plans.iter().filter(|p| p.0 == d2h).count();
+        let barrier = std::sync::Barrier::new(plans.len());
+        let res: Vec<(bool, f64, f64)> = std::thread::scope(|sc| {
+            let hs: Vec<_> = plans
+                .iter()
+                .enumerate()
+                .map(|(t, &(d2h, how))| {
+                    let (k, barrier) = (per_dir(d2h), &barrier);
+                    let base = bufs[usize::from(d2h)].ptr;
+                    // This thread's index among those of its direction.
+                    let t = plans[..t].iter().filter(|p| p.0 == d2h).count();
+                    let dev = dev.clone();
+                    sc.spawn(move || {
+                        let per = n / k;
+                        dev.bind().unwrap();
+                        let s = Stream::new().unwrap();
+                        let host = PinnedBuf::new(per * bs).unwrap();
+                        let ev = Event::new().unwrap();
+                        let mut kernels: Vec<(unpack::CopyKernel, Event, bool)> = (0..4)
+                            .map(|_| {
+                                (
+                                    unpack::CopyKernel::new(&dev, 32).unwrap(),
+                                    Event::new().unwrap(),
+                                    false,
+                                )
+                            })
+                            .collect();
+                        let mut ops = Vec::new();
+                        for i in 0..per {
+                            let blk = t * per + i;
+                            let g = if how == How::Joined {
+                                blk
+                            } else {
+                                (blk * 1031) % n
+                            };
+                            let h = host.as_ptr() as u64 + (i * bs) as u64;
+                            let d = base + (g * bs) as u64;
+                            let (dst, src) = if d2h { (h, d) } else { (d, h) };
+                            push_copy(&mut ops, CopyOp { dst, src, len: bs });
+                        }
+                        barrier.wait();
+                        let t0 = std::time::Instant::now();
+                        let mut calls = std::time::Duration::ZERO;
+                        let mut launches = 0usize;
+                        for _round in 0..rounds {
+                            for c in ops.chunks(if how == How::OneCall { 1 } else { 32 }) {
+                                if how == How::Kernel {
+                                    let (kn, kev, used) = &mut kernels[launches % 4];
+                                    if *used {
+                                        // Its descriptors are rewritten below.
+                                        kev.synchronize().unwrap();
+                                    }
+                                    let c0 = std::time::Instant::now();
+                                    // SAFETY: ranges inside the two buffers;
+                                    // this kernel's previous launch completed.
+                                    unsafe { kn.launch(&s, c) }.unwrap();
+                                    calls += c0.elapsed();
+                                    kev.record(&s).unwrap();
+                                    *used = true;
+                                    launches += 1;
+                                } else {
+                                    let c0 = std::time::Instant::now();
+                                    // SAFETY: ranges inside the two buffers.
+                                    unsafe { s.copy_batch(c) }.unwrap();
+                                    calls += c0.elapsed();
+                                }
+                            }
+                            ev.record(&s).unwrap();
+                            ev.synchronize().unwrap();
+                        }
+                        (d2h, t0.elapsed().as_secs_f64(), calls.as_secs_f64())
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        let rate = |d2h: bool| {
+            let wall = res
+                .iter()
+                .filter(|r| r.0 == d2h)
+                .map(|r| r.1)
+                .fold(0.0, f64::max);
+            if wall > 0.0 {
+                (rounds * n * bs) as f64 / wall / 1e9
+            } else {
+                0.0
+            }
+        };
+        let calls: f64 = res.iter().map(|r| r.2).sum();
+        let windows = (rounds * n / 32) as f64
+            * [true, false].iter().filter(|&&d| per_dir(d) > 0).count() as f64;
+        (rate(true), rate(false), calls * 1e6 / windows)
+    }
+
     /// Copy rates of 4096 x 32 KiB copies between GPU memory and pinned
     /// memory, from 1 thread and from 8 at once (as the I/O threads do):
     /// scattered blocks one driver call each, in batch calls of 32 (a 1 MiB
@@ -711,91 +831,50 @@ mod tests {
     #[ignore]
     fn copy_rates() {
         let Some(dev) = gpu0() else { return };
-        let (n, bs) = (4096usize, 32usize << 10);
-        let gpu = DeviceBuf::new(&dev, n * bs).unwrap();
-        // how: 0 one call each, 1 batch calls, 2 copy kernel, 3 contiguous joined
-        let run = |k: usize, how: u8, d2h: bool| -> (f64, f64) {
-            let per = n / k;
-            let barrier = std::sync::Barrier::new(k);
-            let secs: Vec<(f64, f64)> = std::thread::scope(|sc| {
-                let hs: Vec<_> = (0..k)
-                    .map(|t| {
-                        let (dev, base, barrier) = (dev.clone(), gpu.ptr, &barrier);
-                        sc.spawn(move || {
-                            dev.bind().unwrap();
-                            let s = Stream::new().unwrap();
-                            let host = PinnedBuf::new(per * bs).unwrap();
-                            let ev = Event::new().unwrap();
-                            let mut kernels: Vec<(unpack::CopyKernel, Event, bool)> = (0..4)
-                                .map(|_| {
-                                    (
-                                        unpack::CopyKernel::new(&dev, 32).unwrap(),
-                                        Event::new().unwrap(),
-                                        false,
-                                    )
-                                })
-                                .collect();
-                            let mut ops = Vec::new();
-                            for i in 0..per {
-                                let blk = t * per + i;
-                                let g = if how == 3 { blk } else { (blk * 1031) % n };
-                                let h = host.as_ptr() as u64 + (i * bs) as u64;
-                                let d = base + (g * bs) as u64;
-                                let (dst, src) = if d2h { (h, d) } else { (d, h) };
-                                push_copy(&mut ops, CopyOp { dst, src, len: bs });
-                            }
-                            barrier.wait();
-                            let t0 = std::time::Instant::now();
-                            let mut calls = std::time::Duration::ZERO;
-                            let mut launches = 0usize;
-                            for _round in 0..5 {
-                                for c in ops.chunks(if how == 0 { 1 } else { 32 }) {
-                                    if how == 2 {
-                                        let (kn, kev, used) = &mut kernels[launches % 4];
-                                        if *used {
-                                            // Its descriptors are rewritten below.
-                                            kev.synchronize().unwrap();
-                                        }
-                                        let c0 = std::time::Instant::now();
-                                        // SAFETY: ranges inside the two buffers;
-                                        // this kernel's previous launch completed.
-                                        unsafe { kn.launch(&s, c) }.unwrap();
-                                        calls += c0.elapsed();
-                                        kev.record(&s).unwrap();
-                                        *used = true;
-                                        launches += 1;
-                                    } else {
-                                        let c0 = std::time::Instant::now();
-                                        // SAFETY: ranges inside the two buffers.
-                                        unsafe { s.copy_batch(c) }.unwrap();
-                                        calls += c0.elapsed();
-                                    }
-                                }
-                                ev.record(&s).unwrap();
-                                ev.synchronize().unwrap();
-                            }
-                            (t0.elapsed().as_secs_f64(), calls.as_secs_f64())
-                        })
-                    })
-                    .collect();
-                hs.into_iter().map(|h| h.join().unwrap()).collect()
-            });
-            let wall = secs.iter().map(|x| x.0).fold(0.0, f64::max);
-            let calls: f64 = secs.iter().map(|x| x.1).sum();
-            // Per 32 copies (one 1 MiB window of 32 KiB blocks), µs.
-            let per_window = calls * 1e6 / (5 * n / 32) as f64;
-            ((5 * n * bs) as f64 / wall / 1e9, per_window)
-        };
         eprintln!("batch API present: {}", batch_copies());
         for d2h in [true, false] {
             for k in [1, 8] {
-                let r: Vec<(f64, f64)> = [0, 1, 2, 3].iter().map(|&h| run(k, h, d2h)).collect();
+                let r: Vec<(f64, f64)> = [How::OneCall, How::Batch, How::Kernel, How::Joined]
+                    .iter()
+                    .map(|&h| {
+                        let (a, b, calls) = copy_threads(&dev, &vec![(d2h, h); k]);
+                        (if d2h { a } else { b }, calls)
+                    })
+                    .collect();
                 eprintln!(
-                    "{} {k} thread(s), {n} x 32 KiB scattered: one call each {:.2} GB/s ({:.1} us per 32 in calls), batch calls of 32 {:.2} ({:.1}), copy kernel launches of 32 {:.2} ({:.1}); contiguous as one copy {:.2}",
+                    "{} {k} thread(s), 4096 x 32 KiB scattered: one call each {:.2} GB/s ({:.1} us per 32 in calls), batch calls of 32 {:.2} ({:.1}), copy kernel launches of 32 {:.2} ({:.1}); contiguous as one copy {:.2}",
                     if d2h { "D2H" } else { "H2D" },
                     r[0].0, r[0].1, r[1].0, r[1].1, r[2].0, r[2].1, r[3].0,
                 );
             }
+        }
+    }
+
+    /// Both directions at once on one GPU, as a sender's and a receiver's
+    /// staging do when both ends of a transfer use the same GPU: 8 threads
+    /// copying towards the host beside 8 copying from it, each way alone
+    /// and both at once, for scattered 32 KiB blocks through the copy
+    /// kernel and through batch calls, and for contiguous 1 MiB windows.
+    /// GB/s of each direction. GPU only:
+    /// `cargo test --release -p tcpx-p2p gpu::tests::copy_both_ways -- --ignored --nocapture`
+    #[test]
+    #[ignore]
+    fn copy_both_ways() {
+        let Some(dev) = gpu0() else { return };
+        for how in [How::Kernel, How::Batch, How::Joined] {
+            let name = match how {
+                How::Kernel => "scattered, copy kernel",
+                How::Batch => "scattered, batch calls",
+                _ => "contiguous windows",
+            };
+            let (d2h, _, _) = copy_threads(&dev, &[(true, how); 8]);
+            let (_, h2d, _) = copy_threads(&dev, &[(false, how); 8]);
+            let mut both = vec![(true, how); 8];
+            both.extend([(false, how); 8]);
+            let (bd, bh, _) = copy_threads(&dev, &both);
+            eprintln!(
+                "{name}: D2H alone {d2h:.2} GB/s, H2D alone {h2d:.2}; both at once D2H {bd:.2} + H2D {bh:.2}"
+            );
         }
     }
 

@@ -705,6 +705,58 @@ mod tests {
         Ok(out)
     }
 
+    /// Fragments of up to 200 KiB (each block loops over many widths of
+    /// its threads), at offsets that share their 16-byte phase or not,
+    /// copied as the host copy does.
+    #[test]
+    fn gpu_unpack_of_large_fragments_matches_host_unpack() {
+        if !super::super::available() {
+            eprintln!("skipped: no CUDA on this machine");
+            return;
+        }
+        let dev = Device::get(0).unwrap();
+        let mut u = match Unpacker::new(dev) {
+            Ok(u) => u,
+            Err(CudaError::Nvrtc(e)) => {
+                eprintln!("skipped: NVRTC unavailable: {e}");
+                return;
+            }
+            Err(e) => panic!("{e}"),
+        };
+        let mut rng = rand::rngs::StdRng::seed_from_u64(12);
+        for round in 0..10 {
+            let (mut frags, mut dst_off, mut src_off) = (Vec::new(), 0u64, 0u32);
+            for _ in 0..rng.random_range(1..40) {
+                let len = rng.random_range(1..(200u32 << 10));
+                // Half the fragments keep source and destination on the
+                // same 16-byte phase; the rest are shifted apart.
+                let skew = if rng.random() {
+                    0
+                } else {
+                    rng.random_range(1..16)
+                };
+                src_off += rng.random_range(0..64u32) * 16 + skew;
+                dst_off += rng.random_range(0..64u64) * 16;
+                frags.push(LoadMeta {
+                    src_off,
+                    len,
+                    dst_off,
+                });
+                src_off += len;
+                dst_off += u64::from(len);
+            }
+            let src: Vec<u8> = (0..src_off as usize).map(|_| rng.random()).collect();
+            let init = vec![0xA5u8; dst_off as usize + 31];
+            let mut want = init.clone();
+            unpack_host(&src, &mut want, &frags).unwrap();
+            let got = gpu_unpack(&mut u, &src, &init, &frags).unwrap();
+            assert!(
+                got == want,
+                "round {round}: GPU unpack of large fragments differs from the host copy"
+            );
+        }
+    }
+
     #[test]
     fn gpu_unpack_matches_host_unpack() {
         if !super::super::available() {
