@@ -491,3 +491,33 @@ def test_auth_token_parameter():
     finally:
         good.close()
         bad.close()
+
+
+@pytest.mark.parametrize("mode", [[], ["--one-process"]], ids=["two-processes", "one-process"])
+def test_nixl_benchmark_verifies_and_reports_every_round(tmp_path, mode):
+    """benchmarks/nixl_bench.py end to end on DRAM: our backend beside
+    NIXL's UCX backend (in processes of its own) and our Python API, each
+    row's bytes checked in its first round, a median per cell and every
+    round kept. Figures are not asserted (speed is for benchmarks)."""
+    import json
+    import subprocess
+
+    bench = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "nixl_bench.py")
+    cmd = [sys.executable, bench, "--memory", "host", "--sizes", "64K", "--kv", "16x4K"]
+    cmd += ["--rounds", "2", "--bytes-per-row", "2M", "--notifs", "5", "--out", str(tmp_path), *mode]
+    env = {k: v for k, v in os.environ.items() if k != "NIXL_PLUGIN_DIR"}
+    r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    doc = json.load(open(tmp_path / "nixl_bench.json"))
+    assert doc["ucx_in_own_processes"] and doc["processes"] == (1 if mode else 2)
+    shapes = {(row["shape"], row["op"]) for row in doc["rows"]}
+    assert shapes == {(s, op) for s in ("64K", "KV 16x4K", "KV as 1x64K") for op in ("WRITE", "READ")}
+    for row in doc["rows"]:
+        # Ours and our API always; a cell with a failed byte check is None.
+        for b in ("TCPX_P2P", "api"):
+            assert row[b] and row[b] > 0, (row, r.stdout[-2000:])
+            assert len(row[f"{b}_rounds"]) == 2
+            assert min(row[f"{b}_rounds"]) <= row[b] <= max(row[f"{b}_rounds"])
+    assert "differ" not in r.stdout
+    if not mode:
+        assert doc["notification"]["samples"] == 5
