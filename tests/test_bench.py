@@ -292,3 +292,21 @@ def test_gpu_blocking_floor_has_the_copies(tmp_path):
     assert row["verified"] and row["gpu_copy_out_in_p50_us"] > 0
     parts = row["raw_tcp_p50_us"] + row["gpu_copy_out_in_p50_us"]
     assert abs(row["floor_p50_us"] - parts) <= 0.151
+
+
+def test_tcp_counters_snapshot_and_changes(tmp_path):
+    """benchmarks/tcp_counters.py reads the kernel's counters and reports
+    what changed between two snapshots."""
+    script = str(ROOT / "benchmarks" / "tcp_counters.py")
+    before, after = tmp_path / "before.json", tmp_path / "after.json"
+    subprocess.run([sys.executable, script, str(before)], check=True, timeout=30)
+    snap = json.loads(before.read_text())
+    assert isinstance(snap["TcpRetransSegs"], int) and "softnet_dropped" in snap
+    # The same file twice: nothing changed.
+    same = subprocess.run([sys.executable, script, str(before), str(before)], capture_output=True, text=True, timeout=30)
+    assert same.stdout.strip() == "no change"
+    # A counter that moved is named with its change.
+    moved = dict(snap, TcpRetransSegs=snap["TcpRetransSegs"] + 7)
+    after.write_text(json.dumps(moved))
+    diff = subprocess.run([sys.executable, script, str(before), str(after)], capture_output=True, text=True, timeout=30)
+    assert diff.stdout.split() == ["TcpRetransSegs+7"]
