@@ -195,8 +195,7 @@ impl Transfer {
     pub fn complete_one(&self) {
         let prev = self.remaining.fetch_sub(1, Ordering::AcqRel);
         if prev == 1 {
-            let poison = self.poison.lock().take();
-            self.end(poison.map_or(Status::Done, Status::Failed));
+            self.complete_all();
         }
     }
 

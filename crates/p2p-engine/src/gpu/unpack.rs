@@ -705,24 +705,42 @@ mod tests {
         Ok(out)
     }
 
+    /// An unpacker on GPU 0, or None (said so) without CUDA or NVRTC.
+    fn gpu_unpacker() -> Option<Unpacker> {
+        if !super::super::available() {
+            eprintln!("skipped: no CUDA on this machine");
+            return None;
+        }
+        match Unpacker::new(Device::get(0).unwrap()) {
+            Ok(u) => Some(u),
+            Err(CudaError::Nvrtc(e)) => {
+                eprintln!("skipped: NVRTC unavailable: {e}");
+                None
+            }
+            Err(e) => panic!("{e}"),
+        }
+    }
+
+    /// The GPU unpack of `frags` from `src` over `init` equals the host's.
+    fn assert_matches_host(
+        u: &mut Unpacker,
+        src: &[u8],
+        init: &[u8],
+        frags: &[LoadMeta],
+        what: &str,
+    ) {
+        let mut want = init.to_vec();
+        unpack_host(src, &mut want, frags).unwrap();
+        let got = gpu_unpack(u, src, init, frags).unwrap();
+        assert!(got == want, "{what}: GPU unpack differs from the host copy");
+    }
+
     /// Fragments of up to 200 KiB (each block loops over many widths of
     /// its threads), at offsets that share their 16-byte phase or not,
     /// copied as the host copy does.
     #[test]
     fn gpu_unpack_of_large_fragments_matches_host_unpack() {
-        if !super::super::available() {
-            eprintln!("skipped: no CUDA on this machine");
-            return;
-        }
-        let dev = Device::get(0).unwrap();
-        let mut u = match Unpacker::new(dev) {
-            Ok(u) => u,
-            Err(CudaError::Nvrtc(e)) => {
-                eprintln!("skipped: NVRTC unavailable: {e}");
-                return;
-            }
-            Err(e) => panic!("{e}"),
-        };
+        let Some(mut u) = gpu_unpacker() else { return };
         let mut rng = rand::rngs::StdRng::seed_from_u64(12);
         for round in 0..10 {
             let (mut frags, mut dst_off, mut src_off) = (Vec::new(), 0u64, 0u32);
@@ -747,44 +765,26 @@ mod tests {
             }
             let src: Vec<u8> = (0..src_off as usize).map(|_| rng.random()).collect();
             let init = vec![0xA5u8; dst_off as usize + 31];
-            let mut want = init.clone();
-            unpack_host(&src, &mut want, &frags).unwrap();
-            let got = gpu_unpack(&mut u, &src, &init, &frags).unwrap();
-            assert!(
-                got == want,
-                "round {round}: GPU unpack of large fragments differs from the host copy"
+            assert_matches_host(
+                &mut u,
+                &src,
+                &init,
+                &frags,
+                &format!("round {round}, large fragments"),
             );
         }
     }
 
     #[test]
     fn gpu_unpack_matches_host_unpack() {
-        if !super::super::available() {
-            eprintln!("skipped: no CUDA on this machine");
-            return;
-        }
-        let dev = Device::get(0).unwrap();
-        let mut u = match Unpacker::new(dev) {
-            Ok(u) => u,
-            Err(CudaError::Nvrtc(e)) => {
-                eprintln!("skipped: NVRTC unavailable: {e}");
-                return;
-            }
-            Err(e) => panic!("{e}"),
-        };
+        let Some(mut u) = gpu_unpacker() else { return };
         let mut rng = rand::rngs::StdRng::seed_from_u64(11);
         for round in 0..20 {
             let dst_len = rng.random_range(1..(4usize << 20));
             let (frags, src_len) = random_fragments(&mut rng, dst_len);
             let src: Vec<u8> = (0..src_len).map(|_| rng.random()).collect();
             let init = vec![0x5Au8; dst_len + 13];
-            let mut want = init.clone();
-            unpack_host(&src, &mut want, &frags).unwrap();
-            let got = gpu_unpack(&mut u, &src, &init, &frags).unwrap();
-            assert!(
-                got == want,
-                "round {round}: GPU unpack differs from the host copy"
-            );
+            assert_matches_host(&mut u, &src, &init, &frags, &format!("round {round}"));
         }
     }
 

@@ -59,7 +59,7 @@ pub(super) fn write_all_slices(s: &TcpStream, parts: &[&[u8]]) -> io::Result<()>
 }
 
 /// Whether the socket has bytes waiting to be read.
-pub(crate) fn readable_now(s: &TcpStream) -> bool {
+pub(super) fn readable_now(s: &TcpStream) -> bool {
     use std::os::fd::AsRawFd;
     let mut n: libc::c_int = 0;
     // SAFETY: FIONREAD writes one int through the pointer given.
