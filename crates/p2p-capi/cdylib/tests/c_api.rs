@@ -295,7 +295,13 @@ fn docs_example_compiles_and_runs() {
         out.status,
         String::from_utf8_lossy(&out.stderr)
     );
-    assert!(stdout.contains("target: notification from writer: done"), "{stdout}");
-    assert!(stdout.contains("target: 4194304 bytes landed, 0 differ"), "{stdout}");
+    assert!(
+        stdout.contains("target: notification from writer: done"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("target: 4194304 bytes landed, 0 differ"),
+        "{stdout}"
+    );
     assert!(stdout.contains("write_notify: OK"), "{stdout}");
 }
