@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{Receiver, TryRecvError};
 use parking_lot::Mutex;
 
+use crate::error::NetError;
 use crate::memory::{MemKind, Region};
 use crate::net::{MemRef, MrHandle, Net, RecvComm, ReqId, SendComm};
 use crate::transfer::{Failure, Transfer};
@@ -202,7 +203,9 @@ impl CommState {
     fn test(&mut self) -> Result<bool, Failure> {
         let mut any = false;
         while let Some((req, _)) = self.inflight.front() {
-            let Some(n) = self.test_one(*req)? else { break };
+            let Some(n) = self.test_at(0, *req)? else {
+                break;
+            };
             let (_, op) = self.inflight.pop_front().expect("front exists");
             any = true;
             self.finish(op, n)?;
@@ -232,7 +235,7 @@ impl CommState {
         let mut i = 1;
         while i < self.inflight.len() {
             let req = self.inflight[i].0;
-            match self.test_one(req)? {
+            match self.test_at(i, req)? {
                 Some(n) => {
                     let (_, op) = self.inflight.remove(i).expect("index in range");
                     any = true;
@@ -242,6 +245,36 @@ impl CommState {
             }
         }
         Ok(any)
+    }
+
+    /// Tests request `req`, in flight at index `i`. A failed receive of the
+    /// two-sided set fails its transfer saying what the receive could hold:
+    /// a message larger than that fails it before any byte lands (the
+    /// receive's size is clamped to its registration), and not every net
+    /// says why (a plugin returns only a code). The error kind stays the
+    /// net's.
+    fn test_at(&mut self, i: usize, req: ReqId) -> Result<Option<usize>, Failure> {
+        let err = match self.test_one(req) {
+            Err(Failure::Net(e)) => e,
+            other => return other,
+        };
+        if let (Comm::Recv(_), true, Some((_, op))) =
+            (&self.comm, self.mismatch_is_fatal, self.inflight.get(i))
+        {
+            let cap: usize = op.segs.iter().map(|(m, _)| m.len).sum();
+            let hint = format!(
+                "a receive of at most {cap} bytes failed; a message larger than a receive fails it before any byte lands"
+            );
+            op.xfer.fail(match &err {
+                NetError::Protocol { net, reason } => Failure::Net(NetError::Protocol {
+                    net,
+                    reason: format!("{reason} ({hint})"),
+                }),
+                NetError::Plugin { .. } => Failure::Lost(format!("{err} ({hint})")),
+                _ => Failure::Net(err.clone()),
+            });
+        }
+        Err(Failure::Net(err))
     }
 
     fn test_one(&mut self, req: ReqId) -> Result<Option<usize>, Failure> {
