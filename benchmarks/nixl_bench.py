@@ -99,7 +99,11 @@ class Mem:
 
     @property
     def dev(self):
-        return self.gpu if self.kind == "gpu" else 0
+        """The device id of NIXL descriptors of this memory: the GPU's
+        ordinal; for host memory 0, or with `--gpus` this role's number
+        (NIXL keeps DRAM device ids as given), so that a host run checks
+        that remote descriptors carry the peer's id, as a two-GPU run needs."""
+        return self.gpu
 
     def alloc(self, n):
         if self.kind == "gpu":
@@ -141,7 +145,7 @@ class Side:
         api, _ = nixl_module()
         self.role, self.a = role, a
         gpu = gpu_of(a, role)
-        self.mem = Mem(a.memory, gpu)
+        self.mem = Mem(a.memory, gpu if (a.memory == "gpu" or a.gpus) else 0)
         self.name = role
         self.agent = api.nixl_agent(role, api.nixl_agent_config(True, False, 0, backends=[]))
         self.backends = []
@@ -183,7 +187,9 @@ class Side:
         return self.backends + (["api"] if self.ep is not None else [])
 
     def metadata(self):
-        return self.agent.get_agent_metadata(), self.ptr, (self.ep.get_metadata() if self.ep else b"")
+        """(NIXL agent metadata, buffer address, device id of its
+        registration, our endpoint's metadata)."""
+        return self.agent.get_agent_metadata(), self.ptr, self.mem.dev, (self.ep.get_metadata() if self.ep else b"")
 
     def add_remote(self, md):
         return self.agent.add_remote_agent(md)
@@ -221,10 +227,12 @@ class Side:
         return h.hexdigest()
 
     # NIXL transfers
-    def prep(self, key, backend, peer, peer_ptr, offs, roffs, size, op, notif=b""):
+    def prep(self, key, backend, peer, peer_ptr, peer_dev, offs, roffs, size, op, notif=b""):
+        """A prepared transfer: the local descriptors carry this process's
+        device id, the remote ones the peer's (as the peer registered them)."""
         dev = self.mem.dev
         local = self.agent.prep_xfer_dlist("", [(self.ptr + o, size, dev) for o in offs], self.mem.nixl_type, backends=[backend])
-        remote = self.agent.prep_xfer_dlist(peer, [(peer_ptr + o, size, dev) for o in roffs], self.mem.nixl_type, backends=[backend])
+        remote = self.agent.prep_xfer_dlist(peer, [(peer_ptr + o, size, peer_dev) for o in roffs], self.mem.nixl_type, backends=[backend])
         idx = list(range(len(offs)))
         h = self.agent.make_prepped_xfer(op, local, idx, remote, idx, notif, backends=[backend])
         self.handles[key] = (h, local, remote)
@@ -427,8 +435,8 @@ def run_group(a, backends, env, cells, budget):
         if dropped:
             print(f"not measured (could not be set up): {', '.join(dropped)}", flush=True)
         backends = [b for b in backends if b in usable]
-        t_md, t_ptr, t_api = tgt.metadata()
-        i_md, _, _ = ini.metadata()
+        t_md, t_ptr, t_dev, t_api = tgt.metadata()
+        i_md, _, _, _ = ini.metadata()
         ini.add_remote(t_md)
         tgt.add_remote(i_md)
         if "api" in backends:
@@ -450,7 +458,7 @@ def run_group(a, backends, env, cells, budget):
                 metas = tgt.api_advertise(roffs, size)
                 ini.api_once(op, offs, size, metas)
             else:
-                ini.prep("k", b, "target", t_ptr, offs, roffs, size, op)
+                ini.prep("k", b, "target", t_ptr, t_dev, offs, roffs, size, op)
                 ini.post_wait("k")
             # Each block where it was sent (initiator offs <-> target roffs).
             if check and tgt.block_digest(roffs, size) != ini.block_digest(offs, size):
@@ -484,7 +492,7 @@ def run_group(a, backends, env, cells, budget):
         if a.notifs and "TCPX_P2P" in backends:
             # A 64 KiB write with a notification: when the target sees it,
             # against when the initiator saw the transfer end.
-            ini.prep("n", "TCPX_P2P", "target", t_ptr, [0], [0], 64 << 10, "WRITE")
+            ini.prep("n", "TCPX_P2P", "target", t_ptr, t_dev, [0], [0], 64 << 10, "WRITE")
             tgt.send("notif_times", a.notifs, "initiator")
             done = ini.notified_writes("n", a.notifs, 0.002)
             seen = dict(tgt.get())

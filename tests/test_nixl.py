@@ -503,7 +503,9 @@ def test_nixl_benchmark_verifies_and_reports_every_round(tmp_path, mode):
     import subprocess
 
     bench = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "nixl_bench.py")
-    cmd = [sys.executable, bench, "--memory", "host", "--sizes", "64K", "--kv", "16x4K"]
+    # --gpus 0,1: each side's descriptors carry its own device id, so the
+    # remote descriptors must carry the peer's (as GPU 0 -> GPU 1 needs).
+    cmd = [sys.executable, bench, "--memory", "host", "--gpus", "0,1", "--sizes", "64K", "--kv", "16x4K"]
     cmd += ["--rounds", "2", "--bytes-per-row", "2M", "--notifs", "5", "--out", str(tmp_path), *mode]
     env = {k: v for k, v in os.environ.items() if k != "NIXL_PLUGIN_DIR"}
     r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
