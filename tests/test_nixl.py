@@ -149,6 +149,37 @@ def test_write_many_descriptors_with_notification(pair):
     assert b.take_notifs(a.name, 1) == [b"wrote-256"]
 
 
+def test_xfer_telemetry_reports_our_transfers():
+    """vLLM makes its agents with capture_telemetry=True and reads
+    get_xfer_telemetry after each transfer: through our backend it reports
+    the bytes, the descriptor count and real durations of WRITE and READ."""
+    a = nixl_peer.Side(f"tele-{os.getpid()}", free_port(), telemetry=True)
+    b = Remote(f"tele-target-{os.getpid()}")
+    try:
+        connect(a, b)
+        n, size = 512, 4 * KIB
+        src = a.alloc(n * size, seed=31)
+        dst = b.alloc(n * size)
+        refresh(a, b)
+        for op in ("WRITE", "READ"):
+            local, remote = pieces(a.addr(src), n, size), pieces(b.addr(dst), n, size, list(range(n))[::-1])
+            h = a.agent.initialize_xfer(op, a.descs(local), a.descs(remote), b.name, b"")
+            try:
+                assert a.wait(h, a.post(h)) == "DONE"
+                t = a.agent.get_xfer_telemetry(h)
+                assert t.totalBytes == n * size, (op, t.totalBytes)
+                assert t.descCount == n, (op, t.descCount)
+                assert t.startTime > 0 and t.xferDuration > 0, (op, t.startTime, t.xferDuration)
+                assert t.postDuration <= t.xferDuration, (op, t.postDuration, t.xferDuration)
+            finally:
+                a.agent.release_xfer_handle(h)
+        assert a.digest(src) == digest(pattern(n * size, 31))
+        # The READ brought back what the WRITE put there, block by block.
+        assert b.digest(dst, (n - 1) * size, size) == digest(pattern(n * size, 31)[:size])
+    finally:
+        b.close()
+
+
 def test_notification_comes_after_every_byte(pair):
     """Push mode: the target trusts the notification alone, never the
     initiator's completion; every byte is there when it arrives."""
