@@ -180,6 +180,30 @@ def test_xfer_telemetry_reports_our_transfers():
         b.close()
 
 
+def test_more_descriptors_than_one_request_carries(pair):
+    """vLLM moves a request's KV cache as one transfer of ~100,000
+    descriptors: more than one wire request carries (65,536). WRITE and
+    READ of 70,000 scattered blocks as one transfer, every block checked,
+    the notification only once every block has landed."""
+    a, b = pair
+    n, size = 70_000, 64
+    src = a.alloc(n * size, seed=41)
+    dst = b.alloc(n * size)
+    back = a.alloc(n * size)
+    refresh(a, b)
+    order = list(range(n))[::-1]
+    res = a.xfer("WRITE", pieces(a.addr(src), n, size), pieces(b.addr(dst), n, size, order), b.name, b"wrote-70000")
+    assert res == "DONE"
+    data = pattern(n * size, 41)
+    want = digest(b"".join(data[i * size : (i + 1) * size] for i in order))
+    assert b.digest(dst) == want
+    assert b.take_notifs(a.name, 1) == [b"wrote-70000"]
+    res = a.xfer("READ", pieces(a.addr(back), n, size), pieces(b.addr(dst), n, size, order), b.name, b"read-70000")
+    assert res == "DONE"
+    assert a.digest(back) == digest(data)
+    assert b.take_notifs(a.name, 1) == [b"read-70000"]
+
+
 def test_notification_comes_after_every_byte(pair):
     """Push mode: the target trusts the notification alone, never the
     initiator's completion; every byte is there when it arrives."""
