@@ -48,12 +48,13 @@ def fmt_size(n):
 
 
 def nixl_module():
+    why = []
     for name in ("nixl_cu13", "nixl_cu12", "nixl"):
         try:
             return importlib.import_module(name + "._api"), name
-        except ImportError:
-            continue
-    raise ImportError("no NIXL wheel (nixl-cu13 / nixl-cu12) installed")
+        except ImportError as e:
+            why.append(f"{name}: {e}")
+    raise ImportError("no NIXL wheel (nixl-cu13 / nixl-cu12) imports: " + "; ".join(why))
 
 
 def plugin_env(want_ucx):
