@@ -57,12 +57,22 @@ fn emu_path() -> Option<PathBuf> {
     dirs.into_iter().map(|d| d.join(name)).find(|p| p.is_file())
 }
 
+/// The flow-steering wait the tests use (TCPX's default, 5 s, is kept by
+/// one test that measures set-up time).
+const TEST_STEER_WAIT_MICROS: &str = "1000";
+
 /// Serialises the tests (they share the environment) and finds the
-/// emulator; None (with a message) when it is not built.
+/// emulator; None (with a message) when it is not built. Sets the TCPX
+/// settings a user sets: the chunk size, and a short flow-steering wait.
 fn setup() -> Option<(MutexGuard<'static, ()>, String)> {
     static LOCK: Mutex<()> = Mutex::new(());
     let guard = LOCK.lock().unwrap_or_else(|e| e.into_inner());
     tcpx_p2p::init_logging();
+    std::env::set_var("NCCL_DYNAMIC_CHUNK_SIZE", "524288");
+    std::env::set_var(
+        "NCCL_GPUDIRECTTCPX_PROGRAM_FLOW_STEERING_WAIT_MICROS",
+        TEST_STEER_WAIT_MICROS,
+    );
     match emu_path() {
         Some(p) => Some((guard, p.to_string_lossy().into_owned())),
         None => {
@@ -97,7 +107,7 @@ fn plugin_cfg(path: &str) -> Config {
 fn plugin_loads_newest_table_and_reports_the_device() {
     let Some((_g, path)) = setup() else { return };
     let net = PluginNet::load(&path, None).unwrap();
-    assert_eq!(net.version(), 8, "v8 is preferred over v7");
+    assert_eq!(net.version(), 7, "the stand-in exports v7 only, as TCPX");
     assert_eq!(net.name(), "NcclNetEmu");
     let devs = net.plugin_devices();
     assert_eq!(devs.len(), 1);
@@ -155,27 +165,26 @@ fn endpoints_send_recv_write_read_over_the_plugin() {
 
 // ----------------------------------------------------------- the table
 
-/// The emulator's v8 table, read straight from the library.
+/// The emulator's v7 table (the only one it exports, as TCPX), read
+/// straight from the library.
 struct Table {
-    _lib: libloading::Library,
-    t: NcclNetV8,
-    v7: NcclNetV7,
+    lib: libloading::Library,
+    t: NcclNetV7,
 }
 
 fn table(path: &str) -> Table {
     // SAFETY: loads an ncclNet plugin, whose initialisers are harmless.
     let lib = unsafe { libloading::Library::new(path) }.unwrap();
-    // SAFETY: the symbols are the plugin's exported tables (ABI promise);
+    // SAFETY: the symbol is the plugin's exported table (ABI promise);
     // copied while the library is loaded, and the library is kept.
-    let (t, v7) = unsafe {
-        let p8 = *lib.get::<*const NcclNetV8>(SYMBOL_V8).unwrap();
+    let t = unsafe {
         let p7 = *lib.get::<*const NcclNetV7>(SYMBOL_V7).unwrap();
-        (std::ptr::read(p8), std::ptr::read(p7))
+        std::ptr::read(p7)
     };
     let init = t.init.unwrap();
     // SAFETY: init without a logger is allowed; it may run more than once.
     assert_eq!(unsafe { init(None) }, NCCL_SUCCESS);
-    Table { _lib: lib, t, v7 }
+    Table { lib, t }
 }
 
 /// 64 bytes, 16-byte aligned: what accept's device handle is written into.
@@ -245,7 +254,8 @@ impl Table {
     fn reg(&self, comm: *mut c_void, p: *const u8, len: usize, ty: c_int) -> (c_int, *mut c_void) {
         let mut mh: *mut c_void = std::ptr::null_mut();
         // SAFETY: a live comm; the plugin only records the range.
-        let r = unsafe { self.t.reg_mr.unwrap()(comm, p as *mut c_void, len, ty, &mut mh) };
+        let r =
+            unsafe { self.t.reg_mr.unwrap()(comm, p as *mut c_void, len as c_int, ty, &mut mh) };
         (r, mh)
     }
 
@@ -313,6 +323,33 @@ impl Table {
         }
     }
 
+    /// Waits for `req`, testing the heads of `others` (another comm's
+    /// requests, oldest first) meanwhile: data moves only inside `test`,
+    /// so both sides of a transfer must be tested.
+    fn wait_with(
+        &self,
+        req: *mut c_void,
+        others: &mut std::collections::VecDeque<*mut c_void>,
+    ) -> c_int {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let (r, done, size) = self.test(req);
+            assert_eq!(r, 0, "test failed");
+            if done {
+                return size;
+            }
+            if let Some(&o) = others.front() {
+                let (r, done, _) = self.test(o);
+                assert_eq!(r, 0, "test failed");
+                if done {
+                    others.pop_front();
+                }
+            }
+            assert!(Instant::now() < deadline, "request did not complete");
+            std::thread::yield_now();
+        }
+    }
+
     fn consumed(&self, comm: *mut c_void, req: *mut c_void) -> c_int {
         // SAFETY: a live receive comm; the plugin checks the request.
         unsafe { self.t.irecv_consumed.unwrap()(comm, 1, req) }
@@ -333,42 +370,36 @@ impl Table {
 fn tables_match_the_reference() {
     let Some((_g, path)) = setup() else { return };
     let tb = table(&path);
-    // SAFETY: table names are static NUL-terminated strings.
-    let (n8, n7) = unsafe { (CStr::from_ptr(tb.t.name), CStr::from_ptr(tb.v7.name)) };
-    assert_eq!(n8.to_str().unwrap(), "NcclNetEmu");
+    // SAFETY: the table's name is a static NUL-terminated string.
+    let n7 = unsafe { CStr::from_ptr(tb.t.name) };
     assert_eq!(n7.to_str().unwrap(), "NcclNetEmu");
+    // SAFETY: looking a symbol up only.
+    let v8 = unsafe { tb.lib.get::<*const NcclNetV8>(SYMBOL_V8) };
+    assert!(
+        v8.is_err(),
+        "TCPX exports no v8 table; neither does the default build"
+    );
     assert!(tb.t.reg_mr_dma_buf.is_none() && tb.t.irecv_consumed.is_some());
-    // SAFETY: all-zero is valid for these C structs; the plugin fills them.
-    let (mut p8, mut p7): (NcclNetPropertiesV8, NcclNetPropertiesV7) =
-        unsafe { (std::mem::zeroed(), std::mem::zeroed()) };
-    // SAFETY: storage for one struct each.
+    // SAFETY: all-zero is valid for this C struct; the plugin fills it.
+    let mut p7: NcclNetPropertiesV7 = unsafe { std::mem::zeroed() };
+    // SAFETY: storage for one struct.
     unsafe {
-        assert_eq!(tb.t.get_properties.unwrap()(0, &mut p8), 0);
-        assert_eq!(tb.v7.get_properties.unwrap()(0, &mut p7), 0);
-        assert_ne!(tb.t.get_properties.unwrap()(1, &mut p8), 0, "only device 0");
+        assert_eq!(tb.t.get_properties.unwrap()(0, &mut p7), 0);
     }
-    for (ptr, recvs, ty, ver, speed) in [
-        (
-            p8.ptr_support,
-            p8.max_recvs,
-            p8.net_device_type,
-            p8.net_device_version,
-            p8.speed,
-        ),
-        (
-            p7.ptr_support,
-            p7.max_recvs,
-            p7.net_device_type,
-            p7.net_device_version,
-            p7.speed,
-        ),
-    ] {
-        assert_eq!(ptr, NCCL_PTR_HOST | NCCL_PTR_CUDA);
-        assert_eq!(recvs, 1);
-        assert_eq!(ty, NCCL_NET_DEVICE_UNPACK);
-        assert_eq!(ver, NCCL_NET_DEVICE_UNPACK_VERSION);
-        assert!(speed > 0);
-    }
+    let mut n: c_int = 0;
+    // SAFETY: one int.
+    assert_eq!(unsafe { tb.t.devices.unwrap()(&mut n) }, 0);
+    // SAFETY: storage for one struct.
+    assert_ne!(
+        unsafe { tb.t.get_properties.unwrap()(n, &mut p7) },
+        0,
+        "no device past the last"
+    );
+    assert_eq!(p7.ptr_support, NCCL_PTR_HOST | NCCL_PTR_CUDA);
+    assert_eq!(p7.max_recvs, 1);
+    assert_eq!(p7.net_device_type, NCCL_NET_DEVICE_UNPACK);
+    assert_eq!(p7.net_device_version, NCCL_NET_DEVICE_UNPACK_VERSION);
+    assert!(p7.speed > 0);
 }
 
 #[test]
@@ -383,7 +414,7 @@ fn tcpx_rules_are_enforced() {
     let (r, rmh) = tb.reg(p.recv, dst.as_ptr(), dst.len(), NCCL_PTR_HOST);
     assert_eq!(r, 0);
 
-    // A GPU registration must be 4 KiB-aligned.
+    // A GPU registration must be 4 KiB-aligned (address and size).
     let unaligned = ((src.as_ptr() as usize + 4096) & !4095) + 1;
     let (r, _) = tb.reg(p.send, unaligned as *const u8, 100, NCCL_PTR_CUDA);
     assert_ne!(r, 0, "unaligned GPU regMr must fail");
@@ -434,9 +465,14 @@ fn tcpx_rules_are_enforced() {
         "testing a non-head receive must fail"
     );
 
-    // Drain the sends in order.
+    // Drain the sends in order (the receives' heads tested meanwhile).
+    let mut rq: std::collections::VecDeque<_> = recvs.iter().copied().take(1).collect();
     for (i, &s) in sends.iter().enumerate() {
-        assert_eq!(tb.wait(s), 1024, "send {i} reports its size");
+        assert_eq!(
+            tb.wait_with(s, &mut rq),
+            -1,
+            "send {i}: test reports no size (as TCPX)"
+        );
     }
     // Receives: done in order; a receive keeps its slot until consumed.
     let r0 = tb.wait(recvs[0]);
@@ -444,13 +480,13 @@ fn tcpx_rules_are_enforced() {
     tb.wait(recvs[1]);
     assert_eq!(
         tb.consumed(p.recv, recvs[1]),
-        NCCL_INVALID_USAGE,
-        "irecvConsumed out of FIFO order must fail"
+        NCCL_INTERNAL_ERROR,
+        "irecvConsumed out of FIFO order must fail with 3"
     );
     assert_eq!(
         tb.consumed(p.recv, recvs[2]),
-        NCCL_INVALID_USAGE,
-        "irecvConsumed before test said done must fail"
+        NCCL_INTERNAL_ERROR,
+        "irecvConsumed before test said done must fail with 3"
     );
     let (r, _) = tb.irecv_n(p.recv, 1, dst.as_mut_ptr(), 4096, rmh);
     assert_eq!(
@@ -510,15 +546,16 @@ fn unpack_contract_host_mode() {
         assert_eq!(r, 0, "receive {i}");
         reqs.push(q);
     }
+    let mut sq = std::collections::VecDeque::new();
     for s in &srcs {
         let (r, mh) = tb.reg(p.send, s.as_ptr(), s.len().max(1), NCCL_PTR_HOST);
         assert_eq!(r, 0);
         let (r, q) = tb.isend(p.send, s.as_ptr(), s.len(), mh);
         assert_eq!(r, 0);
-        tb.wait(q);
+        sq.push_back(q);
     }
     for (k, &q) in reqs.iter().enumerate() {
-        tb.wait(q);
+        tb.wait_with(q, &mut sq);
         let slot = k % 16;
         // SAFETY: the receive is done and not consumed: its slot is stable.
         let cnt = unsafe { std::ptr::addr_of!((*uh.meta).cnt[slot]).read_volatile() } as usize;
@@ -557,6 +594,9 @@ fn unpack_contract_host_mode() {
             "UNPACK leaves the receive buffer alone"
         );
         assert_eq!(tb.consumed(p.recv, q), 0);
+    }
+    while let Some(q) = sq.pop_front() {
+        tb.wait(q);
     }
     tb.close(p);
 }
@@ -598,8 +638,9 @@ fn plain_mode_and_injected_faults() {
         let (_, rmh) = tb.reg(p.recv, dst.as_ptr(), dst.len(), NCCL_PTR_HOST);
         let (_, rq) = tb.irecv_n(p.recv, 1, dst.as_mut_ptr(), dst.len(), rmh);
         let (_, sq) = tb.isend(p.send, src.as_ptr(), 1000, smh);
-        assert_eq!(tb.wait(sq), 1000);
-        assert_eq!(tb.wait(rq), 1000);
+        let mut sends = [sq].into();
+        assert_eq!(tb.wait_with(rq, &mut sends), 1000);
+        sends.drain(..).for_each(|q| drop(tb.wait(q)));
         assert_eq!(dst[..1000], src[..1000]);
         assert_eq!(tb.consumed(p.recv, rq), 0);
         tb.close(p);
@@ -634,8 +675,9 @@ fn plain_mode_and_injected_faults() {
         let t0 = Instant::now();
         let (_, rq) = tb.irecv_n(p.recv, 1, dst.as_mut_ptr(), dst.len(), rmh);
         let (_, sq) = tb.isend(p.send, src.as_ptr(), 10, smh);
-        tb.wait(sq);
-        tb.wait(rq);
+        let mut sends = [sq].into();
+        tb.wait_with(rq, &mut sends);
+        sends.drain(..).for_each(|q| drop(tb.wait(q)));
         assert!(
             t0.elapsed() >= Duration::from_millis(300),
             "completions are delayed"
@@ -896,25 +938,29 @@ fn the_v7_table_moves_bytes_as_tcpx_exports_it() {
             .unwrap();
         sq.push(s.isend(m, mr).unwrap().unwrap());
     }
-    let wait = |f: &mut dyn FnMut() -> Option<usize>| {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            if let Some(n) = f() {
-                return n;
+    // Data moves only inside test: both sides' heads are tested together.
+    let (mut sq, mut rq): (std::collections::VecDeque<_>, std::collections::VecDeque<_>) =
+        (sq.into(), rq.into());
+    let mut got = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !sq.is_empty() || !rq.is_empty() {
+        if let Some(&q) = sq.front() {
+            if let Some(n) = s.test(q).unwrap() {
+                assert_eq!(n, sizes[sizes.len() - sq.len()]);
+                sq.pop_front();
             }
-            assert!(Instant::now() < deadline, "request did not complete");
-            std::thread::yield_now();
         }
-    };
-    for (i, q) in sq.into_iter().enumerate() {
-        assert_eq!(wait(&mut || s.test(q).unwrap()), sizes[i]);
+        if let Some(&q) = rq.front() {
+            if let Some(n) = r.test(q).unwrap() {
+                got.push(n);
+                rq.pop_front();
+            }
+        }
+        assert!(Instant::now() < deadline, "requests did not complete");
+        std::thread::yield_now();
     }
-    for (i, q) in rq.into_iter().enumerate() {
-        assert_eq!(
-            wait(&mut || r.test(q).unwrap()),
-            sizes[i],
-            "size reported from the fragments"
-        );
+    for (i, &n) in got.iter().enumerate() {
+        assert_eq!(n, sizes[i], "size reported from the fragments");
         assert!(dsts[i][..sizes[i]] == srcs[i][..], "size {}", sizes[i]);
         assert!(
             dsts[i][sizes[i]..].iter().all(|&b| b == 0),
