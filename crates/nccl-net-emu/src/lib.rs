@@ -557,3 +557,41 @@ pub static ncclNetPlugin_v7: NcclNetV7 = NcclNetV7 {
     get_device_mr: Some(get_device_mr),
     irecv_consumed: Some(irecv_consumed),
 };
+
+/// The v8 adapter, in the build that has it (`--features v8`).
+#[cfg(all(test, feature = "v8"))]
+mod v8_tests {
+    use super::*;
+
+    #[test]
+    fn the_v8_table_adapts_properties_and_registration() {
+        let t = &ncclNetPlugin_v8;
+        // SAFETY: init without a logger; the out-pointers are ours.
+        unsafe {
+            assert_eq!(t.init.unwrap()(None), NCCL_SUCCESS);
+            let mut p: NcclNetPropertiesV8 = std::mem::zeroed();
+            assert_eq!(t.get_properties.unwrap()(0, &mut p), NCCL_SUCCESS);
+            assert_eq!(p.reg_is_global, 0);
+            assert_eq!(p.max_recvs, 1);
+            assert!(p.speed > 0);
+            let mut v7: NcclNetPropertiesV7 = std::mem::zeroed();
+            assert_eq!(ncclNetPlugin_v7.get_properties.unwrap()(0, &mut v7), NCCL_SUCCESS);
+            assert_eq!(
+                (v7.ptr_support, v7.max_recvs, v7.speed),
+                (p.ptr_support, p.max_recvs, p.speed),
+                "both tables describe the same device"
+            );
+        }
+        // regMr takes a size_t in v8: a registration past 2 GiB is no
+        // negative int. Records the range only (host memory).
+        let mut h = [0u8; NCCL_NET_HANDLE_MAXSIZE];
+        let l = comm::listen(0, &mut h).unwrap();
+        let mut mh: *mut c_void = std::ptr::null_mut();
+        // SAFETY: a listen comm is refused by regMr (no memory is touched).
+        let r = unsafe {
+            t.reg_mr.unwrap()(l as *mut c_void, h.as_mut_ptr() as *mut c_void, 3 << 30, NCCL_PTR_HOST, &mut mh)
+        };
+        assert_eq!(r, NCCL_INVALID_ARGUMENT, "regMr on a listen comm is refused");
+        comm::close_listen(l).unwrap();
+    }
+}

@@ -415,9 +415,11 @@ fn tcpx_rules_are_enforced() {
     assert_eq!(r, 0);
 
     // A GPU registration must be 4 KiB-aligned (address and size).
-    let unaligned = ((src.as_ptr() as usize + 4096) & !4095) + 1;
-    let (r, _) = tb.reg(p.send, unaligned as *const u8, 100, NCCL_PTR_CUDA);
-    assert_ne!(r, 0, "unaligned GPU regMr must fail");
+    let aligned = (src.as_ptr() as usize + 4095) & !4095;
+    let (r, _) = tb.reg(p.send, (aligned + 1) as *const u8, 4096, NCCL_PTR_CUDA);
+    assert_eq!(r, NCCL_INTERNAL_ERROR, "unaligned GPU regMr must fail");
+    let (r, _) = tb.reg(p.send, aligned as *const u8, 1000, NCCL_PTR_CUDA);
+    assert_eq!(r, NCCL_INTERNAL_ERROR, "a GPU regMr of 1,000 bytes must fail, aligned or not");
 
     // irecv takes n == 1.
     let (r, req) = tb.irecv_n(p.recv, 2, dst.as_mut_ptr(), 1024, rmh);
@@ -640,7 +642,9 @@ fn plain_mode_and_injected_faults() {
         let (_, sq) = tb.isend(p.send, src.as_ptr(), 1000, smh);
         let mut sends = [sq].into();
         assert_eq!(tb.wait_with(rq, &mut sends), 1000);
-        sends.drain(..).for_each(|q| drop(tb.wait(q)));
+        for q in sends.drain(..) {
+            tb.wait(q);
+        }
         assert_eq!(dst[..1000], src[..1000]);
         assert_eq!(tb.consumed(p.recv, rq), 0);
         tb.close(p);
@@ -677,7 +681,9 @@ fn plain_mode_and_injected_faults() {
         let (_, sq) = tb.isend(p.send, src.as_ptr(), 10, smh);
         let mut sends = [sq].into();
         tb.wait_with(rq, &mut sends);
-        sends.drain(..).for_each(|q| drop(tb.wait(q)));
+        for q in sends.drain(..) {
+            tb.wait(q);
+        }
         assert!(
             t0.elapsed() >= Duration::from_millis(300),
             "completions are delayed"
@@ -966,5 +972,322 @@ fn the_v7_table_moves_bytes_as_tcpx_exports_it() {
             dsts[i][sizes[i]..].iter().all(|&b| b == 0),
             "nothing past the message"
         );
+    }
+}
+
+// ----------------------------------------------------------- as strict as TCPX
+
+/// Reads `v` without letting the compiler assume nobody else writes it.
+fn volatile_all_zero(v: &[u8]) -> bool {
+    // SAFETY: each index is inside `v`.
+    (0..v.len()).all(|i| unsafe { std::ptr::read_volatile(v.as_ptr().add(i)) } == 0)
+}
+
+/// Data moves only for work `test` scheduled: a send and a receive posted
+/// and never tested move nothing, a send tested alone does not fill the
+/// receive, and both tested complete with the right bytes. The explicit
+/// loosening (`NCCL_NET_EMU_LENIENT_BACKGROUND_PROGRESS=1`) moves it all
+/// with no call of test, as the stand-in did before.
+#[test]
+fn data_moves_only_inside_test() {
+    let Some((_g, path)) = setup() else { return };
+    let tb = table(&path);
+    let n = 1 << 20;
+    let src = pattern(n, 9);
+    // Plain mode: the payload lands in the receive buffer, where it shows.
+    let _plain = EnvGuard::set(&[("NCCL_NET_EMU_UNPACK", "0")]);
+    let mut dst = vec![0u8; n];
+    let p = tb.pair();
+    let (_, smh) = tb.reg(p.send, src.as_ptr(), n, NCCL_PTR_HOST);
+    let (_, rmh) = tb.reg(p.recv, dst.as_ptr(), n, NCCL_PTR_HOST);
+    let (r, rq) = tb.irecv_n(p.recv, 1, dst.as_mut_ptr(), n, rmh);
+    assert_eq!(r, 0);
+    let (r, sq) = tb.isend(p.send, src.as_ptr(), n, smh);
+    assert_eq!(r, 0);
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(volatile_all_zero(&dst), "nothing moves without test");
+    // The send alone: its bytes leave (into the kernel's buffers), the
+    // receive, never tested, takes none.
+    let mut sends = std::collections::VecDeque::from([sq]);
+    let t0 = Instant::now();
+    while t0.elapsed() < Duration::from_millis(500) && !sends.is_empty() {
+        let (r, done, _) = tb.test(sq);
+        assert_eq!(r, 0);
+        if done {
+            sends.clear();
+        }
+        std::thread::yield_now();
+    }
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(volatile_all_zero(&dst), "an untested receive takes no bytes");
+    tb.wait_with(rq, &mut sends);
+    for q in sends.drain(..) {
+        tb.wait(q);
+    }
+    assert_eq!(checksum(&dst), checksum(&src));
+    assert_eq!(tb.consumed(p.recv, rq), 0);
+    tb.close(p);
+
+    // The explicit loosening.
+    let _lenient = EnvGuard::set(&[("NCCL_NET_EMU_LENIENT_BACKGROUND_PROGRESS", "1")]);
+    let mut dst = vec![0u8; n];
+    let p = tb.pair();
+    let (_, smh) = tb.reg(p.send, src.as_ptr(), n, NCCL_PTR_HOST);
+    let (_, rmh) = tb.reg(p.recv, dst.as_ptr(), n, NCCL_PTR_HOST);
+    let (_, rq) = tb.irecv_n(p.recv, 1, dst.as_mut_ptr(), n, rmh);
+    let (_, sq) = tb.isend(p.send, src.as_ptr(), n, smh);
+    std::thread::sleep(Duration::from_millis(1000));
+    let (r, done, _) = tb.test(rq);
+    assert!(r == 0 && done, "lenient: the bytes moved without test");
+    assert_eq!(checksum(&dst), checksum(&src));
+    assert_eq!(tb.consumed(p.recv, rq), 0);
+    tb.wait(sq);
+    tb.close(p);
+}
+
+/// connect hands out no comm until the peer's accept has run; accept takes
+/// 100 ms per socket and then the flow-steering wait.
+#[test]
+fn connect_waits_for_the_peer_accept_and_accept_for_flow_steering() {
+    let Some((_g, path)) = setup() else { return };
+    let tb = table(&path);
+    let wait = Duration::from_millis(400);
+    let _e = EnvGuard::set(&[(
+        "NCCL_GPUDIRECTTCPX_PROGRAM_FLOW_STEERING_WAIT_MICROS",
+        "400000",
+    )]);
+    let t = &tb.t;
+    let mut handle = [0u8; NCCL_NET_HANDLE_MAXSIZE];
+    let mut listen: *mut c_void = std::ptr::null_mut();
+    // SAFETY: 128-byte handle buffer, one out-pointer.
+    assert_eq!(
+        unsafe { t.listen.unwrap()(0, handle.as_mut_ptr() as *mut c_void, &mut listen) },
+        0
+    );
+    let mut send: *mut c_void = std::ptr::null_mut();
+    let mut connect = |send: &mut *mut c_void| {
+        let mut sd: *mut NcclNetDeviceHandleV7 = std::ptr::null_mut();
+        // SAFETY: the same handle buffer on every call, as required.
+        let r = unsafe { t.connect.unwrap()(0, handle.as_mut_ptr() as *mut c_void, send, &mut sd) };
+        assert_eq!(r, 0);
+    };
+    let t0 = Instant::now();
+    while t0.elapsed() < Duration::from_millis(1500) {
+        connect(&mut send);
+        assert!(send.is_null(), "no send comm before the peer's accept");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let mut dev = Box::new(Storage([0u8; 64]));
+    let mut recv: *mut c_void = std::ptr::null_mut();
+    let first_accept = Instant::now();
+    let (mut accepted, mut connected) = (None, None);
+    while accepted.is_none() || connected.is_none() {
+        assert!(first_accept.elapsed() < Duration::from_secs(10));
+        if recv.is_null() {
+            let mut dp = dev.0.as_mut_ptr() as *mut NcclNetDeviceHandleV7;
+            // SAFETY: a live listen comm and 64 bytes of aligned storage.
+            assert_eq!(unsafe { t.accept.unwrap()(listen, &mut recv, &mut dp) }, 0);
+            if !recv.is_null() {
+                accepted = Some(first_accept.elapsed());
+            }
+        }
+        if send.is_null() {
+            connect(&mut send);
+            if !send.is_null() {
+                connected = Some(first_accept.elapsed());
+                assert!(accepted.is_some(), "connect completed before accept returned");
+            }
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let accepted = accepted.unwrap();
+    assert!(
+        accepted >= wait + Duration::from_millis(200),
+        "accept returned after {accepted:?}: 2 sockets × 100 ms + the flow-steering wait at least"
+    );
+    assert!(connected.unwrap() >= accepted);
+    tb.close(Pair {
+        listen,
+        send,
+        recv,
+        dev,
+    });
+}
+
+/// TCPX makes a receive comm's queue only when accept is given storage for
+/// its device handle, and crashes at the first receive otherwise: the
+/// stand-in fails that receive with internal error.
+#[test]
+fn accept_without_device_handle_storage_fails_the_first_receive() {
+    let Some((_g, path)) = setup() else { return };
+    let tb = table(&path);
+    let t = &tb.t;
+    let mut handle = [0u8; NCCL_NET_HANDLE_MAXSIZE];
+    let mut listen: *mut c_void = std::ptr::null_mut();
+    // SAFETY: 128-byte handle buffer, one out-pointer.
+    assert_eq!(
+        unsafe { t.listen.unwrap()(0, handle.as_mut_ptr() as *mut c_void, &mut listen) },
+        0
+    );
+    let (mut send, mut recv): (*mut c_void, *mut c_void) = (std::ptr::null_mut(), std::ptr::null_mut());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while send.is_null() || recv.is_null() {
+        assert!(Instant::now() < deadline);
+        if send.is_null() {
+            let mut sd: *mut NcclNetDeviceHandleV7 = std::ptr::null_mut();
+            // SAFETY: the same handle buffer on every call.
+            unsafe { t.connect.unwrap()(0, handle.as_mut_ptr() as *mut c_void, &mut send, &mut sd) };
+        }
+        if recv.is_null() {
+            // SAFETY: a live listen comm; no device-handle storage.
+            let r = unsafe { t.accept.unwrap()(listen, &mut recv, std::ptr::null_mut()) };
+            assert_eq!(r, 0);
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let mut dst = vec![0u8; 4096];
+    let (r, rmh) = tb.reg(recv, dst.as_ptr(), dst.len(), NCCL_PTR_HOST);
+    assert_eq!(r, 0);
+    let (r, q) = tb.irecv_n(recv, 1, dst.as_mut_ptr(), dst.len(), rmh);
+    assert_eq!(r, NCCL_INTERNAL_ERROR);
+    assert!(q.is_null());
+    tb.close(Pair {
+        listen,
+        send,
+        recv,
+        dev: Box::new(Storage([0u8; 64])),
+    });
+}
+
+/// One device per interface of `NCCL_GPUDIRECTTCPX_SOCKET_IFNAME`, named
+/// after it, with its PCI path and a speed; comms listen on the device
+/// asked for.
+#[test]
+fn one_device_per_configured_interface() {
+    let Some((_g, path)) = setup() else { return };
+    let tb = table(&path);
+    let pci = "/sys/devices/pci0000:00/0000:00:04.0";
+    let _e = EnvGuard::set(&[
+        ("NCCL_GPUDIRECTTCPX_SOCKET_IFNAME", "lo,lo"),
+        ("NCCL_NET_EMU_PCI_PATHS", &format!("lo={pci}")),
+    ]);
+    let mut n: c_int = 0;
+    // SAFETY: one int.
+    assert_eq!(unsafe { tb.t.devices.unwrap()(&mut n) }, 0);
+    assert_eq!(n, 2, "one device per listed interface");
+    for d in 0..n {
+        // SAFETY: all-zero is valid for this C struct; the plugin fills it.
+        let mut p: NcclNetPropertiesV7 = unsafe { std::mem::zeroed() };
+        // SAFETY: storage for one struct.
+        assert_eq!(unsafe { tb.t.get_properties.unwrap()(d, &mut p) }, 0);
+        // SAFETY: the plugin's strings are NUL-terminated and live on.
+        let (name, path) = unsafe { (CStr::from_ptr(p.name), CStr::from_ptr(p.pci_path)) };
+        assert_eq!(name.to_str().unwrap(), "lo");
+        assert_eq!(path.to_str().unwrap(), pci);
+        assert!(p.speed > 0);
+    }
+    let mut handle = [0u8; NCCL_NET_HANDLE_MAXSIZE];
+    let mut l: *mut c_void = std::ptr::null_mut();
+    // SAFETY: 128-byte handle buffer, one out-pointer.
+    unsafe {
+        assert_eq!(tb.t.listen.unwrap()(1, handle.as_mut_ptr() as *mut c_void, &mut l), 0);
+        assert_ne!(tb.t.listen.unwrap()(2, handle.as_mut_ptr() as *mut c_void, &mut l), 0);
+        assert_eq!(tb.t.close_listen.unwrap()(l), 0);
+    }
+}
+
+/// With TCPX's default flow-steering wait (5 s per accept), a connection
+/// with the plugin net's default channels (2 sets × 8 comms each way) is
+/// ready in one wait, not one per comm: the engine calls every connect and
+/// accept together. Prints the set-up time.
+#[test]
+fn set_up_with_the_default_flow_steering_wait_runs_channels_in_parallel() {
+    let Some((_g, path)) = setup() else { return };
+    std::env::remove_var("NCCL_GPUDIRECTTCPX_PROGRAM_FLOW_STEERING_WAIT_MICROS");
+    let cfg = Config {
+        channels: tcpx_p2p::internal::PLUGIN_CHANNELS,
+        connect_timeout: Duration::from_secs(60),
+        ..plugin_cfg(&path)
+    };
+    let a = Endpoint::new(None, cfg.clone()).unwrap();
+    let b = Endpoint::new(None, cfg).unwrap();
+    let addr = b.local_addr();
+    let t0 = Instant::now();
+    let ca = a
+        .connect(&addr.ip().to_string(), addr.port(), None)
+        .unwrap();
+    let cb = b.accept(Some(Duration::from_secs(60))).unwrap().conn;
+    let took = t0.elapsed();
+    println!(
+        "{{\"set_up_s\": {:.3}, \"channels\": {}, \"flow_steering_wait_s\": 5}}",
+        took.as_secs_f64(),
+        tcpx_p2p::internal::PLUGIN_CHANNELS
+    );
+    assert!(took >= Duration::from_secs(5), "the 5 s flow-steering wait was kept: {took:?}");
+    assert!(
+        took < Duration::from_secs(30),
+        "{took:?}: accepts ran one after another (32 comms × 5 s)"
+    );
+    // And the connection works.
+    let n = 3 << 20;
+    let mut src = pattern(n, 4);
+    let mut dst = vec![0u8; n];
+    let sb = buf(&a, &mut src);
+    let rb = buf(&b, &mut dst);
+    let r = b.recv_async(cb, &[rb]).unwrap();
+    let s = a.send_async(ca, &[sb]).unwrap();
+    assert!(a.wait(s, Some(Duration::from_secs(60))).unwrap());
+    assert!(b.wait(r, Some(Duration::from_secs(60))).unwrap());
+    assert_eq!(checksum(&dst), checksum(&src));
+}
+
+/// Many connections, each of many comms, some idle while others work, then
+/// all at once: the engine's progress loop tests every comm's head, so
+/// nothing stalls on a stand-in where data moves only inside test.
+#[test]
+fn the_progress_loop_tests_every_comm_many_connections_idle_ones_too() {
+    let Some((_g, path)) = setup() else { return };
+    let cfg = Config {
+        channels: 4,
+        chunk: 256 << 10,
+        ..plugin_cfg(&path)
+    };
+    let hub = Endpoint::new(None, cfg.clone()).unwrap();
+    let peers: Vec<Endpoint> = (0..3).map(|_| Endpoint::new(None, cfg.clone()).unwrap()).collect();
+    let addr = hub.local_addr();
+    let mut conns = Vec::new();
+    for p in &peers {
+        let c = p.connect(&addr.ip().to_string(), addr.port(), None).unwrap();
+        let h = hub.accept(Some(Duration::from_secs(20))).unwrap().conn;
+        conns.push((c, h));
+    }
+    let round = |which: &[usize], n: usize, seed: u8| {
+        let mut srcs: Vec<Vec<u8>> = which.iter().map(|&i| pattern(n + i, seed + i as u8)).collect();
+        let mut dsts: Vec<Vec<u8>> = which.iter().map(|&i| vec![0u8; n + i]).collect();
+        let mut waits = Vec::new();
+        for (k, &i) in which.iter().enumerate() {
+            let (c, h) = conns[i];
+            let sb = buf(&peers[i], &mut srcs[k]);
+            let rb = buf(&hub, &mut dsts[k]);
+            let r = hub.recv_async(h, &[rb]).unwrap();
+            let s = peers[i].send_async(c, &[sb]).unwrap();
+            waits.push((i, s, r));
+        }
+        for (i, s, r) in waits {
+            assert!(peers[i].wait(s, Some(Duration::from_secs(60))).unwrap(), "send on connection {i}");
+            assert!(hub.wait(r, Some(Duration::from_secs(60))).unwrap(), "receive on connection {i}");
+        }
+        for k in 0..which.len() {
+            assert_eq!(checksum(&dsts[k]), checksum(&srcs[k]), "connection {}", which[k]);
+        }
+    };
+    // One connection works while two stay idle; then another; then all,
+    // with messages that use every comm of every channel.
+    round(&[0], 5 << 20, 1);
+    std::thread::sleep(Duration::from_millis(300));
+    round(&[2], 1 << 20, 2);
+    round(&[0, 1, 2], 9 << 20, 3);
+    for _ in 0..5 {
+        round(&[1, 2], 4097, 4);
     }
 }

@@ -689,6 +689,7 @@ impl ListenComm for PluginListen {
             queue: VecDeque::new(),
             next_id: 0,
             posted: 0,
+            landing: None,
         };
         if let Some(dh) = dh.filter(|d| d.net_device_type == NCCL_NET_DEVICE_UNPACK) {
             recv.unpack = Some(UnpackState::new(&self.lib, &dh)?);
