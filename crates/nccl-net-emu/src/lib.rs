@@ -575,7 +575,10 @@ mod v8_tests {
             assert_eq!(p.max_recvs, 1);
             assert!(p.speed > 0);
             let mut v7: NcclNetPropertiesV7 = std::mem::zeroed();
-            assert_eq!(ncclNetPlugin_v7.get_properties.unwrap()(0, &mut v7), NCCL_SUCCESS);
+            assert_eq!(
+                ncclNetPlugin_v7.get_properties.unwrap()(0, &mut v7),
+                NCCL_SUCCESS
+            );
             assert_eq!(
                 (v7.ptr_support, v7.max_recvs, v7.speed),
                 (p.ptr_support, p.max_recvs, p.speed),
@@ -589,9 +592,18 @@ mod v8_tests {
         let mut mh: *mut c_void = std::ptr::null_mut();
         // SAFETY: a listen comm is refused by regMr (no memory is touched).
         let r = unsafe {
-            t.reg_mr.unwrap()(l as *mut c_void, h.as_mut_ptr() as *mut c_void, 3 << 30, NCCL_PTR_HOST, &mut mh)
+            t.reg_mr.unwrap()(
+                l as *mut c_void,
+                h.as_mut_ptr() as *mut c_void,
+                3 << 30,
+                NCCL_PTR_HOST,
+                &mut mh,
+            )
         };
-        assert_eq!(r, NCCL_INVALID_ARGUMENT, "regMr on a listen comm is refused");
+        assert_eq!(
+            r, NCCL_INVALID_ARGUMENT,
+            "regMr on a listen comm is refused"
+        );
         comm::close_listen(l).unwrap();
     }
 }

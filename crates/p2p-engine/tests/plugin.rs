@@ -419,7 +419,10 @@ fn tcpx_rules_are_enforced() {
     let (r, _) = tb.reg(p.send, (aligned + 1) as *const u8, 4096, NCCL_PTR_CUDA);
     assert_eq!(r, NCCL_INTERNAL_ERROR, "unaligned GPU regMr must fail");
     let (r, _) = tb.reg(p.send, aligned as *const u8, 1000, NCCL_PTR_CUDA);
-    assert_eq!(r, NCCL_INTERNAL_ERROR, "a GPU regMr of 1,000 bytes must fail, aligned or not");
+    assert_eq!(
+        r, NCCL_INTERNAL_ERROR,
+        "a GPU regMr of 1,000 bytes must fail, aligned or not"
+    );
 
     // irecv takes n == 1.
     let (r, req) = tb.irecv_n(p.recv, 2, dst.as_mut_ptr(), 1024, rmh);
@@ -1019,7 +1022,10 @@ fn data_moves_only_inside_test() {
         std::thread::yield_now();
     }
     std::thread::sleep(Duration::from_millis(200));
-    assert!(volatile_all_zero(&dst), "an untested receive takes no bytes");
+    assert!(
+        volatile_all_zero(&dst),
+        "an untested receive takes no bytes"
+    );
     tb.wait_with(rq, &mut sends);
     for q in sends.drain(..) {
         tb.wait(q);
@@ -1095,7 +1101,10 @@ fn connect_waits_for_the_peer_accept_and_accept_for_flow_steering() {
             connect(&mut send);
             if !send.is_null() {
                 connected = Some(first_accept.elapsed());
-                assert!(accepted.is_some(), "connect completed before accept returned");
+                assert!(
+                    accepted.is_some(),
+                    "connect completed before accept returned"
+                );
             }
         }
         std::thread::sleep(Duration::from_millis(1));
@@ -1129,14 +1138,17 @@ fn accept_without_device_handle_storage_fails_the_first_receive() {
         unsafe { t.listen.unwrap()(0, handle.as_mut_ptr() as *mut c_void, &mut listen) },
         0
     );
-    let (mut send, mut recv): (*mut c_void, *mut c_void) = (std::ptr::null_mut(), std::ptr::null_mut());
+    let (mut send, mut recv): (*mut c_void, *mut c_void) =
+        (std::ptr::null_mut(), std::ptr::null_mut());
     let deadline = Instant::now() + Duration::from_secs(10);
     while send.is_null() || recv.is_null() {
         assert!(Instant::now() < deadline);
         if send.is_null() {
             let mut sd: *mut NcclNetDeviceHandleV7 = std::ptr::null_mut();
             // SAFETY: the same handle buffer on every call.
-            unsafe { t.connect.unwrap()(0, handle.as_mut_ptr() as *mut c_void, &mut send, &mut sd) };
+            unsafe {
+                t.connect.unwrap()(0, handle.as_mut_ptr() as *mut c_void, &mut send, &mut sd)
+            };
         }
         if recv.is_null() {
             // SAFETY: a live listen comm; no device-handle storage.
@@ -1190,8 +1202,14 @@ fn one_device_per_configured_interface() {
     let mut l: *mut c_void = std::ptr::null_mut();
     // SAFETY: 128-byte handle buffer, one out-pointer.
     unsafe {
-        assert_eq!(tb.t.listen.unwrap()(1, handle.as_mut_ptr() as *mut c_void, &mut l), 0);
-        assert_ne!(tb.t.listen.unwrap()(2, handle.as_mut_ptr() as *mut c_void, &mut l), 0);
+        assert_eq!(
+            tb.t.listen.unwrap()(1, handle.as_mut_ptr() as *mut c_void, &mut l),
+            0
+        );
+        assert_ne!(
+            tb.t.listen.unwrap()(2, handle.as_mut_ptr() as *mut c_void, &mut l),
+            0
+        );
         assert_eq!(tb.t.close_listen.unwrap()(l), 0);
     }
 }
@@ -1223,7 +1241,10 @@ fn set_up_with_the_default_flow_steering_wait_runs_channels_in_parallel() {
         took.as_secs_f64(),
         tcpx_p2p::internal::PLUGIN_CHANNELS
     );
-    assert!(took >= Duration::from_secs(5), "the 5 s flow-steering wait was kept: {took:?}");
+    assert!(
+        took >= Duration::from_secs(5),
+        "the 5 s flow-steering wait was kept: {took:?}"
+    );
     assert!(
         took < Duration::from_secs(30),
         "{took:?}: accepts ran one after another (32 comms × 5 s)"
@@ -1253,16 +1274,23 @@ fn the_progress_loop_tests_every_comm_many_connections_idle_ones_too() {
         ..plugin_cfg(&path)
     };
     let hub = Endpoint::new(None, cfg.clone()).unwrap();
-    let peers: Vec<Endpoint> = (0..3).map(|_| Endpoint::new(None, cfg.clone()).unwrap()).collect();
+    let peers: Vec<Endpoint> = (0..3)
+        .map(|_| Endpoint::new(None, cfg.clone()).unwrap())
+        .collect();
     let addr = hub.local_addr();
     let mut conns = Vec::new();
     for p in &peers {
-        let c = p.connect(&addr.ip().to_string(), addr.port(), None).unwrap();
+        let c = p
+            .connect(&addr.ip().to_string(), addr.port(), None)
+            .unwrap();
         let h = hub.accept(Some(Duration::from_secs(20))).unwrap().conn;
         conns.push((c, h));
     }
     let round = |which: &[usize], n: usize, seed: u8| {
-        let mut srcs: Vec<Vec<u8>> = which.iter().map(|&i| pattern(n + i, seed + i as u8)).collect();
+        let mut srcs: Vec<Vec<u8>> = which
+            .iter()
+            .map(|&i| pattern(n + i, seed + i as u8))
+            .collect();
         let mut dsts: Vec<Vec<u8>> = which.iter().map(|&i| vec![0u8; n + i]).collect();
         let mut waits = Vec::new();
         for (k, &i) in which.iter().enumerate() {
@@ -1274,11 +1302,22 @@ fn the_progress_loop_tests_every_comm_many_connections_idle_ones_too() {
             waits.push((i, s, r));
         }
         for (i, s, r) in waits {
-            assert!(peers[i].wait(s, Some(Duration::from_secs(60))).unwrap(), "send on connection {i}");
-            assert!(hub.wait(r, Some(Duration::from_secs(60))).unwrap(), "receive on connection {i}");
+            assert!(
+                peers[i].wait(s, Some(Duration::from_secs(60))).unwrap(),
+                "send on connection {i}"
+            );
+            assert!(
+                hub.wait(r, Some(Duration::from_secs(60))).unwrap(),
+                "receive on connection {i}"
+            );
         }
         for k in 0..which.len() {
-            assert_eq!(checksum(&dsts[k]), checksum(&srcs[k]), "connection {}", which[k]);
+            assert_eq!(
+                checksum(&dsts[k]),
+                checksum(&srcs[k]),
+                "connection {}",
+                which[k]
+            );
         }
     };
     // One connection works while two stay idle; then another; then all,
@@ -1290,4 +1329,80 @@ fn the_progress_loop_tests_every_comm_many_connections_idle_ones_too() {
     for _ in 0..5 {
         round(&[1, 2], 4097, 4);
     }
+}
+
+/// Host memory on a plugin-net connection of GPU endpoints: the receive
+/// comms' bounce pages are on the GPU (TCPX steers a GPU comm's flows to
+/// its devmem queues), so host receives land on the GPU first and are
+/// copied out; the user sees the same bytes as with GPU buffers. Two-sided
+/// and one-sided, host → host, GPU → host and host → GPU. Skips without
+/// CUDA. Before the host landing, every receive into host memory here
+/// failed ("a receive into host memory on a comm whose bounce pages are on
+/// the GPU").
+#[test]
+fn host_memory_on_gpu_endpoints_over_the_plugin() {
+    let Some((_g, path)) = setup() else { return };
+    if !gpu::available() {
+        eprintln!("SKIPPED: no CUDA on this machine");
+        return;
+    }
+    let cfg = Config {
+        chunk: 4 << 20,
+        ..plugin_cfg(&path)
+    };
+    let (a, b, ca, cb) = gpu_endpoints(cfg);
+    let second = b.gpu_index();
+    for &n in &[1usize, 4095, (1 << 20) + 3, 9 << 20] {
+        // host → host
+        let mut src = pattern(n, 0x21);
+        let mut dst = vec![0u8; n];
+        let sb = buf(&a, &mut src);
+        let rb = buf(&b, &mut dst);
+        let r = b.recv_async(cb, &[rb]).unwrap();
+        let x = a.send_async(ca, &[sb]).unwrap();
+        assert!(a.wait(x, Some(Duration::from_secs(60))).unwrap());
+        assert!(b.wait(r, Some(Duration::from_secs(60))).unwrap());
+        assert_eq!(checksum(&dst), checksum(&src), "host → host, size {n}");
+        // GPU → host
+        let gsrc = pattern(n, 0x43);
+        let s = device_buf(0, &gsrc);
+        let sb = reg_buf(&a, s.ptr, n);
+        let mut hdst = vec![0u8; n];
+        let rb = buf(&b, &mut hdst);
+        let r = b.recv_async(cb, &[rb]).unwrap();
+        let x = a.send_async(ca, &[sb]).unwrap();
+        assert!(a.wait(x, Some(Duration::from_secs(60))).unwrap());
+        assert!(b.wait(r, Some(Duration::from_secs(60))).unwrap());
+        assert_eq!(checksum(&hdst), checksum(&gsrc), "GPU → host, size {n}");
+        // host → GPU
+        let mut hsrc = pattern(n, 0x65);
+        let d = device_buf(second, &vec![0u8; n]);
+        let sb = buf(&a, &mut hsrc);
+        let rb = reg_buf(&b, d.ptr, n);
+        let r = b.recv_async(cb, &[rb]).unwrap();
+        let x = a.send_async(ca, &[sb]).unwrap();
+        assert!(a.wait(x, Some(Duration::from_secs(60))).unwrap());
+        assert!(b.wait(r, Some(Duration::from_secs(60))).unwrap());
+        assert_eq!(
+            checksum(&read_back(&d, n)),
+            checksum(&hsrc),
+            "host → GPU, size {n}"
+        );
+    }
+    // One-sided write and read of a host region of the GPU endpoint.
+    let n = 5 << 20;
+    let mut target = vec![0u8; n];
+    let tb = buf(&b, &mut target);
+    let desc = b.advertise(cb, tb.mr, tb.ptr, n).unwrap();
+    let meta = FifoItem::decode(&desc).unwrap();
+    let mut src = pattern(n, 0x17);
+    let sb = buf(&a, &mut src);
+    let w = a.write_async(ca, &[sb], &[meta]).unwrap();
+    assert!(a.wait(w, Some(Duration::from_secs(60))).unwrap());
+    assert_eq!(checksum(&target), checksum(&src), "write into host memory");
+    let mut back = vec![0u8; n];
+    let bb = buf(&a, &mut back);
+    let r = a.read_async(ca, &[bb], &[meta]).unwrap();
+    assert!(a.wait(r, Some(Duration::from_secs(60))).unwrap());
+    assert_eq!(checksum(&back), checksum(&src), "read from host memory");
 }
