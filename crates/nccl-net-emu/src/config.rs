@@ -22,6 +22,7 @@
 //! | `NCCL_NET_EMU_TRACE` | `1`: an INFO line per data-path call (isend, irecv, finished test, iflush, irecvConsumed, regMr) | off |
 //! | `NCCL_NET_EMU_PCI_PATHS` | `IF=/sys/devices/...,IF2=...`: the PCI path reported for an interface that has none in sysfs (loopback aliases, veth), so GPU → NIC selection by PCI distance runs | from sysfs |
 //! | `NCCL_NET_EMU_LENIENT_BACKGROUND_PROGRESS` | `1`: the I/O threads move data without waiting for `test` to schedule it (kinder than TCPX) | off |
+//! | `NCCL_NET_EMU_LENIENT_SOCKET_SETUP_MS` | what connect and accept each spend per socket, in ms (TCPX: 100; less is kinder, for suites that make thousands of connections) | 100 |
 //!
 //! TCPX's own settings, read as TCPX reads them:
 //!
@@ -61,6 +62,8 @@ pub struct EmuConfig {
     pub steer_wait: Duration,
     /// Data moves without `test` (an explicit loosening).
     pub lenient_progress: bool,
+    /// What connect and accept spend per socket (TCPX: 100 ms).
+    pub per_socket_cost: Duration,
 }
 
 /// Tasks each data socket holds, as TCPX's MAX_TASKS.
@@ -80,7 +83,7 @@ impl EmuConfig {
 
     /// What connect and accept spend on their sockets (data + control).
     pub fn socket_cost(&self) -> Duration {
-        PER_SOCKET_COST * (self.nsocks + 1)
+        self.per_socket_cost * (self.nsocks + 1)
     }
 }
 
@@ -203,6 +206,8 @@ impl EmuConfig {
                 .filter(|&v| v > 0)
                 .map_or(DEFAULT_STEER_WAIT, |v| Duration::from_micros(v as u64)),
             lenient_progress: flag("NCCL_NET_EMU_LENIENT_BACKGROUND_PROGRESS", false),
+            per_socket_cost: num("NCCL_NET_EMU_LENIENT_SOCKET_SETUP_MS")
+                .map_or(PER_SOCKET_COST, |ms| Duration::from_millis(ms).min(PER_SOCKET_COST)),
         }
     }
 }
