@@ -207,7 +207,9 @@ impl EmuConfig {
                 .map_or(DEFAULT_STEER_WAIT, |v| Duration::from_micros(v as u64)),
             lenient_progress: flag("NCCL_NET_EMU_LENIENT_BACKGROUND_PROGRESS", false),
             per_socket_cost: num("NCCL_NET_EMU_LENIENT_SOCKET_SETUP_MS")
-                .map_or(PER_SOCKET_COST, |ms| Duration::from_millis(ms).min(PER_SOCKET_COST)),
+                .map_or(PER_SOCKET_COST, |ms| {
+                    Duration::from_millis(ms).min(PER_SOCKET_COST)
+                }),
         }
     }
 }

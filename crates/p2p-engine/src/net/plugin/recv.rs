@@ -66,6 +66,11 @@ pub(super) struct UnpackState {
     pub(super) unpacker: Option<unpack::Unpacker>,
     pub(super) kernel_unusable: bool,
     pub(super) descs: Vec<unpack::CopyDesc>,
+    /// No bounce pool at all (TCPX with its GPU receive pool not imported,
+    /// `NCCL_TCPX_RXMEM_IMPORT_USE_GPU_PCI_CLIENT=0`): host receives land
+    /// straight in their buffers and their slots count 0 fragments; the
+    /// size is the posted one (TCPX's `test` reports none).
+    pub(super) direct: bool,
 }
 
 impl UnpackState {
@@ -100,11 +105,15 @@ impl UnpackState {
             // (the stand-in's host mode), valid for the comm's life.
             uh = unsafe { std::ptr::read_unaligned(h as *const UnpackNetDeviceHandle) };
         }
-        if uh.meta.is_null() || uh.bounce_buf.is_null() {
-            return Err(protocol(
-                lib.name,
-                "UNPACK device handle without meta or bounce buffer",
-            ));
+        if uh.meta.is_null() {
+            return Err(protocol(lib.name, "UNPACK device handle without meta"));
+        }
+        let direct = uh.bounce_buf.is_null();
+        if direct {
+            tracing::warn!(
+                "{}: UNPACK device handle without a bounce buffer: host receives only, landing straight in their buffers",
+                lib.name
+            );
         }
         let bounce = uh.bounce_buf as u64;
         let bounce_gpu = gpu::pointer_device(bounce);
@@ -124,6 +133,7 @@ impl UnpackState {
             unpacker: None,
             kernel_unusable: false,
             descs: Vec::new(),
+            direct,
         })
     }
 
@@ -185,6 +195,10 @@ impl PluginRecv {
                 };
                 let e = &mut self.queue[i];
                 match &self.unpack {
+                    Some(u) if u.direct => {
+                        e.size = e.mem.len;
+                        e.frags = Vec::new();
+                    }
                     Some(u) => {
                         let frags = u.fragments(name, e.slot)?;
                         e.size = unpack::check_fragments(&frags, e.mem.len)
@@ -419,6 +433,16 @@ impl RecvComm for PluginRecv {
                 ),
             )
         })?;
+        if self
+            .unpack
+            .as_ref()
+            .is_some_and(|u| u.direct && mem.kind != MemKind::Host)
+        {
+            return Err(misuse(
+                self.lib.name,
+                "a GPU receive on a comm without a bounce pool (the plugin imported no GPU receive memory)",
+            ));
+        }
         if self.unpack.is_some() && mem.len > MAX_UNPACK_RECV {
             return Err(misuse(
                 self.lib.name,
