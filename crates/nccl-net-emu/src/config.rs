@@ -31,6 +31,7 @@
 //! | `NCCL_GPUDIRECTTCPX_SOCKET_IFNAME` | comma-separated interfaces, one device each, named after the interface (unset: one device on `NCCL_NET_EMU_ADDR`, `NCCL_NET_EMU_IFNAME` or `127.0.0.1`) | unset |
 //! | `NCCL_GPUDIRECTTCPX_PROGRAM_FLOW_STEERING_WAIT_MICROS` | how long accept waits for flow steering once its sockets are in (≤ 0: the default) | 5,000,000 |
 //! | `NCCL_DYNAMIC_CHUNK_SIZE` | bytes per scheduled task; TCPX's default 0 means sends never finish | 0 |
+//! | `NCCL_TCPX_RXMEM_IMPORT_USE_GPU_PCI_CLIENT` | `0`: no receive pool (the device handle's bounce buffer is NULL); host receives land straight in their buffers with 0 fragments, GPU receives fail (TCPX off A3, reference §10) | `1` |
 //! | `NCCL_NSOCKS_PERTHREAD`, `NCCL_SOCKET_NTHREADS` | data sockets per comm = their product (≤ 8): each costs connect and accept 100 ms, and each holds up to 6 scheduled tasks | 1, 1 |
 
 use std::net::{IpAddr, Ipv4Addr};
@@ -64,6 +65,8 @@ pub struct EmuConfig {
     pub lenient_progress: bool,
     /// What connect and accept spend per socket (TCPX: 100 ms).
     pub per_socket_cost: Duration,
+    /// TCPX imports its GPU receive pool (`NCCL_TCPX_RXMEM_IMPORT_USE_GPU_PCI_CLIENT`).
+    pub rxmem_import: bool,
 }
 
 /// Tasks each data socket holds, as TCPX's MAX_TASKS.
@@ -206,6 +209,7 @@ impl EmuConfig {
                 .filter(|&v| v > 0)
                 .map_or(DEFAULT_STEER_WAIT, |v| Duration::from_micros(v as u64)),
             lenient_progress: flag("NCCL_NET_EMU_LENIENT_BACKGROUND_PROGRESS", false),
+            rxmem_import: flag("NCCL_TCPX_RXMEM_IMPORT_USE_GPU_PCI_CLIENT", true),
             per_socket_cost: num("NCCL_NET_EMU_LENIENT_SOCKET_SETUP_MS")
                 .map_or(PER_SOCKET_COST, |ms| {
                     Duration::from_millis(ms).min(PER_SOCKET_COST)

@@ -1406,3 +1406,56 @@ fn host_memory_on_gpu_endpoints_over_the_plugin() {
     assert!(a.wait(r, Some(Duration::from_secs(60))).unwrap());
     assert_eq!(checksum(&back), checksum(&src), "read from host memory");
 }
+
+/// TCPX off A3 runs with its GPU receive pool not imported
+/// (`NCCL_TCPX_RXMEM_IMPORT_USE_GPU_PCI_CLIENT=0`): the device handle has
+/// no bounce buffer, host receives land straight in their buffers with 0
+/// fragments and `test` reports no size. The stand-in does the same; the
+/// engine moves host memory over it, two-sided and one-sided.
+#[test]
+fn host_receives_without_a_receive_pool_land_in_place() {
+    let Some((_g, path)) = setup() else { return };
+    let _e = EnvGuard::set(&[("NCCL_TCPX_RXMEM_IMPORT_USE_GPU_PCI_CLIENT", "0")]);
+    let tb = table(&path);
+    let p = tb.pair();
+    // SAFETY: the plugin wrote a device handle into the storage on accept.
+    let dh = unsafe { std::ptr::read(p.dev.0.as_ptr() as *const NcclNetDeviceHandleV7) };
+    // SAFETY: without a GPU the handle is a host pointer to the struct.
+    let uh = unsafe { std::ptr::read(dh.handle as *const UnpackNetDeviceHandle) };
+    assert!(uh.bounce_buf.is_null() && !uh.meta.is_null());
+    tb.close(p);
+
+    let a = Endpoint::new(None, plugin_cfg(&path)).unwrap();
+    let b = Endpoint::new(None, plugin_cfg(&path)).unwrap();
+    let addr = b.local_addr();
+    let ca = a
+        .connect(&addr.ip().to_string(), addr.port(), None)
+        .unwrap();
+    let cb = b.accept(Some(Duration::from_secs(20))).unwrap().conn;
+    for &n in &[1usize, 4096, (1 << 20) + 5, 9 << 20] {
+        let mut src = pattern(n, 0x5a);
+        let mut dst = vec![0u8; n];
+        let sb = buf(&a, &mut src);
+        let rb = buf(&b, &mut dst);
+        let r = b.recv_async(cb, &[rb]).unwrap();
+        let s = a.send_async(ca, &[sb]).unwrap();
+        assert!(a.wait(s, Some(Duration::from_secs(60))).unwrap());
+        assert!(b.wait(r, Some(Duration::from_secs(60))).unwrap());
+        assert_eq!(checksum(&dst), checksum(&src), "size {n}");
+    }
+    let n = 3 << 20;
+    let mut target = vec![0u8; n];
+    let tbuf = buf(&b, &mut target);
+    let desc = b.advertise(cb, tbuf.mr, tbuf.ptr, n).unwrap();
+    let meta = FifoItem::decode(&desc).unwrap();
+    let mut src = pattern(n, 0x3d);
+    let sb = buf(&a, &mut src);
+    let w = a.write_async(ca, &[sb], &[meta]).unwrap();
+    assert!(a.wait(w, Some(Duration::from_secs(60))).unwrap());
+    assert_eq!(checksum(&target), checksum(&src));
+    let mut back = vec![0u8; n];
+    let bb = buf(&a, &mut back);
+    let r = a.read_async(ca, &[bb], &[meta]).unwrap();
+    assert!(a.wait(r, Some(Duration::from_secs(60))).unwrap());
+    assert_eq!(checksum(&back), checksum(&src));
+}

@@ -14,6 +14,10 @@ pub(super) struct UnpackRes {
     pub(super) handle_value: u64,
     pub(super) _handle_mem: Box<dyn Send + Sync>,
     pub(super) seed: u64,
+    /// No GPU receive pool imported (`NCCL_TCPX_RXMEM_IMPORT_USE_GPU_PCI_CLIENT=0`):
+    /// the handle has no bounce buffer, host receives land straight in their
+    /// buffers with 0 fragments, GPU receives cannot happen.
+    pub(super) direct: bool,
 }
 
 // SAFETY: `meta` points into `_meta_mem`, owned here; the I/O thread writes a
@@ -73,11 +77,19 @@ impl UnpackRes {
         let cu = |e: String| error(NCCL_UNHANDLED_CUDA_ERROR, e);
         match device {
             Some(d) => {
-                let pool = pool(PoolKind::Gpu(d), cfg)?;
+                let pool = if cfg.rxmem_import {
+                    pool(PoolKind::Gpu(d), cfg)?
+                } else {
+                    pool(PoolKind::Host, cfg)?
+                };
                 let meta = MappedMem::new(d, meta_len).map_err(cu)?;
                 let dh = UnpackNetDeviceHandle {
                     meta: meta.dev_addr as *mut NetUnpackMeta,
-                    bounce_buf: pool.base as *mut std::ffi::c_void,
+                    bounce_buf: if cfg.rxmem_import {
+                        pool.base as *mut std::ffi::c_void
+                    } else {
+                        std::ptr::null_mut()
+                    },
                     head: u64::MAX,
                 };
                 let dev = gpu::Device::get(d).map_err(|e| cu(e.to_string()))?;
@@ -99,6 +111,7 @@ impl UnpackRes {
                     _meta_mem: Box::new(meta),
                     _handle_mem: Box::new(hmem),
                     seed: cfg.seed ^ token as u64,
+                    direct: !cfg.rxmem_import,
                 })
             }
             None => {
@@ -106,7 +119,11 @@ impl UnpackRes {
                 let meta = HostMem::new(meta_len).map_err(|e| error(NCCL_SYSTEM_ERROR, e))?;
                 let h = HostHandle(Box::new(UnpackNetDeviceHandle {
                     meta: meta.addr() as *mut NetUnpackMeta,
-                    bounce_buf: pool.base as *mut std::ffi::c_void,
+                    bounce_buf: if cfg.rxmem_import {
+                        pool.base as *mut std::ffi::c_void
+                    } else {
+                        std::ptr::null_mut()
+                    },
                     head: u64::MAX,
                 }));
                 let handle_value = &*h.0 as *const UnpackNetDeviceHandle as u64;
@@ -117,6 +134,7 @@ impl UnpackRes {
                     _meta_mem: Box::new(meta),
                     _handle_mem: Box::new(h),
                     seed: cfg.seed ^ token as u64,
+                    direct: !cfg.rxmem_import,
                 })
             }
         }
@@ -287,8 +305,10 @@ impl Arrived {
 }
 
 pub(super) fn report(un: Option<&UnpackRes>, a: Arrived) {
-    if let (Some(u), Some(m)) = (un, &a.metas) {
-        u.publish(a.p.slot, m);
+    match (un, &a.metas) {
+        (Some(u), Some(m)) => u.publish(a.p.slot, m),
+        (Some(u), None) if u.direct => u.publish(a.p.slot, &[]),
+        _ => {}
     }
     a.p.cell.done(a.len, a.lease);
 }
@@ -463,6 +483,7 @@ pub(super) fn rx_run(
         let unused = p.cap - len;
         let res = match un {
             None => recv_plain(&mut r, p, len, cfg, &taker, stage, done),
+            Some(u) if u.direct => recv_plain(&mut r, p, len, cfg, &taker, stage, done),
             Some(u) => recv_unpack(&mut r, p, len, u, cfg, &taker, &mut rng, stage, done),
         };
         gate.skip(unused as u64);
@@ -722,10 +743,12 @@ pub fn irecv(t: usize, n: c_int, data: u64, size: c_int, mh: usize) -> R<usize> 
                 format!("irecv of {size} bytes: TCPX exits when a receive needs more than 2048 fragments; keep receives ≤ 4 MiB"),
             ));
         }
-        let fits = matches!(
-            (u.pool.kind, mr.kind),
-            (PoolKind::Host, MemKind::Host) | (PoolKind::Gpu(_), MemKind::Cuda(_))
-        );
+        let fits = match (u.direct, u.pool.kind, mr.kind) {
+            (true, _, kind) => kind == MemKind::Host,
+            (false, PoolKind::Host, MemKind::Host)
+            | (false, PoolKind::Gpu(_), MemKind::Cuda(_)) => true,
+            _ => false,
+        };
         if !fits {
             return Err(violation(
                 NCCL_INTERNAL_ERROR,
