@@ -1481,3 +1481,48 @@ fn a_chunk_size_of_zero_never_sends() {
     }
     tb.close(p);
 }
+
+/// Two devices (`NCCL_GPUDIRECTTCPX_SOCKET_IFNAME=lo,lo`): the loader
+/// reports both, named after the interface, and a connection's channels
+/// take them in turn (listen and connect on device 1 as well as 0) and
+/// move the right bytes. A copy of the library is loaded, as the loader
+/// reads a plugin's devices once per path.
+#[test]
+fn channels_spread_over_several_devices() {
+    let Some((_g, path)) = setup() else { return };
+    let _e = EnvGuard::set(&[("NCCL_GPUDIRECTTCPX_SOCKET_IFNAME", "lo,lo")]);
+    let dir = std::env::temp_dir().join(format!("tcpx-emu-two-devs-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let copy = dir.join("libnccl_net_emu.so");
+    std::fs::copy(&path, &copy).unwrap();
+    let copy = copy.to_string_lossy().into_owned();
+    let net = PluginNet::load(&copy, None).unwrap();
+    let devs = net.plugin_devices();
+    assert_eq!(devs.len(), 2);
+    assert!(
+        devs.iter().all(|d| d.props.name == "lo"),
+        "named after the interface"
+    );
+    let cfg = Config {
+        channels: 4,
+        ..plugin_cfg(&copy)
+    };
+    let a = Endpoint::new(None, cfg.clone()).unwrap();
+    let b = Endpoint::new(None, cfg).unwrap();
+    let addr = b.local_addr();
+    let ca = a
+        .connect(&addr.ip().to_string(), addr.port(), None)
+        .unwrap();
+    let cb = b.accept(Some(Duration::from_secs(20))).unwrap().conn;
+    let n = 9 << 20;
+    let mut src = pattern(n, 0x44);
+    let mut dst = vec![0u8; n];
+    let sb = buf(&a, &mut src);
+    let rb = buf(&b, &mut dst);
+    let r = b.recv_async(cb, &[rb]).unwrap();
+    let s = a.send_async(ca, &[sb]).unwrap();
+    assert!(a.wait(s, Some(Duration::from_secs(60))).unwrap());
+    assert!(b.wait(r, Some(Duration::from_secs(60))).unwrap());
+    assert_eq!(checksum(&dst), checksum(&src));
+    let _ = std::fs::remove_dir_all(&dir);
+}
