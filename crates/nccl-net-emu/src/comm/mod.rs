@@ -384,7 +384,10 @@ pub fn listen(dev: c_int, handle: &mut [u8; NCCL_NET_HANDLE_MAXSIZE]) -> R<usize
             st: Mutex::new(ListenState::default()),
         })),
     );
-    crate::info(&format!("listen on {addr} (comm {t:#x})"));
+    crate::info(&format!(
+        "listen on device {dev} ({}) at {addr} (comm {t:#x})",
+        d.name
+    ));
     Ok(t)
 }
 
