@@ -96,14 +96,28 @@ impl UnpackState {
         let size = std::mem::size_of::<UnpackNetDeviceHandle>();
         // SAFETY: all-zero is a valid value of this plain C struct.
         let mut uh: UnpackNetDeviceHandle = unsafe { std::mem::zeroed() };
-        if gpu::pointer_device(h).is_some() {
-            // SAFETY: `h` is device memory holding an unpackNetDeviceHandle;
-            // `uh` is a host struct of the same size.
-            unsafe { gpu::copy_sync(&mut uh as *mut UnpackNetDeviceHandle as u64, h, size) }?;
-        } else {
-            // SAFETY: a host pointer to the plugin's unpackNetDeviceHandle
-            // (the stand-in's host mode), valid for the comm's life.
-            uh = unsafe { std::ptr::read_unaligned(h as *const UnpackNetDeviceHandle) };
+        let on_gpu = gpu::pointer_device(h).is_some();
+        // TCPX writes the handle into GPU memory with cuMemcpyHtoD from a
+        // pageable struct, in its own CUDA context, just before accept
+        // returns: that call returns once the bytes are staged, not landed,
+        // so a read from our context can come first and see zeros (seen
+        // with the real plugin). Read again until meta shows, for a bounded
+        // time.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(1);
+        loop {
+            if on_gpu {
+                // SAFETY: `h` is device memory holding an unpackNetDeviceHandle;
+                // `uh` is a host struct of the same size.
+                unsafe { gpu::copy_sync(&mut uh as *mut UnpackNetDeviceHandle as u64, h, size) }?;
+            } else {
+                // SAFETY: a host pointer to the plugin's unpackNetDeviceHandle
+                // (the stand-in's host mode), valid for the comm's life.
+                uh = unsafe { std::ptr::read_unaligned(h as *const UnpackNetDeviceHandle) };
+            }
+            if !uh.meta.is_null() || !on_gpu || std::time::Instant::now() >= deadline {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_micros(200));
         }
         if uh.meta.is_null() {
             return Err(protocol(lib.name, "UNPACK device handle without meta"));
