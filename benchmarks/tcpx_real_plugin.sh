@@ -148,7 +148,7 @@ for st in "${STEPS[@]}"; do
   suite)
     step suite 400 python3 -m pytest -q -p no:cacheprovider -rfE tests/test_api.py -k cpu ;;
   kill)
-    step kill 300 python3 -m pytest -q -p no:cacheprovider -rfE tests/test_reliability.py -k cpu ;;
+    step kill 300 python3 -m pytest -q -p no:cacheprovider -rfE tests/test_reliability.py -k "not cuda" ;;
   setup)
     # The whole run's time, connection set-up included: with a 1 ms wait,
     # then with the plugin's default (5 s) flow-steering wait.
