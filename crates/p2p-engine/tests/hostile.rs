@@ -1057,3 +1057,172 @@ fn cancelled_transfers_keep_the_connection_in_step() {
     legit_transfer(&w, 13);
     back_to(base);
 }
+
+/// FNV-1a of a buffer: what the application would compare.
+fn checksum(v: &[u8]) -> u64 {
+    v.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| {
+        (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
+    })
+}
+
+/// Sends `n` bytes of `fill` on the hostile peer's first one-sided data
+/// channel, and waits (bounded) until the net has taken them. The bytes
+/// returned must outlive the hostile peer's comms.
+fn send_stray(h: &mut Hostile, n: usize, fill: u8) -> Vec<u8> {
+    let payload = vec![fill; n];
+    let mem = MemRef {
+        addr: payload.as_ptr() as u64,
+        len: n,
+        kind: MemKind::Host,
+    };
+    let send = &mut h.sends[h.channels];
+    let mrh = send.reg_mr(mem).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let req = loop {
+        if let Some(r) = send.isend(mem, mrh).unwrap() {
+            break r;
+        }
+        assert!(Instant::now() < deadline, "send not taken");
+        std::thread::sleep(Duration::from_millis(1));
+    };
+    // The endpoint may never take them: wait a bounded time only.
+    while Instant::now() < deadline {
+        match send.test(req) {
+            Ok(Some(_)) | Err(_) => break,
+            Ok(None) => std::thread::sleep(Duration::from_millis(1)),
+        }
+    }
+    payload
+}
+
+/// Issue 29, defect 1: a target answered `Refused` to a 256 KiB read, then
+/// sent 256 KiB on the data stream anyway; the read had ended and its
+/// buffer was reused, yet every byte landed in it. A refused read must own
+/// no posted receive: its buffer stays as the application left it.
+#[test]
+fn d12_a_refused_read_owns_no_receive_into_its_buffer() {
+    let _g = serial();
+    let w = world(cfg(), cfg());
+    legit_transfer(&w, 21);
+    let base = counts();
+    let n = 256 << 10;
+    let (sent, heard_sent) = std::sync::mpsc::channel::<()>();
+    let (go, wait_go) = std::sync::mpsc::channel::<()>();
+    let (ca, target) = hostile_target(&w.a, move |mut h| {
+        let Some(Control::ReadReq { xfer, .. }) = recv_ctl(&mut h.oob) else {
+            panic!("no read request")
+        };
+        send_ctl(
+            &mut h.oob,
+            &Control::Refused {
+                xfer,
+                reason: "refused, but the bytes come anyway".into(),
+            },
+        )
+        .unwrap();
+        // Told that the read ended, the application reuses the buffer.
+        wait_go.recv().unwrap();
+        let payload = send_stray(&mut h, n, 0xA5);
+        sent.send(()).unwrap();
+        wait_go.recv().unwrap();
+        drop(h);
+        drop(payload);
+    });
+    let mut dst = vec![0x11u8; n];
+    let db = buf(&w.a, &mut dst);
+    let r = w.a.read_async(ca, &[db], &[made_up(n as u32)]).unwrap();
+    // It ends (refused), and cancel says no byte of it touches its buffer.
+    assert!(w.a.cancel(r, Some(Duration::from_secs(10))).unwrap());
+    dst.fill(0x22);
+    let sum = checksum(&dst);
+    go.send(()).unwrap();
+    heard_sent.recv_timeout(Duration::from_secs(30)).unwrap();
+    // Give the stray bytes time to land, were a receive posted for them.
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(
+        checksum(&dst),
+        sum,
+        "bytes of the refused read landed in the reused buffer"
+    );
+    // Nothing is posted into it: deregistration succeeds at once.
+    let t = Instant::now();
+    w.a.dereg(db.mr).unwrap();
+    assert!(t.elapsed() < Duration::from_secs(2), "dereg waited on a receive");
+    go.send(()).unwrap();
+    target.join().unwrap();
+    legit_transfer(&w, 22);
+    back_to(base);
+}
+
+fn proc_status(key: &str) -> usize {
+    std::fs::read_to_string("/proc/self/status")
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix(key))
+        .and_then(|v| v.trim().trim_end_matches(" kB").trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// Issue 29, defect 4, the figures: RSS (held and peak) of a target while
+/// `n` hostile connections each send one read request with a made-up token
+/// claiming as many net requests as the per-connection budget allows
+/// (2^20 chunks), and stay connected. Run by hand:
+/// `cargo test --release --test hostile -- --ignored --nocapture figures_refused_read`.
+#[test]
+#[ignore]
+fn figures_refused_read_claims() {
+    let _g = serial();
+    for n in [1usize, 20] {
+        let b = Endpoint::new(
+            None,
+            Config {
+                ifname: Some("lo".into()),
+                streams: 2,
+                ..Config::default()
+            },
+        )
+        .unwrap();
+        std::thread::sleep(Duration::from_millis(200));
+        let _ = std::fs::write("/proc/self/clear_refs", "5");
+        let (fds0, thr0) = counts();
+        let rss0 = proc_status("VmRSS:");
+        let mut held = Vec::new();
+        for _ in 0..n {
+            let mut h = Hostile::connect(b.local_addr(), b"");
+            b.accept(Some(Duration::from_secs(10))).unwrap();
+            // The agreed chunk is the smaller proposal: ours, 256 KiB.
+            let claim = (1u64 << 20) * CHUNK;
+            send_ctl(
+                &mut h.oob,
+                &Control::ReadReq {
+                    xfer: 1,
+                    items: vec![RmaItem {
+                        token: Token { id: 9999, secret: 1 },
+                        addr: 0x10000,
+                        len: claim,
+                    }],
+                    runs: vec![1],
+                },
+            )
+            .unwrap();
+            match recv_ctl(&mut h.oob) {
+                Some(Control::Refused { xfer: 1, .. }) => {}
+                m => panic!("{m:?}"),
+            }
+            held.push(h);
+        }
+        std::thread::sleep(Duration::from_secs(2));
+        let (fds1, thr1) = counts();
+        let (rss1, hwm) = (proc_status("VmRSS:"), proc_status("VmHWM:"));
+        println!(
+            "refused-read claims, {n} connection(s): RSS {} -> {} MiB held (+{} MiB), peak {} MiB (+{} MiB); threads {thr0} -> {thr1}, descriptors {fds0} -> {fds1}",
+            rss0 >> 10,
+            rss1 >> 10,
+            rss1.saturating_sub(rss0) >> 10,
+            hwm >> 10,
+            hwm.saturating_sub(rss0) >> 10
+        );
+        drop(held);
+        drop(b);
+    }
+}
