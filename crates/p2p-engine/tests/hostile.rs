@@ -1147,7 +1147,10 @@ fn d12_a_refused_read_owns_no_receive_into_its_buffer() {
     // Nothing is posted into it: deregistration succeeds at once.
     let t = Instant::now();
     w.a.dereg(db.mr).unwrap();
-    assert!(t.elapsed() < Duration::from_secs(2), "dereg waited on a receive");
+    assert!(
+        t.elapsed() < Duration::from_secs(2),
+        "dereg waited on a receive"
+    );
     go.send(()).unwrap();
     target.join().unwrap();
     legit_transfer(&w, 22);
@@ -1197,7 +1200,10 @@ fn figures_refused_read_claims() {
                 &Control::ReadReq {
                     xfer: 1,
                     items: vec![RmaItem {
-                        token: Token { id: 9999, secret: 1 },
+                        token: Token {
+                            id: 9999,
+                            secret: 1,
+                        },
                         addr: 0x10000,
                         len: claim,
                     }],

@@ -18,7 +18,7 @@ use crate::memory::Registry;
 use crate::net::plugin::PluginNet;
 use crate::net::socket::{SocketConfig, SocketNet};
 use crate::net::{MemRef, Net, OneNet};
-use crate::notif::{Notif, NotifQueue, QUEUE_MAX, QUEUE_MAX_BYTES};
+use crate::notif::{Notif, NotifLimits, NotifQueue, QUEUE_MAX, QUEUE_MAX_BYTES};
 use crate::transfer::{Failure, Status, Transfer};
 use crate::wire::{DescEntry, FifoItem, GpuId, Metadata, RmaItem, Token};
 use crate::{gpu, topo};
@@ -158,7 +158,12 @@ impl Endpoint {
         let chunk = cfg.chunk.min(net.max_message());
         let devices =
             topo::channel_devices(&net.devices(), gpu_index, &gpu_bdf, cfg.gpu_nics.as_deref());
-        let notifs = Arc::new(NotifQueue::new(QUEUE_MAX, QUEUE_MAX_BYTES));
+        let notifs = Arc::new(NotifQueue::new(NotifLimits {
+            max: QUEUE_MAX,
+            max_bytes: QUEUE_MAX_BYTES,
+            per_peer: cfg.notif_per_peer,
+            per_peer_bytes: cfg.notif_per_peer_bytes,
+        }));
         let params = ConnParams {
             paths: Arc::new(OneNet(net.clone())),
             net,
