@@ -105,7 +105,6 @@ pub fn control_handler(data: &[u8]) -> Seen {
     // Our requests and whether each was answered; weights served.
     let mut asked: HashMap<u64, (bool, u8)> = HashMap::new();
     let mut served: Vec<usize> = Vec::new();
-    let mut fillers: Vec<usize> = Vec::new();
     // The payload length each of our inline requests awaits.
     let mut inline_len: HashMap<u64, u32> = HashMap::new();
     // Our two-sided messages posted and acknowledged, as the model counts.
@@ -287,11 +286,7 @@ pub fn control_handler(data: &[u8]) -> Seen {
                             book.served_end(w);
                         }
                     }
-                    _ => {
-                        if let Some(f) = fillers.pop() {
-                            book.fillers_sent(f);
-                        }
-                    }
+                    _ => {}
                 }
                 continue;
             }
@@ -304,6 +299,7 @@ pub fn control_handler(data: &[u8]) -> Seen {
         let Ok(msg) = Control::decode(&wire_bytes) else {
             continue;
         };
+        let held_before = book.held();
         let action = match book.on_control(cx, msg) {
             Ok(a) => a,
             Err(_) => {
@@ -358,12 +354,16 @@ pub fn control_handler(data: &[u8]) -> Seen {
                 }
                 served.push(weight);
             }
-            Action::RefuseWrite { .. } => seen.refused += 1,
+            Action::RefuseWrite { .. } => {
+                seen.refused += 1;
+                assert_eq!(book.held(), held_before, "a refusal held something");
+            }
             // Bounded by the endpoint's queue, not by the book.
             Action::Notif { .. } => {}
-            Action::RefuseRead { fillers: f, .. } => {
+            Action::RefuseRead { .. } => {
+                // A refusal holds nothing, whatever the request claimed.
                 seen.refused += 1;
-                fillers.push(f);
+                assert_eq!(book.held(), held_before, "a refusal held something");
             }
             Action::SendWrite { xfer } => {
                 let a = asked
@@ -375,8 +375,15 @@ pub fn control_handler(data: &[u8]) -> Seen {
             Action::Acked { xfer } => {
                 let a = asked.remove(&xfer).expect("an answer to a request we made");
                 assert!(
-                    (a.0 && a.1 == 0) || (!a.0 && (a.1 == 1 || a.1 == 2)),
-                    "a write acknowledged before it was cleared, or an inline read acknowledged"
+                    !a.0 && (a.1 == 1 || a.1 == 2),
+                    "a write acknowledged before it was cleared, or a read acknowledged as a write"
+                );
+            }
+            Action::ReadAccepted { xfer } => {
+                let a = asked.remove(&xfer).expect("an answer to a request we made");
+                assert!(
+                    a.0 && a.1 == 0,
+                    "a read acceptance for no read awaiting one"
                 );
             }
             Action::PeerRefused { xfer, .. } => {
@@ -435,10 +442,9 @@ pub fn control_handler(data: &[u8]) -> Seen {
             Action::Nothing => {}
         }
         assert_eq!(book.msgs_unacked(), msgs_sent - msgs_acked);
-        let (reqs, items, fill) = book.held();
+        let (reqs, items) = book.held();
         assert!(reqs <= LIMITS.max_requests);
         assert!(items <= LIMITS.max_items);
-        assert!(fill <= LIMITS.max_items);
         assert_eq!(
             book.awaiting(),
             asked.len(),

@@ -459,6 +459,13 @@ impl Engine {
         }
     }
 
+    /// Net requests queued or in flight, on every comm (0 once stopped).
+    pub fn ops(&self) -> usize {
+        self.state.lock().as_mut().map_or(0, |p| {
+            p.all().map(|c| c.pending.len() + c.inflight.len()).sum()
+        })
+    }
+
     /// Runs one round if no other thread is running one (see `round`; a
     /// round not run here needs the progress thread).
     pub fn try_step(&self) -> Result<bool, Failure> {

@@ -383,8 +383,8 @@ fn d1_huge_claims_with_made_up_tokens_do_not_kill_the_endpoint() {
             }
             m => panic!("{m:?}"),
         }
-        // A read of 2^62 bytes cannot be refused in step: the endpoint
-        // drops the connection instead of sizing anything from the claim.
+        // A read of 2^62 bytes is refused with one message: nothing is
+        // sized from the claim, and the connection goes on.
         send_ctl(
             &mut h.oob,
             &Control::ReadReq {
@@ -394,7 +394,13 @@ fn d1_huge_claims_with_made_up_tokens_do_not_kill_the_endpoint() {
             },
         )
         .unwrap();
-        expect_closed(&mut h.oob);
+        match recv_ctl(&mut h.oob) {
+            Some(Control::Refused { xfer: 3, reason }) => {
+                assert!(reason.contains("unknown or stale"), "{reason}")
+            }
+            m => panic!("{m:?}"),
+        }
+        assert!(matches!(w.b.conn_failure(cb), Ok(None)), "connection up");
     }
     assert!(
         mem.iter().all(|&b| b == 0xEE),
@@ -1154,6 +1160,91 @@ fn d12_a_refused_read_owns_no_receive_into_its_buffer() {
     go.send(()).unwrap();
     target.join().unwrap();
     legit_transfer(&w, 22);
+    back_to(base);
+}
+
+/// Issue 29, defect 4: one read request with a made-up token claiming 2^20
+/// chunks made the target build 2^20 empty messages to keep the reader in
+/// step (+49 MiB held per connection, 20 connections: 1 GB). A refusal now
+/// holds nothing, whatever the claim, and the connection goes on serving.
+#[test]
+fn d13_refusing_a_read_holds_nothing_whatever_it_claims() {
+    let _g = serial();
+    let w = world(cfg(), cfg());
+    let base = counts();
+    let mut mem = vec![0u8; 64 << 10];
+    {
+        let mut h = Hostile::connect(w.b.local_addr(), b"");
+        let cb = w.b.accept(Some(Duration::from_secs(10))).unwrap().conn;
+        let (_, token, ptr) = advertised(&w.b, cb, &mut mem);
+        let idle = w.b.held_for_peer(cb).unwrap();
+        let bogus = Token {
+            id: 424242,
+            secret: 7,
+        };
+        let claims = [(1u64 << 20) * CHUNK, 8 << 40, 1 << 62, u64::MAX];
+        for (xfer, len) in claims.into_iter().enumerate() {
+            let xfer = xfer as u64;
+            let m = Control::ReadReq {
+                xfer,
+                items: vec![RmaItem {
+                    token: bogus,
+                    addr: ptr,
+                    len,
+                }],
+                runs: vec![1],
+            };
+            send_ctl(&mut h.oob, &m).unwrap();
+            match recv_ctl(&mut h.oob) {
+                Some(Control::Refused { xfer: x, .. }) => assert_eq!(x, xfer),
+                m => panic!("{m:?}"),
+            }
+            assert_eq!(
+                w.b.held_for_peer(cb).unwrap(),
+                idle,
+                "a refused read of {len} bytes held something"
+            );
+        }
+        // The same connection still serves a read of what was advertised.
+        let n = mem.len();
+        let mut got = vec![0u8; n];
+        let dst = MemRef {
+            addr: got.as_mut_ptr() as u64,
+            len: n,
+            kind: MemKind::Host,
+        };
+        let recv = &mut h.recvs[h.channels];
+        let mrh = recv.reg_mr(dst).unwrap();
+        let req = loop {
+            if let Some(r) = recv.irecv(dst, mrh).unwrap() {
+                break r;
+            }
+        };
+        let m = Control::ReadReq {
+            xfer: 9,
+            items: vec![RmaItem {
+                token,
+                addr: ptr,
+                len: n as u64,
+            }],
+            runs: vec![1],
+        };
+        send_ctl(&mut h.oob, &m).unwrap();
+        assert!(matches!(
+            recv_ctl(&mut h.oob),
+            Some(Control::ReadAck { xfer: 9 })
+        ));
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while recv.test(req).unwrap().is_none() {
+            assert!(
+                Instant::now() < deadline,
+                "the accepted read's data did not come"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert!(got.iter().all(|&b| b == 0xEE), "the read's bytes");
+    }
+    legit_transfer(&w, 23);
     back_to(base);
 }
 

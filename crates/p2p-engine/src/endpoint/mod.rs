@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use parking_lot::{Condvar, Mutex, RwLock};
 
 use crate::config::{Config, NetKind};
-use crate::conn::{Conn, ConnParams};
+use crate::conn::{Conn, ConnParams, Held};
 use crate::error::{Error, Result};
 use crate::handler::Limits;
 use crate::memory::Registry;
@@ -396,6 +396,13 @@ impl Endpoint {
         v.extend(self.inner.local.ids());
         v.sort_unstable();
         v
+    }
+
+    /// What a connection makes this endpoint hold for its peer, for tests
+    /// of the limits (see [`Held`]).
+    #[doc(hidden)]
+    pub fn held_for_peer(&self, id: u64) -> Result<Held> {
+        Ok(self.conn(id)?.held())
     }
 
     /// Why a connection failed, if it did.
