@@ -540,7 +540,7 @@ mod tests {
         // A legitimate read is still served.
         let m = Control::ReadReq {
             xfer: 9,
-            items: vec![item(&f, 4096, 3 * 4096, f.token)],
+            items: vec![item(&f, 4096, 8192, f.token)],
             runs: vec![1],
         };
         assert!(matches!(

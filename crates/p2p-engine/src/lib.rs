@@ -77,7 +77,9 @@ pub mod internal {
     // for the test suite's hostile peer and the fuzz targets.
     pub use crate::conn::{read_frame, write_frame, Held};
     pub use crate::endpoint::token_from_keys;
-    pub use crate::fuzzing::{control_handler, Seen, LIMITS};
+    pub use crate::fuzzing::{
+        control_handler, notif_queue, rma_recvs, NotifSeen, RecvsSeen, Seen, LIMITS,
+    };
     pub use crate::handler::{Action, Book, Ctx, Limits, ProtocolError};
     pub use crate::handshake::{
         check_handles, negotiate, nonce, proof, verify, Agreed, Refusal, Role,

@@ -7,12 +7,12 @@
 //! - each connection may have at most [`NotifLimits::per_peer`]
 //!   notifications and [`NotifLimits::per_peer_bytes`] bytes queued
 //!   (`TCPX_P2P_NOTIF_PER_PEER`, `TCPX_P2P_NOTIF_PER_PEER_BYTES`);
-//! - the endpoint as a whole holds about [`QUEUE_MAX`] notifications and
-//!   [`QUEUE_MAX_BYTES`] bytes: once they are reached, a peer is refused
-//!   only if it holds its fair share of them (the totals divided among the
-//!   peers with notifications queued) or more. A peer under its share is
-//!   still served, so the totals are exceeded by at most one notification
-//!   per peer.
+//! - so the endpoint holds at most those bounds times its connections;
+//!   and once it holds [`QUEUE_MAX`] notifications or [`QUEUE_MAX_BYTES`]
+//!   bytes, a peer that holds its fair share of them (those figures divided
+//!   among the peers with notifications queued) or more is refused too.
+//!   A peer under its share is still served: one peer's flood never
+//!   refuses another.
 
 use std::collections::{HashMap, VecDeque};
 
@@ -20,9 +20,10 @@ use parking_lot::Mutex;
 
 pub use crate::wire::{MAX_NOTIF, MAX_NOTIF_NAME};
 
-/// Most notifications an endpoint queues (see the module's fair-share rule).
+/// Notifications an endpoint queues before its fair-share rule applies.
 pub const QUEUE_MAX: usize = 65_536;
-/// Most bytes (messages and sender names) an endpoint queues.
+/// Bytes (messages and sender names) an endpoint queues before its
+/// fair-share rule applies.
 pub const QUEUE_MAX_BYTES: usize = 64 << 20;
 /// Most notifications one peer may have queued (`TCPX_P2P_NOTIF_PER_PEER`).
 pub const PER_PEER: usize = 4096;
