@@ -11,6 +11,7 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use tcpx_p2p::internal::plugin::PluginNet;
 use tcpx_p2p::internal::socket::{SocketConfig, SocketNet};
 use tcpx_p2p::internal::wire::{self, Control, FifoItem, HandshakeMsg, Hello, RmaItem, Token};
 use tcpx_p2p::internal::{nonce, proof, read_frame, write_frame, Role};
@@ -19,7 +20,7 @@ use tcpx_p2p::MemKind;
 use tcpx_p2p::{Config, Endpoint};
 
 mod common;
-use common::{buf, pattern};
+use common::{buf, emu_path, pattern};
 
 /// These tests count the process's threads and descriptors: one at a time.
 static SERIAL: Mutex<()> = Mutex::new(());
@@ -134,11 +135,15 @@ fn socket_net(streams: usize) -> SocketNet {
 }
 
 fn hello(channels: u8) -> Hello {
+    hello_on(channels, "socket")
+}
+
+fn hello_on(channels: u8, net: &str) -> Hello {
     Hello {
         version: wire::VERSION,
         gpu_index: -1,
         gpu_bdf: String::new(),
-        net: "socket".into(),
+        net: net.into(),
         channels,
         chunk: CHUNK,
         nonce: nonce().unwrap(),
@@ -210,9 +215,20 @@ fn noop() -> Waker {
 /// Proves `key` as `role` (without checking the other side's proof).
 /// Returns the agreed channels, or the endpoint's refusal.
 fn prove(s: &mut TcpStream, role: Role, key: &[u8], channels: u8) -> Result<usize, String> {
+    prove_on(s, role, key, channels, "socket")
+}
+
+/// [`prove`] for a peer of net `net`.
+fn prove_on(
+    s: &mut TcpStream,
+    role: Role,
+    key: &[u8],
+    channels: u8,
+    net: &str,
+) -> Result<usize, String> {
     match role {
         Role::Initiator => {
-            let mine = bytes_of(&hello(channels));
+            let mine = bytes_of(&hello_on(channels, net));
             write_frame(s, &mine).unwrap();
             let tb = read_frame(s, 1 << 20).unwrap();
             let theirs = Hello::decode(&tb).map_err(|e| e.to_string())?;
@@ -227,7 +243,7 @@ fn prove(s: &mut TcpStream, role: Role, key: &[u8], channels: u8) -> Result<usiz
             let tb = read_frame(s, 1 << 20).unwrap();
             let theirs = Hello::decode(&tb).unwrap();
             let ch = theirs.channels.min(channels);
-            let mine = bytes_of(&hello(ch));
+            let mine = bytes_of(&hello_on(ch, net));
             write_frame(s, &mine).unwrap();
             match recv_hs(s) {
                 HandshakeMsg::Proof(_) => {}
@@ -241,9 +257,13 @@ fn prove(s: &mut TcpStream, role: Role, key: &[u8], channels: u8) -> Result<usiz
 
 impl Hostile {
     /// Completes the handshake as `role` and sets up the data channels.
-    fn shake(mut oob: TcpStream, role: Role, key: &[u8]) -> Hostile {
-        let channels = prove(&mut oob, role, key, 1).unwrap();
-        let net = socket_net(2);
+    fn shake(oob: TcpStream, role: Role, key: &[u8]) -> Hostile {
+        Hostile::shake_on(oob, role, key, &socket_net(2), "socket")
+    }
+
+    /// [`Hostile::shake`] over `net`, named `name` in the handshake.
+    fn shake_on(mut oob: TcpStream, role: Role, key: &[u8], net: &dyn Net, name: &str) -> Hostile {
+        let channels = prove_on(&mut oob, role, key, 1, name).unwrap();
         let mut listens: Vec<Box<dyn ListenComm>> =
             (0..2 * channels).map(|_| net.listen(0).unwrap()).collect();
         send_hs(
@@ -301,11 +321,33 @@ fn hostile_target(
     a: &Endpoint,
     play: impl FnOnce(Hostile) + Send + 'static,
 ) -> (u64, std::thread::JoinHandle<()>) {
+    hostile_target_on(a, None, play)
+}
+
+/// [`hostile_target`] over the ncclNet plugin at `plugin` (None: the
+/// socket net).
+fn hostile_target_on(
+    a: &Endpoint,
+    plugin: Option<String>,
+    play: impl FnOnce(Hostile) + Send + 'static,
+) -> (u64, std::thread::JoinHandle<()>) {
     let fake = TcpListener::bind((LO, 0)).unwrap();
     let addr = fake.local_addr().unwrap();
     let target = std::thread::spawn(move || {
         let (s, _) = fake.accept().unwrap();
-        play(Hostile::shake(s, Role::Acceptor, b""));
+        let h = match plugin {
+            Some(path) => {
+                let net = PluginNet::load(&path, None).unwrap();
+                let name = net.name().to_string();
+                // The comms close before their net is unloaded.
+                let h = Hostile::shake_on(s, Role::Acceptor, b"", &net, &name);
+                play(h);
+                drop(net);
+                return;
+            }
+            None => Hostile::shake(s, Role::Acceptor, b""),
+        };
+        play(h);
     });
     let conn = a
         .connect(&addr.ip().to_string(), addr.port(), None)
@@ -1111,10 +1153,42 @@ fn d12_a_refused_read_owns_no_receive_into_its_buffer() {
     let w = world(cfg(), cfg());
     legit_transfer(&w, 21);
     let base = counts();
+    refused_read_then_stray_bytes(&w.a, None);
+    legit_transfer(&w, 22);
+    back_to(base);
+}
+
+/// [`d12_a_refused_read_owns_no_receive_into_its_buffer`] over the ncclNet
+/// plugin path (the stand-in plugin; skipped, saying so, where it is not
+/// built).
+#[test]
+fn d12_over_the_plugin_net() {
+    let _g = serial();
+    let Some(path) = emu_path() else {
+        eprintln!("SKIPPED: libnccl_net_emu.so not found; run `cargo build --workspace` first");
+        return;
+    };
+    let path = path.to_string_lossy().into_owned();
+    let a = Endpoint::new(
+        None,
+        Config {
+            net: tcpx_p2p::NetKind::Plugin,
+            plugin_path: path.clone(),
+            channels: 1,
+            ..cfg()
+        },
+    )
+    .unwrap();
+    refused_read_then_stray_bytes(&a, Some(path));
+}
+
+/// `a` reads 256 KiB from a hostile target (over the plugin at `plugin`, or
+/// the socket net), which refuses the read and then sends the bytes.
+fn refused_read_then_stray_bytes(a: &Endpoint, plugin: Option<String>) {
     let n = 256 << 10;
     let (sent, heard_sent) = std::sync::mpsc::channel::<()>();
     let (go, wait_go) = std::sync::mpsc::channel::<()>();
-    let (ca, target) = hostile_target(&w.a, move |mut h| {
+    let (ca, target) = hostile_target_on(a, plugin, move |mut h| {
         let Some(Control::ReadReq { xfer, .. }) = recv_ctl(&mut h.oob) else {
             panic!("no read request")
         };
@@ -1135,10 +1209,10 @@ fn d12_a_refused_read_owns_no_receive_into_its_buffer() {
         drop(payload);
     });
     let mut dst = vec![0x11u8; n];
-    let db = buf(&w.a, &mut dst);
-    let r = w.a.read_async(ca, &[db], &[made_up(n as u32)]).unwrap();
+    let db = buf(a, &mut dst);
+    let r = a.read_async(ca, &[db], &[made_up(n as u32)]).unwrap();
     // It ends (refused), and cancel says no byte of it touches its buffer.
-    assert!(w.a.cancel(r, Some(Duration::from_secs(10))).unwrap());
+    assert!(a.cancel(r, Some(Duration::from_secs(10))).unwrap());
     dst.fill(0x22);
     let sum = checksum(&dst);
     go.send(()).unwrap();
@@ -1152,15 +1226,13 @@ fn d12_a_refused_read_owns_no_receive_into_its_buffer() {
     );
     // Nothing is posted into it: deregistration succeeds at once.
     let t = Instant::now();
-    w.a.dereg(db.mr).unwrap();
+    a.dereg(db.mr).unwrap();
     assert!(
         t.elapsed() < Duration::from_secs(2),
         "dereg waited on a receive"
     );
     go.send(()).unwrap();
     target.join().unwrap();
-    legit_transfer(&w, 22);
-    back_to(base);
 }
 
 /// Issue 29, defect 4: one read request with a made-up token claiming 2^20
