@@ -499,32 +499,39 @@ impl Conn {
         }
     }
 
-    /// Marks the connection failed and fails everything in flight.
+    /// Marks the connection failed and fails everything in flight. No
+    /// transfer ends before the progress engine has stopped and closed the
+    /// net's comms: until then a posted receive could still take bytes into
+    /// its buffers. Called from inside a round of the engine (a transfer's
+    /// end), it only marks: the round stops the engine as it returns, and
+    /// its caller calls again, which finishes.
     pub(crate) fn fail(&self, why: impl Into<Failure>) {
         let why: Failure = why.into();
-        {
+        let first = {
             let mut f = self.failed.lock();
-            if f.is_some() {
-                return;
+            let first = f.is_none();
+            f.get_or_insert_with(|| why.clone());
+            first
+        };
+        if first {
+            let peer_closed = matches!(&why, Failure::Lost(r) if r == PEER_CLOSED);
+            if self.closed.load(Ordering::Acquire) || peer_closed {
+                tracing::debug!(conn = self.id, peer = %self.peer, "connection closed: {why}");
+            } else {
+                tracing::warn!(conn = self.id, peer = %self.peer, "connection failed: {why}");
             }
-            *f = Some(why.clone());
-        }
-        let peer_closed = matches!(&why, Failure::Lost(r) if r == PEER_CLOSED);
-        if self.closed.load(Ordering::Acquire) || peer_closed {
-            tracing::debug!(conn = self.id, peer = %self.peer, "connection closed: {why}");
-        } else {
-            tracing::warn!(conn = self.id, peer = %self.peer, "connection failed: {why}");
-        }
-        let _ = self.cmds.send(Cmd::Shutdown(why.clone()));
-        if let Some(t) = self.progress.get() {
-            t.unpark();
-        }
-        {
+            let _ = self.cmds.send(Cmd::Shutdown(why.clone()));
+            if let Some(t) = self.progress.get() {
+                t.unpark();
+            }
             let oob = self.oob.lock();
             oob.close();
             let _ = oob.stream().shutdown(std::net::Shutdown::Both);
         }
-        let fl = why;
+        let fl = self.failed.lock().clone().unwrap_or(why);
+        if !self.engine.stop_now(&fl) {
+            return;
+        }
         let live: Vec<_> = self.live.lock().drain().map(|(_, t)| t).collect();
         for t in live {
             t.fail(fl.clone());
@@ -535,7 +542,8 @@ impl Conn {
         for op in unposted.into_iter().flatten() {
             op.xfer.fail(fl.clone());
         }
-        for (_, w) in self.pending_writes.lock().drain() {
+        let writes: Vec<_> = self.pending_writes.lock().drain().collect();
+        for (_, w) in writes {
             if let PendingWrite::Ops(ops) = w {
                 for op in ops {
                     op.xfer.fail(fl.clone());

@@ -1127,8 +1127,11 @@ fn send_stray(h: &mut Hostile, n: usize, fill: u8) -> Vec<u8> {
     let mrh = send.reg_mr(mem).unwrap();
     let deadline = Instant::now() + Duration::from_secs(10);
     let req = loop {
-        if let Some(r) = send.isend(mem, mrh).unwrap() {
-            break r;
+        match send.isend(mem, mrh) {
+            Ok(Some(r)) => break r,
+            Ok(None) => {}
+            // The endpoint closed the connection.
+            Err(_) => return payload,
         }
         assert!(Instant::now() < deadline, "send not taken");
         std::thread::sleep(Duration::from_millis(1));
@@ -1233,6 +1236,58 @@ fn refused_read_then_stray_bytes(a: &Endpoint, plugin: Option<String>) {
     );
     go.send(()).unwrap();
     target.join().unwrap();
+}
+
+/// Issue 29, defect 1, the other way a read ends early: its receive is
+/// posted (the target accepted it), then the connection fails (here the
+/// target breaks the protocol). The read may end only once the net has let
+/// go of its buffer: at once, `dereg` finds nothing posted into it, and
+/// bytes the target sends after that land nowhere.
+#[test]
+fn d14_a_read_ends_only_once_the_net_lets_go_of_its_buffer() {
+    let _g = serial();
+    let acfg = Config {
+        dereg_wait: Duration::ZERO,
+        ..cfg()
+    };
+    let w = world(acfg, cfg());
+    let base = counts();
+    let n = 256 << 10;
+    let (go, wait_go) = std::sync::mpsc::channel::<()>();
+    let (ca, target) = hostile_target(&w.a, move |mut h| {
+        let Some(Control::ReadReq { xfer, .. }) = recv_ctl(&mut h.oob) else {
+            panic!("no read request")
+        };
+        send_ctl(&mut h.oob, &Control::ReadAck { xfer }).unwrap();
+        // The reader posts its receive; then a second acknowledgement.
+        std::thread::sleep(Duration::from_millis(200));
+        send_ctl(&mut h.oob, &Control::ReadAck { xfer }).unwrap();
+        wait_go.recv().unwrap();
+        let payload = send_stray(&mut h, n, 0xA5);
+        wait_go.recv().unwrap();
+        drop(h);
+        drop(payload);
+    });
+    let mut dst = vec![0x11u8; n];
+    let db = buf(&w.a, &mut dst);
+    let r = w.a.read_async(ca, &[db], &[made_up(n as u32)]).unwrap();
+    let e = w.a.wait(r, Some(Duration::from_secs(20))).unwrap_err();
+    assert!(e.to_string().contains("ReadAck"), "{e}");
+    // The moment the read has failed, nothing holds its buffer.
+    w.a.dereg(db.mr).unwrap();
+    dst.fill(0x22);
+    let sum = checksum(&dst);
+    go.send(()).unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(
+        checksum(&dst),
+        sum,
+        "bytes landed in the failed read's buffer"
+    );
+    go.send(()).unwrap();
+    target.join().unwrap();
+    legit_transfer(&w, 24);
+    back_to(base);
 }
 
 /// Issue 29, defect 4: one read request with a made-up token claiming 2^20
