@@ -72,7 +72,10 @@ fn figures_notification_flood() {
         .filter(|l| matches!(b.conn_failure(l.2), Ok(None)))
         .count();
     let got = b.get_notifs();
-    let from_legit = got.iter().filter(|n| n.from_name.starts_with("legit")).count();
+    let from_legit = got
+        .iter()
+        .filter(|n| n.from_name.starts_with("legit"))
+        .count();
     println!(
         "notification flood: {sent} sent by one peer; target queued {} ({} from the flood, {from_legit} of 3 from the others); \
          the others' connections kept: {kept} of 3; flood's connection: {:?}; RSS {} -> {} MiB, threads {thr0} -> {thr1}, descriptors {fds0} -> {fds1} (both sides in this process)",
