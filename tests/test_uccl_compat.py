@@ -5,6 +5,7 @@ what each side of UCCL's test or benchmark does is named there."""
 
 import math
 import multiprocessing as mp
+import os
 import queue
 
 import pytest
@@ -164,6 +165,31 @@ def test_remove_remote_endpoint(shapes_device):
     assert r1["got"] == (sha(pattern(n, 20)), sha(pattern(n, 20)))
     for r in (r0, r1):
         assert r["raised"] is not None and "Invalid conn_id" in r["raised"]
+
+
+# ------------------------------------------------ test_engine_send.py
+
+
+def test_receive_larger_than_its_registration(shapes_device):
+    """test_engine_send.py / test_engine_metadata.py: the server registers
+    4 KiB and posts recv(..., size=8192) into them; the client sends 4 KiB.
+    The receive's capacity is clamped to its registration: a 4 KiB message
+    lands, and a 6 KiB one fails the receive with a clear reason, with no
+    byte written past the registration (the buffer around it holds a guard
+    pattern that must come back unchanged)."""
+    reg, cap, buf = 4 * KIB, 8 * KIB, 16 * KIB
+    got, _ = run_pair(shapes.clamp_receiver, (reg, cap, buf, 77), shapes.clamp_sender, ([4 * KIB, 6 * KIB], 40))
+    guard_rest = sha(pattern(buf, 77)[reg:])
+    (ok1, err1, body1, rest1), (ok2, err2, _, rest2) = got
+    assert ok1, err1
+    assert body1 == sha(pattern(4 * KIB, 40)) and rest1 == guard_rest
+    assert not ok2, "a 6 KiB message was accepted into a 4 KiB registration"
+    assert "receive of at most 4096 bytes" in err2, err2
+    if os.environ.get("TCPX_P2P_NET", "socket") == "socket":
+        # The socket net names the message's size too (a plugin gives only
+        # a code; the stand-in logs the sizes).
+        assert "6144" in err2, err2
+    assert rest2 == guard_rest, "bytes written past the registration"
 
 
 # ------------------------------------------- test_gpu_index_mapping.py

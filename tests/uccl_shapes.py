@@ -361,6 +361,48 @@ def sender_exits(chan, n, seed):
     return pending_before_recv, digest_of(t)
 
 
+def clamp_receiver(chan, reg_n, cap, buf_n, guard_seed):
+    """test_engine_send.py's `server_process`: accept, register `reg_n`
+    bytes and post `recv(..., size=cap)` into them, with cap > reg_n; once
+    per message the sender sends. The registration is the start of a
+    `buf_n`-byte buffer whose every byte holds a guard pattern, so a byte
+    written past the registration would show. Per receive: (ok, the
+    reason if not, digest of the registered bytes, digest of the rest)."""
+    ep = p2p.Endpoint(local_gpu_idx=0)
+    chan.send(bytes(ep.get_metadata()))
+    ok, _, _, conn_id = ep.accept()
+    assert ok
+    t = tensor(buf_n, guard_seed)
+    ok, mr_id = ep.reg(t.data_ptr(), reg_n)
+    assert ok
+    got = []
+    for _ in range(chan.recv()):
+        ok = ep.recv(conn_id, mr_id, t.data_ptr(), size=cap)
+        got.append((ok, "" if ok else ep.last_error(), digest_of(t, 0, reg_n), digest_of(t, reg_n)))
+    chan.send("done")
+    return got
+
+
+def clamp_sender(chan, sizes, seed):
+    """test_engine_send.py's `client_process`: connect and send one message
+    of each size (message i filled from seed + i)."""
+    ip, port, r_gpu = p2p.Endpoint.parse_metadata(chan.recv())
+    ep = p2p.Endpoint(local_gpu_idx=0)
+    ok, conn_id = ep.connect(remote_ip_addr=ip, remote_gpu_bdf=r_gpu, remote_port=port)
+    assert ok, ep.last_error()
+    chan.send(len(sizes))
+    for i, n in enumerate(sizes):
+        t = tensor(n, seed + i)
+        ok, mr_id = ep.reg(t.data_ptr(), n)
+        assert ok
+        # The send of a message too large for the receive may complete
+        # (its bytes left this buffer) or fail (the connection failed
+        # first): the receiver's side is what is checked.
+        ep.send(conn_id, mr_id, t.data_ptr(), n)
+    assert chan.recv() == "done"
+    return True
+
+
 def dual_side(chan, first, sizes, seed):
     """benchmark_uccl.py --dual: each side accepts one connection and makes
     one; per size each receives on one and sends on the other at once."""

@@ -196,6 +196,30 @@ impl Registry {
         Ok(r)
     }
 
+    /// A receive's capacity at `ptr` in region `id`: `len`, or what is
+    /// registered from `ptr` to the region's end if that is less (UCCL
+    /// posts a receive larger than its registration and is sent less).
+    /// `ptr` itself must lie inside the region. A message larger than the
+    /// capacity fails its receive before any byte lands (the nets check a
+    /// message's size against the posted receive).
+    pub fn recv_capacity(&self, id: u64, ptr: u64, len: usize) -> Result<usize> {
+        let r = self.get(id)?;
+        if ptr == 0 {
+            return Err(Error::invalid(format!("region {id}: null pointer")));
+        }
+        let room = ptr
+            .checked_sub(r.addr)
+            .and_then(|off| (r.len as u64).checked_sub(off))
+            .filter(|&room| room > 0 || len == 0)
+            .ok_or_else(|| {
+                Error::invalid(format!(
+                    "region {id}: {ptr:#x} lies outside the registered {} bytes at {:#x}",
+                    r.len, r.addr
+                ))
+            })?;
+        Ok(len.min(usize::try_from(room).unwrap_or(usize::MAX)))
+    }
+
     /// Removes the region and every advertisement of it, then waits (up to
     /// `wait`) for transfers still using it (a peer's write whose receives
     /// are posted into it holds it too). If some remain, puts the region
@@ -295,6 +319,25 @@ impl Registry {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_receive_holds_at_most_what_is_registered_from_its_pointer() {
+        let reg = Registry::new();
+        let buf = vec![0u8; 4096];
+        let base = buf.as_ptr() as u64;
+        let r = reg.register(base, 4096).unwrap();
+        assert_eq!(reg.recv_capacity(r.id, base, 8192).unwrap(), 4096);
+        assert_eq!(reg.recv_capacity(r.id, base, 100).unwrap(), 100);
+        assert_eq!(reg.recv_capacity(r.id, base + 4000, 8192).unwrap(), 96);
+        assert_eq!(reg.recv_capacity(r.id, base + 4095, usize::MAX).unwrap(), 1);
+        assert_eq!(reg.recv_capacity(r.id, base + 4096, 0).unwrap(), 0);
+        // The pointer itself must lie inside the region.
+        assert!(reg.recv_capacity(r.id, base + 4096, 1).is_err());
+        assert!(reg.recv_capacity(r.id, base - 1, 8192).is_err());
+        assert!(reg.recv_capacity(r.id, u64::MAX, 8192).is_err());
+        assert!(reg.recv_capacity(r.id, 0, 8192).is_err());
+        assert!(reg.recv_capacity(999, base, 1).is_err());
+    }
 
     #[test]
     fn bounds_and_tokens() {

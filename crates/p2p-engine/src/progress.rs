@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{Receiver, TryRecvError};
 use parking_lot::Mutex;
 
+use crate::error::NetError;
 use crate::memory::{MemKind, Region};
 use crate::net::{MemRef, MrHandle, Net, RecvComm, ReqId, SendComm};
 use crate::transfer::{Failure, Transfer};
@@ -203,7 +204,9 @@ impl CommState {
     fn test(&mut self) -> Result<bool, Failure> {
         let mut any = false;
         while let Some((req, _)) = self.inflight.front() {
-            let Some(n) = self.test_one(*req)? else { break };
+            let Some(n) = self.test_at(0, *req)? else {
+                break;
+            };
             let (_, op) = self.inflight.pop_front().expect("front exists");
             any = true;
             self.finish(op, n)?;
@@ -233,7 +236,7 @@ impl CommState {
         let mut i = 1;
         while i < self.inflight.len() {
             let req = self.inflight[i].0;
-            match self.test_one(req)? {
+            match self.test_at(i, req)? {
                 Some(n) => {
                     let (_, op) = self.inflight.remove(i).expect("index in range");
                     any = true;
@@ -243,6 +246,36 @@ impl CommState {
             }
         }
         Ok(any)
+    }
+
+    /// Tests request `req`, in flight at index `i`. A failed receive of the
+    /// two-sided set fails its transfer saying what the receive could hold:
+    /// a message larger than that fails it before any byte lands (the
+    /// receive's size is clamped to its registration), and not every net
+    /// says why (a plugin returns only a code). The error kind stays the
+    /// net's.
+    fn test_at(&mut self, i: usize, req: ReqId) -> Result<Option<usize>, Failure> {
+        let err = match self.test_one(req) {
+            Err(Failure::Net(e)) => e,
+            other => return other,
+        };
+        if let (Comm::Recv(_), true, Some((_, op))) =
+            (&self.comm, self.mismatch_is_fatal, self.inflight.get(i))
+        {
+            let cap: usize = op.segs.iter().map(|(m, _)| m.len).sum();
+            let hint = format!(
+                "a receive of at most {cap} bytes failed; a message larger than a receive fails it before any byte lands"
+            );
+            op.xfer.fail(match &err {
+                NetError::Protocol { net, reason } => Failure::Net(NetError::Protocol {
+                    net,
+                    reason: format!("{reason} ({hint})"),
+                }),
+                NetError::Plugin { .. } => Failure::Lost(format!("{err} ({hint})")),
+                _ => Failure::Net(err.clone()),
+            });
+        }
+        Err(Failure::Net(err))
     }
 
     fn test_one(&mut self, req: ReqId) -> Result<Option<usize>, Failure> {
@@ -578,18 +611,85 @@ mod tests {
         }
     }
 
+    /// The receiving comm of the tests below, shared by the comm state and
+    /// the test: the test sees which requests the net has completed
+    /// (`arrived`) without taking them from the comm state, and holds the
+    /// completion of one request (`held`) until it opens the gate.
+    struct Gate {
+        inner: Box<dyn RecvComm>,
+        /// Completions taken from the net, not yet handed out.
+        done: HashMap<ReqId, usize>,
+        held: Option<ReqId>,
+        open: bool,
+    }
+
+    impl Gate {
+        fn arrived(&mut self, req: ReqId) -> bool {
+            if self.done.contains_key(&req) {
+                return true;
+            }
+            match self.inner.test(req).unwrap() {
+                Some(n) => {
+                    self.done.insert(req, n);
+                    true
+                }
+                None => false,
+            }
+        }
+    }
+
+    struct Gated(Arc<Mutex<Gate>>);
+
+    impl RecvComm for Gated {
+        fn reg_mr(&mut self, mem: MemRef) -> Result<MrHandle, crate::error::NetError> {
+            self.0.lock().inner.reg_mr(mem)
+        }
+        fn dereg_mr(&mut self, mr: MrHandle) -> Result<(), crate::error::NetError> {
+            self.0.lock().inner.dereg_mr(mr)
+        }
+        fn irecv(
+            &mut self,
+            mem: MemRef,
+            mr: MrHandle,
+        ) -> Result<Option<ReqId>, crate::error::NetError> {
+            self.0.lock().inner.irecv(mem, mr)
+        }
+        fn test(&mut self, req: ReqId) -> Result<Option<usize>, crate::error::NetError> {
+            let mut g = self.0.lock();
+            if !g.arrived(req) || (g.held == Some(req) && !g.open) {
+                return Ok(None);
+            }
+            Ok(g.done.remove(&req))
+        }
+    }
+
     /// Three receives fill a window of three; the first message is large
-    /// (one part, stream 0), the next two small (streams 1 and 2). Returns
-    /// whether a small one ended while the large one was still arriving,
-    /// after checking every received byte. `stall_max`: the largest oldest
-    /// request that counts as stalled.
+    /// (one part, stream 0), the next two small (streams 1 and 2). The test
+    /// holds the large receive's completion (a gate) until the small ones
+    /// have arrived and the comm state has been tested for several stall
+    /// periods with the window full: then whether a small one ended first is
+    /// the policy's doing, not the machine's timing. Returns that, after
+    /// opening the gate and checking every received byte. `stall_max`: the
+    /// largest oldest request that counts as stalled.
     fn small_ends_first(out_of_order: bool, stall_max: usize) -> bool {
         let mut c = test_config(3);
         c.min_part = 1 << 30; // every message one part
         let (mut tx, rx) = test_pair(c.clone(), c);
-        let mut cs = CommState::new(Comm::Recv(rx), 3, true, out_of_order);
+        let gate = Arc::new(Mutex::new(Gate {
+            inner: rx,
+            done: HashMap::new(),
+            held: None,
+            open: false,
+        }));
+        let mut cs = CommState::new(
+            Comm::Recv(Box::new(Gated(gate.clone()))),
+            3,
+            true,
+            out_of_order,
+        );
         cs.stall_max = stall_max;
-        let sizes = [96 << 20, 4096, 4096];
+        // Larger than STALL_MAX_BYTES.
+        let sizes = [2 * STALL_MAX_BYTES, 4096, 4096];
         let src: Vec<Vec<u8>> = sizes
             .iter()
             .enumerate()
@@ -610,18 +710,40 @@ mod tests {
             .collect();
         assert!(cs.post().unwrap());
         assert_eq!(cs.inflight.len(), 3);
+        let reqs: Vec<ReqId> = cs.inflight.iter().map(|(r, _)| *r).collect();
+        gate.lock().held = Some(reqs[0]);
         let sent: Vec<ReqId> = src
             .iter()
             .map(|b| tx.isend(host(b), MrHandle(0)).unwrap().unwrap())
             .collect();
-        let deadline = Instant::now() + Duration::from_secs(20);
-        let mut small_first = false;
-        while !xfers.iter().all(|x| x.ended()) {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let until = |what: &str, done: &mut dyn FnMut() -> bool| {
+            while !done() {
+                assert!(Instant::now() < deadline, "{what}: not within 60 s");
+                std::thread::yield_now();
+            }
+        };
+        until("the small messages arriving", &mut || {
+            let mut g = gate.lock();
+            g.arrived(reqs[1]) && g.arrived(reqs[2])
+        });
+        // The gate is closed: the large receive stays incomplete. Test for
+        // four stall periods after the first test (which starts the oldest's
+        // stall clock; longer under load, never shorter), or until both
+        // small receives have ended.
+        cs.test().unwrap();
+        let t0 = Instant::now();
+        until("four stall periods", &mut || {
             cs.test().unwrap();
-            small_first |= (xfers[1].ended() || xfers[2].ended()) && !xfers[0].ended();
-            assert!(Instant::now() < deadline, "receives did not complete");
-            std::thread::yield_now();
-        }
+            assert!(!xfers[0].ended(), "the held receive ended");
+            (xfers[1].ended() && xfers[2].ended()) || t0.elapsed() > 4 * OLDEST_STALL
+        });
+        let small_first = xfers[1].ended() || xfers[2].ended();
+        gate.lock().open = true;
+        until("every receive ending", &mut || {
+            cs.test().unwrap();
+            xfers.iter().all(|x| x.ended())
+        });
         for (i, x) in xfers.iter().enumerate() {
             assert!(matches!(x.status(), Status::Done), "receive {i}");
             assert!(
@@ -630,9 +752,9 @@ mod tests {
             );
         }
         for r in sent {
-            while tx.test(r).unwrap().is_none() {
-                std::thread::yield_now();
-            }
+            until("the sends completing", &mut || {
+                tx.test(r).unwrap().is_some()
+            });
         }
         small_first
     }

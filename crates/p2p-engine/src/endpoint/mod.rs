@@ -500,6 +500,17 @@ impl Endpoint {
             .collect()
     }
 
+    /// Receive buffers with their lengths clamped to what is registered
+    /// from each pointer ([`crate::memory::Registry::recv_capacity`]).
+    fn clamp_recv(&self, bufs: &[Buf]) -> Result<Vec<Buf>> {
+        bufs.iter()
+            .map(|b| {
+                let len = self.inner.registry.recv_capacity(b.mr, b.ptr, b.len)?;
+                Ok(Buf { len, ..*b })
+            })
+            .collect()
+    }
+
     fn publish(&self, t: Arc<Transfer>) -> u64 {
         let id = t.id;
         self.inner.transfers.lock().insert(id, t);
@@ -521,7 +532,13 @@ impl Endpoint {
         Ok(self.publish(c.post_msg(self.next_xfer(), true, local)?))
     }
 
+    /// Two-sided receive into one or more buffers. A buffer's length is a
+    /// capacity: clamped to what is registered from its pointer (UCCL
+    /// accepts a receive larger than its registration); a shorter message
+    /// fills its start, a longer one fails the receive before any byte
+    /// lands.
     pub fn recv_async(&self, conn: u64, bufs: &[Buf]) -> Result<u64> {
+        let bufs = &self.clamp_recv(bufs)?;
         if let Some(lc) = self.local_conn(conn)? {
             return self.local_msg(&lc, false, bufs);
         }
@@ -868,6 +885,9 @@ fn accept_loop(inner: Weak<Inner>, listener: TcpListener) {
                             ep.conns.write().insert(id, conn);
                             ep.accepted.lock().push_back(id);
                             ep.accepted_cv.notify_all();
+                        }
+                        Err(Error::Connect { reason, .. }) => {
+                            tracing::warn!("refused a connection from {peer}: {reason}")
                         }
                         Err(e) => tracing::warn!("refused a connection from {peer}: {e}"),
                     }
