@@ -1172,6 +1172,13 @@ fn d12_over_the_plugin_net() {
         return;
     };
     let path = path.to_string_lossy().into_owned();
+    // The stand-in's flow-steering wait shortened, as the plugin tests do
+    // (TCPX's default is 5 s per accept).
+    std::env::set_var("NCCL_DYNAMIC_CHUNK_SIZE", "524288");
+    std::env::set_var(
+        "NCCL_GPUDIRECTTCPX_PROGRAM_FLOW_STEERING_WAIT_MICROS",
+        "1000",
+    );
     let a = Endpoint::new(
         None,
         Config {
