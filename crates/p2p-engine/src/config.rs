@@ -84,6 +84,11 @@ pub struct Config {
     /// Per connection: TCP connections the peer's listen handles may ask
     /// us to open (channels × 2 × streams).
     pub max_peer_streams: usize,
+    /// Per connection: the peer's notifications and their bytes queued until
+    /// the application takes them (see [`crate::notif`]); past either, the
+    /// peer's connection fails.
+    pub notif_per_peer: usize,
+    pub notif_per_peer_bytes: usize,
     /// Handshakes in progress at once, in all and from one address.
     pub max_handshakes: usize,
     pub max_handshakes_per_ip: usize,
@@ -160,6 +165,8 @@ impl Default for Config {
             max_requests: 16_384,
             max_pending_items: 1 << 20,
             max_peer_streams: 1024,
+            notif_per_peer: crate::notif::PER_PEER,
+            notif_per_peer_bytes: crate::notif::PER_PEER_BYTES,
             max_handshakes: 64,
             max_handshakes_per_ip: 16,
             dereg_wait: Duration::from_secs(10),
@@ -231,6 +238,7 @@ impl Config {
     /// | `TCPX_P2P_MAX_REQUESTS` | a peer's one-sided requests held at once, per connection (more are refused) | 16384 |
     /// | `TCPX_P2P_MAX_PENDING_ITEMS` | pieces (items + net requests) of those requests, per connection | 1048576 |
     /// | `TCPX_P2P_MAX_PEER_STREAMS` | TCP connections a peer's listen handles may ask for, per connection | 1024 |
+    /// | `TCPX_P2P_NOTIF_PER_PEER`, `TCPX_P2P_NOTIF_PER_PEER_BYTES` | a peer's notifications (and their bytes) queued until taken, per connection (past either the connection fails) | 4096, 8M |
     /// | `TCPX_P2P_MAX_HANDSHAKES`, `TCPX_P2P_MAX_HANDSHAKES_PER_IP` | handshakes in progress at once (more are closed at once) | 64, 16 |
     /// | `TCPX_P2P_DEREG_WAIT_MS` | how long `dereg` waits for transfers using the region before refusing | 10000 |
     /// | `TCPX_P2P_NAME` | endpoint name sent with notifications (at most 256 bytes) | `hostname:port` |
@@ -333,6 +341,18 @@ impl Config {
         }
         if let Some(n) = size_var(&["TCPX_P2P_MAX_PEER_STREAMS"], 2, 1 << 16)? {
             c.max_peer_streams = n;
+        }
+        if let Some(n) = size_var(&["TCPX_P2P_NOTIF_PER_PEER"], 1, crate::notif::QUEUE_MAX)? {
+            c.notif_per_peer = n;
+        }
+        // A peer must be able to queue one notification of the largest size.
+        let one = crate::notif::MAX_NOTIF + crate::notif::MAX_NOTIF_NAME;
+        if let Some(n) = size_var(
+            &["TCPX_P2P_NOTIF_PER_PEER_BYTES"],
+            one,
+            crate::notif::QUEUE_MAX_BYTES,
+        )? {
+            c.notif_per_peer_bytes = n;
         }
         if let Some(n) = size_var(&["TCPX_P2P_MAX_HANDSHAKES"], 1, 1 << 16)? {
             c.max_handshakes = n;

@@ -2,9 +2,11 @@
 //! two sets of channels, each channel a send comm and a receive comm of the
 //! net. Two-sided messages use the `Msg` set and match in posting order.
 //! One-sided data uses the `Rma` set, whose order on each direction the
-//! data's receiver decides: it posts its receives and tells the sender (a
-//! `WriteCts` for a write, the `ReadReq` itself for a read) while holding
-//! the control-connection lock, and the sender posts in arrival order.
+//! data's receiver decides: it tells the sender (a `WriteCts` for a write,
+//! the `ReadReq` itself for a read) while holding the control-connection
+//! lock, and the sender posts in arrival order; the receiver posts its
+//! receives in the same order, a read's once the sender has accepted it
+//! ([`crate::rma_recvs`]).
 
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::io::{Read, Write};
@@ -25,6 +27,7 @@ use crate::net::{DataPaths, MemRef, Net, PeerInfo, RecvComm, SendComm, Waker};
 use crate::notif::{Notif, NotifQueue};
 use crate::progress::{ChunkOp, Cmd, Engine, Progress, Set};
 use crate::rma;
+use crate::rma_recvs::RmaRecvs;
 use crate::topo;
 use crate::transfer::{plan_ops, Failure, Gather, OpPlan, Transfer};
 use crate::wire::{self, Control, RmaItem};
@@ -113,6 +116,21 @@ impl ConnParams {
     }
 }
 
+/// What a connection holds for its peer at one moment (for tests of the
+/// limits: a refusal must hold nothing, whatever the request claimed).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Held {
+    /// Net requests queued or in flight in the progress engine.
+    pub ops: usize,
+    /// One-sided receives of ours waiting for their turn (reads not yet
+    /// accepted by the peer, and what is behind them).
+    pub unposted: usize,
+    /// The peer's one-sided requests accepted and not finished, and their
+    /// pieces (see [`crate::handler::Limits`]).
+    pub requests: usize,
+    pub pieces: usize,
+}
+
 /// Where an inline read's bytes land: our buffers, in order.
 type Landing = Vec<(MemRef, Arc<crate::memory::Region>)>;
 
@@ -170,6 +188,9 @@ pub struct Conn {
     live: Mutex<HashMap<u64, Arc<Transfer>>>,
     /// Writes waiting for the target's clear-to-send.
     pending_writes: Mutex<HashMap<u64, PendingWrite>>,
+    /// Receives of one-sided data coming to us, waiting for their turn
+    /// (our reads' until the peer accepts them). Taken after `oob`.
+    rma_recvs: Mutex<RmaRecvs<Vec<ChunkOp>>>,
     /// The one-sided bookkeeping: answers awaited, work held for the peer.
     book: Mutex<Book>,
     /// Threads blocked in [`Conn::wait_on`]: the net's waker wakes them.
@@ -344,6 +365,7 @@ impl Conn {
             last_tx: AtomicU64::new(now_ms()),
             live: Mutex::new(HashMap::new()),
             pending_writes: Mutex::new(HashMap::new()),
+            rma_recvs: Mutex::new(RmaRecvs::default()),
             book: Mutex::new(Book::new(p.limits)),
             waiters,
             threads: Mutex::new(Vec::new()),
@@ -397,6 +419,15 @@ impl Conn {
         if self.cmds.send(cmd).is_err() {
             // The progress thread is gone; the connection has failed already
             // and the transfers are failed by `fail`.
+        }
+    }
+
+    /// Queues the one-sided receives whose turn has come, in order (the lock
+    /// is held while queueing, so that two threads keep that order).
+    fn post_due_recvs(&self) {
+        let mut r = self.rma_recvs.lock();
+        for ops in r.due() {
+            self.enqueue(Cmd::Recv(Set::Rma, ops));
         }
     }
 
@@ -468,39 +499,51 @@ impl Conn {
         }
     }
 
-    /// Marks the connection failed and fails everything in flight.
+    /// Marks the connection failed and fails everything in flight. No
+    /// transfer ends before the progress engine has stopped and closed the
+    /// net's comms: until then a posted receive could still take bytes into
+    /// its buffers. Called from inside a round of the engine (a transfer's
+    /// end), it only marks: the round stops the engine as it returns, and
+    /// its caller calls again, which finishes.
     pub(crate) fn fail(&self, why: impl Into<Failure>) {
         let why: Failure = why.into();
-        {
+        let first = {
             let mut f = self.failed.lock();
-            if f.is_some() {
-                return;
+            let first = f.is_none();
+            f.get_or_insert_with(|| why.clone());
+            first
+        };
+        if first {
+            let peer_closed = matches!(&why, Failure::Lost(r) if r == PEER_CLOSED);
+            if self.closed.load(Ordering::Acquire) || peer_closed {
+                tracing::debug!(conn = self.id, peer = %self.peer, "connection closed: {why}");
+            } else {
+                tracing::warn!(conn = self.id, peer = %self.peer, "connection failed: {why}");
             }
-            *f = Some(why.clone());
-        }
-        let peer_closed = matches!(&why, Failure::Lost(r) if r == PEER_CLOSED);
-        if self.closed.load(Ordering::Acquire) || peer_closed {
-            tracing::debug!(conn = self.id, peer = %self.peer, "connection closed: {why}");
-        } else {
-            tracing::warn!(conn = self.id, peer = %self.peer, "connection failed: {why}");
-        }
-        let _ = self.cmds.send(Cmd::Shutdown(why.clone()));
-        if let Some(t) = self.progress.get() {
-            t.unpark();
-        }
-        {
+            let _ = self.cmds.send(Cmd::Shutdown(why.clone()));
+            if let Some(t) = self.progress.get() {
+                t.unpark();
+            }
             let oob = self.oob.lock();
             oob.close();
             let _ = oob.stream().shutdown(std::net::Shutdown::Both);
         }
-        let fl = why;
+        let fl = self.failed.lock().clone().unwrap_or(why);
+        if !self.engine.stop_now(&fl) {
+            return;
+        }
         let live: Vec<_> = self.live.lock().drain().map(|(_, t)| t).collect();
         for t in live {
             t.fail(fl.clone());
         }
         self.pending_reads.lock().clear();
         self.msg_sends.lock().clear();
-        for (_, w) in self.pending_writes.lock().drain() {
+        let unposted = self.rma_recvs.lock().clear();
+        for op in unposted.into_iter().flatten() {
+            op.xfer.fail(fl.clone());
+        }
+        let writes: Vec<_> = self.pending_writes.lock().drain().collect();
+        for (_, w) in writes {
             if let PendingWrite::Ops(ops) = w {
                 for op in ops {
                     op.xfer.fail(fl.clone());
@@ -719,18 +762,15 @@ impl Conn {
         msg.encode(&mut body);
         tracing::trace!(xfer = xfer_id, "lat: ctl out {}", msg.kind());
         let mut oob = self.oob.lock();
-        let read = ops.is_some();
         if let Some(ops) = ops {
-            // A read: receives first, then the request. The target posts its
-            // sends in the order our requests arrive: our receives' order.
-            self.enqueue(Cmd::Recv(Set::Rma, ops));
+            // A read: its receives take their place in the order of our
+            // requests for data, and are posted once the target accepts.
+            self.rma_recvs.lock().asked(xfer_id, ops);
         }
         let written = self.write_locked(&mut oob, &body);
         drop(oob);
         if let Err(e) = written {
             self.fail(format!("control connection write failed: {e}"));
-        } else if read {
-            self.kick();
         }
         Ok(xfer)
     }
@@ -909,7 +949,8 @@ impl Conn {
                 Control::WriteCts { xfer }.encode(&mut body);
                 tracing::trace!(xfer, "lat: ctl out WriteCts");
                 let mut oob = self.oob.lock();
-                self.enqueue(Cmd::Recv(Set::Rma, ops));
+                self.rma_recvs.lock().cleared(ops);
+                self.post_due_recvs();
                 let written = self.write_locked(&mut oob, &body);
                 drop(oob);
                 written.map_err(|e| Failure::Lost(e.to_string()))?;
@@ -928,34 +969,15 @@ impl Conn {
                 self.answer(&Control::ReadAck { xfer })?;
                 self.submit(Cmd::Send(Set::Rma, ops));
             }
-            Action::RefuseRead {
-                xfer,
-                reason,
-                fillers,
-            } => {
+            Action::RefuseRead { xfer, reason } => {
                 tracing::warn!(
                     conn = self.id,
                     "refused a read from {}: {reason}",
                     self.peer
                 );
-                // The reader has posted its receives: fill each with an
-                // empty message so both sides stay in step.
-                let inner = Transfer::new(0, self.id, fillers, vec![]);
-                let weak = Arc::downgrade(self);
-                inner.on_end(move |_| {
-                    if let Some(c) = weak.upgrade() {
-                        c.book.lock().fillers_sent(fillers);
-                    }
-                });
-                let ops = (0..fillers)
-                    .map(|_| ChunkOp {
-                        segs: vec![],
-                        xfer: inner.clone(),
-                        expect: None,
-                    })
-                    .collect();
+                // The reader posts its receives only once we accept: a
+                // refusal is one message, whatever the request claimed.
                 self.answer(&Control::Refused { xfer, reason })?;
-                self.submit(Cmd::Send(Set::Rma, ops));
             }
             Action::SendWrite { xfer } => match self.pending_writes.lock().remove(&xfer) {
                 Some(PendingWrite::Ops(ops)) => self.submit(Cmd::Send(Set::Rma, ops)),
@@ -979,6 +1001,20 @@ impl Conn {
                 }
             },
             Action::Acked { xfer } => {
+                let t = self.live.lock().get(&xfer).cloned();
+                if let Some(t) = t {
+                    t.complete_one();
+                }
+            }
+            Action::ReadAccepted { xfer } => {
+                // Only now may the peer's data land in the read's buffers.
+                if !self.rma_recvs.lock().accepted(xfer) {
+                    return Err(Failure::Protocol(format!(
+                        "acknowledgement of read {xfer}, which awaits none"
+                    )));
+                }
+                self.post_due_recvs();
+                self.kick();
                 let t = self.live.lock().get(&xfer).cloned();
                 if let Some(t) = t {
                     t.complete_one();
@@ -1052,6 +1088,14 @@ impl Conn {
             Action::PeerRefused { xfer, reason } => {
                 self.pending_reads.lock().remove(&xfer);
                 self.pending_writes.lock().remove(&xfer);
+                // A refused read's receives were never posted: let them go
+                // (and with them its buffers); those behind them may be due.
+                let unposted = self.rma_recvs.lock().refused(xfer);
+                if unposted.is_some() {
+                    drop(unposted);
+                    self.post_due_recvs();
+                    self.kick();
+                }
                 let t = self.live.lock().get(&xfer).cloned();
                 if let Some(t) = t {
                     t.fail(Failure::Refused(reason));
@@ -1077,6 +1121,17 @@ impl Conn {
                 .map_err(|e| Failure::Protocol(e.to_string()))?,
         }
         Ok(())
+    }
+
+    /// What this connection holds for its peer (see [`Held`]).
+    pub(crate) fn held(&self) -> Held {
+        let (requests, pieces) = self.book.lock().held();
+        Held {
+            ops: self.engine.ops(),
+            unposted: self.rma_recvs.lock().len(),
+            requests,
+            pieces,
+        }
     }
 
     /// Sends a notification on the control connection (the caller checked

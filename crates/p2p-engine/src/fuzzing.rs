@@ -1,8 +1,16 @@
-//! The control handler's fuzz harness, shared by the cargo-fuzz target
-//! (`fuzz/fuzz_targets/handler.rs`) and the stable test that runs it over
-//! seeded random inputs (`tests/handler_fuzz.rs`).
+//! Fuzz harnesses of the connection's pure state machines, shared by the
+//! cargo-fuzz targets (`fuzz/fuzz_targets/{handler,rma_recvs,notif}.rs`)
+//! and the stable test that runs them over seeded random inputs
+//! (`tests/handler_fuzz.rs`):
 //!
-//! Bytes are read as a program: each step builds one control message that
+//! - [`control_handler`]: the control handler ([`Book`]), below;
+//! - [`rma_recvs`]: the order our one-sided receives are posted in, with
+//!   reads refused, accepted, answered out of order, and the connection
+//!   ending ([`crate::rma_recvs`]), against a model of the peer's sends;
+//! - [`notif_queue`]: the notification queue's per-peer and fair-share
+//!   bounds ([`crate::notif`]), with several peers and draining.
+//!
+//! The control handler's bytes are read as a program: each step builds one control message that
 //! decodes (built with the encoders, then decoded) or a local event (our
 //! own request going out, a served request ending), and feeds it to a
 //! [`Book`] over a small registry of real memory. After each step it
@@ -12,10 +20,12 @@
 //! at most one answer. At the end, no byte outside the advertised ranges
 //! has changed.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 
 use crate::handler::{Action, Book, Ctx, Limits};
 use crate::memory::Registry;
+use crate::notif::{Notif, NotifLimits, NotifQueue};
+use crate::rma_recvs::RmaRecvs;
 use crate::transfer::{Gather, OpPlan};
 use crate::wire::{Control, RmaItem, Token};
 
@@ -105,7 +115,6 @@ pub fn control_handler(data: &[u8]) -> Seen {
     // Our requests and whether each was answered; weights served.
     let mut asked: HashMap<u64, (bool, u8)> = HashMap::new();
     let mut served: Vec<usize> = Vec::new();
-    let mut fillers: Vec<usize> = Vec::new();
     // The payload length each of our inline requests awaits.
     let mut inline_len: HashMap<u64, u32> = HashMap::new();
     // Our two-sided messages posted and acknowledged, as the model counts.
@@ -287,11 +296,7 @@ pub fn control_handler(data: &[u8]) -> Seen {
                             book.served_end(w);
                         }
                     }
-                    _ => {
-                        if let Some(f) = fillers.pop() {
-                            book.fillers_sent(f);
-                        }
-                    }
+                    _ => {}
                 }
                 continue;
             }
@@ -304,6 +309,7 @@ pub fn control_handler(data: &[u8]) -> Seen {
         let Ok(msg) = Control::decode(&wire_bytes) else {
             continue;
         };
+        let held_before = book.held();
         let action = match book.on_control(cx, msg) {
             Ok(a) => a,
             Err(_) => {
@@ -358,12 +364,16 @@ pub fn control_handler(data: &[u8]) -> Seen {
                 }
                 served.push(weight);
             }
-            Action::RefuseWrite { .. } => seen.refused += 1,
+            Action::RefuseWrite { .. } => {
+                seen.refused += 1;
+                assert_eq!(book.held(), held_before, "a refusal held something");
+            }
             // Bounded by the endpoint's queue, not by the book.
             Action::Notif { .. } => {}
-            Action::RefuseRead { fillers: f, .. } => {
+            Action::RefuseRead { .. } => {
+                // A refusal holds nothing, whatever the request claimed.
                 seen.refused += 1;
-                fillers.push(f);
+                assert_eq!(book.held(), held_before, "a refusal held something");
             }
             Action::SendWrite { xfer } => {
                 let a = asked
@@ -375,8 +385,15 @@ pub fn control_handler(data: &[u8]) -> Seen {
             Action::Acked { xfer } => {
                 let a = asked.remove(&xfer).expect("an answer to a request we made");
                 assert!(
-                    (a.0 && a.1 == 0) || (!a.0 && (a.1 == 1 || a.1 == 2)),
-                    "a write acknowledged before it was cleared, or an inline read acknowledged"
+                    !a.0 && (a.1 == 1 || a.1 == 2),
+                    "a write acknowledged before it was cleared, or a read acknowledged as a write"
+                );
+            }
+            Action::ReadAccepted { xfer } => {
+                let a = asked.remove(&xfer).expect("an answer to a request we made");
+                assert!(
+                    a.0 && a.1 == 0,
+                    "a read acceptance for no read awaiting one"
                 );
             }
             Action::PeerRefused { xfer, .. } => {
@@ -435,10 +452,9 @@ pub fn control_handler(data: &[u8]) -> Seen {
             Action::Nothing => {}
         }
         assert_eq!(book.msgs_unacked(), msgs_sent - msgs_acked);
-        let (reqs, items, fill) = book.held();
+        let (reqs, items) = book.held();
         assert!(reqs <= LIMITS.max_requests);
         assert!(items <= LIMITS.max_items);
-        assert!(fill <= LIMITS.max_items);
         assert_eq!(
             book.awaiting(),
             asked.len(),
@@ -455,5 +471,233 @@ pub fn control_handler(data: &[u8]) -> Seen {
         }
     }
     drop(other);
+    seen
+}
+
+/// What a run of [`rma_recvs`] saw.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct RecvsSeen {
+    pub steps: u64,
+    pub accepted: u64,
+    pub refused: u64,
+    pub posted: u64,
+}
+
+/// Runs one input through [`RmaRecvs`]: our requests for data (reads, and
+/// clear-to-sends of the peer's writes) go out; the peer answers reads
+/// (in order, as an honest peer does, or out of order, or twice, or for
+/// reads we never made); the connection may end. Panics on a broken
+/// invariant: a refused read's receives, or a read's before its
+/// acceptance, are never posted; receives are posted in the order of our
+/// requests; with answers in order, what we post is exactly the peer's
+/// sends, request for request; at the end nothing is lost (posted, let
+/// go as refused, or handed back when the connection ends).
+pub fn rma_recvs(data: &[u8]) -> RecvsSeen {
+    let mut seen = RecvsSeen::default();
+    let mut b = Bytes(data);
+    let mut r: RmaRecvs<u64> = RmaRecvs::default();
+    // Our requests in order: (id, is a read); reads' answers so far.
+    let mut requests: Vec<(u64, bool)> = Vec::new();
+    let mut answer: HashMap<u64, bool> = HashMap::new();
+    let mut next = 0u64;
+    let mut posted: Vec<u64> = Vec::new();
+    let mut dropped: Vec<u64> = Vec::new();
+    // Reads awaiting an answer, in request order (an honest peer answers
+    // the oldest first).
+    let mut waiting: VecDeque<u64> = VecDeque::new();
+    for _ in 0..512 {
+        if b.done() {
+            break;
+        }
+        seen.steps += 1;
+        match b.u8() % 8 {
+            0 | 1 => {
+                r.asked(next, next);
+                requests.push((next, true));
+                waiting.push_back(next);
+                next += 1;
+            }
+            2 => {
+                r.cleared(next);
+                requests.push((next, false));
+                next += 1;
+            }
+            3..=5 => {
+                // An answer: mostly the oldest read, now and then another
+                // one, a repeated one or one never asked.
+                let how = b.u8();
+                let xfer = match how % 8 {
+                    0 if !waiting.is_empty() => waiting[b.u8() as usize % waiting.len()],
+                    1 => b.u8() as u64 % (next + 2),
+                    _ => match waiting.front() {
+                        Some(&x) => x,
+                        None => continue,
+                    },
+                };
+                let accept = how & 0x80 == 0;
+                let known = waiting.contains(&xfer);
+                if accept {
+                    assert_eq!(r.accepted(xfer), known, "acceptance of read {xfer}");
+                } else {
+                    match r.refused(xfer) {
+                        Some(x) => {
+                            assert!(known, "refused a read not awaiting an answer");
+                            assert_eq!(x, xfer);
+                            dropped.push(x);
+                        }
+                        None => assert!(!known, "a waiting read {xfer} not refused"),
+                    }
+                }
+                if known {
+                    waiting.retain(|&x| x != xfer);
+                    answer.insert(xfer, accept);
+                    if accept {
+                        seen.accepted += 1;
+                    } else {
+                        seen.refused += 1;
+                    }
+                }
+            }
+            6 => {
+                for x in r.due() {
+                    // Never posted: a read before its acceptance, a refused
+                    // read; and posted in request order.
+                    if requests[x as usize].1 {
+                        assert_eq!(answer.get(&x), Some(&true), "read {x} posted unaccepted");
+                    }
+                    assert!(posted.last().is_none_or(|&l| l < x), "out of order");
+                    posted.push(x);
+                }
+            }
+            _ if b.u8() == 0xFF => {
+                // The connection ends: what waits is handed back.
+                let rest = r.clear();
+                assert!(r.is_empty());
+                dropped.extend(rest);
+                break;
+            }
+            _ => {}
+        }
+        assert_eq!(
+            posted.len() + dropped.len() + r.len(),
+            requests.len(),
+            "a request's receives were lost or doubled"
+        );
+    }
+    for x in r.due() {
+        posted.push(x);
+    }
+    seen.posted = posted.len() as u64;
+    // The peer's sends: our requests in order, less the refused reads.
+    // Every one of them whose turn came is what we posted, in order.
+    let sends: Vec<u64> = requests
+        .iter()
+        .filter(|&&(id, read)| !read || answer.get(&id) == Some(&true))
+        .map(|&(id, _)| id)
+        .collect();
+    assert!(
+        sends.starts_with(&posted),
+        "posted {posted:?}, the peer sends {sends:?}"
+    );
+    // Whatever was answered has been posted, up to the first read that
+    // awaits an answer (or handed back, the connection having ended).
+    let first_waiting = requests
+        .iter()
+        .find(|&&(id, read)| read && !answer.contains_key(&id))
+        .map(|&(id, _)| id);
+    let posted_set: std::collections::HashSet<u64> = posted.iter().copied().collect();
+    let dropped_set: std::collections::HashSet<u64> = dropped.iter().copied().collect();
+    for &x in &sends {
+        if first_waiting.is_some_and(|w| x > w) || dropped_set.contains(&x) {
+            continue;
+        }
+        assert!(posted_set.contains(&x), "{x} never posted");
+    }
+    seen
+}
+
+/// What a run of [`notif_queue`] saw.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct NotifSeen {
+    pub pushed: u64,
+    pub refused: u64,
+    pub drained: u64,
+}
+
+/// Runs one input through a [`NotifQueue`] with small bounds: up to eight
+/// peers push notifications of random sizes, the application drains now
+/// and then. Panics on a broken invariant: a peer holds more than its own
+/// bounds (so the endpoint more than those bounds times the peers); a
+/// peer under its own bounds, and under its fair share once the endpoint's
+/// figures are reached, is refused (or one past them served); a drain
+/// returns other than what was taken, in order.
+pub fn notif_queue(data: &[u8]) -> NotifSeen {
+    let mut seen = NotifSeen::default();
+    let mut b = Bytes(data);
+    let l = NotifLimits {
+        max: 1 + b.u8() as usize % 64,
+        max_bytes: 1 + b.u16() as usize % 4096,
+        per_peer: 1 + b.u8() as usize % 48,
+        per_peer_bytes: 1 + b.u16() as usize % 3072,
+    };
+    let q = NotifQueue::new(l);
+    let mut model: VecDeque<Notif> = VecDeque::new();
+    let mut by_conn: HashMap<u64, (usize, usize)> = HashMap::new();
+    for _ in 0..2048 {
+        if b.done() {
+            break;
+        }
+        let op = b.u8();
+        if op < 16 {
+            let got = q.drain();
+            assert!(
+                got.iter().eq(model.iter()),
+                "drain differs from what was taken"
+            );
+            seen.drained += got.len() as u64;
+            model.clear();
+            by_conn.clear();
+            continue;
+        }
+        let conn = u64::from(op % 8);
+        let n = Notif {
+            from_name: format!("p{conn}"),
+            conn,
+            msg: vec![op; b.u8() as usize],
+        };
+        let size = n.msg.len() + n.from_name.len();
+        let (count, bytes) = by_conn.get(&conn).copied().unwrap_or((0, 0));
+        let own_ok = count < l.per_peer && bytes + size <= l.per_peer_bytes;
+        let total: usize = by_conn.values().map(|v| v.1).sum();
+        let full = model.len() >= l.max || total + size > l.max_bytes;
+        let peers = by_conn.len() + usize::from(count == 0);
+        let share_ok = count < l.max / peers && bytes + size <= l.max_bytes / peers;
+        let want = own_ok && (!full || share_ok);
+        match q.push(n.clone()) {
+            Ok(()) => {
+                assert!(
+                    want,
+                    "served past a bound: {l:?} peer {conn} held {count}/{bytes}"
+                );
+                seen.pushed += 1;
+                let e = by_conn.entry(conn).or_default();
+                e.0 += 1;
+                e.1 += size;
+                model.push_back(n);
+            }
+            Err(e) => {
+                assert!(!want, "refused within its bounds: {e} ({l:?})");
+                assert_eq!((e.count, e.bytes), (count, bytes));
+                seen.refused += 1;
+            }
+        }
+        let (held, held_bytes) = q.held();
+        assert_eq!(held, model.len());
+        let peers = by_conn.len();
+        assert!(held <= peers * l.per_peer && held_bytes <= peers * l.per_peer_bytes);
+        for &(c, bts) in by_conn.values() {
+            assert!(c <= l.per_peer && bts <= l.per_peer_bytes);
+        }
+    }
     seen
 }

@@ -26,9 +26,9 @@ pub struct Limits {
     /// (`TCPX_P2P_MAX_REQUESTS`).
     pub max_requests: usize,
     /// Pieces held for the peer's accepted requests: one per item plus one
-    /// per net request they need (`TCPX_P2P_MAX_PENDING_ITEMS`). The empty
-    /// messages that keep a refused read in step have a budget of the same
-    /// size of their own.
+    /// per net request they need (`TCPX_P2P_MAX_PENDING_ITEMS`). A refused
+    /// request holds nothing: the reader of a refused read has posted no
+    /// receive for it (see [`crate::rma_recvs`]).
     pub max_items: usize,
 }
 
@@ -60,17 +60,6 @@ enum Awaiting {
 pub enum ProtocolError {
     #[error("peer broke the protocol: {what} for transfer {xfer}, which awaits no such answer (duplicate or unknown)")]
     Unexpected { what: &'static str, xfer: u64 },
-    #[error("peer broke the protocol: read request {xfer} has run lengths that overflow")]
-    Overflow { xfer: u64 },
-    #[error(
-        "peer broke the protocol: read request {xfer} cannot be refused in step: its {fillers} \
-         empty messages exceed the {left} left of TCPX_P2P_MAX_PENDING_ITEMS"
-    )]
-    TooManyFillers {
-        xfer: u64,
-        fillers: u64,
-        left: usize,
-    },
     #[error("peer broke the protocol: inline data of {len} bytes for read {xfer}, which asked for {want}")]
     InlineLength { xfer: u64, len: u32, want: u32 },
     #[error(
@@ -107,13 +96,11 @@ pub enum Action {
         xfer: u64,
         reason: String,
     },
-    /// Refuse the peer's read: send `Refused`, then `fillers` empty
-    /// messages (the reader posted that many receives). Hand them back with
-    /// [`Book::fillers_sent`].
+    /// Refuse the peer's read: send `Refused`, and nothing else (the reader
+    /// posts its receives only once we accept).
     RefuseRead {
         xfer: u64,
         reason: String,
-        fillers: usize,
     },
     /// The peer cleared our write `xfer`: send its data.
     SendWrite {
@@ -121,6 +108,11 @@ pub enum Action {
     },
     /// The peer's one acknowledgement of our transfer `xfer`.
     Acked {
+        xfer: u64,
+    },
+    /// The peer accepted our read `xfer` (its one acknowledgement): post
+    /// the read's receives in their turn; the data follows.
+    ReadAccepted {
         xfer: u64,
     },
     /// The peer refused our transfer `xfer`.
@@ -189,8 +181,6 @@ pub struct Book {
     /// Accepted requests of the peer not yet finished, and their pieces.
     served: usize,
     served_items: usize,
-    /// Empty messages of refused reads not yet sent.
-    fillers: usize,
     /// Our two-sided messages posted, and how many the peer has
     /// acknowledged (see [`Control::MsgDone`]).
     msgs_sent: u64,
@@ -252,14 +242,9 @@ impl Book {
         self.served_items = self.served_items.saturating_sub(weight);
     }
 
-    /// Empty messages of a refused read were sent (or dropped).
-    pub fn fillers_sent(&mut self, n: usize) {
-        self.fillers = self.fillers.saturating_sub(n);
-    }
-
-    /// What we hold for the peer: accepted requests, their pieces, fillers.
-    pub fn held(&self) -> (usize, usize, usize) {
-        (self.served, self.served_items, self.fillers)
+    /// What we hold for the peer: accepted requests and their pieces.
+    pub fn held(&self) -> (usize, usize) {
+        (self.served, self.served_items)
     }
 
     /// Our requests still awaiting an answer.
@@ -300,28 +285,8 @@ impl Book {
                     plan,
                     weight,
                 },
-                Err(reason) => {
-                    // The reader posted one receive per request of its plan
-                    // of the runs' lengths: each gets an empty message. Its
-                    // count is computed, never allocated, from the claim.
-                    let lens =
-                        wire::run_lengths(&items, &runs).ok_or(ProtocolError::Overflow { xfer })?;
-                    let fillers = plan_len(&lens, cx.chunk, cx.gather);
-                    let left = self.limits.max_items.saturating_sub(self.fillers);
-                    if fillers > left as u64 {
-                        return Err(ProtocolError::TooManyFillers {
-                            xfer,
-                            fillers,
-                            left,
-                        });
-                    }
-                    self.fillers += fillers as usize;
-                    Action::RefuseRead {
-                        xfer,
-                        reason,
-                        fillers: fillers as usize,
-                    }
-                }
+                // Nothing is sized from the claim, and nothing is held.
+                Err(reason) => Action::RefuseRead { xfer, reason },
             },
             Control::WriteInline {
                 xfer,
@@ -410,7 +375,10 @@ impl Book {
                 }
             },
             Control::WriteDone { xfer } => self.answer(xfer, Awaiting::Done, "WriteDone")?,
-            Control::ReadAck { xfer } => self.answer(xfer, Awaiting::ReadAck, "ReadAck")?,
+            Control::ReadAck { xfer } => match self.answer(xfer, Awaiting::ReadAck, "ReadAck")? {
+                Action::Acked { xfer } => Action::ReadAccepted { xfer },
+                a => a,
+            },
             Control::Refused { xfer, reason } => match self.ours.remove(&xfer) {
                 Some(_) => Action::PeerRefused { xfer, reason },
                 None => {
@@ -541,16 +509,24 @@ mod tests {
         let f = fixture();
         let mut b = Book::new(Limits::default());
         let bogus = Token { id: 999, secret: 1 };
-        let m = Control::ReadReq {
-            xfer: 7,
-            items: vec![item(&f, 0, 1 << 62, bogus)],
-            runs: vec![1],
-        };
-        // 2^62 bytes in 4 KiB chunks: far more fillers than the budget.
-        assert!(matches!(
-            b.on_control(cx(&f), m),
-            Err(ProtocolError::TooManyFillers { xfer: 7, .. })
-        ));
+        // Reads of 2^62 bytes (2^50 chunks), or of u64::MAX bytes in runs
+        // whose lengths overflow, again and again: each is refused with
+        // nothing sized, nothing held, and the connection goes on.
+        for xfer in 0..1000 {
+            let m = Control::ReadReq {
+                xfer,
+                items: vec![item(&f, 0, 1 << 62, bogus), item(&f, 0, u64::MAX, bogus)],
+                runs: vec![2],
+            };
+            match b.on_control(cx(&f), m) {
+                Ok(Action::RefuseRead { xfer: x, reason }) => {
+                    assert_eq!(x, xfer);
+                    assert!(reason.contains("unknown or stale"), "{reason}");
+                }
+                a => panic!("{a:?}"),
+            }
+            assert_eq!(b.held(), (0, 0));
+        }
         let m = Control::WriteReq {
             xfer: 8,
             items: vec![item(&f, 0, 1 << 62, bogus)],
@@ -560,23 +536,17 @@ mod tests {
             b.on_control(cx(&f), m),
             Ok(Action::RefuseWrite { xfer: 8, .. })
         ));
-        // A small refused read is kept in step with a few empty messages.
+        assert_eq!(b.held(), (0, 0));
+        // A legitimate read is still served.
         let m = Control::ReadReq {
             xfer: 9,
-            items: vec![item(&f, 0, 3 * 4096, bogus)],
+            items: vec![item(&f, 4096, 8192, f.token)],
             runs: vec![1],
         };
         assert!(matches!(
             b.on_control(cx(&f), m),
-            Ok(Action::RefuseRead {
-                xfer: 9,
-                fillers: 3,
-                ..
-            })
+            Ok(Action::AcceptRead { xfer: 9, .. })
         ));
-        assert_eq!(b.held(), (0, 0, 3));
-        b.fillers_sent(3);
-        assert_eq!(b.held(), (0, 0, 0));
     }
 
     #[test]
@@ -639,7 +609,7 @@ mod tests {
         b.expect(1, true);
         assert!(matches!(
             b.on_control(cx(&f), Control::ReadAck { xfer: 1 }),
-            Ok(Action::Acked { xfer: 1 })
+            Ok(Action::ReadAccepted { xfer: 1 })
         ));
         assert!(
             b.on_control(cx(&f), Control::ReadAck { xfer: 1 }).is_err(),
@@ -768,14 +738,14 @@ mod tests {
             a => panic!("{a:?}"),
         }
         b.served_end(2);
-        assert_eq!(b.held(), (0, 0, 0));
+        assert_eq!(b.held(), (0, 0));
         // Payload longer or shorter than the items: dropped, nothing held.
         for payload in [99, 101] {
             assert!(matches!(
                 b.on_control(cx(&f), w(3, 4096, 100, f.token, payload)).unwrap(),
                 Action::DropWrite { xfer: 3, len, .. } if len == payload as usize
             ));
-            assert_eq!(b.held(), (0, 0, 0));
+            assert_eq!(b.held(), (0, 0));
         }
         // Outside the advertised range, or a forged token.
         let forged = Token {
@@ -792,7 +762,7 @@ mod tests {
                 Action::DropWrite { .. }
             ));
         }
-        assert_eq!(b.held(), (0, 0, 0));
+        assert_eq!(b.held(), (0, 0));
     }
 
     #[test]

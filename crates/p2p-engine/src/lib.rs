@@ -27,6 +27,7 @@ pub mod notif;
 mod oob_out;
 mod progress;
 mod rma;
+mod rma_recvs;
 mod topo;
 mod transfer;
 mod wire;
@@ -74,9 +75,11 @@ pub mod internal {
     pub use crate::config::{parse_size, PLUGIN_CHANNELS, PLUGIN_CHUNK};
     // The control framing, the handshake's pieces and the control handler,
     // for the test suite's hostile peer and the fuzz targets.
-    pub use crate::conn::{read_frame, write_frame};
+    pub use crate::conn::{read_frame, write_frame, Held};
     pub use crate::endpoint::token_from_keys;
-    pub use crate::fuzzing::{control_handler, Seen, LIMITS};
+    pub use crate::fuzzing::{
+        control_handler, notif_queue, rma_recvs, NotifSeen, RecvsSeen, Seen, LIMITS,
+    };
     pub use crate::handler::{Action, Book, Ctx, Limits, ProtocolError};
     pub use crate::handshake::{
         check_handles, negotiate, nonce, proof, verify, Agreed, Refusal, Role,

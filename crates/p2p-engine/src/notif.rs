@@ -1,19 +1,34 @@
 //! Notifications: short messages a peer sends on their own or after a
 //! one-sided transfer, queued per endpoint until the application takes them
-//! ([`crate::Endpoint::get_notifs`]). The queue is bounded: a peer whose
-//! notification would go past the bound has its connection failed, so a
-//! peer that floods cannot make us hold memory without limit.
+//! ([`crate::Endpoint::get_notifs`]). What a peer may make us queue is
+//! bounded per peer, so that one peer that floods is the one refused (its
+//! connection fails) while the others' notifications still arrive:
+//!
+//! - each connection may have at most [`NotifLimits::per_peer`]
+//!   notifications and [`NotifLimits::per_peer_bytes`] bytes queued
+//!   (`TCPX_P2P_NOTIF_PER_PEER`, `TCPX_P2P_NOTIF_PER_PEER_BYTES`);
+//! - so the endpoint holds at most those bounds times its connections;
+//!   and once it holds [`QUEUE_MAX`] notifications or [`QUEUE_MAX_BYTES`]
+//!   bytes, a peer that holds its fair share of them (those figures divided
+//!   among the peers with notifications queued) or more is refused too.
+//!   A peer under its share is still served: one peer's flood never
+//!   refuses another.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 
 use parking_lot::Mutex;
 
 pub use crate::wire::{MAX_NOTIF, MAX_NOTIF_NAME};
 
-/// Most notifications an endpoint queues.
+/// Notifications an endpoint queues before its fair-share rule applies.
 pub const QUEUE_MAX: usize = 65_536;
-/// Most bytes (messages and sender names) an endpoint queues.
+/// Bytes (messages and sender names) an endpoint queues before its
+/// fair-share rule applies.
 pub const QUEUE_MAX_BYTES: usize = 64 << 20;
+/// Most notifications one peer may have queued (`TCPX_P2P_NOTIF_PER_PEER`).
+pub const PER_PEER: usize = 4096;
+/// Most bytes one peer may have queued (`TCPX_P2P_NOTIF_PER_PEER_BYTES`).
+pub const PER_PEER_BYTES: usize = 8 << 20;
 
 /// A notification received from a peer.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -31,57 +46,118 @@ impl Notif {
     }
 }
 
-/// The queue was full: the notification was not taken.
+/// The bounds of a [`NotifQueue`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NotifLimits {
+    /// Notifications and bytes of the whole endpoint (see the fair share).
+    pub max: usize,
+    pub max_bytes: usize,
+    /// Notifications and bytes of one connection.
+    pub per_peer: usize,
+    pub per_peer_bytes: usize,
+}
+
+impl Default for NotifLimits {
+    fn default() -> Self {
+        NotifLimits {
+            max: QUEUE_MAX,
+            max_bytes: QUEUE_MAX_BYTES,
+            per_peer: PER_PEER,
+            per_peer_bytes: PER_PEER_BYTES,
+        }
+    }
+}
+
+/// A peer's notification was refused: it went past its bound.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[error(
-    "notification queue full ({count} queued, {bytes} bytes; at most {max} and {max_bytes} bytes): the application does not take them (get_notifs) or the peer floods"
+    "notification refused: this peer has {count} notifications ({bytes} bytes) queued, \
+     at most {max} and {max_bytes} bytes ({why}); the application does not take them \
+     (get_notifs) or the peer floods"
 )]
 pub struct QueueFull {
+    /// What the refused peer holds, and the bound it went past.
     pub count: usize,
     pub bytes: usize,
     pub max: usize,
     pub max_bytes: usize,
+    pub why: &'static str,
 }
 
-/// Received notifications, oldest first, bounded in count and bytes.
+#[derive(Default)]
+struct Queued {
+    q: VecDeque<Notif>,
+    bytes: usize,
+    /// Per connection: notifications and bytes queued.
+    by_conn: HashMap<u64, (usize, usize)>,
+}
+
+/// Received notifications, oldest first, bounded per peer and in all.
 pub(crate) struct NotifQueue {
-    q: Mutex<(VecDeque<Notif>, usize)>,
-    max: usize,
-    max_bytes: usize,
+    q: Mutex<Queued>,
+    limits: NotifLimits,
 }
 
 impl NotifQueue {
-    pub(crate) fn new(max: usize, max_bytes: usize) -> Self {
+    pub(crate) fn new(limits: NotifLimits) -> Self {
         NotifQueue {
-            q: Mutex::new((VecDeque::new(), 0)),
-            max,
-            max_bytes,
+            q: Mutex::new(Queued::default()),
+            limits,
         }
     }
 
-    /// Queues `n`, or refuses it when the queue would go past its bounds.
+    /// Queues `n`, or refuses it when its peer would go past its bound.
     pub(crate) fn push(&self, n: Notif) -> Result<(), QueueFull> {
+        let l = self.limits;
         let mut g = self.q.lock();
-        let (q, bytes) = &mut *g;
         let size = n.bytes();
-        if q.len() >= self.max || bytes.saturating_add(size) > self.max_bytes {
-            return Err(QueueFull {
-                count: q.len(),
-                bytes: *bytes,
-                max: self.max,
-                max_bytes: self.max_bytes,
-            });
+        let (count, bytes) = g.by_conn.get(&n.conn).copied().unwrap_or((0, 0));
+        let refuse = |max, max_bytes, why| QueueFull {
+            count,
+            bytes,
+            max,
+            max_bytes,
+            why,
+        };
+        if count >= l.per_peer || bytes.saturating_add(size) > l.per_peer_bytes {
+            return Err(refuse(
+                l.per_peer,
+                l.per_peer_bytes,
+                "per peer: TCPX_P2P_NOTIF_PER_PEER, TCPX_P2P_NOTIF_PER_PEER_BYTES",
+            ));
         }
-        *bytes += size;
-        q.push_back(n);
+        if g.q.len() >= l.max || g.bytes.saturating_add(size) > l.max_bytes {
+            // The endpoint is full: refuse only a peer at or past its share.
+            let peers = g.by_conn.len() + usize::from(count == 0);
+            let (share, share_bytes) = (l.max / peers, l.max_bytes / peers);
+            if count >= share || bytes.saturating_add(size) > share_bytes {
+                return Err(refuse(
+                    share,
+                    share_bytes,
+                    "its share of the endpoint's queue, which is full",
+                ));
+            }
+        }
+        g.bytes += size;
+        let e = g.by_conn.entry(n.conn).or_default();
+        e.0 += 1;
+        e.1 += size;
+        g.q.push_back(n);
         Ok(())
     }
 
     /// Takes everything queued, oldest first.
     pub(crate) fn drain(&self) -> Vec<Notif> {
         let mut g = self.q.lock();
-        g.1 = 0;
-        g.0.drain(..).collect()
+        g.bytes = 0;
+        g.by_conn.clear();
+        g.q.drain(..).collect()
+    }
+
+    /// Notifications and bytes queued, in all.
+    pub(crate) fn held(&self) -> (usize, usize) {
+        let g = self.q.lock();
+        (g.q.len(), g.bytes)
     }
 }
 
@@ -89,29 +165,71 @@ impl NotifQueue {
 mod tests {
     use super::*;
 
-    fn n(i: u8, len: usize) -> Notif {
+    fn n(conn: u64, len: usize) -> Notif {
         Notif {
             from_name: "p".into(),
-            conn: i as u64,
-            msg: vec![i; len],
+            conn,
+            msg: vec![conn as u8; len],
+        }
+    }
+
+    fn limits(max: usize, max_bytes: usize, per_peer: usize, per_peer_bytes: usize) -> NotifLimits {
+        NotifLimits {
+            max,
+            max_bytes,
+            per_peer,
+            per_peer_bytes,
         }
     }
 
     #[test]
-    fn drains_in_order_and_bounds_count_and_bytes() {
-        let q = NotifQueue::new(3, 100);
-        for i in 0..3 {
-            q.push(n(i, 10)).unwrap();
+    fn drains_in_order_and_bounds_each_peer_by_count_and_bytes() {
+        let q = NotifQueue::new(limits(100, 10_000, 3, 100));
+        for _ in 0..3 {
+            q.push(n(1, 10)).unwrap();
         }
-        let full = q.push(n(9, 1)).unwrap_err();
-        assert_eq!((full.count, full.bytes), (3, 33));
+        let full = q.push(n(1, 1)).unwrap_err();
+        assert_eq!((full.count, full.bytes, full.max), (3, 33, 3));
+        // Another peer is not affected.
+        q.push(n(2, 10)).unwrap();
         let got = q.drain();
-        assert_eq!(got, vec![n(0, 10), n(1, 10), n(2, 10)]);
+        assert_eq!(got, vec![n(1, 10), n(1, 10), n(1, 10), n(2, 10)]);
         assert!(q.drain().is_empty());
-        // bytes (message and name): 99 queued, 2 more do not fit; draining frees them
+        // Bytes (message and name): 99 queued, 2 more do not fit; draining frees them.
         q.push(n(1, 98)).unwrap();
-        assert!(q.push(n(2, 1)).is_err());
-        assert_eq!(q.drain().len(), 1);
-        q.push(n(3, 98)).unwrap();
+        assert!(q.push(n(1, 1)).is_err());
+        q.push(n(2, 98)).unwrap();
+        assert_eq!(q.drain().len(), 2);
+        q.push(n(1, 98)).unwrap();
+    }
+
+    #[test]
+    fn a_full_endpoint_refuses_only_peers_at_their_share() {
+        // Room for 6 in all; each peer may hold 6 on its own.
+        let q = NotifQueue::new(limits(6, 10_000, 6, 10_000));
+        for _ in 0..5 {
+            q.push(n(1, 0)).unwrap();
+        }
+        q.push(n(2, 0)).unwrap();
+        assert_eq!(q.held().0, 6);
+        // Full: peer 1 holds 5 of a share of 3 (6 among 2): refused.
+        assert!(q.push(n(1, 0)).unwrap_err().why.contains("share"));
+        // Peers 2 and 3 are under their share (peer 2: 1 of 3, 6 among
+        // 2; peer 3: none of 2, 6 among 3): still served.
+        q.push(n(2, 0)).unwrap();
+        q.push(n(3, 0)).unwrap();
+        assert_eq!(q.held().0, 8);
+        // Peer 2 now holds its share (2): refused.
+        assert!(q.push(n(2, 0)).is_err());
+        // Bytes alike.
+        let q = NotifQueue::new(limits(100, 100, 100, 90));
+        q.push(n(1, 89)).unwrap();
+        assert!(q.push(n(1, 1)).is_err(), "its own bound");
+        q.push(n(2, 9)).unwrap();
+        assert!(
+            q.push(n(2, 60)).is_err(),
+            "full, 70 bytes past a share of 50"
+        );
+        q.push(n(3, 20)).unwrap();
     }
 }

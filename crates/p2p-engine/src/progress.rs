@@ -5,6 +5,7 @@
 //! same order, so send and receive requests line up on every comm.
 
 use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -308,13 +309,10 @@ impl CommState {
         Ok(())
     }
 
-    fn fail_all(&mut self, why: &Failure) {
-        for (_, op) in self.inflight.drain(..) {
-            op.xfer.fail(why.clone());
-        }
-        for op in self.pending.drain(..) {
-            op.xfer.fail(why.clone());
-        }
+    /// Takes every op, posted or not (the connection stops).
+    fn take_ops(&mut self, out: &mut Vec<ChunkOp>) {
+        out.extend(self.inflight.drain(..).map(|(_, op)| op));
+        out.extend(self.pending.drain(..));
     }
 
     fn drop_region(&mut self, id: u64) {
@@ -435,21 +433,19 @@ impl Progress {
         self.all().any(|c| !c.inflight.is_empty())
     }
 
-    /// Fails every transfer still queued or in flight.
-    pub fn fail_all(&mut self, why: &Failure) {
-        tracing::debug!(conn = self.conn, "failing what is in flight: {why}");
-        let f = why.clone();
+    /// Takes every op still queued or in flight, and those of commands
+    /// that raced with the shutdown.
+    pub fn take_ops(&mut self) -> Vec<ChunkOp> {
+        let mut ops = Vec::new();
         for c in self.all() {
-            c.fail_all(&f);
+            c.take_ops(&mut ops);
         }
-        // Commands that raced with the shutdown.
         while let Ok(c) = self.cmds.try_recv() {
-            if let Cmd::Send(_, ops) | Cmd::Recv(_, ops) = c {
-                for op in ops {
-                    op.xfer.fail(f.clone());
-                }
+            if let Cmd::Send(_, o) | Cmd::Recv(_, o) = c {
+                ops.extend(o);
             }
         }
+        ops
     }
 }
 
@@ -460,6 +456,20 @@ pub struct Engine {
     state: Mutex<Option<Progress>>,
     polling: bool,
     spin: Duration,
+    /// The thread running a round or a stop now (0: none): a stop asked
+    /// for by that thread itself (a transfer's end, run inside the round,
+    /// failing the connection) is left to the round, which stops the
+    /// engine when it returns.
+    owner: AtomicU64,
+    /// Why a stop was asked for from inside a round.
+    stop_asked: Mutex<Option<Failure>>,
+}
+
+/// This thread's number for [`Engine::owner`] (never 0).
+fn thread_no() -> u64 {
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    thread_local!(static NO: u64 = NEXT.fetch_add(1, Ordering::Relaxed));
+    NO.with(|n| *n)
 }
 
 impl Engine {
@@ -468,14 +478,54 @@ impl Engine {
             polling: p.polling,
             spin: p.spin,
             state: Mutex::new(Some(p)),
+            owner: AtomicU64::new(0),
+            stop_asked: Mutex::new(None),
         }
     }
 
-    fn stop(slot: &mut Option<Progress>, why: Failure) -> Failure {
+    /// Stops on the locked state: the net's comms are closed first (their
+    /// threads joined, so no byte lands in a posted buffer any more), and
+    /// only then do the transfers of the ops they held fail.
+    fn stop(&self, slot: &mut Option<Progress>, why: Failure) -> Failure {
         if let Some(mut p) = slot.take() {
-            p.fail_all(&why);
+            tracing::debug!(conn = p.conn, "failing what is in flight: {why}");
+            let xfers: Vec<Arc<Transfer>> = p.take_ops().into_iter().map(|op| op.xfer).collect();
+            self.owner.store(thread_no(), Ordering::Release);
+            drop(p);
+            for x in xfers {
+                x.fail(why.clone());
+            }
+            self.owner.store(0, Ordering::Release);
         }
         why
+    }
+
+    /// Stops the engine for good, its comms closed, before the caller ends
+    /// any transfer (see [`Engine::stop`]). False when called from inside a
+    /// round on this thread: that round stops the engine as it returns,
+    /// and its caller fails the connection again, which finishes then.
+    pub fn stop_now(&self, why: &Failure) -> bool {
+        if self.owner.load(Ordering::Acquire) == thread_no() {
+            self.stop_asked.lock().get_or_insert_with(|| why.clone());
+            return false;
+        }
+        self.stop(&mut self.state.lock(), why.clone());
+        true
+    }
+
+    /// One step on the locked state, this thread marked as its owner; a
+    /// stop asked for meanwhile stops the engine.
+    fn owned_step(&self, slot: &mut Option<Progress>) -> Option<Result<bool, Failure>> {
+        let p = slot.as_mut()?;
+        self.owner.store(thread_no(), Ordering::Release);
+        let r = p.step();
+        self.owner.store(0, Ordering::Release);
+        if r.is_ok() {
+            if let Some(why) = self.stop_asked.lock().take() {
+                return Some(Err(self.stop(slot, why)));
+            }
+        }
+        Some(r)
     }
 
     /// One round on the locked state. Ok(true) when the progress thread is
@@ -483,13 +533,20 @@ impl Engine {
     /// only when polled (else the net's waker calls for it when a request
     /// completes). Err(reason) when the connection stopped in this round.
     fn round(&self, slot: &mut Option<Progress>) -> Result<bool, Failure> {
-        let Some(p) = slot.as_mut() else {
-            return Ok(false);
-        };
-        match p.step() {
-            Ok(_) => Ok(p.queued() || (self.polling && p.outstanding())),
-            Err(why) => Err(Self::stop(slot, why)),
+        match self.owned_step(slot) {
+            None => Ok(false),
+            Some(Ok(_)) => Ok(slot
+                .as_mut()
+                .is_some_and(|p| p.queued() || (self.polling && p.outstanding()))),
+            Some(Err(why)) => Err(self.stop(slot, why)),
         }
+    }
+
+    /// Net requests queued or in flight, on every comm (0 once stopped).
+    pub fn ops(&self) -> usize {
+        self.state.lock().as_mut().map_or(0, |p| {
+            p.all().map(|c| c.pending.len() + c.inflight.len()).sum()
+        })
     }
 
     /// Runs one round if no other thread is running one (see `round`; a
@@ -513,12 +570,10 @@ impl Engine {
         loop {
             let (busy, outstanding) = {
                 let mut g = self.state.lock();
-                let Some(p) = g.as_mut() else {
-                    return Failure::Lost("stopped".into());
-                };
-                match p.step() {
-                    Ok(b) => (b, p.outstanding()),
-                    Err(why) => return Self::stop(&mut g, why),
+                match self.owned_step(&mut g) {
+                    None => return Failure::Lost("stopped".into()),
+                    Some(Ok(b)) => (b, g.as_mut().is_some_and(|p| p.outstanding())),
+                    Some(Err(why)) => return self.stop(&mut g, why),
                 }
             };
             if busy {

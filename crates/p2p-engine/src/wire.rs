@@ -305,8 +305,9 @@ pub const MAGIC: u64 = 0x3150_3250_5850_4354; // "TCPXP2P1"
 /// 6: a two-sided message's receiver acknowledges it (`MsgDone`), and the
 /// send completes only then. 7: the socket net cuts a message into a
 /// number of parts growing with the square root of its size (both peers
-/// must cut alike).
-pub const VERSION: u16 = 7;
+/// must cut alike). 8: a read's receives are posted only once the target
+/// accepts it (`ReadAck`), and a refused read gets no empty messages.
+pub const VERSION: u16 = 8;
 /// An ncclNet listen handle is at most this long.
 pub const NET_HANDLE_LEN: usize = 128;
 /// Most channels per set a connection may have.

@@ -1,14 +1,16 @@
-//! The control handler's fuzz harness on the stable toolchain: seeded
-//! random programs plus the committed corpus (`fuzz/corpus/handler`), with
-//! every allocation's size watched. `TCPX_P2P_FUZZ_SECS` runs it for that
-//! long instead of `TCPX_P2P_FUZZ_ITERS` inputs (default 2000).
+//! The fuzz harnesses of the connection's state machines on the stable
+//! toolchain (the control handler, the one-sided receives' order, the
+//! notification queue): seeded random programs plus the committed corpora
+//! (`fuzz/corpus/{handler,rma_recvs,notif}`), with every allocation's size
+//! watched. `TCPX_P2P_FUZZ_SECS` runs each for that long instead of
+//! `TCPX_P2P_FUZZ_ITERS` inputs (default 2000).
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use rand::{Rng, SeedableRng};
-use tcpx_p2p::internal::{control_handler, Seen};
+use tcpx_p2p::internal::{control_handler, notif_queue, rma_recvs, Seen};
 
 /// No single allocation may be larger: nothing is sized from a claim.
 const MAX_ALLOC: usize = 64 << 20;
@@ -43,6 +45,86 @@ fn add(t: &mut Seen, s: Seen) {
     t.accepted += s.accepted;
     t.refused += s.refused;
     t.protocol_errors += s.protocol_errors;
+}
+
+/// Seeded random inputs of up to `max_len` bytes, then the corpus of
+/// `target`, through `run`: returns (corpus inputs, random inputs, seconds).
+fn drive(target: &str, max_len: usize, mut run: impl FnMut(&[u8])) -> (u64, u64, f64) {
+    let mut corpus_inputs = 0u64;
+    let corpus = format!("{}/../../fuzz/corpus/{target}", env!("CARGO_MANIFEST_DIR"));
+    if let Ok(dir) = std::fs::read_dir(corpus) {
+        for e in dir.flatten() {
+            if let Ok(data) = std::fs::read(e.path()) {
+                run(&data);
+                corpus_inputs += 1;
+            }
+        }
+    }
+    let secs = std::env::var("TCPX_P2P_FUZZ_SECS")
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok());
+    let iters = std::env::var("TCPX_P2P_FUZZ_ITERS")
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+        .unwrap_or(2000);
+    let seed = std::env::var("TCPX_P2P_FUZZ_SEED")
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+        .unwrap_or(18);
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let start = Instant::now();
+    let mut random = 0u64;
+    loop {
+        match secs {
+            Some(s) if start.elapsed() >= Duration::from_secs(s) => break,
+            None if random >= iters => break,
+            _ => {}
+        }
+        let n = rng.random_range(0..max_len);
+        let data: Vec<u8> = (0..n).map(|_| rng.random()).collect();
+        run(&data);
+        random += 1;
+    }
+    (corpus_inputs, random, start.elapsed().as_secs_f64())
+}
+
+#[test]
+fn one_sided_receives_keep_request_order_and_never_post_a_refused_read() {
+    let (mut steps, mut accepted, mut refused, mut posted) = (0, 0, 0, 0);
+    let (corpus, random, secs) = drive("rma_recvs", 1024, |d| {
+        let s = rma_recvs(d);
+        steps += s.steps;
+        accepted += s.accepted;
+        refused += s.refused;
+        posted += s.posted;
+    });
+    println!(
+        "rma_recvs harness: {corpus} corpus + {random} random inputs in {secs:.0} s: \
+         {steps} steps, {accepted} reads accepted, {refused} refused, {posted} receives posted"
+    );
+    assert!(
+        accepted > 0 && refused > 0 && posted > 0,
+        "every outcome reached"
+    );
+}
+
+#[test]
+fn notification_queue_bounds_each_peer_and_serves_the_others() {
+    let (mut pushed, mut refused, mut drained) = (0, 0, 0);
+    let (corpus, random, secs) = drive("notif", 1024, |d| {
+        let s = notif_queue(d);
+        pushed += s.pushed;
+        refused += s.refused;
+        drained += s.drained;
+    });
+    println!(
+        "notif harness: {corpus} corpus + {random} random inputs in {secs:.0} s: \
+         {pushed} queued, {refused} refused, {drained} drained"
+    );
+    assert!(
+        pushed > 0 && refused > 0 && drained > 0,
+        "every outcome reached"
+    );
 }
 
 #[test]

@@ -5,7 +5,7 @@
 use std::time::{Duration, Instant};
 
 use tcpx_p2p::internal::wire::FifoItem;
-use tcpx_p2p::notif::{MAX_NOTIF, QUEUE_MAX};
+use tcpx_p2p::notif::{MAX_NOTIF, PER_PEER, QUEUE_MAX};
 use tcpx_p2p::RemoteDesc;
 use tcpx_p2p::{Config, Endpoint, Error, Notif};
 
@@ -179,9 +179,10 @@ fn refused_write_sends_no_notif() {
 #[test]
 fn flooding_peer_fails_its_connection() {
     let (a, b, ca, cb) = pair();
-    // Nobody takes b's notifications: one past the bound fails the connection.
+    // Nobody takes b's notifications: one past the peer's bound fails the
+    // connection.
     let mut sent = 0;
-    while sent <= QUEUE_MAX {
+    while sent <= PER_PEER {
         if a.send_notif(ca, b"").is_err() {
             break;
         }
@@ -196,8 +197,9 @@ fn flooding_peer_fails_its_connection() {
         Err(Error::ConnectionLost { reason, .. }) => reason,
         other => panic!("connection still up after a flood: {other:?}"),
     };
-    assert!(why.contains("notification queue full"), "{why}");
-    assert_eq!(b.get_notifs().len(), QUEUE_MAX);
+    assert!(why.contains("notification refused"), "{why}");
+    assert!(why.contains("TCPX_P2P_NOTIF_PER_PEER"), "{why}");
+    assert_eq!(b.get_notifs().len(), PER_PEER);
 }
 
 #[test]
@@ -228,4 +230,78 @@ fn write_to_self_with_notif() {
     assert_eq!((got[0].from_name.as_str(), got[0].conn), ("self", back));
     assert!(dst == src);
     assert!(a.wait(w, Some(Duration::from_secs(20))).unwrap());
+}
+
+/// Issue 29, defect 5: 65,537 empty notifications from one peer filled the
+/// endpoint's queue, and each of three other peers then lost its
+/// connection for one 16-byte notification. The flooding peer is the one
+/// refused; the others' notifications arrive and their connections stay.
+#[test]
+fn a_flooding_peer_is_refused_and_the_others_still_arrive() {
+    let b = Endpoint::new(None, cfg("target")).unwrap();
+    let addr = b.local_addr();
+    let join = |name: &str| {
+        let a = Endpoint::new(None, cfg(name)).unwrap();
+        let ca = a
+            .connect(&addr.ip().to_string(), addr.port(), None)
+            .unwrap();
+        let cb = b.accept(Some(Duration::from_secs(10))).unwrap().conn;
+        (a, ca, cb)
+    };
+    let (flood, cf, cbf) = join("flood");
+    let legit: Vec<_> = (0..3).map(|i| join(&format!("legit{i}"))).collect();
+    // Nobody takes b's notifications meanwhile.
+    for _ in 0..=QUEUE_MAX {
+        if flood.send_notif(cf, b"").is_err() {
+            break;
+        }
+    }
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let why = loop {
+        match b.conn_failure(cbf) {
+            Ok(Some(w)) => break w,
+            Err(Error::ConnectionLost { reason, .. }) => break reason,
+            _ => {}
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the flooding peer was never refused"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    assert!(why.contains("notification"), "{why}");
+    for (i, (a, ca, _)) in legit.iter().enumerate() {
+        a.send_notif(*ca, &[i as u8; 16]).unwrap();
+    }
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut got = Vec::new();
+    while got
+        .iter()
+        .filter(|n: &&Notif| n.from_name.starts_with("legit"))
+        .count()
+        < 3
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the other peers' notifications did not arrive: {:?}",
+            legit
+                .iter()
+                .map(|l| b.conn_failure(l.2))
+                .collect::<Vec<_>>()
+        );
+        got.extend(b.get_notifs());
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    for (i, (_, _, cb)) in legit.iter().enumerate() {
+        let n: Vec<_> = got.iter().filter(|n| n.conn == *cb).collect();
+        assert_eq!(n.len(), 1);
+        assert_eq!(n[0].from_name, format!("legit{i}"));
+        assert_eq!(n[0].msg, vec![i as u8; 16]);
+        assert!(
+            matches!(b.conn_failure(*cb), Ok(None)),
+            "peer {i} kept its connection"
+        );
+    }
+    let flooded = got.iter().filter(|n| n.conn == cbf).count();
+    assert_eq!(flooded, PER_PEER, "the flood held only its own share");
 }

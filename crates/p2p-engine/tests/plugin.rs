@@ -19,7 +19,6 @@
 //! Calling a C function table is FFI: `unsafe` blocks here say why they hold.
 
 use std::ffi::{c_int, c_void, CStr};
-use std::path::PathBuf;
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -30,32 +29,7 @@ use tcpx_p2p::net::Net;
 use tcpx_p2p::{Config, Endpoint, NetKind};
 
 mod common;
-use common::{buf, pattern, reg_buf};
-
-/// Where the built emulator is: `$NCCL_NET_EMU_PATH`, else in this test's
-/// target directory (`deps/`, where `cargo test --workspace` builds it, then
-/// the profile directory, where `cargo build` puts it), else the workspace
-/// target.
-fn emu_path() -> Option<PathBuf> {
-    if let Ok(p) = std::env::var("NCCL_NET_EMU_PATH") {
-        return Some(PathBuf::from(p)).filter(|p| p.is_file());
-    }
-    let name = "libnccl_net_emu.so";
-    let mut dirs = Vec::new();
-    if let Ok(exe) = std::env::current_exe() {
-        // target/<profile>/deps/plugin-<hash>
-        if let Some(deps) = exe.parent() {
-            dirs.push(deps.to_path_buf());
-            if let Some(profile) = deps.parent() {
-                dirs.push(profile.to_path_buf());
-            }
-        }
-    }
-    let ws = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target");
-    dirs.push(ws.join("debug"));
-    dirs.push(ws.join("release"));
-    dirs.into_iter().map(|d| d.join(name)).find(|p| p.is_file())
-}
+use common::{buf, emu_path, pattern, reg_buf};
 
 /// The flow-steering wait the tests use (TCPX's default, 5 s, is kept by
 /// one test that measures set-up time).

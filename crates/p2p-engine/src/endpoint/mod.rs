@@ -11,14 +11,14 @@ use std::time::{Duration, Instant};
 use parking_lot::{Condvar, Mutex, RwLock};
 
 use crate::config::{Config, NetKind};
-use crate::conn::{Conn, ConnParams};
+use crate::conn::{Conn, ConnParams, Held};
 use crate::error::{Error, Result};
 use crate::handler::Limits;
 use crate::memory::Registry;
 use crate::net::plugin::PluginNet;
 use crate::net::socket::{SocketConfig, SocketNet};
 use crate::net::{MemRef, Net, OneNet};
-use crate::notif::{Notif, NotifQueue, QUEUE_MAX, QUEUE_MAX_BYTES};
+use crate::notif::{Notif, NotifLimits, NotifQueue, QUEUE_MAX, QUEUE_MAX_BYTES};
 use crate::transfer::{Failure, Status, Transfer};
 use crate::wire::{DescEntry, FifoItem, GpuId, Metadata, RmaItem, Token};
 use crate::{gpu, topo};
@@ -158,7 +158,12 @@ impl Endpoint {
         let chunk = cfg.chunk.min(net.max_message());
         let devices =
             topo::channel_devices(&net.devices(), gpu_index, &gpu_bdf, cfg.gpu_nics.as_deref());
-        let notifs = Arc::new(NotifQueue::new(QUEUE_MAX, QUEUE_MAX_BYTES));
+        let notifs = Arc::new(NotifQueue::new(NotifLimits {
+            max: QUEUE_MAX,
+            max_bytes: QUEUE_MAX_BYTES,
+            per_peer: cfg.notif_per_peer,
+            per_peer_bytes: cfg.notif_per_peer_bytes,
+        }));
         let params = ConnParams {
             paths: Arc::new(OneNet(net.clone())),
             net,
@@ -391,6 +396,13 @@ impl Endpoint {
         v.extend(self.inner.local.ids());
         v.sort_unstable();
         v
+    }
+
+    /// What a connection makes this endpoint hold for its peer, for tests
+    /// of the limits (see [`Held`]).
+    #[doc(hidden)]
+    pub fn held_for_peer(&self, id: u64) -> Result<Held> {
+        Ok(self.conn(id)?.held())
     }
 
     /// Why a connection failed, if it did.

@@ -1,6 +1,8 @@
 //! Helpers shared by the integration tests.
 #![allow(dead_code)] // each test binary uses its own share of them
 
+use std::path::PathBuf;
+
 use tcpx_p2p::{Buf, Endpoint};
 
 /// `n` deterministic bytes, different for each seed.
@@ -22,4 +24,29 @@ pub fn reg_buf(ep: &Endpoint, ptr: u64, len: usize) -> Buf {
 /// Registers a host vector with `ep`.
 pub fn buf(ep: &Endpoint, v: &mut [u8]) -> Buf {
     reg_buf(ep, v.as_mut_ptr() as u64, v.len())
+}
+
+/// Where the built emulator is: `$NCCL_NET_EMU_PATH`, else in this test's
+/// target directory (`deps/`, where `cargo test --workspace` builds it, then
+/// the profile directory, where `cargo build` puts it), else the workspace
+/// target.
+pub fn emu_path() -> Option<PathBuf> {
+    if let Ok(p) = std::env::var("NCCL_NET_EMU_PATH") {
+        return Some(PathBuf::from(p)).filter(|p| p.is_file());
+    }
+    let name = "libnccl_net_emu.so";
+    let mut dirs = Vec::new();
+    if let Ok(exe) = std::env::current_exe() {
+        // target/<profile>/deps/plugin-<hash>
+        if let Some(deps) = exe.parent() {
+            dirs.push(deps.to_path_buf());
+            if let Some(profile) = deps.parent() {
+                dirs.push(profile.to_path_buf());
+            }
+        }
+    }
+    let ws = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target");
+    dirs.push(ws.join("debug"));
+    dirs.push(ws.join("release"));
+    dirs.into_iter().map(|d| d.join(name)).find(|p| p.is_file())
 }
