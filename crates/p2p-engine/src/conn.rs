@@ -6,7 +6,7 @@
 //! `WriteCts` for a write, the `ReadReq` itself for a read) while holding
 //! the control-connection lock, and the sender posts in arrival order.
 
-use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeSet, HashMap};
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -182,9 +182,10 @@ pub struct Conn {
     /// Our inline reads awaiting their `ReadData`: where the bytes land
     /// (None: cancelled, the bytes are read and dropped).
     pending_reads: Mutex<HashMap<u64, Option<Landing>>>,
-    /// Our sends whose messages the peer has not acknowledged yet, in
-    /// posting order: a send completes when its message has landed.
-    msg_sends: Mutex<VecDeque<Arc<Transfer>>>,
+    /// How long an orderly close waits for the peer to acknowledge our
+    /// sends (the liveness deadline): a send completes once its bytes are
+    /// out of the caller's buffer, and a close delivers what was sent.
+    delivery: Duration,
     /// Our receives' numbering and what we acknowledged.
     msg_recvs: Mutex<RecvAcks>,
 }
@@ -350,7 +351,7 @@ impl Conn {
             notifs: p.notifs.clone(),
             inline_max: p.inline_max,
             pending_reads: Mutex::new(HashMap::new()),
-            msg_sends: Mutex::new(VecDeque::new()),
+            delivery: p.deadline,
             msg_recvs: Mutex::new(RecvAcks::default()),
         });
         let weak = Arc::downgrade(&conn);
@@ -499,7 +500,6 @@ impl Conn {
             t.fail(fl.clone());
         }
         self.pending_reads.lock().clear();
-        self.msg_sends.lock().clear();
         for (_, w) in self.pending_writes.lock().drain() {
             if let PendingWrite::Ops(ops) = w {
                 for op in ops {
@@ -510,11 +510,14 @@ impl Conn {
         self.registry.forget_conn(self.id);
     }
 
-    /// Orderly close: tells the peer, fails what is still in flight, joins threads.
+    /// Orderly close: waits (up to the deadline) until the peer has
+    /// acknowledged every message we sent, tells the peer, fails what is
+    /// still in flight, joins threads.
     pub(crate) fn close(&self) {
         if self.closed.swap(true, Ordering::AcqRel) {
             return;
         }
+        self.deliver_sent();
         if self.failure().is_none() {
             let mut v = Vec::new();
             Control::Close.encode(&mut v);
@@ -531,6 +534,31 @@ impl Conn {
             if t.thread().id() != me {
                 let _ = t.join();
             }
+        }
+    }
+
+    /// A send completes once its bytes are out of the caller's buffer; its
+    /// message may still be on its way, or waiting for the peer's receive.
+    /// Before an orderly close, wait until the peer's `MsgDone` counts cover
+    /// every message we sent, the connection fails, or the deadline passes,
+    /// so that a sender may close (or drop its endpoint and exit) right
+    /// after `send` returns and lose nothing.
+    fn deliver_sent(&self) {
+        let until = Instant::now() + self.delivery;
+        let mut pause = Duration::from_micros(50);
+        while self.failure().is_none() && self.book.lock().msgs_unacked() > 0 {
+            if Instant::now() >= until {
+                tracing::warn!(
+                    conn = self.id,
+                    peer = %self.peer,
+                    unacked = self.book.lock().msgs_unacked(),
+                    "closing with messages the peer has not acknowledged within {:.1} s",
+                    self.delivery.as_secs_f64()
+                );
+                return;
+            }
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(Duration::from_millis(5));
         }
     }
 
@@ -609,9 +637,11 @@ impl Conn {
         tracing::trace!(xfer = xfer_id, send, "lat: post");
         let regions: Vec<_> = items.iter().map(|(_, r)| r.clone()).collect();
         let plan = self.plan(items.iter().map(|(m, _)| m.len));
-        // A send's last event is the receiver's acknowledgement: it
-        // completes once its bytes have landed, as a one-sided write does.
-        let events = plan.len() + usize::from(send);
+        // A send completes once its requests have: its bytes are out of
+        // the caller's buffer. The receiver's acknowledgements (`MsgDone`)
+        // are counted, and an orderly close waits for them
+        // ([`Conn::deliver_sent`]).
+        let events = plan.len();
         let xfer = Transfer::new(xfer_id, self.id, events, regions);
         self.track(&xfer);
         let ops = self.ops_for(&xfer, &items, &plan, false);
@@ -619,9 +649,8 @@ impl Conn {
         // order in which the engine posts them (and the peer's messages
         // fill them).
         if send {
-            let mut q = self.msg_sends.lock();
-            self.book.lock().msg_posted();
-            q.push_back(xfer.clone());
+            let mut book = self.book.lock();
+            book.msg_posted();
             self.enqueue(Cmd::Send(Set::Msg, ops));
         } else {
             let seq = {
@@ -1048,16 +1077,8 @@ impl Conn {
                     t.fail(Failure::Refused(reason));
                 }
             }
-            Action::MsgsLanded { from, to } => {
-                let done: Vec<_> = {
-                    let mut q = self.msg_sends.lock();
-                    let n = (to - from).min(q.len() as u64) as usize;
-                    q.drain(..n).collect()
-                };
-                for t in done {
-                    t.complete_all();
-                }
-            }
+            // The book counted them; a close waits for that count.
+            Action::MsgsLanded { .. } => {}
             Action::Notif { name, msg } => self
                 .notifs
                 .push(Notif {
