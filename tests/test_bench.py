@@ -73,6 +73,25 @@ def test_pairs_single_process(tmp_path):
     assert len(total) == 1 and total[0]["pairs"] == 2
 
 
+def test_pairs_at_once_beside_one_pair_alone(tmp_path):
+    """One process per side driving all its endpoints (one per GPU; host
+    memory here), every pair moving at once: per-pair rows with their bytes
+    checked, a sum row, and beside it pair 0 measured alone first (the
+    figures are not asserted: speed is for benchmarks)."""
+    doc, table = bench(tmp_path, "--op", "write", "--sizes", "64K", "--pairs", "3", "--single-process")
+    rows = doc["rows"]
+    pairs = [r for r in rows if r["op"] == "write"]
+    assert sorted(r["pair"] for r in pairs) == [0, 1, 2] and all(r["verified"] for r in pairs)
+    (total,) = [r for r in rows if r["op"] == "sum"]
+    assert total["pairs"] == 3 and total["verified"] and total["alone_verified"]
+    assert total["alone_GBps"] > 0 and total["scaling"] == round(total["GBps"] / total["alone_GBps"], 3)
+    assert "3 pairs at once" in table and "one pair alone" in table
+    # --no-alone skips the baseline.
+    doc, _ = bench(tmp_path, "--op", "write", "--sizes", "64K", "--pairs", "2", "--single-process", "--no-alone")
+    (total,) = [r for r in doc["rows"] if r["op"] == "sum"]
+    assert "alone_GBps" not in total
+
+
 def test_pairs_with_two_ops_sum_each_op_apart(tmp_path):
     """Several ops in one run: each op's pairs add up in a sum row of their
     own, never mixed with another op's."""
