@@ -29,6 +29,14 @@ use crate::topo;
 use crate::transfer::{plan_ops, Failure, Gather, OpPlan, Transfer};
 use crate::wire::{self, Control, RmaItem};
 
+/// Inline writes stop while our control backlog holds this many bytes
+/// (see [`Conn::inline_room`]).
+const INLINE_BACKLOG: usize = 4 << 20;
+
+/// Inline reads stop while this many await their data: their answers (at
+/// most [`wire::MAX_INLINE`] each) stay within the peer's control backlog.
+const INLINE_READS: usize = 32;
+
 /// Longest a waiting thread sleeps before it looks again by itself.
 const WAIT_SLICE: Duration = Duration::from_millis(10);
 
@@ -709,7 +717,7 @@ impl Conn {
         let runs = rma::plan_runs(&ids, &remote, remote_region);
         let local = rma::merge_runs(local, &runs).map_err(|e| Error::invalid(e.to_string()))?;
         let total = crate::inline::total(&local);
-        if total <= self.inline_max && total > 0 {
+        if total <= self.inline_max && total > 0 && self.inline_room(read) {
             return Ok(self.post_inline(xfer_id, read, local, remote, runs, regions, total));
         }
         let plan = self.plan(local.iter().map(|(m, _)| m.len));
@@ -758,6 +766,21 @@ impl Conn {
     /// A one-sided transfer whose data goes on the control connection:
     /// a write's right after its request, a read's in the answer. Its one
     /// event is the target's `WriteDone`, or the `ReadData` landing.
+    /// Whether a small one-sided transfer may go inline now. Its bytes ride
+    /// a control connection, whose backlog is bounded
+    /// ([`crate::oob_out::MAX_BACKLOG`]): a burst of inline writes posted
+    /// faster than the target lands them would fill ours, a burst of
+    /// inline reads the peer's (their answers). While our backlog holds
+    /// [`INLINE_BACKLOG`] bytes, or [`INLINE_READS`] inline reads await
+    /// their data, further ones take the net.
+    fn inline_room(&self, read: bool) -> bool {
+        if read {
+            self.pending_reads.lock().len() < INLINE_READS
+        } else {
+            self.oob.lock().backlog() < INLINE_BACKLOG
+        }
+    }
+
     #[allow(clippy::too_many_arguments)]
     fn post_inline(
         self: &Arc<Self>,

@@ -362,3 +362,39 @@ fn advertised_to_any_connection() {
     ));
     assert_eq!(&target[1024..n - 1024], &one[..]);
 }
+
+#[test]
+fn a_burst_of_small_transfers_never_fills_the_control_backlog() {
+    // Small one-sided transfers ride the control connection (inline). A
+    // burst of them, posted faster than the target lands them, would fill
+    // the control backlog past its bound and fail the connection; past a
+    // backlog (writes) or a count of reads awaiting their data, further
+    // ones take the net instead. Every byte lands. (64 KiB control socket
+    // buffers slow the target's reading, as a loaded machine does.)
+    let (a, b, ca, cb) = pair_with(Config {
+        sockbuf: 64 << 10,
+        ..cfg()
+    });
+    let (n, count) = (64 << 10, 1536); // 96 MiB in all, over the 64 MiB bound
+    let mut src = pattern(n, 41);
+    let mut target = vec![0u8; n];
+    let sb = buf(&a, &mut src);
+    let tb = buf(&b, &mut target);
+    let meta = FifoItem::decode(&b.advertise(cb, tb.mr, tb.ptr, n).unwrap()).unwrap();
+    let writes: Vec<u64> = (0..count)
+        .map(|_| a.write_async(ca, &[sb], &[meta]).unwrap())
+        .collect();
+    for w in writes {
+        assert!(a.wait(w, Some(Duration::from_secs(60))).unwrap());
+    }
+    assert_eq!(target, src);
+    let mut back = vec![0u8; n];
+    let bb = buf(&a, &mut back);
+    let reads: Vec<u64> = (0..count)
+        .map(|_| a.read_async(ca, &[bb], &[meta]).unwrap())
+        .collect();
+    for r in reads {
+        assert!(a.wait(r, Some(Duration::from_secs(60))).unwrap());
+    }
+    assert_eq!(back, src);
+}
