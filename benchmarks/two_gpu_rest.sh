@@ -12,6 +12,8 @@
 #            needs NIXL_WHEEL (a nixl-cu13 wheel, folder or tarball)   (~5)
 #   uccl     UCCL's own tests, import changed only; needs UCCL_TESTS (a
 #            folder of their p2p/tests files)                   (~4)
+#   sendrecv blocking send / recv in UCCL's benchmark loop
+#            (benchmarks/sendrecv_loop.py), 64 KiB … 256 MiB     (~2)
 # Split the steps over calls where a command may run 10 minutes at most:
 # `nets`, then `nixl uccl`.
 set -uo pipefail
@@ -64,6 +66,8 @@ for st in "$@"; do
       UCCL_TEST_LIMIT=60 timeout 280 bash benchmarks/uccl_own_tests.sh "$UCCL_TESTS" "$O/uccl" > /dev/null 2>&1
       { echo; echo "== uccl (status $?)"; grep -v '^    ' "$O/uccl/summary.txt"; } >> "$S"
       pack ;;
+    sendrecv)
+      run sendrecv 240 python3 benchmarks/sendrecv_loop.py --memory gpu --gpus 0,1 --sizes 64K,1M,16M,256M --rounds 5 --json "$O/sendrecv_loop.json" ;;
     *) echo "unknown step $st" >&2 ;;
   esac
 done
