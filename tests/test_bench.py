@@ -329,3 +329,23 @@ def test_tcp_counters_snapshot_and_changes(tmp_path):
     after.write_text(json.dumps(moved))
     diff = subprocess.run([sys.executable, script, str(before), str(after)], capture_output=True, text=True, timeout=30)
     assert diff.stdout.split() == ["TcpRetransSegs+7"]
+
+
+def test_sendrecv_loop_checks_bytes_and_writes_every_round(tmp_path):
+    """benchmarks/sendrecv_loop.py (UCCL's blocking send/recv loop) end to
+    end on host memory: every size's first message checked on both sides,
+    every round kept. Figures are not asserted."""
+    script = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "sendrecv_loop.py")
+    out = tmp_path / "loop.json"
+    r = subprocess.run(
+        [sys.executable, script, "--sizes", "4K,64K", "--rounds", "2", "--iters", "20", "--json", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    doc = json.load(open(out))
+    assert [row["bytes"] for row in doc["rows"]] == [4096, 65536]
+    for row in doc["rows"]:
+        assert len(row["send_us"]) == len(row["recv_us"]) == 2 and row["iters"] == 20
+        assert min(row["send_us"]) <= row["send_us_p50"] <= max(row["send_us"])
