@@ -61,6 +61,10 @@ def mode_env(mode, plugin, logdir):
         "NCCL_NET_PLUGIN": plugin,
         "NCCL_NET": "NcclNetEmu",
         "NCCL_NET_EMU_UNPACK": "1" if mode == "unpack" else "0",
+        # As on A3: TCPX's chunk size must be set (its default 0 never sends);
+        # the flow-steering wait shortened from TCPX's 5 s per accept.
+        "NCCL_DYNAMIC_CHUNK_SIZE": "524288",
+        "NCCL_GPUDIRECTTCPX_PROGRAM_FLOW_STEERING_WAIT_MICROS": "1000",
         "NCCL_P2P_DISABLE": "1",
         "NCCL_SHM_DISABLE": "1",
         "NCCL_NET_GDR_LEVEL": "SYS",

@@ -48,12 +48,13 @@ def fmt_size(n):
 
 
 def nixl_module():
+    why = []
     for name in ("nixl_cu13", "nixl_cu12", "nixl"):
         try:
             return importlib.import_module(name + "._api"), name
-        except ImportError:
-            continue
-    raise ImportError("no NIXL wheel (nixl-cu13 / nixl-cu12) installed")
+        except ImportError as e:
+            why.append(f"{name}: {e}")
+    raise ImportError("no NIXL wheel (nixl-cu13 / nixl-cu12) imports: " + "; ".join(why))
 
 
 def plugin_env(want_ucx):
@@ -147,7 +148,9 @@ class Side:
         gpu = gpu_of(a, role)
         self.mem = Mem(a.memory, gpu if (a.memory == "gpu" or a.gpus) else 0)
         self.name = role
-        self.agent = api.nixl_agent(role, api.nixl_agent_config(True, False, 0, backends=[]))
+        # vLLM passes capture_telemetry=True; --telemetry does the same.
+        conf = api.nixl_agent_config(True, False, 0, capture_telemetry=a.telemetry, backends=[])
+        self.agent = api.nixl_agent(role, conf)
         self.backends = []
         for b in a.backends.split(","):
             if b == "api":
@@ -231,11 +234,17 @@ class Side:
         """A prepared transfer: the local descriptors carry this process's
         device id, the remote ones the peer's (as the peer registered them)."""
         dev = self.mem.dev
+        t0 = time.perf_counter()
         local = self.agent.prep_xfer_dlist("", [(self.ptr + o, size, dev) for o in offs], self.mem.nixl_type, backends=[backend])
         remote = self.agent.prep_xfer_dlist(peer, [(peer_ptr + o, size, peer_dev) for o in roffs], self.mem.nixl_type, backends=[backend])
+        t1 = time.perf_counter()
         idx = list(range(len(offs)))
         h = self.agent.make_prepped_xfer(op, local, idx, remote, idx, notif, backends=[backend])
+        t2 = time.perf_counter()
         self.handles[key] = (h, local, remote)
+        # Seconds in prep_xfer_dlist (both lists, descriptor tuples built
+        # included) and in make_prepped_xfer: vLLM pays them per request.
+        return t1 - t0, t2 - t1
 
     def release(self, key):
         h, local, remote = self.handles.pop(key)
@@ -259,6 +268,16 @@ class Side:
         for _ in range(iters):
             self.post_wait(key)
         return time.perf_counter() - t
+
+    def telemetry(self, key):
+        """NIXL's own account of the handle's last transfer (with --telemetry)."""
+        t = self.agent.get_xfer_telemetry(self.handles[key][0])
+        return {
+            "total_bytes": t.totalBytes,
+            "desc_count": t.descCount,
+            "post_us": t.postDuration,
+            "xfer_us": t.xferDuration,
+        }
 
     # our own Python API
     def api_once(self, op, offs, size, metas):
@@ -458,17 +477,21 @@ def run_group(a, backends, env, cells, budget):
                 metas = tgt.api_advertise(roffs, size)
                 ini.api_once(op, offs, size, metas)
             else:
-                ini.prep("k", b, "target", t_ptr, t_dev, offs, roffs, size, op)
+                prep_s = ini.prep("k", b, "target", t_ptr, t_dev, offs, roffs, size, op)
                 ini.post_wait("k")
             # Each block where it was sent (initiator offs <-> target roffs).
             if check and tgt.block_digest(roffs, size) != ini.block_digest(offs, size):
                 raise RuntimeError("the bytes that arrived differ from those sent")
+            extra = {}
             if b == "api":
                 secs = ini.time_api(op, offs, size, metas, iters)
             else:
                 secs = ini.time_nixl("k", iters)
+                extra = {"prep_dlists_s": prep_s[0], "make_prepped_s": prep_s[1]}
+                if a.telemetry:
+                    extra["telemetry"] = ini.telemetry("k")
                 ini.release("k")
-            return total * iters / secs / 1e9, iters
+            return total * iters / secs / 1e9, iters, extra
 
         for rnd in range(a.rounds):
             for shape, op, offs, roffs, size in cells:
@@ -528,7 +551,7 @@ def main(argv=None):
     ap.add_argument("--gpus", default="", help="INITIATOR,TARGET: one GPU each (e.g. 0,1), instead of --gpu")
     ap.add_argument("--sizes", default="64K,1M,16M,256M")
     ap.add_argument("--ops", default="WRITE,READ")
-    ap.add_argument("--kv", default="4096x32K", help="KV-shaped lists: COUNTxSIZE (empty: none)")
+    ap.add_argument("--kv", default="4096x32K", help="KV-shaped lists: COUNTxSIZE[,COUNTxSIZE...] (empty: none); vLLM-sized: 131072x4K,131072x16K")
     ap.add_argument("--backends", default="TCPX_P2P,UCX,api", help="NIXL backends and 'api' (our Python API)")
     ap.add_argument("--tcpx-params", default="", help="TCPX_P2P backend parameters, k=v,k=v")
     ap.add_argument("--bytes-per-row", default="4G", help="about this many bytes timed per row, over all rounds (UCX: a tenth)")
@@ -545,18 +568,19 @@ def main(argv=None):
         action="store_true",
         help="NIXL's UCX backend in the same processes as ours (by default it gets a process pair of its own)",
     )
+    ap.add_argument("--telemetry", action="store_true", help="agents made with capture_telemetry=True (as vLLM does); rows keep NIXL's telemetry of their last transfer")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     a = ap.parse_args(argv)
     if a.one_process:
         a.notifs = 0
     sizes = [parse_size(s) for s in a.sizes.split(",") if s]
     ops = [o.strip().upper() for o in a.ops.split(",") if o]
-    kv = None
-    if a.kv:
-        c, s = a.kv.lower().split("x")
-        kv = (int(c), parse_size(s))
+    kvs = []
+    for spec in (x for x in a.kv.split(",") if x):
+        c, s = spec.lower().split("x")
+        kvs.append((int(c), parse_size(s)))
     backends = [b for b in a.backends.split(",") if b]
-    a.region = max(sizes + [kv[0] * kv[1] if kv else 0])
+    a.region = max(sizes + [c * s for c, s in kvs])
     a.notif_backend = "TCPX_P2P"
     budget = parse_size(a.bytes_per_row)
     env = plugin_env("UCX" in backends)
@@ -569,17 +593,20 @@ def main(argv=None):
         os.environ["NIXL_BENCH_REEXEC"] = "1"
         os.execv(sys.executable, [sys.executable, os.path.abspath(__file__)] + (argv if argv is not None else sys.argv[1:]))
 
+    one_desc = set()
+
     def shapes():
         for s in sizes:
             yield f"{fmt_size(s)}", [0], [0], s
-        if kv:
+        for n, s in kvs:
             # Blocks land in another order on the target (as KV blocks do),
             # so NIXL cannot merge neighbouring descriptors.
-            n, s = kv
             perm = list(range(n))
             random.Random(5).shuffle(perm)
             yield f"KV {n}x{fmt_size(s)}", [i * s for i in range(n)], [p * s for p in perm], s
-            yield f"KV as 1x{fmt_size(n * s)}", [0], [0], n * s
+            if n * s not in one_desc:  # lists of the same bytes share their reference row
+                one_desc.add(n * s)
+                yield f"KV as 1x{fmt_size(n * s)}", [0], [0], n * s
 
     cells = [(shape, op, offs, roffs, size) for shape, offs, roffs, size in shapes() for op in ops]
     samples, notif, measured = {}, {}, []
@@ -606,6 +633,12 @@ def main(argv=None):
             row[b] = statistics.median(g[0] for g in got) if got else None
             row[f"{b}_rounds"] = [g[0] for g in got] if got else None
             row[f"{b}_iters"] = got[0][1] if got else None
+            if got and got[0][2]:
+                ex = [g[2] for g in got]
+                row[f"{b}_prep_dlists_ms"] = statistics.median(e["prep_dlists_s"] for e in ex) * 1e3
+                row[f"{b}_make_prepped_ms"] = statistics.median(e["make_prepped_s"] for e in ex) * 1e3
+                if "telemetry" in ex[-1]:
+                    row[f"{b}_telemetry"] = ex[-1]["telemetry"]
         rows.append(row)
 
     print_table(rows, backends)
@@ -653,13 +686,29 @@ def print_table(rows, backends):
         if "ours/UCX" in extra:
             line += f"{ratio(r['TCPX_P2P'], r['UCX']):>10}"
         print(line)
-    kv = {(r["op"], r["shape"].startswith("KV as")): r for r in rows if r["shape"].startswith("KV")}
-    for op in ("WRITE", "READ"):
-        if (op, False) in kv and (op, True) in kv and "TCPX_P2P" in backends:
-            many, one = kv[(op, False)], kv[(op, True)]
-            r = ratio(many["TCPX_P2P"], one["TCPX_P2P"])
-            each = ", ".join(ratio(x, y) for x, y in zip(many.get("TCPX_P2P_rounds") or [], one.get("TCPX_P2P_rounds") or []))
-            print(f"KV {op}: many descriptors / one descriptor of the same bytes = {r} (TCPX_P2P; rounds: {each})")
+    for r in rows:
+        for b in backends:
+            if r["descs"] > 1 and r.get(f"{b}_prep_dlists_ms") is not None:
+                tele = r.get(f"{b}_telemetry")
+                tail = ""
+                if tele:
+                    tail = f"; telemetry: {tele['desc_count']} descs, {tele['total_bytes']} B, post {tele['post_us']} us, xfer {tele['xfer_us']} us"
+                print(
+                    f"{b} {r['op']} {r['shape']}: prep_xfer_dlist (both) {r[f'{b}_prep_dlists_ms']:.1f} ms, "
+                    f"make_prepped_xfer {r[f'{b}_make_prepped_ms']:.1f} ms (once per request, not in GB/s){tail}"
+                )
+    # Each KV list beside one descriptor of the same bytes (the row after it).
+    one_of = {(r["op"], r["bytes"]): r for r in rows if r["shape"].startswith("KV as")}
+    for many in rows:
+        one = one_of.get((many["op"], many["bytes"]))
+        if not many["shape"].startswith("KV ") or many["shape"].startswith("KV as") or one is None:
+            continue
+        if "TCPX_P2P" not in backends:
+            continue
+        op = many["op"]
+        r = ratio(many["TCPX_P2P"], one["TCPX_P2P"])
+        each = ", ".join(ratio(x, y) for x, y in zip(many.get("TCPX_P2P_rounds") or [], one.get("TCPX_P2P_rounds") or []))
+        print(f"{many['shape']} {op}: many descriptors / one descriptor of the same bytes = {r} (TCPX_P2P; rounds: {each})")
 
 
 def ratio(a, b):

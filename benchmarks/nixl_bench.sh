@@ -15,8 +15,9 @@ shift 2; [ $# -gt 0 ] && shift
 . benchmarks/device_env.sh "$WHEEL"
 case "$NIXL_WHEEL" in
 *.whl) python3 -m pip install -q --no-index --no-deps --target "$SITE" "$NIXL_WHEEL" || exit 1 ;;
-*.tar*) N=$(mktemp -d); tar -C "$N" -xf "$NIXL_WHEEL" || exit 1
-    D=$(dirname "$(find "$N" -maxdepth 3 -type d -name 'nixl_cu1*' | head -1)")
+*.tar*|*.tgz) N=$(mktemp -d); tar -C "$N" -xf "$NIXL_WHEEL" || exit 1
+    # The folder holding the package itself (not its .libs or .data).
+    D=$(dirname "$(dirname "$(find "$N" -maxdepth 3 -path '*/nixl_cu1[0-9]/__init__.py' | head -1)")")
     export PYTHONPATH=$D:$PYTHONPATH ;;
 *) export PYTHONPATH=$NIXL_WHEEL:$PYTHONPATH ;;
 esac

@@ -10,8 +10,12 @@
 #   nixl     NIXL VRAM GPU 0 → GPU 1 through TCPX_P2P beside UCX and our
 #            API, WRITE / READ, 64 KiB … 256 MiB and 4,096 × 32 KiB lists;
 #            needs NIXL_WHEEL (a nixl-cu13 wheel, folder or tarball)   (~5)
+#   vllm     NIXL GPU 0 → GPU 1 at vLLM's descriptor counts (131,072 × 4 KiB
+#            and × 16 KiB, READ and WRITE, prep times, telemetry) (~4)
 #   uccl     UCCL's own tests, import changed only; needs UCCL_TESTS (a
-#            folder of their p2p/tests files)                   (~4)
+#            folder of their p2p/tests files, or several joined by ':') (~4)
+#   uccl_bench UCCL's benchmark_uccl.py, import changed only, sync and
+#            async; needs UCCL_BENCH (the file)                 (~2)
 #   sendrecv blocking send / recv in UCCL's benchmark loop
 #            (benchmarks/sendrecv_loop.py), 64 KiB … 256 MiB     (~2)
 # Split the steps over calls where a command may run 10 minutes at most:
@@ -61,10 +65,44 @@ for st in "$@"; do
       timeout 280 bash benchmarks/nixl_bench.sh "$WHEEL" "$NIXL_WHEEL" "$O/nixl" --gpus 0,1 > "$O/nixl.txt" 2>&1
       { echo; echo "== nixl (status $?)"; grep -v INFO "$O/nixl.txt" | tail -16; } >> "$S"
       pack ;;
+    vllm)
+      # vLLM's descriptor counts: one transfer of 131,072 blocks of 4 KiB and
+      # of 16 KiB, READ (vLLM's pull) and WRITE, beside one descriptor of the
+      # same bytes; prep times apart; agents made with capture_telemetry.
+      [ -n "${NIXL_WHEEL:-}" ] || { echo "vllm: NIXL_WHEEL not set, skipped" >> "$S"; continue; }
+      timeout 300 bash benchmarks/nixl_bench.sh "$WHEEL" "$NIXL_WHEEL" "$O/vllm" --gpus 0,1 --sizes 256M \
+        --kv 131072x4K,131072x16K --backends TCPX_P2P --telemetry --notifs 0 --rounds 3 --bytes-per-row 12G > "$O/vllm.txt" 2>&1
+      { echo; echo "== vllm (status $?)"; grep -v INFO "$O/vllm.txt" | tail -20; } >> "$S"
+      pack ;;
     uccl)
+      # UCCL_TESTS: one folder of UCCL's test files, or several joined by ':'
+      # (v0.1.1's and main's).
       [ -n "${UCCL_TESTS:-}" ] || { echo "uccl: UCCL_TESTS not set, skipped" >> "$S"; continue; }
-      UCCL_TEST_LIMIT=60 timeout 280 bash benchmarks/uccl_own_tests.sh "$UCCL_TESTS" "$O/uccl" > /dev/null 2>&1
-      { echo; echo "== uccl (status $?)"; grep -v '^    ' "$O/uccl/summary.txt"; } >> "$S"
+      IFS=: read -ra dirs <<< "$UCCL_TESTS"
+      for d in "${dirs[@]}"; do
+        tag=$(basename "$d")
+        UCCL_TEST_LIMIT=60 timeout 280 bash benchmarks/uccl_own_tests.sh "$d" "$O/uccl_$tag" > /dev/null 2>&1
+        { echo; echo "== uccl $tag (status $?)"; grep -v '^    ' "$O/uccl_$tag/summary.txt"; } >> "$S"
+      done
+      pack ;;
+    uccl_bench)
+      # UCCL's own benchmark_uccl.py (UCCL_BENCH), import changed only, as
+      # UCCL runs it (two ranks of torch.distributed), rank r on GPU r.
+      [ -n "${UCCL_BENCH:-}" ] || { echo "uccl_bench: UCCL_BENCH not set, skipped" >> "$S"; continue; }
+      sed 's/^\(\s*\)from uccl import p2p/\1from tcpx_p2p import p2p/' "$UCCL_BENCH" > "$O/benchmark_uccl.py"
+      for api in sync async; do
+        flag=""; [ $api = async ] && flag=--async-api
+        pids=() port=$((29500 + RANDOM % 500))
+        for r in 0 1; do
+          MASTER_ADDR=127.0.0.1 MASTER_PORT=$port RANK=$r WORLD_SIZE=2 LOCAL_RANK=$r \
+            timeout 200 python3 "$O/benchmark_uccl.py" --local-gpu-idx $r --iters 50 \
+            --sizes 65536,1048576,16777216,268435456 $flag > "$O/uccl_bench_${api}_rank$r.txt" 2>&1 &
+          pids+=($!)
+          [ $r = 0 ] && sleep 0.1
+        done
+        rcs=""; for p in "${pids[@]}"; do wait "$p"; rcs+=" $?"; done
+        { echo; echo "== uccl_bench $api (exit codes:$rcs)"; grep -E "GB/s|Gbps|us|error|Error" "$O/uccl_bench_${api}_rank0.txt" | tail -12; } >> "$S"
+      done
       pack ;;
     sendrecv)
       run sendrecv 240 python3 benchmarks/sendrecv_loop.py --memory gpu --gpus 0,1 --sizes 64K,1M,16M,256M --rounds 5 --json "$O/sendrecv_loop.json" ;;

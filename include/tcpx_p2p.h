@@ -57,7 +57,7 @@ extern "C" {
 /* Most bytes of an endpoint name (the sender name notifications carry). */
 #define TCPX_NAME_MAX 256
 /* Most pieces of one vector transfer. */
-#define TCPX_IOV_MAX 65536
+#define TCPX_IOV_MAX 16777216
 /* Bytes of tcpx_accepted_t.ip, NUL included. */
 #define TCPX_IP_LEN 64
 

@@ -23,18 +23,19 @@ def digest(b):
 class Side:
     """A NIXL agent with DRAM buffers, named by index."""
 
-    def __init__(self, name, port, params=None):
+    def __init__(self, name, port, params=None, telemetry=False):
         import numpy as np
         from nixl_cu12._api import nixl_agent, nixl_agent_config
 
         self.np = np
         self.name = name
         if params:
-            conf = nixl_agent_config(True, True, port, backends=[])
+            conf = nixl_agent_config(True, True, port, capture_telemetry=telemetry, backends=[])
             self.agent = nixl_agent(name, conf)
             self.agent.create_backend(BACKEND, params)
         else:
-            self.agent = nixl_agent(name, nixl_agent_config(True, True, port, backends=[BACKEND]))
+            conf = nixl_agent_config(True, True, port, capture_telemetry=telemetry, backends=[BACKEND])
+            self.agent = nixl_agent(name, conf)
         self.bufs = []
         self.regs = []
         self.notifs = {}

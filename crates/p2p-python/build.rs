@@ -72,7 +72,21 @@ fn main() {
     );
 }
 
+/// Puts a copy of `from` at `to` by renaming a fresh file over it, never by
+/// rewriting `to` in place: a process that has the old library loaded (a
+/// test run beside this build) keeps its mapping intact instead of dying of
+/// SIGBUS. An identical file is left alone.
 fn copy(from: &std::path::Path, to: &std::path::Path) {
-    std::fs::copy(from, to)
-        .unwrap_or_else(|e| panic!("copying {} to {}: {e}", from.display(), to.display()));
+    let ctx = || format!("copying {} to {}", from.display(), to.display());
+    let new = std::fs::read(from).unwrap_or_else(|e| panic!("{}: {e}", ctx()));
+    if std::fs::read(to).is_ok_and(|old| old == new) {
+        return;
+    }
+    let tmp = to.with_extension(format!("so.tmp{}", std::process::id()));
+    std::fs::write(&tmp, &new).unwrap_or_else(|e| panic!("{}: {e}", ctx()));
+    let mode = std::fs::metadata(from)
+        .unwrap_or_else(|e| panic!("{}: {e}", ctx()))
+        .permissions();
+    std::fs::set_permissions(&tmp, mode).unwrap_or_else(|e| panic!("{}: {e}", ctx()));
+    std::fs::rename(&tmp, to).unwrap_or_else(|e| panic!("{}: {e}", ctx()));
 }

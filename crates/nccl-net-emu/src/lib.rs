@@ -2,15 +2,31 @@
 //! over plain TCP sockets, so that every line of the engine's plugin path
 //! (and NCCL itself) can run without A3 hardware.
 //!
-//! It exports `ncclNetPlugin_v8` and `ncclNetPlugin_v7`, both built from the
-//! one copy of the ABI in `tcpx_p2p::internal::plugin::sys`, and behaves as TCPX
-//! does (`reference/ncclnet-and-tcpx.md`):
+//! It exports `ncclNetPlugin_v7` only, as TCPX does (with the cargo feature
+//! `v8`, a separate build, `ncclNetPlugin_v8` too), both built from the one
+//! copy of the ABI in `tcpx_p2p::internal::plugin::sys`, and behaves as
+//! TCPX does (`reference/ncclnet-and-tcpx.md`), never more kindly unless a
+//! setting whose name says `LENIENT` asks for it:
 //!
+//! - data moves only inside `test`: each call schedules the next bytes of
+//!   one request, at most `MAX_TASKS` chunks of `NCCL_DYNAMIC_CHUNK_SIZE`
+//!   per data socket beyond what has moved, and the I/O threads move only
+//!   those (`comm::Gate`); with TCPX's default chunk size 0, sends never
+//!   finish;
+//! - connect hands out its comm only after the peer's accept has run;
+//!   accept takes 100 ms per socket, then waits for flow steering
+//!   (`NCCL_GPUDIRECTTCPX_PROGRAM_FLOW_STEERING_WAIT_MICROS`, 5 s by
+//!   default);
+//! - one device per interface of `NCCL_GPUDIRECTTCPX_SOCKET_IFNAME`, named
+//!   after it, with its PCI path and speed;
+//! - `test` writes no size in UNPACK mode; `irecvConsumed` out of order or
+//!   before done is internal error (3); a receive comm whose accept got no
+//!   device-handle storage fails its first `irecv` (TCPX crashes there);
 //! - at most 16 requests per comm, the 17th `isend`/`irecv` fails with
 //!   internal error (3); `test` only on a comm's oldest unfinished request;
 //!   a receive holds its slot until `irecvConsumed`, which must come in
 //!   FIFO order; `irecv` takes `n == 1`; GPU `regMr` needs a 4 KiB-aligned
-//!   pointer; `iflush` is an error in UNPACK mode; connect and accept return
+//!   pointer and a 4 KiB-multiple size; `iflush` is an error in UNPACK mode; connect and accept return
 //!   a NULL comm on their first call(s). Each broken rule is logged loudly
 //!   (WARN through NCCL's logger, and on stderr).
 //! - UNPACK mode (`NCCL_NET_EMU_UNPACK=1`, the default): the payload of a
@@ -129,10 +145,17 @@ unsafe extern "C" fn init(logger: Option<NcclDebugLogger>) -> NcclResult {
         *LOGGER.lock() = logger;
         let cfg = config::EmuConfig::from_env();
         TRACE.store(cfg.trace, std::sync::atomic::Ordering::Relaxed);
+        if cfg.chunk == 0 && !cfg.lenient_progress {
+            violation_log("NCCL_DYNAMIC_CHUNK_SIZE is unset or 0: as in TCPX, no send will ever finish (GCP sets 524288)");
+        }
+        let devs: Vec<String> = config::devices()
+            .iter()
+            .map(|d| format!("{} ({})", d.name, d.addr))
+            .collect();
         info(&format!(
-            "init: {} mode, listening on {}, CUDA {}",
+            "init: {} mode, devices {}, CUDA {}",
             if cfg.unpack { "UNPACK" } else { "plain" },
-            cfg.addr,
+            devs.join(", "),
             if tcpx_p2p::internal::gpu::available() {
                 "available"
             } else {
@@ -146,28 +169,38 @@ unsafe extern "C" fn init(logger: Option<NcclDebugLogger>) -> NcclResult {
 unsafe extern "C" fn devices(ndev: *mut c_int) -> NcclResult {
     guard("devices", || {
         let p = nonnull(ndev, "ndev")?;
+        let n = config::devices().len() as c_int;
         // SAFETY: the caller passes a pointer to one int.
-        unsafe { p.write(1) };
+        unsafe { p.write(n) };
         Ok(())
     })
 }
 
-/// The one device's properties (v8 layout; v7 drops `regIsGlobal`).
-fn props(dev: c_int) -> Result<NcclNetPropertiesV8, Fail> {
-    if dev != 0 {
-        return Err(error(
-            NCCL_INVALID_ARGUMENT,
-            format!("getProperties of device {dev}: there is only device 0"),
-        ));
+/// A C string that lives as long as the process (device names and PCI
+/// paths handed out by getProperties; one copy per distinct string).
+fn interned(s: &str) -> *mut c_char {
+    static STRINGS: Mutex<Vec<CString>> = Mutex::new(Vec::new());
+    let mut all = STRINGS.lock();
+    let c = CString::new(s.replace('\0', " ")).unwrap_or_default();
+    if let Some(k) = all.iter().find(|k| **k == c) {
+        return k.as_ptr() as *mut c_char;
     }
+    let p = c.as_ptr() as *mut c_char;
+    all.push(c);
+    p
+}
+
+/// A device's properties (v8 layout; v7 drops `regIsGlobal`).
+fn props(dev: c_int) -> Result<NcclNetPropertiesV8, Fail> {
+    let d = comm::device(dev, "getProperties")?;
     let unpack = config::EmuConfig::from_env().unpack;
     Ok(NcclNetPropertiesV8 {
-        name: c"emu0".as_ptr() as *mut c_char,
-        pci_path: std::ptr::null_mut(),
-        guid: 0x454d_5530,
+        name: interned(&d.name),
+        pci_path: d.pci_path.as_deref().map_or(std::ptr::null_mut(), interned),
+        guid: 0x454d_5530 + dev as u64,
         ptr_support: NCCL_PTR_HOST | NCCL_PTR_CUDA,
         reg_is_global: 0,
-        speed: 100_000,
+        speed: d.speed_mbps,
         port: 0,
         latency: 0.0,
         max_comms: 65536,
@@ -208,6 +241,7 @@ unsafe extern "C" fn get_properties_v7(dev: c_int, out: *mut NcclNetPropertiesV7
     })
 }
 
+#[cfg(feature = "v8")]
 unsafe extern "C" fn get_properties_v8(dev: c_int, out: *mut NcclNetPropertiesV8) -> NcclResult {
     guard("getProperties", || {
         let out = nonnull(out, "props")?;
@@ -275,7 +309,8 @@ unsafe extern "C" fn accept(
                 unsafe { *recv_dev }
             };
             if storage.is_null() {
-                info("accept: no device-handle storage given (TCPX would crash on later receives); UNPACK details not reported");
+                comm::mark_no_dev_handle(a.comm);
+                violation_log("accept: no device-handle storage given; TCPX makes no receive queue for the comm and crashes at its first receive, which fails here");
             } else {
                 let dh = NcclNetDeviceHandleV7 {
                     net_device_type: NCCL_NET_DEVICE_UNPACK,
@@ -323,6 +358,7 @@ unsafe extern "C" fn reg_mr_v7(
     })
 }
 
+#[cfg(feature = "v8")]
 unsafe extern "C" fn reg_mr_v8(
     comm_: *mut c_void,
     data: *mut c_void,
@@ -470,7 +506,9 @@ unsafe extern "C" fn irecv_consumed(
     })
 }
 
-/// The v8 table (NCCL ≥ 2.20 and our loader take this one).
+/// The v8 table (NCCL ≥ 2.20 and our loader take this one), only in the
+/// build with the `v8` feature: TCPX has none.
+#[cfg(feature = "v8")]
 #[no_mangle]
 #[allow(non_upper_case_globals)]
 pub static ncclNetPlugin_v8: NcclNetV8 = NcclNetV8 {
@@ -519,3 +557,53 @@ pub static ncclNetPlugin_v7: NcclNetV7 = NcclNetV7 {
     get_device_mr: Some(get_device_mr),
     irecv_consumed: Some(irecv_consumed),
 };
+
+/// The v8 adapter, in the build that has it (`--features v8`).
+#[cfg(all(test, feature = "v8"))]
+mod v8_tests {
+    use super::*;
+
+    #[test]
+    fn the_v8_table_adapts_properties_and_registration() {
+        let t = &ncclNetPlugin_v8;
+        // SAFETY: init without a logger; the out-pointers are ours.
+        unsafe {
+            assert_eq!(t.init.unwrap()(None), NCCL_SUCCESS);
+            let mut p: NcclNetPropertiesV8 = std::mem::zeroed();
+            assert_eq!(t.get_properties.unwrap()(0, &mut p), NCCL_SUCCESS);
+            assert_eq!(p.reg_is_global, 0);
+            assert_eq!(p.max_recvs, 1);
+            assert!(p.speed > 0);
+            let mut v7: NcclNetPropertiesV7 = std::mem::zeroed();
+            assert_eq!(
+                ncclNetPlugin_v7.get_properties.unwrap()(0, &mut v7),
+                NCCL_SUCCESS
+            );
+            assert_eq!(
+                (v7.ptr_support, v7.max_recvs, v7.speed),
+                (p.ptr_support, p.max_recvs, p.speed),
+                "both tables describe the same device"
+            );
+        }
+        // regMr takes a size_t in v8: a registration past 2 GiB is no
+        // negative int. Records the range only (host memory).
+        let mut h = [0u8; NCCL_NET_HANDLE_MAXSIZE];
+        let l = comm::listen(0, &mut h).unwrap();
+        let mut mh: *mut c_void = std::ptr::null_mut();
+        // SAFETY: a listen comm is refused by regMr (no memory is touched).
+        let r = unsafe {
+            t.reg_mr.unwrap()(
+                l as *mut c_void,
+                h.as_mut_ptr() as *mut c_void,
+                3 << 30,
+                NCCL_PTR_HOST,
+                &mut mh,
+            )
+        };
+        assert_eq!(
+            r, NCCL_INVALID_ARGUMENT,
+            "regMr on a listen comm is refused"
+        );
+        comm::close_listen(l).unwrap();
+    }
+}

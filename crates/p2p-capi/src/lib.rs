@@ -623,6 +623,13 @@ fn rma(
     if iov.is_empty() {
         return Err(Fail::invalid("no pieces given"));
     }
+    let max = tcpx_p2p::internal::wire::MAX_RMA_PIECES;
+    if iov.len() > max {
+        return Err(Fail::invalid(format!(
+            "{} pieces in one transfer; at most TCPX_IOV_MAX = {max} (post several)",
+            iov.len()
+        )));
+    }
     let mut bufs = Vec::with_capacity(iov.len());
     let mut remotes: Vec<(RemoteDesc, u64)> = Vec::with_capacity(iov.len());
     // Pieces of one registration usually share a descriptor (a KV list

@@ -693,6 +693,15 @@ impl Conn {
                     }
                 }
             }
+            // The connection itself ended (the peer closed or went away, the
+            // net failed): that is the reason every other transfer on it
+            // reports too, not a protocol breach.
+            crate::transfer::Status::Failed(
+                f @ (Failure::Lost(_)
+                | Failure::TimedOut(_)
+                | Failure::Net(_)
+                | Failure::Protocol(_)),
+            ) => self.fail(f.clone()),
             crate::transfer::Status::Failed(f) => self.fail(Failure::Protocol(format!(
                 "receive {seq} on this connection failed ({f}); the message streams are out of step"
             ))),

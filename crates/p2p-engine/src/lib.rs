@@ -102,8 +102,11 @@ pub fn init_logging() {
         let level = std::env::var("TCPX_P2P_LOG").unwrap_or_else(|_| "warn".into());
         let filter = tracing_subscriber::EnvFilter::try_new(format!("tcpx_p2p={level}"))
             .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("tcpx_p2p=warn"));
+        // Colours only where a person reads a terminal, never in a log file.
+        let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
         let _ = tracing_subscriber::fmt()
             .with_env_filter(filter)
+            .with_ansi(ansi)
             .with_writer(std::io::stderr)
             .try_init();
     });

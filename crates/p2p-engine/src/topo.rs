@@ -101,7 +101,9 @@ pub fn oob_ip(ifname: Option<&str>) -> Result<IpAddr, Error> {
 }
 
 fn names(all: &[IfAddr]) -> String {
+    // One entry per interface, though each has an address per family.
     let mut v: Vec<&str> = all.iter().map(|a| a.name.as_str()).collect();
+    v.sort_unstable();
     v.dedup();
     v.join(", ")
 }

@@ -482,6 +482,10 @@ pub struct RmaItem {
 
 /// Most items one request may carry.
 pub const MAX_RMA_ITEMS: usize = 65_536;
+/// Most pieces one one-sided transfer may have: more than
+/// [`MAX_RMA_ITEMS`] go as several requests under one transfer (vLLM moves
+/// a request's KV cache as one transfer of ~100,000 descriptors).
+pub const MAX_RMA_PIECES: usize = 1 << 24;
 /// Longest reason string carried in a refusal.
 pub const MAX_REASON: usize = 1024;
 

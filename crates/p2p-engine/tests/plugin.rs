@@ -57,12 +57,22 @@ fn emu_path() -> Option<PathBuf> {
     dirs.into_iter().map(|d| d.join(name)).find(|p| p.is_file())
 }
 
+/// The flow-steering wait the tests use (TCPX's default, 5 s, is kept by
+/// one test that measures set-up time).
+const TEST_STEER_WAIT_MICROS: &str = "1000";
+
 /// Serialises the tests (they share the environment) and finds the
-/// emulator; None (with a message) when it is not built.
+/// emulator; None (with a message) when it is not built. Sets the TCPX
+/// settings a user sets: the chunk size, and a short flow-steering wait.
 fn setup() -> Option<(MutexGuard<'static, ()>, String)> {
     static LOCK: Mutex<()> = Mutex::new(());
     let guard = LOCK.lock().unwrap_or_else(|e| e.into_inner());
     tcpx_p2p::init_logging();
+    std::env::set_var("NCCL_DYNAMIC_CHUNK_SIZE", "524288");
+    std::env::set_var(
+        "NCCL_GPUDIRECTTCPX_PROGRAM_FLOW_STEERING_WAIT_MICROS",
+        TEST_STEER_WAIT_MICROS,
+    );
     match emu_path() {
         Some(p) => Some((guard, p.to_string_lossy().into_owned())),
         None => {
@@ -97,7 +107,7 @@ fn plugin_cfg(path: &str) -> Config {
 fn plugin_loads_newest_table_and_reports_the_device() {
     let Some((_g, path)) = setup() else { return };
     let net = PluginNet::load(&path, None).unwrap();
-    assert_eq!(net.version(), 8, "v8 is preferred over v7");
+    assert_eq!(net.version(), 7, "the stand-in exports v7 only, as TCPX");
     assert_eq!(net.name(), "NcclNetEmu");
     let devs = net.plugin_devices();
     assert_eq!(devs.len(), 1);
@@ -155,27 +165,26 @@ fn endpoints_send_recv_write_read_over_the_plugin() {
 
 // ----------------------------------------------------------- the table
 
-/// The emulator's v8 table, read straight from the library.
+/// The emulator's v7 table (the only one it exports, as TCPX), read
+/// straight from the library.
 struct Table {
-    _lib: libloading::Library,
-    t: NcclNetV8,
-    v7: NcclNetV7,
+    lib: libloading::Library,
+    t: NcclNetV7,
 }
 
 fn table(path: &str) -> Table {
     // SAFETY: loads an ncclNet plugin, whose initialisers are harmless.
     let lib = unsafe { libloading::Library::new(path) }.unwrap();
-    // SAFETY: the symbols are the plugin's exported tables (ABI promise);
+    // SAFETY: the symbol is the plugin's exported table (ABI promise);
     // copied while the library is loaded, and the library is kept.
-    let (t, v7) = unsafe {
-        let p8 = *lib.get::<*const NcclNetV8>(SYMBOL_V8).unwrap();
+    let t = unsafe {
         let p7 = *lib.get::<*const NcclNetV7>(SYMBOL_V7).unwrap();
-        (std::ptr::read(p8), std::ptr::read(p7))
+        std::ptr::read(p7)
     };
     let init = t.init.unwrap();
     // SAFETY: init without a logger is allowed; it may run more than once.
     assert_eq!(unsafe { init(None) }, NCCL_SUCCESS);
-    Table { _lib: lib, t, v7 }
+    Table { lib, t }
 }
 
 /// 64 bytes, 16-byte aligned: what accept's device handle is written into.
@@ -245,7 +254,8 @@ impl Table {
     fn reg(&self, comm: *mut c_void, p: *const u8, len: usize, ty: c_int) -> (c_int, *mut c_void) {
         let mut mh: *mut c_void = std::ptr::null_mut();
         // SAFETY: a live comm; the plugin only records the range.
-        let r = unsafe { self.t.reg_mr.unwrap()(comm, p as *mut c_void, len, ty, &mut mh) };
+        let r =
+            unsafe { self.t.reg_mr.unwrap()(comm, p as *mut c_void, len as c_int, ty, &mut mh) };
         (r, mh)
     }
 
@@ -313,6 +323,33 @@ impl Table {
         }
     }
 
+    /// Waits for `req`, testing the heads of `others` (another comm's
+    /// requests, oldest first) meanwhile: data moves only inside `test`,
+    /// so both sides of a transfer must be tested.
+    fn wait_with(
+        &self,
+        req: *mut c_void,
+        others: &mut std::collections::VecDeque<*mut c_void>,
+    ) -> c_int {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let (r, done, size) = self.test(req);
+            assert_eq!(r, 0, "test failed");
+            if done {
+                return size;
+            }
+            if let Some(&o) = others.front() {
+                let (r, done, _) = self.test(o);
+                assert_eq!(r, 0, "test failed");
+                if done {
+                    others.pop_front();
+                }
+            }
+            assert!(Instant::now() < deadline, "request did not complete");
+            std::thread::yield_now();
+        }
+    }
+
     fn consumed(&self, comm: *mut c_void, req: *mut c_void) -> c_int {
         // SAFETY: a live receive comm; the plugin checks the request.
         unsafe { self.t.irecv_consumed.unwrap()(comm, 1, req) }
@@ -333,42 +370,36 @@ impl Table {
 fn tables_match_the_reference() {
     let Some((_g, path)) = setup() else { return };
     let tb = table(&path);
-    // SAFETY: table names are static NUL-terminated strings.
-    let (n8, n7) = unsafe { (CStr::from_ptr(tb.t.name), CStr::from_ptr(tb.v7.name)) };
-    assert_eq!(n8.to_str().unwrap(), "NcclNetEmu");
+    // SAFETY: the table's name is a static NUL-terminated string.
+    let n7 = unsafe { CStr::from_ptr(tb.t.name) };
     assert_eq!(n7.to_str().unwrap(), "NcclNetEmu");
+    // SAFETY: looking a symbol up only.
+    let v8 = unsafe { tb.lib.get::<*const NcclNetV8>(SYMBOL_V8) };
+    assert!(
+        v8.is_err(),
+        "TCPX exports no v8 table; neither does the default build"
+    );
     assert!(tb.t.reg_mr_dma_buf.is_none() && tb.t.irecv_consumed.is_some());
-    // SAFETY: all-zero is valid for these C structs; the plugin fills them.
-    let (mut p8, mut p7): (NcclNetPropertiesV8, NcclNetPropertiesV7) =
-        unsafe { (std::mem::zeroed(), std::mem::zeroed()) };
-    // SAFETY: storage for one struct each.
+    // SAFETY: all-zero is valid for this C struct; the plugin fills it.
+    let mut p7: NcclNetPropertiesV7 = unsafe { std::mem::zeroed() };
+    // SAFETY: storage for one struct.
     unsafe {
-        assert_eq!(tb.t.get_properties.unwrap()(0, &mut p8), 0);
-        assert_eq!(tb.v7.get_properties.unwrap()(0, &mut p7), 0);
-        assert_ne!(tb.t.get_properties.unwrap()(1, &mut p8), 0, "only device 0");
+        assert_eq!(tb.t.get_properties.unwrap()(0, &mut p7), 0);
     }
-    for (ptr, recvs, ty, ver, speed) in [
-        (
-            p8.ptr_support,
-            p8.max_recvs,
-            p8.net_device_type,
-            p8.net_device_version,
-            p8.speed,
-        ),
-        (
-            p7.ptr_support,
-            p7.max_recvs,
-            p7.net_device_type,
-            p7.net_device_version,
-            p7.speed,
-        ),
-    ] {
-        assert_eq!(ptr, NCCL_PTR_HOST | NCCL_PTR_CUDA);
-        assert_eq!(recvs, 1);
-        assert_eq!(ty, NCCL_NET_DEVICE_UNPACK);
-        assert_eq!(ver, NCCL_NET_DEVICE_UNPACK_VERSION);
-        assert!(speed > 0);
-    }
+    let mut n: c_int = 0;
+    // SAFETY: one int.
+    assert_eq!(unsafe { tb.t.devices.unwrap()(&mut n) }, 0);
+    // SAFETY: storage for one struct.
+    assert_ne!(
+        unsafe { tb.t.get_properties.unwrap()(n, &mut p7) },
+        0,
+        "no device past the last"
+    );
+    assert_eq!(p7.ptr_support, NCCL_PTR_HOST | NCCL_PTR_CUDA);
+    assert_eq!(p7.max_recvs, 1);
+    assert_eq!(p7.net_device_type, NCCL_NET_DEVICE_UNPACK);
+    assert_eq!(p7.net_device_version, NCCL_NET_DEVICE_UNPACK_VERSION);
+    assert!(p7.speed > 0);
 }
 
 #[test]
@@ -383,10 +414,15 @@ fn tcpx_rules_are_enforced() {
     let (r, rmh) = tb.reg(p.recv, dst.as_ptr(), dst.len(), NCCL_PTR_HOST);
     assert_eq!(r, 0);
 
-    // A GPU registration must be 4 KiB-aligned.
-    let unaligned = ((src.as_ptr() as usize + 4096) & !4095) + 1;
-    let (r, _) = tb.reg(p.send, unaligned as *const u8, 100, NCCL_PTR_CUDA);
-    assert_ne!(r, 0, "unaligned GPU regMr must fail");
+    // A GPU registration must be 4 KiB-aligned (address and size).
+    let aligned = (src.as_ptr() as usize + 4095) & !4095;
+    let (r, _) = tb.reg(p.send, (aligned + 1) as *const u8, 4096, NCCL_PTR_CUDA);
+    assert_eq!(r, NCCL_INTERNAL_ERROR, "unaligned GPU regMr must fail");
+    let (r, _) = tb.reg(p.send, aligned as *const u8, 1000, NCCL_PTR_CUDA);
+    assert_eq!(
+        r, NCCL_INTERNAL_ERROR,
+        "a GPU regMr of 1,000 bytes must fail, aligned or not"
+    );
 
     // irecv takes n == 1.
     let (r, req) = tb.irecv_n(p.recv, 2, dst.as_mut_ptr(), 1024, rmh);
@@ -434,9 +470,10 @@ fn tcpx_rules_are_enforced() {
         "testing a non-head receive must fail"
     );
 
-    // Drain the sends in order.
+    // Drain the sends in order (16 KiB: the socket's buffers take them
+    // without the receiver's test).
     for (i, &s) in sends.iter().enumerate() {
-        assert_eq!(tb.wait(s), 1024, "send {i} reports its size");
+        assert_eq!(tb.wait(s), -1, "send {i}: test reports no size (as TCPX)");
     }
     // Receives: done in order; a receive keeps its slot until consumed.
     let r0 = tb.wait(recvs[0]);
@@ -444,13 +481,13 @@ fn tcpx_rules_are_enforced() {
     tb.wait(recvs[1]);
     assert_eq!(
         tb.consumed(p.recv, recvs[1]),
-        NCCL_INVALID_USAGE,
-        "irecvConsumed out of FIFO order must fail"
+        NCCL_INTERNAL_ERROR,
+        "irecvConsumed out of FIFO order must fail with 3"
     );
     assert_eq!(
         tb.consumed(p.recv, recvs[2]),
-        NCCL_INVALID_USAGE,
-        "irecvConsumed before test said done must fail"
+        NCCL_INTERNAL_ERROR,
+        "irecvConsumed before test said done must fail with 3"
     );
     let (r, _) = tb.irecv_n(p.recv, 1, dst.as_mut_ptr(), 4096, rmh);
     assert_eq!(
@@ -510,15 +547,16 @@ fn unpack_contract_host_mode() {
         assert_eq!(r, 0, "receive {i}");
         reqs.push(q);
     }
+    let mut sq = std::collections::VecDeque::new();
     for s in &srcs {
         let (r, mh) = tb.reg(p.send, s.as_ptr(), s.len().max(1), NCCL_PTR_HOST);
         assert_eq!(r, 0);
         let (r, q) = tb.isend(p.send, s.as_ptr(), s.len(), mh);
         assert_eq!(r, 0);
-        tb.wait(q);
+        sq.push_back(q);
     }
     for (k, &q) in reqs.iter().enumerate() {
-        tb.wait(q);
+        tb.wait_with(q, &mut sq);
         let slot = k % 16;
         // SAFETY: the receive is done and not consumed: its slot is stable.
         let cnt = unsafe { std::ptr::addr_of!((*uh.meta).cnt[slot]).read_volatile() } as usize;
@@ -557,6 +595,9 @@ fn unpack_contract_host_mode() {
             "UNPACK leaves the receive buffer alone"
         );
         assert_eq!(tb.consumed(p.recv, q), 0);
+    }
+    while let Some(q) = sq.pop_front() {
+        tb.wait(q);
     }
     tb.close(p);
 }
@@ -598,8 +639,11 @@ fn plain_mode_and_injected_faults() {
         let (_, rmh) = tb.reg(p.recv, dst.as_ptr(), dst.len(), NCCL_PTR_HOST);
         let (_, rq) = tb.irecv_n(p.recv, 1, dst.as_mut_ptr(), dst.len(), rmh);
         let (_, sq) = tb.isend(p.send, src.as_ptr(), 1000, smh);
-        assert_eq!(tb.wait(sq), 1000);
-        assert_eq!(tb.wait(rq), 1000);
+        let mut sends = [sq].into();
+        assert_eq!(tb.wait_with(rq, &mut sends), 1000);
+        for q in sends.drain(..) {
+            tb.wait(q);
+        }
         assert_eq!(dst[..1000], src[..1000]);
         assert_eq!(tb.consumed(p.recv, rq), 0);
         tb.close(p);
@@ -634,8 +678,11 @@ fn plain_mode_and_injected_faults() {
         let t0 = Instant::now();
         let (_, rq) = tb.irecv_n(p.recv, 1, dst.as_mut_ptr(), dst.len(), rmh);
         let (_, sq) = tb.isend(p.send, src.as_ptr(), 10, smh);
-        tb.wait(sq);
-        tb.wait(rq);
+        let mut sends = [sq].into();
+        tb.wait_with(rq, &mut sends);
+        for q in sends.drain(..) {
+            tb.wait(q);
+        }
         assert!(
             t0.elapsed() >= Duration::from_millis(300),
             "completions are delayed"
@@ -896,29 +943,586 @@ fn the_v7_table_moves_bytes_as_tcpx_exports_it() {
             .unwrap();
         sq.push(s.isend(m, mr).unwrap().unwrap());
     }
-    let wait = |f: &mut dyn FnMut() -> Option<usize>| {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            if let Some(n) = f() {
-                return n;
+    // Data moves only inside test: both sides' heads are tested together.
+    let (mut sq, mut rq): (std::collections::VecDeque<_>, std::collections::VecDeque<_>) =
+        (sq.into(), rq.into());
+    let mut got = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !sq.is_empty() || !rq.is_empty() {
+        if let Some(&q) = sq.front() {
+            if let Some(n) = s.test(q).unwrap() {
+                assert_eq!(n, sizes[sizes.len() - sq.len()]);
+                sq.pop_front();
             }
-            assert!(Instant::now() < deadline, "request did not complete");
-            std::thread::yield_now();
         }
-    };
-    for (i, q) in sq.into_iter().enumerate() {
-        assert_eq!(wait(&mut || s.test(q).unwrap()), sizes[i]);
+        if let Some(&q) = rq.front() {
+            if let Some(n) = r.test(q).unwrap() {
+                got.push(n);
+                rq.pop_front();
+            }
+        }
+        assert!(Instant::now() < deadline, "requests did not complete");
+        std::thread::yield_now();
     }
-    for (i, q) in rq.into_iter().enumerate() {
-        assert_eq!(
-            wait(&mut || r.test(q).unwrap()),
-            sizes[i],
-            "size reported from the fragments"
-        );
+    for (i, &n) in got.iter().enumerate() {
+        assert_eq!(n, sizes[i], "size reported from the fragments");
         assert!(dsts[i][..sizes[i]] == srcs[i][..], "size {}", sizes[i]);
         assert!(
             dsts[i][sizes[i]..].iter().all(|&b| b == 0),
             "nothing past the message"
         );
     }
+}
+
+// ----------------------------------------------------------- as strict as TCPX
+
+/// Reads `v` without letting the compiler assume nobody else writes it.
+fn volatile_all_zero(v: &[u8]) -> bool {
+    // SAFETY: each index is inside `v`.
+    (0..v.len()).all(|i| unsafe { std::ptr::read_volatile(v.as_ptr().add(i)) } == 0)
+}
+
+/// Data moves only for work `test` scheduled: a send and a receive posted
+/// and never tested move nothing, a send tested alone does not fill the
+/// receive, and both tested complete with the right bytes. The explicit
+/// loosening (`NCCL_NET_EMU_LENIENT_BACKGROUND_PROGRESS=1`) moves it all
+/// with no call of test, as the stand-in did before.
+#[test]
+fn data_moves_only_inside_test() {
+    let Some((_g, path)) = setup() else { return };
+    let tb = table(&path);
+    let n = 1 << 20;
+    let src = pattern(n, 9);
+    // Plain mode: the payload lands in the receive buffer, where it shows.
+    let _plain = EnvGuard::set(&[("NCCL_NET_EMU_UNPACK", "0")]);
+    let mut dst = vec![0u8; n];
+    let p = tb.pair();
+    let (_, smh) = tb.reg(p.send, src.as_ptr(), n, NCCL_PTR_HOST);
+    let (_, rmh) = tb.reg(p.recv, dst.as_ptr(), n, NCCL_PTR_HOST);
+    let (r, rq) = tb.irecv_n(p.recv, 1, dst.as_mut_ptr(), n, rmh);
+    assert_eq!(r, 0);
+    let (r, sq) = tb.isend(p.send, src.as_ptr(), n, smh);
+    assert_eq!(r, 0);
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(volatile_all_zero(&dst), "nothing moves without test");
+    // The send alone: its bytes leave (into the kernel's buffers), the
+    // receive, never tested, takes none.
+    let mut sends = std::collections::VecDeque::from([sq]);
+    let t0 = Instant::now();
+    while t0.elapsed() < Duration::from_millis(500) && !sends.is_empty() {
+        let (r, done, _) = tb.test(sq);
+        assert_eq!(r, 0);
+        if done {
+            sends.clear();
+        }
+        std::thread::yield_now();
+    }
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(
+        volatile_all_zero(&dst),
+        "an untested receive takes no bytes"
+    );
+    tb.wait_with(rq, &mut sends);
+    for q in sends.drain(..) {
+        tb.wait(q);
+    }
+    assert_eq!(checksum(&dst), checksum(&src));
+    assert_eq!(tb.consumed(p.recv, rq), 0);
+    tb.close(p);
+
+    // The explicit loosening.
+    let _lenient = EnvGuard::set(&[("NCCL_NET_EMU_LENIENT_BACKGROUND_PROGRESS", "1")]);
+    let mut dst = vec![0u8; n];
+    let p = tb.pair();
+    let (_, smh) = tb.reg(p.send, src.as_ptr(), n, NCCL_PTR_HOST);
+    let (_, rmh) = tb.reg(p.recv, dst.as_ptr(), n, NCCL_PTR_HOST);
+    let (_, rq) = tb.irecv_n(p.recv, 1, dst.as_mut_ptr(), n, rmh);
+    let (_, sq) = tb.isend(p.send, src.as_ptr(), n, smh);
+    std::thread::sleep(Duration::from_millis(1000));
+    let (r, done, _) = tb.test(rq);
+    assert!(r == 0 && done, "lenient: the bytes moved without test");
+    assert_eq!(checksum(&dst), checksum(&src));
+    assert_eq!(tb.consumed(p.recv, rq), 0);
+    tb.wait(sq);
+    tb.close(p);
+}
+
+/// connect hands out no comm until the peer's accept has run; accept takes
+/// 100 ms per socket and then the flow-steering wait.
+#[test]
+fn connect_waits_for_the_peer_accept_and_accept_for_flow_steering() {
+    let Some((_g, path)) = setup() else { return };
+    let tb = table(&path);
+    let wait = Duration::from_millis(400);
+    let _e = EnvGuard::set(&[(
+        "NCCL_GPUDIRECTTCPX_PROGRAM_FLOW_STEERING_WAIT_MICROS",
+        "400000",
+    )]);
+    let t = &tb.t;
+    let mut handle = [0u8; NCCL_NET_HANDLE_MAXSIZE];
+    let mut listen: *mut c_void = std::ptr::null_mut();
+    // SAFETY: 128-byte handle buffer, one out-pointer.
+    assert_eq!(
+        unsafe { t.listen.unwrap()(0, handle.as_mut_ptr() as *mut c_void, &mut listen) },
+        0
+    );
+    let mut send: *mut c_void = std::ptr::null_mut();
+    let mut connect = |send: &mut *mut c_void| {
+        let mut sd: *mut NcclNetDeviceHandleV7 = std::ptr::null_mut();
+        // SAFETY: the same handle buffer on every call, as required.
+        let r = unsafe { t.connect.unwrap()(0, handle.as_mut_ptr() as *mut c_void, send, &mut sd) };
+        assert_eq!(r, 0);
+    };
+    let t0 = Instant::now();
+    while t0.elapsed() < Duration::from_millis(1500) {
+        connect(&mut send);
+        assert!(send.is_null(), "no send comm before the peer's accept");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let mut dev = Box::new(Storage([0u8; 64]));
+    let mut recv: *mut c_void = std::ptr::null_mut();
+    let first_accept = Instant::now();
+    let (mut accepted, mut connected) = (None, None);
+    while accepted.is_none() || connected.is_none() {
+        assert!(first_accept.elapsed() < Duration::from_secs(10));
+        if recv.is_null() {
+            let mut dp = dev.0.as_mut_ptr() as *mut NcclNetDeviceHandleV7;
+            // SAFETY: a live listen comm and 64 bytes of aligned storage.
+            assert_eq!(unsafe { t.accept.unwrap()(listen, &mut recv, &mut dp) }, 0);
+            if !recv.is_null() {
+                accepted = Some(first_accept.elapsed());
+            }
+        }
+        if send.is_null() {
+            connect(&mut send);
+            if !send.is_null() {
+                connected = Some(first_accept.elapsed());
+                assert!(
+                    accepted.is_some(),
+                    "connect completed before accept returned"
+                );
+            }
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let accepted = accepted.unwrap();
+    assert!(
+        accepted >= wait + Duration::from_millis(200),
+        "accept returned after {accepted:?}: 2 sockets × 100 ms + the flow-steering wait at least"
+    );
+    assert!(connected.unwrap() >= accepted);
+    tb.close(Pair {
+        listen,
+        send,
+        recv,
+        dev,
+    });
+}
+
+/// TCPX makes a receive comm's queue only when accept is given storage for
+/// its device handle, and crashes at the first receive otherwise: the
+/// stand-in fails that receive with internal error.
+#[test]
+fn accept_without_device_handle_storage_fails_the_first_receive() {
+    let Some((_g, path)) = setup() else { return };
+    let tb = table(&path);
+    let t = &tb.t;
+    let mut handle = [0u8; NCCL_NET_HANDLE_MAXSIZE];
+    let mut listen: *mut c_void = std::ptr::null_mut();
+    // SAFETY: 128-byte handle buffer, one out-pointer.
+    assert_eq!(
+        unsafe { t.listen.unwrap()(0, handle.as_mut_ptr() as *mut c_void, &mut listen) },
+        0
+    );
+    let (mut send, mut recv): (*mut c_void, *mut c_void) =
+        (std::ptr::null_mut(), std::ptr::null_mut());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while send.is_null() || recv.is_null() {
+        assert!(Instant::now() < deadline);
+        if send.is_null() {
+            let mut sd: *mut NcclNetDeviceHandleV7 = std::ptr::null_mut();
+            // SAFETY: the same handle buffer on every call.
+            unsafe {
+                t.connect.unwrap()(0, handle.as_mut_ptr() as *mut c_void, &mut send, &mut sd)
+            };
+        }
+        if recv.is_null() {
+            // SAFETY: a live listen comm; no device-handle storage.
+            let r = unsafe { t.accept.unwrap()(listen, &mut recv, std::ptr::null_mut()) };
+            assert_eq!(r, 0);
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let mut dst = vec![0u8; 4096];
+    let (r, rmh) = tb.reg(recv, dst.as_ptr(), dst.len(), NCCL_PTR_HOST);
+    assert_eq!(r, 0);
+    let (r, q) = tb.irecv_n(recv, 1, dst.as_mut_ptr(), dst.len(), rmh);
+    assert_eq!(r, NCCL_INTERNAL_ERROR);
+    assert!(q.is_null());
+    tb.close(Pair {
+        listen,
+        send,
+        recv,
+        dev: Box::new(Storage([0u8; 64])),
+    });
+}
+
+/// One device per interface of `NCCL_GPUDIRECTTCPX_SOCKET_IFNAME`, named
+/// after it, with its PCI path and a speed; comms listen on the device
+/// asked for.
+#[test]
+fn one_device_per_configured_interface() {
+    let Some((_g, path)) = setup() else { return };
+    let tb = table(&path);
+    let pci = "/sys/devices/pci0000:00/0000:00:04.0";
+    let _e = EnvGuard::set(&[
+        ("NCCL_GPUDIRECTTCPX_SOCKET_IFNAME", "lo,lo"),
+        ("NCCL_NET_EMU_PCI_PATHS", &format!("lo={pci}")),
+    ]);
+    let mut n: c_int = 0;
+    // SAFETY: one int.
+    assert_eq!(unsafe { tb.t.devices.unwrap()(&mut n) }, 0);
+    assert_eq!(n, 2, "one device per listed interface");
+    for d in 0..n {
+        // SAFETY: all-zero is valid for this C struct; the plugin fills it.
+        let mut p: NcclNetPropertiesV7 = unsafe { std::mem::zeroed() };
+        // SAFETY: storage for one struct.
+        assert_eq!(unsafe { tb.t.get_properties.unwrap()(d, &mut p) }, 0);
+        // SAFETY: the plugin's strings are NUL-terminated and live on.
+        let (name, path) = unsafe { (CStr::from_ptr(p.name), CStr::from_ptr(p.pci_path)) };
+        assert_eq!(name.to_str().unwrap(), "lo");
+        assert_eq!(path.to_str().unwrap(), pci);
+        assert!(p.speed > 0);
+    }
+    let mut handle = [0u8; NCCL_NET_HANDLE_MAXSIZE];
+    let mut l: *mut c_void = std::ptr::null_mut();
+    // SAFETY: 128-byte handle buffer, one out-pointer.
+    unsafe {
+        assert_eq!(
+            tb.t.listen.unwrap()(1, handle.as_mut_ptr() as *mut c_void, &mut l),
+            0
+        );
+        assert_ne!(
+            tb.t.listen.unwrap()(2, handle.as_mut_ptr() as *mut c_void, &mut l),
+            0
+        );
+        assert_eq!(tb.t.close_listen.unwrap()(l), 0);
+    }
+}
+
+/// With TCPX's default flow-steering wait (5 s per accept), a connection
+/// with the plugin net's default channels (2 sets × 8 comms each way) is
+/// ready in one wait, not one per comm: the engine calls every connect and
+/// accept together. Prints the set-up time.
+#[test]
+fn set_up_with_the_default_flow_steering_wait_runs_channels_in_parallel() {
+    let Some((_g, path)) = setup() else { return };
+    std::env::remove_var("NCCL_GPUDIRECTTCPX_PROGRAM_FLOW_STEERING_WAIT_MICROS");
+    let cfg = Config {
+        channels: tcpx_p2p::internal::PLUGIN_CHANNELS,
+        connect_timeout: Duration::from_secs(60),
+        ..plugin_cfg(&path)
+    };
+    let a = Endpoint::new(None, cfg.clone()).unwrap();
+    let b = Endpoint::new(None, cfg).unwrap();
+    let addr = b.local_addr();
+    let t0 = Instant::now();
+    let ca = a
+        .connect(&addr.ip().to_string(), addr.port(), None)
+        .unwrap();
+    let cb = b.accept(Some(Duration::from_secs(60))).unwrap().conn;
+    let took = t0.elapsed();
+    println!(
+        "{{\"set_up_s\": {:.3}, \"channels\": {}, \"flow_steering_wait_s\": 5}}",
+        took.as_secs_f64(),
+        tcpx_p2p::internal::PLUGIN_CHANNELS
+    );
+    assert!(
+        took >= Duration::from_secs(5),
+        "the 5 s flow-steering wait was kept: {took:?}"
+    );
+    assert!(
+        took < Duration::from_secs(30),
+        "{took:?}: accepts ran one after another (32 comms × 5 s)"
+    );
+    // And the connection works.
+    let n = 3 << 20;
+    let mut src = pattern(n, 4);
+    let mut dst = vec![0u8; n];
+    let sb = buf(&a, &mut src);
+    let rb = buf(&b, &mut dst);
+    let r = b.recv_async(cb, &[rb]).unwrap();
+    let s = a.send_async(ca, &[sb]).unwrap();
+    assert!(a.wait(s, Some(Duration::from_secs(60))).unwrap());
+    assert!(b.wait(r, Some(Duration::from_secs(60))).unwrap());
+    assert_eq!(checksum(&dst), checksum(&src));
+}
+
+/// Many connections, each of many comms, some idle while others work, then
+/// all at once: the engine's progress loop tests every comm's head, so
+/// nothing stalls on a stand-in where data moves only inside test.
+#[test]
+fn the_progress_loop_tests_every_comm_many_connections_idle_ones_too() {
+    let Some((_g, path)) = setup() else { return };
+    let cfg = Config {
+        channels: 4,
+        chunk: 256 << 10,
+        ..plugin_cfg(&path)
+    };
+    let hub = Endpoint::new(None, cfg.clone()).unwrap();
+    let peers: Vec<Endpoint> = (0..3)
+        .map(|_| Endpoint::new(None, cfg.clone()).unwrap())
+        .collect();
+    let addr = hub.local_addr();
+    let mut conns = Vec::new();
+    for p in &peers {
+        let c = p
+            .connect(&addr.ip().to_string(), addr.port(), None)
+            .unwrap();
+        let h = hub.accept(Some(Duration::from_secs(20))).unwrap().conn;
+        conns.push((c, h));
+    }
+    let round = |which: &[usize], n: usize, seed: u8| {
+        let mut srcs: Vec<Vec<u8>> = which
+            .iter()
+            .map(|&i| pattern(n + i, seed + i as u8))
+            .collect();
+        let mut dsts: Vec<Vec<u8>> = which.iter().map(|&i| vec![0u8; n + i]).collect();
+        let mut waits = Vec::new();
+        for (k, &i) in which.iter().enumerate() {
+            let (c, h) = conns[i];
+            let sb = buf(&peers[i], &mut srcs[k]);
+            let rb = buf(&hub, &mut dsts[k]);
+            let r = hub.recv_async(h, &[rb]).unwrap();
+            let s = peers[i].send_async(c, &[sb]).unwrap();
+            waits.push((i, s, r));
+        }
+        for (i, s, r) in waits {
+            assert!(
+                peers[i].wait(s, Some(Duration::from_secs(60))).unwrap(),
+                "send on connection {i}"
+            );
+            assert!(
+                hub.wait(r, Some(Duration::from_secs(60))).unwrap(),
+                "receive on connection {i}"
+            );
+        }
+        for k in 0..which.len() {
+            assert_eq!(
+                checksum(&dsts[k]),
+                checksum(&srcs[k]),
+                "connection {}",
+                which[k]
+            );
+        }
+    };
+    // One connection works while two stay idle; then another; then all,
+    // with messages that use every comm of every channel.
+    round(&[0], 5 << 20, 1);
+    std::thread::sleep(Duration::from_millis(300));
+    round(&[2], 1 << 20, 2);
+    round(&[0, 1, 2], 9 << 20, 3);
+    for _ in 0..5 {
+        round(&[1, 2], 4097, 4);
+    }
+}
+
+/// Host memory on a plugin-net connection of GPU endpoints: the receive
+/// comms' bounce pages are on the GPU (TCPX steers a GPU comm's flows to
+/// its devmem queues), so host receives land on the GPU first and are
+/// copied out; the user sees the same bytes as with GPU buffers. Two-sided
+/// and one-sided, host → host, GPU → host and host → GPU. Skips without
+/// CUDA. Before the host landing, every receive into host memory here
+/// failed ("a receive into host memory on a comm whose bounce pages are on
+/// the GPU").
+#[test]
+fn host_memory_on_gpu_endpoints_over_the_plugin() {
+    let Some((_g, path)) = setup() else { return };
+    if !gpu::available() {
+        eprintln!("SKIPPED: no CUDA on this machine");
+        return;
+    }
+    let cfg = Config {
+        chunk: 4 << 20,
+        ..plugin_cfg(&path)
+    };
+    let (a, b, ca, cb) = gpu_endpoints(cfg);
+    let second = b.gpu_index();
+    for &n in &[1usize, 4095, (1 << 20) + 3, 9 << 20] {
+        // host → host
+        let mut src = pattern(n, 0x21);
+        let mut dst = vec![0u8; n];
+        let sb = buf(&a, &mut src);
+        let rb = buf(&b, &mut dst);
+        let r = b.recv_async(cb, &[rb]).unwrap();
+        let x = a.send_async(ca, &[sb]).unwrap();
+        assert!(a.wait(x, Some(Duration::from_secs(60))).unwrap());
+        assert!(b.wait(r, Some(Duration::from_secs(60))).unwrap());
+        assert_eq!(checksum(&dst), checksum(&src), "host → host, size {n}");
+        // GPU → host
+        let gsrc = pattern(n, 0x43);
+        let s = device_buf(0, &gsrc);
+        let sb = reg_buf(&a, s.ptr, n);
+        let mut hdst = vec![0u8; n];
+        let rb = buf(&b, &mut hdst);
+        let r = b.recv_async(cb, &[rb]).unwrap();
+        let x = a.send_async(ca, &[sb]).unwrap();
+        assert!(a.wait(x, Some(Duration::from_secs(60))).unwrap());
+        assert!(b.wait(r, Some(Duration::from_secs(60))).unwrap());
+        assert_eq!(checksum(&hdst), checksum(&gsrc), "GPU → host, size {n}");
+        // host → GPU
+        let mut hsrc = pattern(n, 0x65);
+        let d = device_buf(second, &vec![0u8; n]);
+        let sb = buf(&a, &mut hsrc);
+        let rb = reg_buf(&b, d.ptr, n);
+        let r = b.recv_async(cb, &[rb]).unwrap();
+        let x = a.send_async(ca, &[sb]).unwrap();
+        assert!(a.wait(x, Some(Duration::from_secs(60))).unwrap());
+        assert!(b.wait(r, Some(Duration::from_secs(60))).unwrap());
+        assert_eq!(
+            checksum(&read_back(&d, n)),
+            checksum(&hsrc),
+            "host → GPU, size {n}"
+        );
+    }
+    // One-sided write and read of a host region of the GPU endpoint.
+    let n = 5 << 20;
+    let mut target = vec![0u8; n];
+    let tb = buf(&b, &mut target);
+    let desc = b.advertise(cb, tb.mr, tb.ptr, n).unwrap();
+    let meta = FifoItem::decode(&desc).unwrap();
+    let mut src = pattern(n, 0x17);
+    let sb = buf(&a, &mut src);
+    let w = a.write_async(ca, &[sb], &[meta]).unwrap();
+    assert!(a.wait(w, Some(Duration::from_secs(60))).unwrap());
+    assert_eq!(checksum(&target), checksum(&src), "write into host memory");
+    let mut back = vec![0u8; n];
+    let bb = buf(&a, &mut back);
+    let r = a.read_async(ca, &[bb], &[meta]).unwrap();
+    assert!(a.wait(r, Some(Duration::from_secs(60))).unwrap());
+    assert_eq!(checksum(&back), checksum(&src), "read from host memory");
+}
+
+/// TCPX off A3 runs with its GPU receive pool not imported
+/// (`NCCL_TCPX_RXMEM_IMPORT_USE_GPU_PCI_CLIENT=0`): the device handle has
+/// no bounce buffer, host receives land straight in their buffers with 0
+/// fragments and `test` reports no size. The stand-in does the same; the
+/// engine moves host memory over it, two-sided and one-sided.
+#[test]
+fn host_receives_without_a_receive_pool_land_in_place() {
+    let Some((_g, path)) = setup() else { return };
+    let _e = EnvGuard::set(&[("NCCL_TCPX_RXMEM_IMPORT_USE_GPU_PCI_CLIENT", "0")]);
+    let tb = table(&path);
+    let p = tb.pair();
+    // SAFETY: the plugin wrote a device handle into the storage on accept.
+    let dh = unsafe { std::ptr::read(p.dev.0.as_ptr() as *const NcclNetDeviceHandleV7) };
+    // SAFETY: without a GPU the handle is a host pointer to the struct.
+    let uh = unsafe { std::ptr::read(dh.handle as *const UnpackNetDeviceHandle) };
+    assert!(uh.bounce_buf.is_null() && !uh.meta.is_null());
+    tb.close(p);
+
+    let a = Endpoint::new(None, plugin_cfg(&path)).unwrap();
+    let b = Endpoint::new(None, plugin_cfg(&path)).unwrap();
+    let addr = b.local_addr();
+    let ca = a
+        .connect(&addr.ip().to_string(), addr.port(), None)
+        .unwrap();
+    let cb = b.accept(Some(Duration::from_secs(20))).unwrap().conn;
+    for &n in &[1usize, 4096, (1 << 20) + 5, 9 << 20] {
+        let mut src = pattern(n, 0x5a);
+        let mut dst = vec![0u8; n];
+        let sb = buf(&a, &mut src);
+        let rb = buf(&b, &mut dst);
+        let r = b.recv_async(cb, &[rb]).unwrap();
+        let s = a.send_async(ca, &[sb]).unwrap();
+        assert!(a.wait(s, Some(Duration::from_secs(60))).unwrap());
+        assert!(b.wait(r, Some(Duration::from_secs(60))).unwrap());
+        assert_eq!(checksum(&dst), checksum(&src), "size {n}");
+    }
+    let n = 3 << 20;
+    let mut target = vec![0u8; n];
+    let tbuf = buf(&b, &mut target);
+    let desc = b.advertise(cb, tbuf.mr, tbuf.ptr, n).unwrap();
+    let meta = FifoItem::decode(&desc).unwrap();
+    let mut src = pattern(n, 0x3d);
+    let sb = buf(&a, &mut src);
+    let w = a.write_async(ca, &[sb], &[meta]).unwrap();
+    assert!(a.wait(w, Some(Duration::from_secs(60))).unwrap());
+    assert_eq!(checksum(&target), checksum(&src));
+    let mut back = vec![0u8; n];
+    let bb = buf(&a, &mut back);
+    let r = a.read_async(ca, &[bb], &[meta]).unwrap();
+    assert!(a.wait(r, Some(Duration::from_secs(60))).unwrap());
+    assert_eq!(checksum(&back), checksum(&src));
+}
+
+/// TCPX's `NCCL_DYNAMIC_CHUNK_SIZE` defaults to 0, and a send's chunks are
+/// then 0 bytes: no send ever finishes. The stand-in does the same (the
+/// engine's plugin net sets 524288 where the variable is unset).
+#[test]
+fn a_chunk_size_of_zero_never_sends() {
+    let Some((_g, path)) = setup() else { return };
+    let tb = table(&path);
+    let _e = EnvGuard::set(&[("NCCL_DYNAMIC_CHUNK_SIZE", "0")]);
+    let p = tb.pair();
+    let src = pattern(4096, 2);
+    let mut dst = vec![0u8; 4096];
+    let (_, smh) = tb.reg(p.send, src.as_ptr(), src.len(), NCCL_PTR_HOST);
+    let (_, rmh) = tb.reg(p.recv, dst.as_ptr(), dst.len(), NCCL_PTR_HOST);
+    let (_, rq) = tb.irecv_n(p.recv, 1, dst.as_mut_ptr(), dst.len(), rmh);
+    let (_, sq) = tb.isend(p.send, src.as_ptr(), src.len(), smh);
+    let t0 = Instant::now();
+    while t0.elapsed() < Duration::from_millis(700) {
+        let (r1, sent, _) = tb.test(sq);
+        let (r2, got, _) = tb.test(rq);
+        assert!(r1 == 0 && r2 == 0);
+        assert!(!sent && !got, "nothing moves with chunks of 0 bytes");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    tb.close(p);
+}
+
+/// Two devices (`NCCL_GPUDIRECTTCPX_SOCKET_IFNAME=lo,lo`): the loader
+/// reports both, named after the interface, and a connection's channels
+/// take them in turn (listen and connect on device 1 as well as 0) and
+/// move the right bytes. A copy of the library is loaded, as the loader
+/// reads a plugin's devices once per path.
+#[test]
+fn channels_spread_over_several_devices() {
+    let Some((_g, path)) = setup() else { return };
+    let _e = EnvGuard::set(&[("NCCL_GPUDIRECTTCPX_SOCKET_IFNAME", "lo,lo")]);
+    let dir = std::env::temp_dir().join(format!("tcpx-emu-two-devs-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let copy = dir.join("libnccl_net_emu.so");
+    std::fs::copy(&path, &copy).unwrap();
+    let copy = copy.to_string_lossy().into_owned();
+    let net = PluginNet::load(&copy, None).unwrap();
+    let devs = net.plugin_devices();
+    assert_eq!(devs.len(), 2);
+    assert!(
+        devs.iter().all(|d| d.props.name == "lo"),
+        "named after the interface"
+    );
+    let cfg = Config {
+        channels: 4,
+        ..plugin_cfg(&copy)
+    };
+    let a = Endpoint::new(None, cfg.clone()).unwrap();
+    let b = Endpoint::new(None, cfg).unwrap();
+    let addr = b.local_addr();
+    let ca = a
+        .connect(&addr.ip().to_string(), addr.port(), None)
+        .unwrap();
+    let cb = b.accept(Some(Duration::from_secs(20))).unwrap().conn;
+    let n = 9 << 20;
+    let mut src = pattern(n, 0x44);
+    let mut dst = vec![0u8; n];
+    let sb = buf(&a, &mut src);
+    let rb = buf(&b, &mut dst);
+    let r = b.recv_async(cb, &[rb]).unwrap();
+    let s = a.send_async(ca, &[sb]).unwrap();
+    assert!(a.wait(s, Some(Duration::from_secs(60))).unwrap());
+    assert!(b.wait(r, Some(Duration::from_secs(60))).unwrap());
+    assert_eq!(checksum(&dst), checksum(&src));
+    let _ = std::fs::remove_dir_all(&dir);
 }

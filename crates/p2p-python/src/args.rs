@@ -94,6 +94,13 @@ pub fn bytes_named(o: &Bound<'_, PyAny>, name: &str) -> PyResult<Vec<u8>> {
     if let Ok(b) = o.cast::<PyByteArray>() {
         return Ok(b.to_vec());
     }
+    if o.is_instance_of::<PyString>() {
+        return Err(type_error(
+            name,
+            "bytes (encode a str first: s.encode())",
+            o,
+        ));
+    }
     Err(type_error(name, "bytes", o))
 }
 
@@ -160,12 +167,33 @@ pub fn port_named(o: &Bound<'_, PyAny>, name: &str) -> PyResult<Option<u16>> {
         .ok_or_else(|| invalid(name, format!("{p} is not a port (1 to 65535, or -1)")))
 }
 
+/// A `TypeError` from an extractor used through `from_py_with`, without its
+/// leading "argument 'NAME': ": PyO3 puts that prefix on every `TypeError`
+/// such an extractor returns, and it would otherwise read twice.
+fn unprefixed(py: Python<'_>, e: PyErr) -> PyErr {
+    if !e.get_type(py).is(py.get_type::<PyTypeError>()) {
+        return e;
+    }
+    let msg = e.value(py).to_string();
+    match msg
+        .strip_prefix("argument '")
+        .and_then(|rest| rest.split_once("': "))
+    {
+        // A list's element keeps its index: "ptrs[3]: expected an int".
+        Some((inner, rest)) if inner.contains('[') => {
+            PyTypeError::new_err(format!("{inner}: {rest}"))
+        }
+        Some((_, rest)) => PyTypeError::new_err(rest.to_owned()),
+        None => e,
+    }
+}
+
 /// Extractors by argument name, for `#[pyo3(from_py_with = arg::NAME)]`.
 macro_rules! named {
     ($($f:ident: $t:ty = $conv:expr;)*) => {
         $(
             pub fn $f(o: &Bound<'_, PyAny>) -> PyResult<$t> {
-                $conv(o, stringify!($f))
+                $conv(o, stringify!($f)).map_err(|e| unprefixed(o.py(), e))
             }
         )*
     };
@@ -201,6 +229,10 @@ named! {
     };
     streams: usize = usize_named;
     iters: usize = usize_named;
+    msg: Vec<u8> = bytes_named;
+    notif: Vec<u8> = bytes_named;
+    info: Vec<u8> = bytes_named;
+    info_v: Vec<Vec<u8>> = |o, n| list_named(o, n, bytes_named);
 }
 
 /// The arguments of a call that exists in two forms told apart by how many

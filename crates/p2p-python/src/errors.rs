@@ -9,50 +9,50 @@ use pyo3::prelude::*;
 use tcpx_p2p::{Error, ErrorKind};
 
 create_exception!(
-    _native,
+    tcpx_p2p,
     TcpxP2PError,
     PyRuntimeError,
     "Base of every tcpx_p2p error; a RuntimeError, as UCCL's errors are."
 );
 create_exception!(
-    _native,
+    tcpx_p2p,
     InvalidArgumentError,
     TcpxP2PError,
     "A bad id, pointer, size or descriptor."
 );
 create_exception!(
-    _native,
+    tcpx_p2p,
     ConnectError,
     TcpxP2PError,
     "A connection could not be made."
 );
 create_exception!(
-    _native,
+    tcpx_p2p,
     ConnectionLostError,
     TcpxP2PError,
     "The connection broke or was closed."
 );
 create_exception!(
-    _native,
+    tcpx_p2p,
     RefusedError,
     TcpxP2PError,
     "The peer refused the request."
 );
 create_exception!(
-    _native,
+    tcpx_p2p,
     ProtocolError,
     ConnectionLostError,
     "The peer broke the protocol; the connection was ended."
 );
 create_exception!(
-    _native,
+    tcpx_p2p,
     TimedOutError,
     ConnectionLostError,
     "The peer went silent past the deadline; the connection was ended."
 );
-create_exception!(_native, CudaError, TcpxP2PError, "A CUDA failure.");
+create_exception!(tcpx_p2p, CudaError, TcpxP2PError, "A CUDA failure.");
 create_exception!(
-    _native,
+    tcpx_p2p,
     ConfigError,
     TcpxP2PError,
     "Bad configuration (environment variables)."

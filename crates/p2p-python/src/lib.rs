@@ -903,7 +903,12 @@ impl Endpoint {
     /// Sends `msg` (at most 1 MiB) to the peer of `conn_id`; the peer's
     /// `get_notifs()` returns it with this endpoint's name. False on
     /// failure (see `last_error()`).
-    fn send_notif(&self, py: Python<'_>, conn_id: u64, msg: Vec<u8>) -> bool {
+    fn send_notif(
+        &self,
+        py: Python<'_>,
+        #[pyo3(from_py_with = args::conn_id)] conn_id: u64,
+        #[pyo3(from_py_with = args::msg)] msg: Vec<u8>,
+    ) -> bool {
         let r = py.detach(|| self.ep.send_notif(conn_id, &msg));
         self.check(py, r).is_some()
     }
@@ -924,12 +929,12 @@ impl Endpoint {
     fn write_async_with_notif(
         &self,
         py: Python<'_>,
-        conn_id: u64,
-        mr_id: u64,
-        ptr: u64,
-        size: usize,
-        meta: Vec<u8>,
-        notif: Vec<u8>,
+        #[pyo3(from_py_with = args::conn_id)] conn_id: u64,
+        #[pyo3(from_py_with = args::mr_id)] mr_id: u64,
+        #[pyo3(from_py_with = args::ptr)] ptr: u64,
+        #[pyo3(from_py_with = args::size)] size: usize,
+        #[pyo3(from_py_with = args::meta)] meta: Vec<u8>,
+        #[pyo3(from_py_with = args::notif)] notif: Vec<u8>,
     ) -> (bool, i64) {
         self.started(py, |ep| {
             let b = Buf {
@@ -947,12 +952,12 @@ impl Endpoint {
     fn read_async_with_notif(
         &self,
         py: Python<'_>,
-        conn_id: u64,
-        mr_id: u64,
-        ptr: u64,
-        size: usize,
-        meta: Vec<u8>,
-        notif: Vec<u8>,
+        #[pyo3(from_py_with = args::conn_id)] conn_id: u64,
+        #[pyo3(from_py_with = args::mr_id)] mr_id: u64,
+        #[pyo3(from_py_with = args::ptr)] ptr: u64,
+        #[pyo3(from_py_with = args::size)] size: usize,
+        #[pyo3(from_py_with = args::meta)] meta: Vec<u8>,
+        #[pyo3(from_py_with = args::notif)] notif: Vec<u8>,
     ) -> (bool, i64) {
         self.started(py, |ep| {
             let b = Buf {
@@ -1018,9 +1023,9 @@ impl Endpoint {
     fn advertise_ipc<'py>(
         &self,
         py: Python<'py>,
-        conn_id: u64,
-        ptr: u64,
-        size: usize,
+        #[pyo3(from_py_with = args::conn_id)] conn_id: u64,
+        #[pyo3(from_py_with = args::ptr)] ptr: u64,
+        #[pyo3(from_py_with = args::size)] size: usize,
     ) -> (bool, Bound<'py, PyBytes>) {
         match self.check(py, self.ep.advertise_ipc(conn_id, ptr, size)) {
             Some(d) => (true, PyBytes::new(py, &d)),
@@ -1031,9 +1036,9 @@ impl Endpoint {
     fn advertisev_ipc<'py>(
         &self,
         py: Python<'py>,
-        conn_id: u64,
-        ptr_v: Vec<u64>,
-        size_v: Vec<usize>,
+        #[pyo3(from_py_with = args::conn_id)] conn_id: u64,
+        #[pyo3(from_py_with = args::ptr_v)] ptr_v: Vec<u64>,
+        #[pyo3(from_py_with = args::size_v)] size_v: Vec<usize>,
     ) -> PyResult<(bool, Bound<'py, PyList>)> {
         let r = ipc_pairs(&ptr_v, &size_v, None).and_then(|bs| {
             bs.iter()
@@ -1052,16 +1057,23 @@ impl Endpoint {
     fn write_ipc(
         &self,
         py: Python<'_>,
-        conn_id: u64,
-        ptr: u64,
-        size: usize,
-        info: Vec<u8>,
+        #[pyo3(from_py_with = args::conn_id)] conn_id: u64,
+        #[pyo3(from_py_with = args::ptr)] ptr: u64,
+        #[pyo3(from_py_with = args::size)] size: usize,
+        #[pyo3(from_py_with = args::info)] info: Vec<u8>,
     ) -> bool {
         let r = py.detach(|| self.ep.write_ipc(conn_id, &[(ptr, size)], &[&info]));
         self.check(py, r).is_some()
     }
 
-    fn read_ipc(&self, py: Python<'_>, conn_id: u64, ptr: u64, size: usize, info: Vec<u8>) -> bool {
+    fn read_ipc(
+        &self,
+        py: Python<'_>,
+        #[pyo3(from_py_with = args::conn_id)] conn_id: u64,
+        #[pyo3(from_py_with = args::ptr)] ptr: u64,
+        #[pyo3(from_py_with = args::size)] size: usize,
+        #[pyo3(from_py_with = args::info)] info: Vec<u8>,
+    ) -> bool {
         let r = py.detach(|| self.ep.read_ipc(conn_id, &[(ptr, size)], &[&info]));
         self.check(py, r).is_some()
     }
@@ -1069,10 +1081,10 @@ impl Endpoint {
     fn write_ipc_async(
         &self,
         py: Python<'_>,
-        conn_id: u64,
-        ptr: u64,
-        size: usize,
-        info: Vec<u8>,
+        #[pyo3(from_py_with = args::conn_id)] conn_id: u64,
+        #[pyo3(from_py_with = args::ptr)] ptr: u64,
+        #[pyo3(from_py_with = args::size)] size: usize,
+        #[pyo3(from_py_with = args::info)] info: Vec<u8>,
     ) -> (bool, i64) {
         self.started(py, |ep| {
             ep.write_ipc_async(conn_id, &[(ptr, size)], &[&info])
@@ -1082,10 +1094,10 @@ impl Endpoint {
     fn read_ipc_async(
         &self,
         py: Python<'_>,
-        conn_id: u64,
-        ptr: u64,
-        size: usize,
-        info: Vec<u8>,
+        #[pyo3(from_py_with = args::conn_id)] conn_id: u64,
+        #[pyo3(from_py_with = args::ptr)] ptr: u64,
+        #[pyo3(from_py_with = args::size)] size: usize,
+        #[pyo3(from_py_with = args::info)] info: Vec<u8>,
     ) -> (bool, i64) {
         self.started(py, |ep| {
             ep.read_ipc_async(conn_id, &[(ptr, size)], &[&info])
@@ -1095,10 +1107,10 @@ impl Endpoint {
     fn writev_ipc(
         &self,
         py: Python<'_>,
-        conn_id: u64,
-        ptr_v: Vec<u64>,
-        size_v: Vec<usize>,
-        info_v: Vec<Vec<u8>>,
+        #[pyo3(from_py_with = args::conn_id)] conn_id: u64,
+        #[pyo3(from_py_with = args::ptr_v)] ptr_v: Vec<u64>,
+        #[pyo3(from_py_with = args::size_v)] size_v: Vec<usize>,
+        #[pyo3(from_py_with = args::info_v)] info_v: Vec<Vec<u8>>,
     ) -> bool {
         let r = py.detach(|| {
             let b = ipc_pairs(&ptr_v, &size_v, Some(info_v.len()))?;
@@ -1111,10 +1123,10 @@ impl Endpoint {
     fn readv_ipc(
         &self,
         py: Python<'_>,
-        conn_id: u64,
-        ptr_v: Vec<u64>,
-        size_v: Vec<usize>,
-        info_v: Vec<Vec<u8>>,
+        #[pyo3(from_py_with = args::conn_id)] conn_id: u64,
+        #[pyo3(from_py_with = args::ptr_v)] ptr_v: Vec<u64>,
+        #[pyo3(from_py_with = args::size_v)] size_v: Vec<usize>,
+        #[pyo3(from_py_with = args::info_v)] info_v: Vec<Vec<u8>>,
     ) -> bool {
         let r = py.detach(|| {
             let b = ipc_pairs(&ptr_v, &size_v, Some(info_v.len()))?;
@@ -1127,10 +1139,10 @@ impl Endpoint {
     fn writev_ipc_async(
         &self,
         py: Python<'_>,
-        conn_id: u64,
-        ptr_v: Vec<u64>,
-        size_v: Vec<usize>,
-        info_v: Vec<Vec<u8>>,
+        #[pyo3(from_py_with = args::conn_id)] conn_id: u64,
+        #[pyo3(from_py_with = args::ptr_v)] ptr_v: Vec<u64>,
+        #[pyo3(from_py_with = args::size_v)] size_v: Vec<usize>,
+        #[pyo3(from_py_with = args::info_v)] info_v: Vec<Vec<u8>>,
     ) -> (bool, i64) {
         self.started(py, |ep| {
             let b = ipc_pairs(&ptr_v, &size_v, Some(info_v.len()))?;
@@ -1142,10 +1154,10 @@ impl Endpoint {
     fn readv_ipc_async(
         &self,
         py: Python<'_>,
-        conn_id: u64,
-        ptr_v: Vec<u64>,
-        size_v: Vec<usize>,
-        info_v: Vec<Vec<u8>>,
+        #[pyo3(from_py_with = args::conn_id)] conn_id: u64,
+        #[pyo3(from_py_with = args::ptr_v)] ptr_v: Vec<u64>,
+        #[pyo3(from_py_with = args::size_v)] size_v: Vec<usize>,
+        #[pyo3(from_py_with = args::info_v)] info_v: Vec<Vec<u8>>,
     ) -> (bool, i64) {
         self.started(py, |ep| {
             let b = ipc_pairs(&ptr_v, &size_v, Some(info_v.len()))?;

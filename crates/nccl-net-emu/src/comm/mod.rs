@@ -21,8 +21,11 @@ use parking_lot::{Condvar, Mutex};
 use tcpx_p2p::internal::gpu;
 use tcpx_p2p::internal::plugin::sys::*;
 
+mod gate;
 mod recv;
 mod send;
+
+pub use gate::Gate;
 
 use recv::*;
 pub use recv::{irecv, irecv_consumed, test};
@@ -41,8 +44,15 @@ pub const MAX_REQUESTS: usize = 16;
 pub const MAX_UNPACK_RECV: usize = 4 << 20;
 const HANDLE_MAGIC: &[u8; 8] = b"EMUNETv1";
 const HELLO_MAGIC: u64 = 0x4f4c_4c45_4855_4d45; // "EMUHELLO"
+/// The byte accept sends once flow steering is programmed; connect hands
+/// out its comm only after it.
+const ACCEPTED: u8 = 0xac;
+/// How long connect's thread waits for the peer's accept.
+const ACCEPT_WAIT: Duration = Duration::from_secs(300);
 const MSG_MAGIC: u32 = 0x3155_4d45; // "EMU1"
 const HDR: usize = 24;
+/// The most payload an I/O thread moves per piece it takes from its gate.
+const PIECE: usize = 256 << 10;
 /// Where connect keeps its progress inside the caller's handle buffer.
 const STAGE_AT: usize = 64;
 
@@ -149,6 +159,12 @@ fn reg_mr_in(mrs: &Mutex<HashMap<usize, Mr>>, data: u64, size: usize, ty: c_int)
                 return Err(violation(
                     NCCL_INTERNAL_ERROR,
                     format!("regMr of GPU memory at {data:#x}: not 4 KiB-aligned (TCPX requires 4096-byte-aligned GPU registrations)"),
+                ));
+            }
+            if !size.is_multiple_of(4096) {
+                return Err(violation(
+                    NCCL_INTERNAL_ERROR,
+                    format!("regMr of {size} bytes of GPU memory at {data:#x}: not a multiple of 4 KiB (TCPX's cuMemGetHandleForAddressRange needs a 4096-byte-aligned address and size)"),
                 ));
             }
             if !gpu::available() {
@@ -323,18 +339,35 @@ pub struct Listen {
 struct ListenState {
     ready: Option<TcpStream>,
     nulls: u32,
+    /// The first accept call of the comm being accepted (TCPX starts its
+    /// accept thread there).
+    first_call: Option<Instant>,
+    /// When its connection came in.
+    arrived: Option<Instant>,
+}
+
+/// The device `dev` (as listed now), or why there is none.
+pub fn device(dev: c_int, call: &str) -> R<crate::config::Device> {
+    let devs = crate::config::devices();
+    usize::try_from(dev)
+        .ok()
+        .and_then(|d| devs.get(d).cloned())
+        .ok_or_else(|| {
+            error(
+                NCCL_INVALID_ARGUMENT,
+                format!("{call} on device {dev}: there are {} devices", devs.len()),
+            )
+        })
 }
 
 pub fn listen(dev: c_int, handle: &mut [u8; NCCL_NET_HANDLE_MAXSIZE]) -> R<usize> {
-    if dev != 0 {
-        return Err(error(
-            NCCL_INVALID_ARGUMENT,
-            format!("listen on device {dev}: there is only device 0"),
-        ));
-    }
-    let cfg = EmuConfig::from_env();
-    let l = TcpListener::bind(SocketAddr::new(cfg.addr, 0))
-        .map_err(|e| error(NCCL_SYSTEM_ERROR, format!("listen: bind {}: {e}", cfg.addr)))?;
+    let d = device(dev, "listen")?;
+    let l = TcpListener::bind(SocketAddr::new(d.addr, 0)).map_err(|e| {
+        error(
+            NCCL_SYSTEM_ERROR,
+            format!("listen: bind {} ({}): {e}", d.addr, d.name),
+        )
+    })?;
     l.set_nonblocking(true)
         .map_err(|e| error(NCCL_SYSTEM_ERROR, format!("listen: {e}")))?;
     let addr = l
@@ -351,7 +384,10 @@ pub fn listen(dev: c_int, handle: &mut [u8; NCCL_NET_HANDLE_MAXSIZE]) -> R<usize
             st: Mutex::new(ListenState::default()),
         })),
     );
-    crate::info(&format!("listen on {addr} (comm {t:#x})"));
+    crate::info(&format!(
+        "listen on device {dev} ({}) at {addr} (comm {t:#x})",
+        d.name
+    ));
     Ok(t)
 }
 
@@ -386,12 +422,7 @@ fn connects_started() -> &'static AtomicU64 {
 }
 
 pub fn connect(dev: c_int, handle: &mut [u8; NCCL_NET_HANDLE_MAXSIZE]) -> R<Option<usize>> {
-    if dev != 0 {
-        return Err(error(
-            NCCL_INVALID_ARGUMENT,
-            format!("connect on device {dev}: there is only device 0"),
-        ));
-    }
+    device(dev, "connect")?;
     let (addr, listen_id, stage) = decode_handle(handle)?;
     let cfg = EmuConfig::from_env();
     if stage == 0 {
@@ -409,10 +440,13 @@ pub fn connect(dev: c_int, handle: &mut [u8; NCCL_NET_HANDLE_MAXSIZE]) -> R<Opti
         let id = token() as u64;
         registry().lock().pending.insert(id, p.clone());
         handle[STAGE_AT..STAGE_AT + 8].copy_from_slice(&id.to_le_bytes());
+        let cost = cfg.socket_cost();
         std::thread::Builder::new()
             .name("emu-connect".into())
             .spawn(move || {
                 let r = (|| -> Result<TcpStream, String> {
+                    // TCPX sleeps 100 ms before each of its sockets.
+                    std::thread::sleep(cost);
                     let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(20))
                         .map_err(|e| format!("connect to {addr}: {e}"))?;
                     s.set_nodelay(true).map_err(|e| e.to_string())?;
@@ -421,6 +455,21 @@ pub fn connect(dev: c_int, handle: &mut [u8; NCCL_NET_HANDLE_MAXSIZE]) -> R<Opti
                     hello[8..16].copy_from_slice(&listen_id.to_le_bytes());
                     s.write_all(&hello)
                         .map_err(|e| format!("connect to {addr}: {e}"))?;
+                    // As TCPX: the comm is ours only once the peer's accept
+                    // has run (and programmed flow steering).
+                    let mut ack = [0u8; 1];
+                    s.set_read_timeout(Some(ACCEPT_WAIT))
+                        .and_then(|_| s.read_exact(&mut ack))
+                        .map_err(|e| {
+                            format!("connect to {addr}: waiting for the peer's accept: {e}")
+                        })?;
+                    if ack[0] != ACCEPTED {
+                        return Err(format!(
+                            "connect to {addr}: the peer's accept answered {:#x}",
+                            ack[0]
+                        ));
+                    }
+                    s.set_read_timeout(None).map_err(|e| e.to_string())?;
                     Ok(s)
                 })();
                 *p.result.lock() = Some(r);
@@ -480,6 +529,7 @@ pub fn accept(t: usize) -> R<Option<Accepted>> {
     };
     let cfg = EmuConfig::from_env();
     let mut st = l.st.lock();
+    let first_call = *st.first_call.get_or_insert_with(Instant::now);
     if st.ready.is_none() {
         match l.listener.accept() {
             Ok((mut s, peer)) => {
@@ -493,6 +543,7 @@ pub fn accept(t: usize) -> R<Option<Accepted>> {
                     let _ = s.set_read_timeout(None);
                     let _ = s.set_nodelay(true);
                     st.ready = Some(s);
+                    st.arrived = Some(Instant::now());
                 } else {
                     crate::warn(&format!(
                         "accept: dropped a connection from {peer} without a valid hello"
@@ -508,10 +559,24 @@ pub fn accept(t: usize) -> R<Option<Accepted>> {
         st.nulls += 1;
         return Ok(None);
     }
-    let Some(sock) = st.ready.take() else {
+    let Some(arrived) = st.ready.as_ref().and(st.arrived) else {
         return Ok(None);
     };
+    // As TCPX's accept thread: 100 ms before each socket, then the
+    // flow-steering wait once they are all in.
+    let ready_at = (first_call + cfg.socket_cost()).max(arrived) + cfg.steer_wait;
+    if Instant::now() < ready_at {
+        return Ok(None);
+    }
+    let Some(mut sock) = st.ready.take() else {
+        return Ok(None);
+    };
+    st.first_call = None;
+    st.arrived = None;
+    st.nulls = 0;
     drop(st);
+    sock.write_all(&[ACCEPTED])
+        .map_err(|e| error(NCCL_SYSTEM_ERROR, format!("accept: {e}")))?;
     let rt = token();
     let device = cuda::current_device();
     let comm = RecvComm::start(rt, sock, cfg, device)?;
@@ -582,6 +647,13 @@ pub fn close(t: usize, want_send: bool) -> R<()> {
             NCCL_INVALID_ARGUMENT,
             format!("close of {t:#x}: not a live comm"),
         )),
+    }
+}
+
+/// Accept of receive comm `t` was given no device-handle storage.
+pub fn mark_no_dev_handle(t: usize) {
+    if let Ok(Obj::Recv(c)) = obj(t, "accept") {
+        c.no_dev_handle.store(true, Ordering::Relaxed);
     }
 }
 

@@ -14,6 +14,10 @@ pub(super) struct UnpackRes {
     pub(super) handle_value: u64,
     pub(super) _handle_mem: Box<dyn Send + Sync>,
     pub(super) seed: u64,
+    /// No GPU receive pool imported (`NCCL_TCPX_RXMEM_IMPORT_USE_GPU_PCI_CLIENT=0`):
+    /// the handle has no bounce buffer, host receives land straight in their
+    /// buffers with 0 fragments, GPU receives cannot happen.
+    pub(super) direct: bool,
 }
 
 // SAFETY: `meta` points into `_meta_mem`, owned here; the I/O thread writes a
@@ -73,11 +77,19 @@ impl UnpackRes {
         let cu = |e: String| error(NCCL_UNHANDLED_CUDA_ERROR, e);
         match device {
             Some(d) => {
-                let pool = pool(PoolKind::Gpu(d), cfg)?;
+                let pool = if cfg.rxmem_import {
+                    pool(PoolKind::Gpu(d), cfg)?
+                } else {
+                    pool(PoolKind::Host, cfg)?
+                };
                 let meta = MappedMem::new(d, meta_len).map_err(cu)?;
                 let dh = UnpackNetDeviceHandle {
                     meta: meta.dev_addr as *mut NetUnpackMeta,
-                    bounce_buf: pool.base as *mut std::ffi::c_void,
+                    bounce_buf: if cfg.rxmem_import {
+                        pool.base as *mut std::ffi::c_void
+                    } else {
+                        std::ptr::null_mut()
+                    },
                     head: u64::MAX,
                 };
                 let dev = gpu::Device::get(d).map_err(|e| cu(e.to_string()))?;
@@ -99,6 +111,7 @@ impl UnpackRes {
                     _meta_mem: Box::new(meta),
                     _handle_mem: Box::new(hmem),
                     seed: cfg.seed ^ token as u64,
+                    direct: !cfg.rxmem_import,
                 })
             }
             None => {
@@ -106,7 +119,11 @@ impl UnpackRes {
                 let meta = HostMem::new(meta_len).map_err(|e| error(NCCL_SYSTEM_ERROR, e))?;
                 let h = HostHandle(Box::new(UnpackNetDeviceHandle {
                     meta: meta.addr() as *mut NetUnpackMeta,
-                    bounce_buf: pool.base as *mut std::ffi::c_void,
+                    bounce_buf: if cfg.rxmem_import {
+                        pool.base as *mut std::ffi::c_void
+                    } else {
+                        std::ptr::null_mut()
+                    },
                     head: u64::MAX,
                 }));
                 let handle_value = &*h.0 as *const UnpackNetDeviceHandle as u64;
@@ -117,6 +134,7 @@ impl UnpackRes {
                     _meta_mem: Box::new(meta),
                     _handle_mem: Box::new(h),
                     seed: cfg.seed ^ token as u64,
+                    direct: !cfg.rxmem_import,
                 })
             }
         }
@@ -176,6 +194,23 @@ pub struct RecvComm {
     pub(super) mrs: Mutex<HashMap<usize, Mr>>,
     pub(super) unpack: Option<Arc<UnpackRes>>,
     pub(super) device: Option<i32>,
+    pub(super) gate: Arc<Gate>,
+    /// Accept was given no device-handle storage: TCPX then has no receive
+    /// queue for this comm and crashes at its first receive.
+    pub(super) no_dev_handle: AtomicBool,
+}
+
+/// Takes bytes from a receive comm's gate, failing once the comm closes.
+pub(super) struct Taker<'a> {
+    pub(super) gate: &'a Gate,
+    pub(super) closing: &'a AtomicBool,
+}
+
+impl Taker<'_> {
+    pub(super) fn take(&self, n: usize) -> Result<(), String> {
+        self.gate
+            .take(n as u64, || self.closing.load(Ordering::Acquire))
+    }
 }
 
 impl RecvComm {
@@ -199,13 +234,14 @@ impl RecvComm {
         let io = sock
             .try_clone()
             .map_err(|e| error(NCCL_SYSTEM_ERROR, format!("accept: {e}")))?;
-        let (sh, un, c2) = (shared.clone(), unpack.clone(), cfg.clone());
+        let gate = Arc::new(Gate::new(cfg.window(), cfg.lenient_progress));
+        let (sh, un, c2, g) = (shared.clone(), unpack.clone(), cfg.clone(), gate.clone());
         let thread = std::thread::Builder::new()
             .name("emu-rx".into())
             .spawn(move || {
                 let sh2 = sh.clone();
                 let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                    rx_loop(io, sh, un, c2, device)
+                    rx_loop(io, sh, un, c2, device, g)
                 }));
                 if r.is_err() {
                     fail_recv(&sh2, "receive thread panicked".into());
@@ -229,6 +265,8 @@ impl RecvComm {
             mrs: Mutex::new(HashMap::new()),
             unpack,
             device,
+            gate,
+            no_dev_handle: AtomicBool::new(false),
         }))
     }
 }
@@ -267,8 +305,10 @@ impl Arrived {
 }
 
 pub(super) fn report(un: Option<&UnpackRes>, a: Arrived) {
-    if let (Some(u), Some(m)) = (un, &a.metas) {
-        u.publish(a.p.slot, m);
+    match (un, &a.metas) {
+        (Some(u), Some(m)) => u.publish(a.p.slot, m),
+        (Some(u), None) if u.direct => u.publish(a.p.slot, &[]),
+        _ => {}
     }
     a.p.cell.done(a.len, a.lease);
 }
@@ -332,6 +372,7 @@ pub(super) fn rx_loop(
     un: Option<Arc<UnpackRes>>,
     cfg: EmuConfig,
     device: Option<i32>,
+    gate: Arc<Gate>,
 ) {
     if let Some(d) = device {
         if let Err(e) = cuda::bind(d) {
@@ -342,7 +383,7 @@ pub(super) fn rx_loop(
     let unr = un.as_deref();
     let mut done = |a: Arrived| report(unr, a);
     let mut stage: Landing = None;
-    let res = rx_run(&sock, &sh, unr, &cfg, &mut stage, &mut done);
+    let res = rx_run(&sock, &sh, unr, &cfg, &gate, &mut stage, &mut done);
     // The messages read before the end are whole once their copies land.
     if let Some(st) = stage.as_mut() {
         if let Err(e) = st.finish(&mut done) {
@@ -364,9 +405,14 @@ pub(super) fn rx_run(
     sh: &RecvShared,
     un: Option<&UnpackRes>,
     cfg: &EmuConfig,
+    gate: &Gate,
     stage: &mut Landing,
     done: &mut impl FnMut(Arrived),
 ) -> Result<(), String> {
+    let taker = Taker {
+        gate,
+        closing: &sh.closing,
+    };
     let peer = sock.peer_addr().map(|a| a.to_string()).unwrap_or_default();
     let mut r = sock;
     let mut rng = Rng::new(un.map_or(cfg.seed, |u| u.seed));
@@ -434,10 +480,13 @@ pub(super) fn rx_run(
             return Err(why);
         }
         let cell = p.cell.clone();
+        let unused = p.cap - len;
         let res = match un {
-            None => recv_plain(&mut r, p, len, cfg, stage, done),
-            Some(u) => recv_unpack(&mut r, p, len, u, cfg, &mut rng, stage, done, &sh.closing),
+            None => recv_plain(&mut r, p, len, cfg, &taker, stage, done),
+            Some(u) if u.direct => recv_plain(&mut r, p, len, cfg, &taker, stage, done),
+            Some(u) => recv_unpack(&mut r, p, len, u, cfg, &taker, &mut rng, stage, done),
         };
+        gate.skip(unused as u64);
         timing::bytes(HDR + len);
         // Without late landing, each receive is reported once its copies
         // are in, before the next is read.
@@ -464,6 +513,7 @@ pub(super) fn recv_plain(
     p: PostedRecv,
     len: usize,
     cfg: &EmuConfig,
+    taker: &Taker<'_>,
     stage: &mut Landing,
     done: &mut impl FnMut(Arrived),
 ) -> Result<(), String> {
@@ -475,7 +525,10 @@ pub(super) fn recv_plain(
                 // registration and belongs to the plugin until the receive
                 // is reported done.
                 let buf = unsafe { std::slice::from_raw_parts_mut(p.addr as *mut u8, len) };
-                r.read_exact(buf).map_err(|e| e.to_string())?;
+                for piece in buf.chunks_mut(PIECE) {
+                    taker.take(piece.len())?;
+                    r.read_exact(piece).map_err(|e| e.to_string())?;
+                }
                 timing::mark(Spent::Socket);
             }
             return report_now(stage, done, Arrived::new(p, len, None, None));
@@ -489,6 +542,7 @@ pub(super) fn recv_plain(
         let l = stage::SLOT.min(len - off);
         let (i, buf) = st.buf(l, done)?;
         timing::mark(Spent::Copies);
+        taker.take(l)?;
         // SAFETY: the buffer holds ≥ l bytes and is ours until sealed.
         r.read_exact(unsafe { std::slice::from_raw_parts_mut(buf, l) })
             .map_err(|e| e.to_string())?;
@@ -519,7 +573,34 @@ pub(super) fn recv_plain(
 pub(super) unsafe fn read_frags(
     r: &mut &TcpStream,
     plan: &[pool::Frag],
+    taker: &Taker<'_>,
     at: impl Fn(&pool::Frag) -> *mut u8,
+) -> Result<(), String> {
+    // Pieces of about PIECE bytes, each taken from the gate before it is read.
+    let mut from = 0;
+    while from < plan.len() {
+        let mut to = from;
+        let mut bytes = 0;
+        while to < plan.len() && (to == from || bytes + plan[to].len as usize <= PIECE) {
+            bytes += plan[to].len as usize;
+            to += 1;
+        }
+        taker.take(bytes)?;
+        // SAFETY: by the caller's contract.
+        unsafe { read_frag_run(r, &plan[from..to], &at) }?;
+        from = to;
+    }
+    Ok(())
+}
+
+/// Reads the fragments of `plan` (see [`read_frags`]).
+///
+/// # Safety
+/// As [`read_frags`].
+unsafe fn read_frag_run(
+    r: &mut &TcpStream,
+    plan: &[pool::Frag],
+    at: &impl Fn(&pool::Frag) -> *mut u8,
 ) -> Result<(), String> {
     const IOV_MAX: usize = 1024;
     let mut all: Vec<IoSliceMut<'_>> = plan
@@ -548,11 +629,12 @@ pub(super) fn recv_unpack(
     len: usize,
     u: &UnpackRes,
     cfg: &EmuConfig,
+    taker: &Taker<'_>,
     rng: &mut Rng,
     stage: &mut Landing,
     done: &mut impl FnMut(Arrived),
-    closing: &AtomicBool,
 ) -> Result<(), String> {
+    let closing = taker.closing;
     let plan = pool::plan(len, cfg.split_pct, rng).inspect_err(|e| crate::violation_log(e))?;
     let blocks = pool::blocks_for(&plan);
     let lease = match u.pool.try_take(blocks)? {
@@ -574,7 +656,7 @@ pub(super) fn recv_unpack(
             // memory; nobody else touches it until irecvConsumed returns
             // the lease.
             unsafe {
-                read_frags(r, &plan, |f| {
+                read_frags(r, &plan, taker, |f| {
                     let off = pool::page_offset(&lease.blocks, f.page) + f.in_page as usize;
                     (base + off as u64) as *mut u8
                 })
@@ -593,7 +675,7 @@ pub(super) fn recv_unpack(
             // lies inside a page of its own (no overlap); the buffer is ours
             // until sealed.
             unsafe {
-                read_frags(r, &plan, |f| {
+                read_frags(r, &plan, taker, |f| {
                     base.wrapping_add(f.page as usize * PAGE + f.in_page as usize)
                 })
             }?;
@@ -647,6 +729,12 @@ pub fn irecv(t: usize, n: c_int, data: u64, size: c_int, mh: usize) -> R<usize> 
     if let Some(f) = c.shared.failed.lock().clone() {
         return Err(error(NCCL_REMOTE_ERROR, f));
     }
+    if c.no_dev_handle.load(Ordering::Relaxed) {
+        return Err(violation(
+            NCCL_INTERNAL_ERROR,
+            "irecv on a receive comm whose accept was given no device-handle storage: TCPX made no receive queue for it and crashes here (pass storage to accept)",
+        ));
+    }
     let mr = find_mr(&c.mrs, mh, data, size as usize, "irecv")?;
     if let Some(u) = &c.unpack {
         if size as usize > MAX_UNPACK_RECV {
@@ -655,10 +743,12 @@ pub fn irecv(t: usize, n: c_int, data: u64, size: c_int, mh: usize) -> R<usize> 
                 format!("irecv of {size} bytes: TCPX exits when a receive needs more than 2048 fragments; keep receives ≤ 4 MiB"),
             ));
         }
-        let fits = matches!(
-            (u.pool.kind, mr.kind),
-            (PoolKind::Host, MemKind::Host) | (PoolKind::Gpu(_), MemKind::Cuda(_))
-        );
+        let fits = match (u.direct, u.pool.kind, mr.kind) {
+            (true, _, kind) => kind == MemKind::Host,
+            (false, PoolKind::Host, MemKind::Host)
+            | (false, PoolKind::Gpu(_), MemKind::Cuda(_)) => true,
+            _ => false,
+        };
         if !fits {
             return Err(violation(
                 NCCL_INTERNAL_ERROR,
@@ -694,6 +784,7 @@ pub fn irecv(t: usize, n: c_int, data: u64, size: c_int, mh: usize) -> R<usize> 
         cell: cell.clone(),
         tested: false,
     });
+    c.gate.post(size as u64);
     c.shared.posted.lock().push_back(PostedRecv {
         seq,
         addr: data,
@@ -721,6 +812,8 @@ pub(super) fn test_recv(c: &Arc<RecvComm>, seq: u64) -> R<Option<usize>> {
             format!("test of receive request #{seq} while #{} is the oldest; TCPX tests only the FIFO head", head.seq),
         ));
     }
+    // As tcpxTest: the comm's progress first, then the head.
+    c.gate.schedule();
     let failed = c.shared.failed.lock().clone();
     match look(&head.cell, c.cfg.delay, failed)? {
         Seen::NotYet => Ok(None),
@@ -740,7 +833,8 @@ pub fn test(req: usize) -> R<Option<Option<usize>>> {
         )
     })?;
     match owner {
-        ReqOwner::Send(c, seq) => Ok(test_send(&c, seq)?.map(Some)),
+        // As tcpxTest: no size, for sends either.
+        ReqOwner::Send(c, seq) => Ok(test_send(&c, seq)?.map(|_| None)),
         ReqOwner::Recv(c, seq) => {
             let unpack = c.unpack.is_some();
             Ok(test_recv(&c, seq)?.map(|n| (!unpack).then_some(n)))
@@ -779,7 +873,7 @@ pub fn irecv_consumed(t: usize, n: c_int, req: usize) -> R<()> {
                 st.q.front().map_or(0, |f| f.seq)
             ),
         };
-        return Err(violation(NCCL_INVALID_USAGE, why));
+        return Err(violation(NCCL_INTERNAL_ERROR, why));
     }
     let e = st.q.pop_front();
     drop(st);
@@ -796,6 +890,7 @@ pub fn irecv_consumed(t: usize, n: c_int, req: usize) -> R<()> {
 pub(super) fn close_recv_comm(c: &Arc<RecvComm>) {
     c.shared.closing.store(true, Ordering::Release);
     c.shared.cv.notify_all();
+    c.gate.close();
     let _ = c.sock.shutdown(std::net::Shutdown::Both);
     join(c.thread.lock().take());
     fail_recv(&c.shared, "comm closed".into());

@@ -29,6 +29,7 @@ pub struct SendComm {
     pub(super) shared: Arc<SendShared>,
     pub(super) st: Mutex<SendState>,
     pub(super) mrs: Mutex<HashMap<usize, Mr>>,
+    pub(super) gate: Arc<Gate>,
 }
 
 impl SendComm {
@@ -41,13 +42,15 @@ impl SendComm {
             .map_err(|e| error(NCCL_SYSTEM_ERROR, format!("connect: {e}")))?;
         let (tx, rx) = mpsc::channel::<SendOp>();
         let sh = shared.clone();
+        let gate = Arc::new(Gate::new(cfg.window(), cfg.lenient_progress));
+        let g = gate.clone();
         let (drop_after, bufs) = (cfg.drop_after, cfg.stage_bufs);
         let thread = std::thread::Builder::new()
             .name("emu-tx".into())
             .spawn(move || {
                 let sh2 = sh.clone();
                 let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                    tx_loop(io, rx, sh, drop_after, bufs)
+                    tx_loop(io, rx, sh, g, drop_after, bufs)
                 }));
                 if r.is_err() {
                     sh2.failed
@@ -68,6 +71,7 @@ impl SendComm {
                 next_seq: 0,
             }),
             mrs: Mutex::new(HashMap::new()),
+            gate,
         }))
     }
 }
@@ -89,6 +93,8 @@ pub(super) struct TxState {
     pub(super) planned: u64,
     pub(super) drop_after: Option<u64>,
     pub(super) bufs: usize,
+    pub(super) gate: Arc<Gate>,
+    pub(super) sh: Arc<SendShared>,
 }
 
 impl TxState {
@@ -158,7 +164,10 @@ impl TxState {
                 // registration and stays valid until the request is
                 // reported done.
                 let data = unsafe { std::slice::from_raw_parts(addr as *const u8, allowed) };
-                s.write_all(data).map_err(|e| e.to_string())?;
+                for piece in data.chunks(PIECE) {
+                    self.take(piece.len())?;
+                    s.write_all(piece).map_err(|e| e.to_string())?;
+                }
                 timing::mark(Spent::Socket);
                 Ok(())
             }
@@ -176,6 +185,9 @@ impl TxState {
                     timing::mark(Spent::Other);
                     let chunk = stg.front()?;
                     timing::mark(Spent::Copies);
+                    let sh = &self.sh;
+                    self.gate
+                        .take(chunk.len() as u64, || sh.failed.lock().is_some())?;
                     s.write_all(chunk).map_err(|e| e.to_string())?;
                     timing::mark(Spent::Socket);
                     written += chunk.len();
@@ -184,6 +196,12 @@ impl TxState {
                 Ok(())
             }
         }
+    }
+
+    /// Waits until `test` scheduled `n` more bytes.
+    fn take(&self, n: usize) -> Result<(), String> {
+        let sh = &self.sh;
+        self.gate.take(n as u64, || sh.failed.lock().is_some())
     }
 
     /// No copy may read a send's memory once it is reported.
@@ -198,6 +216,7 @@ pub(super) fn tx_loop(
     sock: TcpStream,
     rx: mpsc::Receiver<SendOp>,
     sh: Arc<SendShared>,
+    gate: Arc<Gate>,
     drop_after: Option<u64>,
     bufs: usize,
 ) {
@@ -207,6 +226,8 @@ pub(super) fn tx_loop(
         planned: 0,
         drop_after,
         bufs,
+        gate,
+        sh: sh.clone(),
     };
     let _account = stage::account(|| {
         let peer = sock.peer_addr().map(|a| a.to_string()).unwrap_or_default();
@@ -313,6 +334,7 @@ pub fn isend(t: usize, data: u64, size: c_int, mh: usize) -> R<usize> {
         .reqs
         .insert(rt, ReqOwner::Send(c.clone(), seq));
     st.q.push_back((seq, rt, cell.clone()));
+    c.gate.post(size as u64);
     drop(st);
     let op = SendOp {
         seq,
@@ -346,6 +368,8 @@ pub(super) fn test_send(c: &Arc<SendComm>, seq: u64) -> R<Option<usize>> {
             format!("test of send request #{seq} while #{head} is the oldest; TCPX tests only the FIFO head"),
         ));
     }
+    // As tcpxTest: the comm's progress first, then the head.
+    c.gate.schedule();
     let failed = c.shared.failed.lock().clone();
     match look(&cell, c.cfg.delay, failed)? {
         Seen::NotYet => Ok(None),
@@ -363,6 +387,7 @@ pub(super) fn close_send_comm(c: &Arc<SendComm>) {
         .failed
         .lock()
         .get_or_insert_with(|| "comm closed".into());
+    c.gate.close();
     let _ = c.sock.shutdown(std::net::Shutdown::Both);
     c.tx.lock().take();
     join(c.thread.lock().take());

@@ -874,6 +874,9 @@ fn accept_loop(inner: Weak<Inner>, listener: TcpListener) {
                             ep.accepted.lock().push_back(id);
                             ep.accepted_cv.notify_all();
                         }
+                        Err(Error::Connect { reason, .. }) => {
+                            tracing::warn!("refused a connection from {peer}: {reason}")
+                        }
                         Err(e) => tracing::warn!("refused a connection from {peer}: {e}"),
                     }
                 });

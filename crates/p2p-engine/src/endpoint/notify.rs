@@ -51,11 +51,11 @@ impl Endpoint {
             Self::check_notif(m)?;
         }
         let c = self.conn(conn)?;
-        if bufs.len() > crate::wire::MAX_RMA_ITEMS {
+        if bufs.len() > crate::wire::MAX_RMA_PIECES {
             return Err(Error::invalid(format!(
                 "{} pieces in one transfer; at most {} (post several)",
                 bufs.len(),
-                crate::wire::MAX_RMA_ITEMS
+                crate::wire::MAX_RMA_PIECES
             )));
         }
         if remote.len() != bufs.len() {
@@ -87,7 +87,11 @@ impl Endpoint {
             .collect::<Result<Vec<_>>>()?;
         let regions: Vec<u64> = remote.iter().map(|(d, _)| d.region).collect();
         let local = self.resolve_local(bufs)?;
-        let t = c.post_rma(self.next_xfer(), read, local, items, &regions)?;
+        let t = if items.len() <= crate::wire::MAX_RMA_ITEMS {
+            c.post_rma(self.next_xfer(), read, local, items, &regions)?
+        } else {
+            self.post_rma_parts(&c, read, local, items, &regions)?
+        };
         if let Some(m) = notif {
             let (weak, name, msg) = (Arc::downgrade(&c), self.inner.name.clone(), m.to_vec());
             t.on_end(move |s| {
@@ -102,6 +106,57 @@ impl Endpoint {
             });
         }
         Ok(self.publish(t))
+    }
+
+    /// A one-sided transfer of more items than one request carries: one
+    /// request per [`crate::wire::MAX_RMA_ITEMS`] items, all posted now, under
+    /// one transfer that ends once every part has ended (so that no byte of
+    /// any part touches the buffers after it is reported), failed if any
+    /// part failed. Cancelling it lets the parts run to their ends.
+    fn post_rma_parts(
+        &self,
+        c: &Arc<Conn>,
+        read: bool,
+        mut local: Vec<(MemRef, Arc<crate::memory::Region>)>,
+        mut items: Vec<RmaItem>,
+        regions: &[u64],
+    ) -> Result<Arc<Transfer>> {
+        let max = crate::wire::MAX_RMA_ITEMS;
+        let parts = items.len().div_ceil(max);
+        let whole = Transfer::new(self.next_xfer(), c.id, parts, Vec::new());
+        for (i, regs) in regions.chunks(max).enumerate() {
+            let rest_local = local.split_off(regs.len());
+            let rest_items = items.split_off(regs.len());
+            let part = match c.post_rma(self.next_xfer(), read, local, items, regs) {
+                Ok(p) => p,
+                Err(e) => {
+                    // The parts posted so far run on; this one and the ones
+                    // after it never start.
+                    let why = Failure::Lost(format!(
+                        "part {} of {parts} could not be posted: {e}",
+                        i + 1
+                    ));
+                    whole.poison(why);
+                    for _ in i..parts {
+                        whole.complete_one();
+                    }
+                    if i == 0 {
+                        return Err(e);
+                    }
+                    return Ok(whole);
+                }
+            };
+            let w = whole.clone();
+            part.on_end(move |s| {
+                if let Status::Failed(f) = s {
+                    w.poison(f.clone());
+                }
+                w.complete_one();
+            });
+            local = rest_local;
+            items = rest_items;
+        }
+        Ok(whole)
     }
 
     /// [`Endpoint::write_async`] with an optional notification sent once

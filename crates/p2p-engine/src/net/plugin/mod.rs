@@ -293,6 +293,7 @@ impl Lib {
             .api
             .init
             .ok_or_else(|| fail("no init function".into()))?;
+        default_chunk_size();
         // SAFETY: init is called once per loaded library with a logger that
         // stays valid for the process.
         check(name, "init", unsafe { init(Some(logger())) })
@@ -400,7 +401,11 @@ pub enum GpuRangeError {
 
 /// The range to register for `[addr, addr+len)` of a GPU allocation
 /// `[base, base+size)`: starts at `addr` rounded down to 4 KiB, ends at the
-/// end rounded up to 4 KiB where the allocation allows.
+/// end rounded up to 4 KiB, so that both the address and the size are
+/// multiples of 4 KiB as TCPX requires. The rounded tail may pass the
+/// allocation's end: CUDA maps device memory in pages of 64 KiB or more
+/// (2 MiB for `cudaMalloc`), so it is mapped, and the plugin never touches
+/// bytes outside the requests' own buffers.
 pub fn aligned_gpu_range(
     addr: u64,
     len: usize,
@@ -423,9 +428,31 @@ pub fn aligned_gpu_range(
     if start < base {
         return Err(GpuRangeError::Unaligned { addr, base });
     }
-    let up = end.next_multiple_of(GPU_REG_ALIGN);
-    let end = up.min(alloc_end);
+    let end = end
+        .checked_next_multiple_of(GPU_REG_ALIGN)
+        .ok_or(GpuRangeError::Overflow)?;
     Ok((start, (end - start) as usize))
+}
+
+/// The chunk size GCP qualified for TCPX on A3 (`NCCL_DYNAMIC_CHUNK_SIZE`).
+pub const TCPX_CHUNK_SIZE: &str = "524288";
+
+/// TCPX reads `NCCL_DYNAMIC_CHUNK_SIZE` at init and its default, 0, means
+/// sends never finish: where it is unset (or 0), it is set to GCP's value
+/// before the plugin's init, with a log line. Runs before the plugin has
+/// threads of its own, under the loader's lock.
+fn default_chunk_size() {
+    const VAR: &str = "NCCL_DYNAMIC_CHUNK_SIZE";
+    let set = std::env::var(VAR)
+        .ok()
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .is_some_and(|v| v > 0);
+    if !set {
+        tracing::info!(
+            "{VAR} unset or 0 (TCPX would never finish a send): using {TCPX_CHUNK_SIZE}"
+        );
+        std::env::set_var(VAR, TCPX_CHUNK_SIZE);
+    }
 }
 
 /// Makes the endpoint's GPU current on this thread (nothing without one).
@@ -446,7 +473,11 @@ fn register(
         MemKind::Host => lib.reg_mr(comm, mem.addr, mem.len, NCCL_PTR_HOST),
         MemKind::Cuda(_) => {
             bind(gpu_dev)?;
-            let (start, len) = if mem.addr.is_multiple_of(GPU_REG_ALIGN) {
+            // TCPX's cuMemGetHandleForAddressRange needs the address and the
+            // size 4 KiB-aligned, even for an aligned buffer of 1,000 bytes.
+            let (start, len) = if mem.addr.is_multiple_of(GPU_REG_ALIGN)
+                && mem.len.is_multiple_of(GPU_REG_ALIGN as usize)
+            {
                 (mem.addr, mem.len)
             } else {
                 let (base, size) = gpu::allocation_range(mem.addr)?;
@@ -658,6 +689,7 @@ impl ListenComm for PluginListen {
             queue: VecDeque::new(),
             next_id: 0,
             posted: 0,
+            landing: None,
         };
         if let Some(dh) = dh.filter(|d| d.net_device_type == NCCL_NET_DEVICE_UNPACK) {
             recv.unpack = Some(UnpackState::new(&self.lib, &dh)?);
@@ -798,11 +830,17 @@ mod tests {
             aligned_gpu_range(base + 5000, 10_000, base, 1 << 20).unwrap(),
             (base + 4096, 12288)
         );
-        // End rounding clipped by the allocation's end.
+        // The size is a multiple of 4 KiB even past the allocation's end.
         assert_eq!(
             aligned_gpu_range(base + 5000, 1000, base, 6500).unwrap(),
-            (base + 4096, 6500 - 4096)
+            (base + 4096, 4096)
         );
+        for (addr, len) in [(base, 1000), (base + 4096, 4097), (base + 100, 1)] {
+            let (s, l) = aligned_gpu_range(addr, len, base, 1 << 20).unwrap();
+            assert!(
+                s % 4096 == 0 && l % 4096 == 0 && s <= addr && s + l as u64 >= addr + len as u64
+            );
+        }
         // An allocation that does not start on 4 KiB cannot give an aligned start.
         assert!(aligned_gpu_range(base + 512 + 10, 10, base + 512, 1 << 20).is_err());
         // Outside its allocation.

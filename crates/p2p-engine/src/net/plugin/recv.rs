@@ -28,6 +28,33 @@ pub(super) struct RecvEntry {
     pub(super) stage: Stage,
     pub(super) size: usize,
     pub(super) frags: Vec<LoadMeta>,
+    /// A host-memory receive landing on the GPU first (see [`HostLanding`]):
+    /// `mem` is its landing slot, this the user's buffer.
+    pub(super) host_dst: Option<MemRef>,
+}
+
+/// Host-memory receives on a comm whose bounce pages are on the GPU. On A3
+/// the flows of a GPU comm are steered to the GPU's devmem queues, so a
+/// receive's payload is only ever in GPU bounce pages: a host receive is
+/// posted into a landing slot on the GPU (one per request slot, 4 MiB
+/// each, registered once), unpacked there by the kernel as any GPU
+/// receive, then copied to the user's host buffer before it is reported
+/// done. The user sees no difference but speed.
+pub(super) struct HostLanding {
+    pub(super) mem: gpu::DeviceBuf,
+    pub(super) mr: MrHandle,
+    pub(super) gpu: i32,
+}
+
+impl HostLanding {
+    /// Landing slot `slot` for `len` bytes.
+    fn slot(&self, slot: usize, len: usize) -> MemRef {
+        MemRef {
+            addr: self.mem.ptr + (slot * MAX_UNPACK_RECV) as u64,
+            len,
+            kind: MemKind::Cuda(self.gpu),
+        }
+    }
 }
 
 /// The UNPACK side of a receive comm.
@@ -39,6 +66,11 @@ pub(super) struct UnpackState {
     pub(super) unpacker: Option<unpack::Unpacker>,
     pub(super) kernel_unusable: bool,
     pub(super) descs: Vec<unpack::CopyDesc>,
+    /// No bounce pool at all (TCPX with its GPU receive pool not imported,
+    /// `NCCL_TCPX_RXMEM_IMPORT_USE_GPU_PCI_CLIENT=0`): host receives land
+    /// straight in their buffers and their slots count 0 fragments; the
+    /// size is the posted one (TCPX's `test` reports none).
+    pub(super) direct: bool,
 }
 
 impl UnpackState {
@@ -64,20 +96,38 @@ impl UnpackState {
         let size = std::mem::size_of::<UnpackNetDeviceHandle>();
         // SAFETY: all-zero is a valid value of this plain C struct.
         let mut uh: UnpackNetDeviceHandle = unsafe { std::mem::zeroed() };
-        if gpu::pointer_device(h).is_some() {
-            // SAFETY: `h` is device memory holding an unpackNetDeviceHandle;
-            // `uh` is a host struct of the same size.
-            unsafe { gpu::copy_sync(&mut uh as *mut UnpackNetDeviceHandle as u64, h, size) }?;
-        } else {
-            // SAFETY: a host pointer to the plugin's unpackNetDeviceHandle
-            // (the stand-in's host mode), valid for the comm's life.
-            uh = unsafe { std::ptr::read_unaligned(h as *const UnpackNetDeviceHandle) };
+        let on_gpu = gpu::pointer_device(h).is_some();
+        // TCPX writes the handle into GPU memory with cuMemcpyHtoD from a
+        // pageable struct, in its own CUDA context, just before accept
+        // returns: that call returns once the bytes are staged, not landed,
+        // so a read from our context can come first and see zeros (seen
+        // with the real plugin). Read again until meta shows, for a bounded
+        // time.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(1);
+        loop {
+            if on_gpu {
+                // SAFETY: `h` is device memory holding an unpackNetDeviceHandle;
+                // `uh` is a host struct of the same size.
+                unsafe { gpu::copy_sync(&mut uh as *mut UnpackNetDeviceHandle as u64, h, size) }?;
+            } else {
+                // SAFETY: a host pointer to the plugin's unpackNetDeviceHandle
+                // (the stand-in's host mode), valid for the comm's life.
+                uh = unsafe { std::ptr::read_unaligned(h as *const UnpackNetDeviceHandle) };
+            }
+            if !uh.meta.is_null() || !on_gpu || std::time::Instant::now() >= deadline {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_micros(200));
         }
-        if uh.meta.is_null() || uh.bounce_buf.is_null() {
-            return Err(protocol(
-                lib.name,
-                "UNPACK device handle without meta or bounce buffer",
-            ));
+        if uh.meta.is_null() {
+            return Err(protocol(lib.name, "UNPACK device handle without meta"));
+        }
+        let direct = uh.bounce_buf.is_null();
+        if direct {
+            tracing::warn!(
+                "{}: UNPACK device handle without a bounce buffer: host receives only, landing straight in their buffers",
+                lib.name
+            );
         }
         let bounce = uh.bounce_buf as u64;
         let bounce_gpu = gpu::pointer_device(bounce);
@@ -97,6 +147,7 @@ impl UnpackState {
             unpacker: None,
             kernel_unusable: false,
             descs: Vec::new(),
+            direct,
         })
     }
 
@@ -136,6 +187,8 @@ pub(super) struct PluginRecv {
     pub(super) next_id: u64,
     /// Receives posted so far (the UNPACK slot of the next is `posted % 16`).
     pub(super) posted: u64,
+    /// Made at the first host-memory receive on a GPU comm.
+    pub(super) landing: Option<HostLanding>,
 }
 
 // SAFETY: a plugin comm may be used from any thread, one call at a time; the
@@ -156,6 +209,10 @@ impl PluginRecv {
                 };
                 let e = &mut self.queue[i];
                 match &self.unpack {
+                    Some(u) if u.direct => {
+                        e.size = e.mem.len;
+                        e.frags = Vec::new();
+                    }
                     Some(u) => {
                         let frags = u.fragments(name, e.slot)?;
                         e.size = unpack::check_fragments(&frags, e.mem.len)
@@ -195,6 +252,16 @@ impl PluginRecv {
             match e.stage {
                 Stage::Ready => continue,
                 Stage::Unpacked => {
+                    if let Some(dst) = e.host_dst {
+                        // The landing slot is ours until the 16th receive
+                        // after this one: copied out before it is done.
+                        bind(&self.gpu)?;
+                        // SAFETY: the source is this receive's landing slot
+                        // (e.size ≤ its length, checked from the fragments),
+                        // the destination the user's host buffer of ≥ e.size
+                        // bytes, held by the engine until completion.
+                        unsafe { gpu::copy_sync(dst.addr, e.mem.addr, e.size) }?;
+                    }
                     if let Some(f) = self.lib.api.irecv_consumed {
                         // SAFETY: the request is the oldest unconsumed receive
                         // of this live comm, reported done by test.
@@ -322,6 +389,44 @@ impl PluginRecv {
     }
 }
 
+impl PluginRecv {
+    /// The comm's GPU landing slots for host receives, made at first use.
+    fn landing(&mut self, bounce_gpu: i32) -> Result<&HostLanding, NetError> {
+        if self.landing.is_none() {
+            let dev = match &self.gpu {
+                Some(d) if d.ordinal == bounce_gpu => d.clone(),
+                _ => gpu::Device::get(bounce_gpu)?,
+            };
+            let bytes = MAX_UNPACK_RECV * NET_UNPACK_MAX_QUEUE_DEPTH;
+            let mem = gpu::DeviceBuf::new(&dev, bytes)?;
+            let mr = register(
+                &self.lib,
+                self.comm,
+                &Some(dev),
+                MemRef {
+                    addr: mem.ptr,
+                    len: bytes,
+                    kind: MemKind::Cuda(bounce_gpu),
+                },
+            )?;
+            tracing::debug!(
+                net = self.lib.name,
+                gpu = bounce_gpu,
+                "host receives on a GPU comm land in {} MiB of GPU memory first",
+                bytes >> 20
+            );
+            self.landing = Some(HostLanding {
+                mem,
+                mr,
+                gpu: bounce_gpu,
+            });
+        }
+        self.landing
+            .as_ref()
+            .ok_or_else(|| misuse(self.lib.name, "host landing"))
+    }
+}
+
 impl RecvComm for PluginRecv {
     fn reg_mr(&mut self, mem: MemRef) -> Result<MrHandle, NetError> {
         register(&self.lib, self.comm, &self.gpu, mem)
@@ -342,23 +447,33 @@ impl RecvComm for PluginRecv {
                 ),
             )
         })?;
-        if let Some(u) = &self.unpack {
-            if mem.len > MAX_UNPACK_RECV {
-                return Err(misuse(
-                    self.lib.name,
-                    format!(
-                        "a receive of {} bytes on an UNPACK comm: TCPX takes at most 4 MiB per receive (2048 fragments) and exits beyond; set TCPX_P2P_CHUNK=4M or less",
-                        mem.len
-                    ),
-                ));
-            }
-            if u.bounce_gpu.is_some() && mem.kind == MemKind::Host {
-                return Err(misuse(
-                    self.lib.name,
-                    "a receive into host memory on a comm whose bounce pages are on the GPU: TCPX cannot land payload in host memory (it exits); receive into GPU memory",
-                ));
-            }
+        if self
+            .unpack
+            .as_ref()
+            .is_some_and(|u| u.direct && mem.kind != MemKind::Host)
+        {
+            return Err(misuse(
+                self.lib.name,
+                "a GPU receive on a comm without a bounce pool (the plugin imported no GPU receive memory)",
+            ));
         }
+        if self.unpack.is_some() && mem.len > MAX_UNPACK_RECV {
+            return Err(misuse(
+                self.lib.name,
+                format!(
+                    "a receive of {} bytes on an UNPACK comm: TCPX takes at most 4 MiB per receive (2048 fragments) and exits beyond; set TCPX_P2P_CHUNK=4M or less",
+                    mem.len
+                ),
+            ));
+        }
+        let slot = (self.posted % NET_UNPACK_MAX_QUEUE_DEPTH as u64) as usize;
+        let (mem, mr, host_dst) = match self.unpack.as_ref().and_then(|u| u.bounce_gpu) {
+            Some(g) if mem.kind == MemKind::Host => {
+                let l = self.landing(g)?;
+                (l.slot(slot, mem.len), l.mr, Some(mem))
+            }
+            _ => (mem, mr, None),
+        };
         let mut data = mem.addr as *mut c_void;
         let mut tag: c_int = 0;
         let mut mh = mr.0 as *mut c_void;
@@ -375,7 +490,6 @@ impl RecvComm for PluginRecv {
         }
         let id = self.next_id;
         self.next_id += 1;
-        let slot = (self.posted % NET_UNPACK_MAX_QUEUE_DEPTH as u64) as usize;
         self.posted += 1;
         self.queue.push_back(RecvEntry {
             id,
@@ -385,6 +499,7 @@ impl RecvComm for PluginRecv {
             stage: Stage::Posted,
             size: 0,
             frags: Vec::new(),
+            host_dst,
         });
         Ok(Some(ReqId(id)))
     }
@@ -427,6 +542,14 @@ impl Drop for PluginRecv {
             if let Err(e) = k.wait() {
                 tracing::warn!("{}: {e}", self.lib.name);
             }
+        }
+        if let Some(l) = self.landing.take() {
+            if let Err(e) = self.lib.dereg_mr(self.comm, l.mr) {
+                tracing::warn!("{e}");
+            }
+            // Device memory is freed with the GPU's context current.
+            let _ = gpu::Device::get(l.gpu).and_then(|d| d.bind());
+            drop(l.mem);
         }
         if let Some(f) = self.lib.api.close_recv {
             // SAFETY: the receive comm is closed once.
