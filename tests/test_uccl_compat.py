@@ -199,14 +199,12 @@ def test_receive_larger_than_its_registration(shapes_device):
 def test_sender_exits_right_after_send(n, shapes_device):
     """test_gpu_index_mapping.py's exchange: the receiver registers and
     posts its receive only after the sender has sent and exited. A send
-    completes when its bytes have landed (as in UCCL), so the sender's
-    `send` returns only once the receive is posted, and its exit loses
-    nothing."""
-    # The receiver posts only after "sent", which the sender says while its
-    # send is still waiting: the send completes once the receive is posted.
-    got, (pending, want) = run_pair(shapes.late_receiver, (n,), shapes.sender_exits, (n, 31))
+    completes once its bytes are out of the sender's buffer; the end of the
+    sender's endpoint (as its process exits) waits until the receiver has
+    acknowledged the message, so the exit loses nothing."""
+    got, (waited, want) = run_pair(shapes.late_receiver, (n,), shapes.sender_exits, (n, 31))
     assert got == want == sha(pattern(n, 31))
-    assert pending, "send returned before any receive was posted"
+    assert waited, "the sender's endpoint ended before the receiver posted its receive"
 
 
 # ------------------------------------------------ single-process semantics

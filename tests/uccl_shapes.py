@@ -318,7 +318,7 @@ def sendrecv_client(chan, sizes, kvblocks, async_api, seed):
 def late_receiver(chan, n):
     """test_gpu_index_mapping.py's `_subprocess_ipc_server`: accept, and
     only then allocate, register and receive, after the sender has sent
-    and gone."""
+    and gone. Says "posting" just before it posts its receive."""
     ep = p2p.Endpoint(0)
     chan.send(bytes(ep.get_metadata()))
     ok, r_ip, r_gpu, conn_id = ep.accept()
@@ -328,6 +328,7 @@ def late_receiver(chan, n):
     t = tensor(n)
     ok, mr_id = ep.reg(t.data_ptr(), n)
     assert ok
+    chan.send("posting")
     assert ep.recv(conn_id, mr_id, t.data_ptr(), size=n), ep.last_error()
     return digest_of(t)
 
@@ -335,7 +336,11 @@ def late_receiver(chan, n):
 def sender_exits(chan, n, seed):
     """test_gpu_index_mapping.py's `_subprocess_ipc_client`: connect by the
     peer's metadata with UCCL's keywords, send once and exit at once (no
-    close, no goodbye)."""
+    close, no goodbye). The send returns once its bytes are out of the
+    tensor; the endpoint's end (its drop, as the process exits) waits for
+    the receiver's acknowledgement. Returns whether the receiver had begun
+    posting its receive when the endpoint's end was over, and the digest
+    of what was sent."""
     ip, port, remote_bdf = p2p.Endpoint.parse_metadata(chan.recv())
     ep = p2p.Endpoint(0)
     ok, conn_id = ep.connect(remote_ip_addr=ip, remote_gpu_bdf=remote_bdf, remote_port=port)
@@ -343,22 +348,12 @@ def sender_exits(chan, n, seed):
     t = tensor(n, seed)
     ok, mr_id = ep.reg(t.data_ptr(), n)
     assert ok
-    done = []
-
-    def sent():
-        ok = ep.send(conn_id, mr_id, t.data_ptr(), n)
-        done.append(ok)
-
-    import threading
-
-    th = threading.Thread(target=sent)
-    th.start()
-    th.join(0.3)
-    pending_before_recv = th.is_alive()  # no receive is posted yet
+    sent = digest_of(t)
+    ok = ep.send(conn_id, mr_id, t.data_ptr(), n)
+    assert ok, ep.last_error()
     chan.send("sent")
-    th.join(30)
-    assert done == [True], ep.last_error()
-    return pending_before_recv, digest_of(t)
+    del ep  # what the process's exit does
+    return chan.poll(0) and chan.recv() == "posting", sent
 
 
 def clamp_receiver(chan, reg_n, cap, buf_n, guard_seed):

@@ -8,7 +8,7 @@
 //! receives in the same order, a read's once the sender has accepted it
 //! ([`crate::rma_recvs`]).
 
-use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeSet, HashMap};
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -31,6 +31,14 @@ use crate::rma_recvs::RmaRecvs;
 use crate::topo;
 use crate::transfer::{plan_ops, Failure, Gather, OpPlan, Transfer};
 use crate::wire::{self, Control, RmaItem};
+
+/// Inline writes stop while our control backlog holds this many bytes
+/// (see [`Conn::inline_room`]).
+const INLINE_BACKLOG: usize = 4 << 20;
+
+/// Inline reads stop while this many await their data: their answers (at
+/// most [`wire::MAX_INLINE`] each) stay within the peer's control backlog.
+const INLINE_READS: usize = 32;
 
 /// Longest a waiting thread sleeps before it looks again by itself.
 const WAIT_SLICE: Duration = Duration::from_millis(10);
@@ -203,9 +211,10 @@ pub struct Conn {
     /// Our inline reads awaiting their `ReadData`: where the bytes land
     /// (None: cancelled, the bytes are read and dropped).
     pending_reads: Mutex<HashMap<u64, Option<Landing>>>,
-    /// Our sends whose messages the peer has not acknowledged yet, in
-    /// posting order: a send completes when its message has landed.
-    msg_sends: Mutex<VecDeque<Arc<Transfer>>>,
+    /// How long an orderly close waits for the peer to acknowledge our
+    /// sends (the liveness deadline): a send completes once its bytes are
+    /// out of the caller's buffer, and a close delivers what was sent.
+    delivery: Duration,
     /// Our receives' numbering and what we acknowledged.
     msg_recvs: Mutex<RecvAcks>,
 }
@@ -372,7 +381,7 @@ impl Conn {
             notifs: p.notifs.clone(),
             inline_max: p.inline_max,
             pending_reads: Mutex::new(HashMap::new()),
-            msg_sends: Mutex::new(VecDeque::new()),
+            delivery: p.deadline,
             msg_recvs: Mutex::new(RecvAcks::default()),
         });
         let weak = Arc::downgrade(&conn);
@@ -537,7 +546,6 @@ impl Conn {
             t.fail(fl.clone());
         }
         self.pending_reads.lock().clear();
-        self.msg_sends.lock().clear();
         let unposted = self.rma_recvs.lock().clear();
         for op in unposted.into_iter().flatten() {
             op.xfer.fail(fl.clone());
@@ -553,11 +561,14 @@ impl Conn {
         self.registry.forget_conn(self.id);
     }
 
-    /// Orderly close: tells the peer, fails what is still in flight, joins threads.
+    /// Orderly close: waits (up to the deadline) until the peer has
+    /// acknowledged every message we sent, tells the peer, fails what is
+    /// still in flight, joins threads.
     pub(crate) fn close(&self) {
         if self.closed.swap(true, Ordering::AcqRel) {
             return;
         }
+        self.deliver_sent();
         if self.failure().is_none() {
             let mut v = Vec::new();
             Control::Close.encode(&mut v);
@@ -574,6 +585,31 @@ impl Conn {
             if t.thread().id() != me {
                 let _ = t.join();
             }
+        }
+    }
+
+    /// A send completes once its bytes are out of the caller's buffer; its
+    /// message may still be on its way, or waiting for the peer's receive.
+    /// Before an orderly close, wait until the peer's `MsgDone` counts cover
+    /// every message we sent, the connection fails, or the deadline passes,
+    /// so that a sender may close (or drop its endpoint and exit) right
+    /// after `send` returns and lose nothing.
+    fn deliver_sent(&self) {
+        let until = Instant::now() + self.delivery;
+        let mut pause = Duration::from_micros(50);
+        while self.failure().is_none() && self.book.lock().msgs_unacked() > 0 {
+            if Instant::now() >= until {
+                tracing::warn!(
+                    conn = self.id,
+                    peer = %self.peer,
+                    unacked = self.book.lock().msgs_unacked(),
+                    "closing with messages the peer has not acknowledged within {:.1} s",
+                    self.delivery.as_secs_f64()
+                );
+                return;
+            }
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(Duration::from_millis(5));
         }
     }
 
@@ -652,9 +688,11 @@ impl Conn {
         tracing::trace!(xfer = xfer_id, send, "lat: post");
         let regions: Vec<_> = items.iter().map(|(_, r)| r.clone()).collect();
         let plan = self.plan(items.iter().map(|(m, _)| m.len));
-        // A send's last event is the receiver's acknowledgement: it
-        // completes once its bytes have landed, as a one-sided write does.
-        let events = plan.len() + usize::from(send);
+        // A send completes once its requests have: its bytes are out of
+        // the caller's buffer. The receiver's acknowledgements (`MsgDone`)
+        // are counted, and an orderly close waits for them
+        // ([`Conn::deliver_sent`]).
+        let events = plan.len();
         let xfer = Transfer::new(xfer_id, self.id, events, regions);
         self.track(&xfer);
         let ops = self.ops_for(&xfer, &items, &plan, false);
@@ -662,9 +700,8 @@ impl Conn {
         // order in which the engine posts them (and the peer's messages
         // fill them).
         if send {
-            let mut q = self.msg_sends.lock();
-            self.book.lock().msg_posted();
-            q.push_back(xfer.clone());
+            let mut book = self.book.lock();
+            book.msg_posted();
             self.enqueue(Cmd::Send(Set::Msg, ops));
         } else {
             let seq = {
@@ -732,7 +769,7 @@ impl Conn {
         let runs = rma::plan_runs(&ids, &remote, remote_region);
         let local = rma::merge_runs(local, &runs).map_err(|e| Error::invalid(e.to_string()))?;
         let total = crate::inline::total(&local);
-        if total <= self.inline_max && total > 0 {
+        if total <= self.inline_max && total > 0 && self.inline_room(read) {
             return Ok(self.post_inline(xfer_id, read, local, remote, runs, regions, total));
         }
         let plan = self.plan(local.iter().map(|(m, _)| m.len));
@@ -778,6 +815,21 @@ impl Conn {
     /// A one-sided transfer whose data goes on the control connection:
     /// a write's right after its request, a read's in the answer. Its one
     /// event is the target's `WriteDone`, or the `ReadData` landing.
+    /// Whether a small one-sided transfer may go inline now. Its bytes ride
+    /// a control connection, whose backlog is bounded
+    /// ([`crate::oob_out::MAX_BACKLOG`]): a burst of inline writes posted
+    /// faster than the target lands them would fill ours, a burst of
+    /// inline reads the peer's (their answers). While our backlog holds
+    /// [`INLINE_BACKLOG`] bytes, or [`INLINE_READS`] inline reads await
+    /// their data, further ones take the net.
+    fn inline_room(&self, read: bool) -> bool {
+        if read {
+            self.pending_reads.lock().len() < INLINE_READS
+        } else {
+            self.oob.lock().backlog() < INLINE_BACKLOG
+        }
+    }
+
     #[allow(clippy::too_many_arguments)]
     fn post_inline(
         self: &Arc<Self>,
@@ -1101,16 +1153,8 @@ impl Conn {
                     t.fail(Failure::Refused(reason));
                 }
             }
-            Action::MsgsLanded { from, to } => {
-                let done: Vec<_> = {
-                    let mut q = self.msg_sends.lock();
-                    let n = (to - from).min(q.len() as u64) as usize;
-                    q.drain(..n).collect()
-                };
-                for t in done {
-                    t.complete_all();
-                }
-            }
+            // The book counted them; a close waits for that count.
+            Action::MsgsLanded { .. } => {}
             Action::Notif { name, msg } => self
                 .notifs
                 .push(Notif {

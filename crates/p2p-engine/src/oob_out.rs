@@ -92,6 +92,11 @@ impl OobOut {
         cv.notify_all();
     }
 
+    /// Bytes queued and not yet written.
+    pub(crate) fn backlog(&self) -> usize {
+        self.shared.0.lock().bytes
+    }
+
     /// Waits up to `limit` for the backlog to be written.
     pub(crate) fn flush_for(&self, limit: Duration) {
         let (m, cv) = &*self.shared;

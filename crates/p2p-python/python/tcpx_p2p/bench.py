@@ -306,10 +306,16 @@ def run_pairs(a, client_gpus, server_gpus):
     """`--pairs N`: N pairs at once on this host, each pair i from client GPU
     i to server GPU i, in one process per endpoint or (`--single-process`)
     one process per side driving all its GPUs. Rows carry their pair; `sum`
-    rows add the pairs' GB/s for each size."""
+    rows add the pairs' GB/s for each size and, with several pairs, give
+    beside it pair 0 measured alone first in the same layout (`alone_GBps`,
+    and `scaling`: the sum over the pair alone)."""
     import threading
 
     n = len(client_gpus)
+    alone = {}
+    if n > 1 and not a.no_alone:
+        one, _, _ = run_pairs(a, client_gpus[:1], server_gpus[:1])
+        alone = {(r["op"], r["size"]): r for r in one if r["op"] != "sum"}
     ctx = mp.get_context("spawn")
     ready = ctx.Queue()
     env = {k: v for k, v in os.environ.items() if k.startswith("TCPX_P2P_")}
@@ -367,6 +373,13 @@ def run_pairs(a, client_gpus, server_gpus):
             "lat_avg_us": None, "lat_p50_us": None, "lat_p99_us": None, "verified": all(r["verified"] for r in same),
             "pairs": n, "per_pair_GBps": [r["GBps"] for r in same],
         })
+        if (op, size) in alone:
+            one = alone[(op, size)]
+            rows[-1].update(
+                alone_GBps=one["GBps"],
+                alone_verified=one["verified"],
+                scaling=round(rows[-1]["GBps"] / one["GBps"], 3) if one["GBps"] else None,
+            )
         if all("raw_tcp_GBps" in r for r in same):
             raw = sum(r["raw_tcp_GBps"] for r in same)
             rows[-1].update(raw_tcp_GBps=round(raw, 3), ratio_vs_raw_tcp=round(rows[-1]["GBps"] / raw, 3) if raw else 0)
@@ -1010,6 +1023,13 @@ def print_table(rows, title, out=sys.stdout):
             line += g(r.get("nccl_default_GBps"), 9) + g(r.get("nccl_best_GBps"), 9) + g(r.get("ratio_vs_nccl_best"), 8)
         p(line)
     p("(latency in microseconds: half a round trip for send, one blocking call for write/read)")
+    for r in rows:
+        if r["op"] == "sum" and "alone_GBps" in r:
+            each = " + ".join(f"{x:.2f}" for x in r["per_pair_GBps"])
+            p(
+                f"  {r['of_op']} {fmt_size(r['size'])}: {r['pairs']} pairs at once {each} = {r['GBps']:.2f} GB/s; "
+                f"one pair alone {r['alone_GBps']:.2f} GB/s; {r['scaling']}x"
+            )
     layouts = sorted({r["layout"] for r in rows if r.get("batch", 1) > 1})
     if layouts:
         p(f"(KV blocks {', '.join(layouts)} in their pools)")
@@ -1077,6 +1097,7 @@ def main(argv=None):
     ap.add_argument("--gpus", default="0,1", help="GPU of each side (pair mode), e.g. 0,1; with --pairs N, N client GPUs then N server GPUs (e.g. 0,1,2,3,4,5,6,7)")
     ap.add_argument("--pairs", type=int, default=1, help="pair mode: this many pairs at once")
     ap.add_argument("--single-process", action="store_true", help="pair mode: one process per side drives all its GPUs")
+    ap.add_argument("--no-alone", action="store_true", help="with --pairs N > 1: skip measuring pair 0 alone first (the sum rows' baseline)")
     ap.add_argument("--sizes", default=DEFAULT_SIZES)
     ap.add_argument("--iters", type=int, default=0, help="iterations per size (0 = auto)")
     ap.add_argument("--seconds", type=float, default=0, help="time each size for about this long (instead of --iters)")

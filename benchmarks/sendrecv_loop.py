@@ -1,0 +1,157 @@
+"""Blocking send / recv in a loop, as UCCL's benchmark_uccl.py times it
+(rank 0 calls `send` back to back, rank 1 `recv`; each side's time per
+call is its loop's wall time over the iterations), through our Python API,
+two processes on this host. Host memory, or GPU memory with --gpus A,B
+(sender's and receiver's GPU). Each size is measured in --rounds rounds;
+the table gives medians, the JSON every round. The bytes of each size's
+first message are checked (SHA-256 on both sides).
+
+    python benchmarks/sendrecv_loop.py --sizes 64K,1M --rounds 5
+    python benchmarks/sendrecv_loop.py --memory gpu --gpus 0,1 --sizes 64K,1M,16M,256M
+"""
+
+import argparse
+import hashlib
+import json
+import multiprocessing as mp
+import os
+import statistics
+import sys
+import time
+
+UNITS = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+
+
+def parse_size(s):
+    s = s.strip().upper().rstrip("B")
+    return int(s[:-1]) * UNITS[s[-1]] if s[-1] in UNITS else int(s)
+
+
+class Buf:
+    """`n` bytes of host memory (numpy-free: ctypes) or of one GPU (torch)."""
+
+    def __init__(self, n, gpu):
+        self.n, self.gpu = n, gpu
+        if gpu is None:
+            import ctypes
+
+            self._c = ctypes
+            self.buf = (ctypes.c_char * n)()
+            self.ptr = ctypes.addressof(self.buf)
+        else:
+            import torch
+
+            self.torch = torch
+            torch.cuda.set_device(gpu)
+            self.buf = torch.zeros(n, dtype=torch.uint8, device=f"cuda:{gpu}")
+            self.ptr = self.buf.data_ptr()
+
+    def fill(self, seed):
+        data = bytes((i * 31 + seed) & 0xFF for i in range(256)) * (self.n // 256 + 1)
+        if self.gpu is None:
+            self._c.memmove(self.ptr, data, self.n)
+        else:
+            t = self.torch.frombuffer(bytearray(data[: self.n]), dtype=self.torch.uint8)
+            self.buf.copy_(t)
+            self.torch.cuda.synchronize()
+
+    def digest(self):
+        if self.gpu is None:
+            return hashlib.sha256(self._c.string_at(self.ptr, self.n)).hexdigest()
+        self.torch.cuda.synchronize()
+        return hashlib.sha256(self.buf.cpu().numpy().tobytes()).hexdigest()
+
+
+def side(rank, chan, a, out):
+    try:
+        from tcpx_p2p import p2p
+
+        gpus = [int(g) for g in a.gpus.split(",")] if a.gpus else None
+        gpu = gpus[rank] if gpus else None
+        ep = p2p.Endpoint(gpu)
+        if rank == 1:
+            chan.send(bytes(ep.get_metadata()))
+            ok, _, _, conn = ep.accept()
+        else:
+            ip, port, r_gpu = p2p.Endpoint.parse_metadata(chan.recv())
+            ok, conn = ep.connect(ip, r_gpu, remote_port=port)
+        assert ok, ep.last_error()
+        res = {}
+        for n in a.sizes:
+            b = Buf(n, gpu)
+            ok, mr = ep.reg(b.ptr, n)
+            assert ok, ep.last_error()
+            call = ep.send if rank == 0 else ep.recv
+            if rank == 0:
+                b.fill(n % 251)
+            # The first message: bytes checked on both sides.
+            assert call(conn, mr, b.ptr, n), ep.last_error()
+            res.setdefault(n, {"digest": b.digest(), "us": []})
+            iters = a.iters or max(20, min(5000, (256 << 20) // n))
+            for _ in range(a.rounds):
+                chan.send("go") if rank == 0 else chan.recv()
+                chan.recv() if rank == 0 else chan.send("ready")
+                t = time.perf_counter()
+                for _ in range(iters):
+                    assert call(conn, mr, b.ptr, n), ep.last_error()
+                res[n]["us"].append((time.perf_counter() - t) / iters * 1e6)
+            res[n]["iters"] = iters
+            chan.send("size done") if rank == 0 else chan.recv()
+        out.put((rank, "ok", res))
+    except BaseException:
+        import traceback
+
+        out.put((rank, "err", traceback.format_exc()))
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--memory", choices=["host", "gpu"], default="host")
+    ap.add_argument("--gpus", default="", help="SENDER,RECEIVER GPUs (GPU memory)")
+    ap.add_argument("--sizes", default="64K,1M")
+    ap.add_argument("--iters", type=int, default=0, help="calls per round (0: by size)")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--json", default="", help="write the results here")
+    a = ap.parse_args(argv)
+    a.sizes = [parse_size(s) for s in a.sizes.split(",") if s]
+    if a.memory == "gpu" and not a.gpus:
+        a.gpus = "0,0"
+    if a.memory == "host":
+        a.gpus = ""
+    os.environ.setdefault("TCPX_P2P_IFNAME", "lo")
+    ctx = mp.get_context("spawn")
+    c0, c1 = ctx.Pipe()
+    out = ctx.Queue()
+    procs = [ctx.Process(target=side, args=(r, c, a, out)) for r, c in ((0, c0), (1, c1))]
+    for p in procs:
+        p.start()
+    got = {}
+    for _ in procs:
+        rank, st, res = out.get(timeout=600)
+        if st != "ok":
+            print(f"rank {rank} failed:\n{res}", file=sys.stderr)
+            for p in procs:
+                p.kill()
+            return 1
+        got[rank] = res
+    for p in procs:
+        p.join(30)
+    rows = []
+    print(f"{'size':>8} {'send us':>9} {'recv us':>9} {'GB/s':>7}  rounds (send us)")
+    for n in a.sizes:
+        s, r = got[0][n], got[1][n]
+        if s["digest"] != r["digest"]:
+            print(f"size {n}: the bytes received differ from those sent", file=sys.stderr)
+            return 1
+        ms, mr = statistics.median(s["us"]), statistics.median(r["us"])
+        rows.append({"bytes": n, "iters": s["iters"], "send_us": s["us"], "recv_us": r["us"], "send_us_p50": ms, "recv_us_p50": mr})
+        each = " ".join(f"{x:.1f}" for x in s["us"])
+        print(f"{n:>8} {ms:9.1f} {mr:9.1f} {n / max(ms, mr) / 1e3:7.2f}  {each}")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump({"memory": a.memory, "gpus": a.gpus, "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "rows": rows}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
