@@ -298,7 +298,10 @@ tcpx_status_t tcpx_readv_async(tcpx_endpoint_t *ep, uint64_t conn, const tcpx_rm
 
 /* Two-sided: n buffers sent as n messages, matched in posting order by the
  * peer's tcpx_recv_async of the same sizes. A send completes once its bytes
- * have landed in the peer's receive (the receiver acknowledges). */
+ * are out of the caller's buffers; the receiver acknowledges each message,
+ * and closing the connection or the endpoint first waits (up to the
+ * liveness deadline) for those acknowledgements. A receive's size is a
+ * capacity, clamped to what is registered from its pointer. */
 tcpx_status_t tcpx_send_async(tcpx_endpoint_t *ep, uint64_t conn, const tcpx_buf_t *bufs,
                               size_t n, uint64_t *xfer);
 tcpx_status_t tcpx_recv_async(tcpx_endpoint_t *ep, uint64_t conn, const tcpx_buf_t *bufs,
