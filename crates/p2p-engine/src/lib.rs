@@ -11,6 +11,7 @@
 #![deny(unsafe_code)]
 
 mod accept;
+mod admission;
 mod config;
 mod conn;
 mod endpoint;
@@ -27,6 +28,7 @@ pub mod notif;
 mod oob_out;
 mod progress;
 mod rma;
+pub mod timeout;
 mod topo;
 mod transfer;
 mod wire;

@@ -903,7 +903,7 @@ impl Endpoint {
     /// Sends `msg` (at most 1 MiB) to the peer of `conn_id`; the peer's
     /// `get_notifs()` returns it with this endpoint's name. False on
     /// failure (see `last_error()`).
-    fn send_notif(&self, py: Python<'_>, conn_id: u64, msg: Vec<u8>) -> bool {
+    fn send_notif(&self, py: Python<'_>, #[pyo3(from_py_with = args::conn_id)] conn_id: u64, #[pyo3(from_py_with = args::msg)] msg: Vec<u8>) -> bool {
         let r = py.detach(|| self.ep.send_notif(conn_id, &msg));
         self.check(py, r).is_some()
     }
@@ -924,12 +924,12 @@ impl Endpoint {
     fn write_async_with_notif(
         &self,
         py: Python<'_>,
-        conn_id: u64,
-        mr_id: u64,
-        ptr: u64,
-        size: usize,
-        meta: Vec<u8>,
-        notif: Vec<u8>,
+        #[pyo3(from_py_with = args::conn_id)] conn_id: u64,
+        #[pyo3(from_py_with = args::mr_id)] mr_id: u64,
+        #[pyo3(from_py_with = args::ptr)] ptr: u64,
+        #[pyo3(from_py_with = args::size)] size: usize,
+        #[pyo3(from_py_with = args::meta)] meta: Vec<u8>,
+        #[pyo3(from_py_with = args::notif)] notif: Vec<u8>,
     ) -> (bool, i64) {
         self.started(py, |ep| {
             let b = Buf {
@@ -947,12 +947,12 @@ impl Endpoint {
     fn read_async_with_notif(
         &self,
         py: Python<'_>,
-        conn_id: u64,
-        mr_id: u64,
-        ptr: u64,
-        size: usize,
-        meta: Vec<u8>,
-        notif: Vec<u8>,
+        #[pyo3(from_py_with = args::conn_id)] conn_id: u64,
+        #[pyo3(from_py_with = args::mr_id)] mr_id: u64,
+        #[pyo3(from_py_with = args::ptr)] ptr: u64,
+        #[pyo3(from_py_with = args::size)] size: usize,
+        #[pyo3(from_py_with = args::meta)] meta: Vec<u8>,
+        #[pyo3(from_py_with = args::notif)] notif: Vec<u8>,
     ) -> (bool, i64) {
         self.started(py, |ep| {
             let b = Buf {
@@ -996,9 +996,12 @@ impl Endpoint {
     /// `(ok, remote_gpu_bdf, conn_id)` (the bdf is the GPU index as a string
     /// where the peer has no PCI bus id).
     #[pyo3(signature = (timeout=None))]
-    fn accept_local(&self, py: Python<'_>, timeout: Option<f64>) -> (bool, String, i64) {
-        let t = timeout.map(std::time::Duration::from_secs_f64);
-        let r = py.detach(|| self.ep.accept_local(t));
+    fn accept_local(
+        &self,
+        py: Python<'_>,
+        #[pyo3(from_py_with = args::timeout)] timeout: Option<Duration>,
+    ) -> (bool, String, i64) {
+        let r = py.detach(|| self.ep.accept_local(timeout));
         match self.check(py, r) {
             Some(a) => {
                 let bdf = if !a.gpu_bdf.is_empty() {
@@ -1018,9 +1021,9 @@ impl Endpoint {
     fn advertise_ipc<'py>(
         &self,
         py: Python<'py>,
-        conn_id: u64,
-        ptr: u64,
-        size: usize,
+        #[pyo3(from_py_with = args::conn_id)] conn_id: u64,
+        #[pyo3(from_py_with = args::ptr)] ptr: u64,
+        #[pyo3(from_py_with = args::size)] size: usize,
     ) -> (bool, Bound<'py, PyBytes>) {
         match self.check(py, self.ep.advertise_ipc(conn_id, ptr, size)) {
             Some(d) => (true, PyBytes::new(py, &d)),
@@ -1031,9 +1034,9 @@ impl Endpoint {
     fn advertisev_ipc<'py>(
         &self,
         py: Python<'py>,
-        conn_id: u64,
-        ptr_v: Vec<u64>,
-        size_v: Vec<usize>,
+        #[pyo3(from_py_with = args::conn_id)] conn_id: u64,
+        #[pyo3(from_py_with = args::ptr_v)] ptr_v: Vec<u64>,
+        #[pyo3(from_py_with = args::size_v)] size_v: Vec<usize>,
     ) -> PyResult<(bool, Bound<'py, PyList>)> {
         let r = ipc_pairs(&ptr_v, &size_v, None).and_then(|bs| {
             bs.iter()
@@ -1052,16 +1055,16 @@ impl Endpoint {
     fn write_ipc(
         &self,
         py: Python<'_>,
-        conn_id: u64,
-        ptr: u64,
-        size: usize,
-        info: Vec<u8>,
+        #[pyo3(from_py_with = args::conn_id)] conn_id: u64,
+        #[pyo3(from_py_with = args::ptr)] ptr: u64,
+        #[pyo3(from_py_with = args::size)] size: usize,
+        #[pyo3(from_py_with = args::info)] info: Vec<u8>,
     ) -> bool {
         let r = py.detach(|| self.ep.write_ipc(conn_id, &[(ptr, size)], &[&info]));
         self.check(py, r).is_some()
     }
 
-    fn read_ipc(&self, py: Python<'_>, conn_id: u64, ptr: u64, size: usize, info: Vec<u8>) -> bool {
+    fn read_ipc(&self, py: Python<'_>, #[pyo3(from_py_with = args::conn_id)] conn_id: u64, #[pyo3(from_py_with = args::ptr)] ptr: u64, #[pyo3(from_py_with = args::size)] size: usize, #[pyo3(from_py_with = args::info)] info: Vec<u8>) -> bool {
         let r = py.detach(|| self.ep.read_ipc(conn_id, &[(ptr, size)], &[&info]));
         self.check(py, r).is_some()
     }
@@ -1069,10 +1072,10 @@ impl Endpoint {
     fn write_ipc_async(
         &self,
         py: Python<'_>,
-        conn_id: u64,
-        ptr: u64,
-        size: usize,
-        info: Vec<u8>,
+        #[pyo3(from_py_with = args::conn_id)] conn_id: u64,
+        #[pyo3(from_py_with = args::ptr)] ptr: u64,
+        #[pyo3(from_py_with = args::size)] size: usize,
+        #[pyo3(from_py_with = args::info)] info: Vec<u8>,
     ) -> (bool, i64) {
         self.started(py, |ep| {
             ep.write_ipc_async(conn_id, &[(ptr, size)], &[&info])
@@ -1082,10 +1085,10 @@ impl Endpoint {
     fn read_ipc_async(
         &self,
         py: Python<'_>,
-        conn_id: u64,
-        ptr: u64,
-        size: usize,
-        info: Vec<u8>,
+        #[pyo3(from_py_with = args::conn_id)] conn_id: u64,
+        #[pyo3(from_py_with = args::ptr)] ptr: u64,
+        #[pyo3(from_py_with = args::size)] size: usize,
+        #[pyo3(from_py_with = args::info)] info: Vec<u8>,
     ) -> (bool, i64) {
         self.started(py, |ep| {
             ep.read_ipc_async(conn_id, &[(ptr, size)], &[&info])
@@ -1095,10 +1098,10 @@ impl Endpoint {
     fn writev_ipc(
         &self,
         py: Python<'_>,
-        conn_id: u64,
-        ptr_v: Vec<u64>,
-        size_v: Vec<usize>,
-        info_v: Vec<Vec<u8>>,
+        #[pyo3(from_py_with = args::conn_id)] conn_id: u64,
+        #[pyo3(from_py_with = args::ptr_v)] ptr_v: Vec<u64>,
+        #[pyo3(from_py_with = args::size_v)] size_v: Vec<usize>,
+        #[pyo3(from_py_with = args::info_v)] info_v: Vec<Vec<u8>>,
     ) -> bool {
         let r = py.detach(|| {
             let b = ipc_pairs(&ptr_v, &size_v, Some(info_v.len()))?;
@@ -1111,10 +1114,10 @@ impl Endpoint {
     fn readv_ipc(
         &self,
         py: Python<'_>,
-        conn_id: u64,
-        ptr_v: Vec<u64>,
-        size_v: Vec<usize>,
-        info_v: Vec<Vec<u8>>,
+        #[pyo3(from_py_with = args::conn_id)] conn_id: u64,
+        #[pyo3(from_py_with = args::ptr_v)] ptr_v: Vec<u64>,
+        #[pyo3(from_py_with = args::size_v)] size_v: Vec<usize>,
+        #[pyo3(from_py_with = args::info_v)] info_v: Vec<Vec<u8>>,
     ) -> bool {
         let r = py.detach(|| {
             let b = ipc_pairs(&ptr_v, &size_v, Some(info_v.len()))?;
@@ -1127,10 +1130,10 @@ impl Endpoint {
     fn writev_ipc_async(
         &self,
         py: Python<'_>,
-        conn_id: u64,
-        ptr_v: Vec<u64>,
-        size_v: Vec<usize>,
-        info_v: Vec<Vec<u8>>,
+        #[pyo3(from_py_with = args::conn_id)] conn_id: u64,
+        #[pyo3(from_py_with = args::ptr_v)] ptr_v: Vec<u64>,
+        #[pyo3(from_py_with = args::size_v)] size_v: Vec<usize>,
+        #[pyo3(from_py_with = args::info_v)] info_v: Vec<Vec<u8>>,
     ) -> (bool, i64) {
         self.started(py, |ep| {
             let b = ipc_pairs(&ptr_v, &size_v, Some(info_v.len()))?;
@@ -1142,10 +1145,10 @@ impl Endpoint {
     fn readv_ipc_async(
         &self,
         py: Python<'_>,
-        conn_id: u64,
-        ptr_v: Vec<u64>,
-        size_v: Vec<usize>,
-        info_v: Vec<Vec<u8>>,
+        #[pyo3(from_py_with = args::conn_id)] conn_id: u64,
+        #[pyo3(from_py_with = args::ptr_v)] ptr_v: Vec<u64>,
+        #[pyo3(from_py_with = args::size_v)] size_v: Vec<usize>,
+        #[pyo3(from_py_with = args::info_v)] info_v: Vec<Vec<u8>>,
     ) -> (bool, i64) {
         self.started(py, |ep| {
             let b = ipc_pairs(&ptr_v, &size_v, Some(info_v.len()))?;
@@ -1156,19 +1159,19 @@ impl Endpoint {
 
     /// Two-sided on a local connection, matched with the peer's `recv_ipc`
     /// calls in posting order.
-    fn send_ipc(&self, py: Python<'_>, conn_id: u64, ptr: u64, size: usize) -> bool {
+    fn send_ipc(&self, py: Python<'_>, #[pyo3(from_py_with = args::conn_id)] conn_id: u64, #[pyo3(from_py_with = args::ptr)] ptr: u64, #[pyo3(from_py_with = args::size)] size: usize) -> bool {
         self.blocking(py, |ep| ep.send_ipc_async(conn_id, ptr, size))
     }
 
-    fn recv_ipc(&self, py: Python<'_>, conn_id: u64, ptr: u64, size: usize) -> bool {
+    fn recv_ipc(&self, py: Python<'_>, #[pyo3(from_py_with = args::conn_id)] conn_id: u64, #[pyo3(from_py_with = args::ptr)] ptr: u64, #[pyo3(from_py_with = args::size)] size: usize) -> bool {
         self.blocking(py, |ep| ep.recv_ipc_async(conn_id, ptr, size))
     }
 
-    fn send_ipc_async(&self, py: Python<'_>, conn_id: u64, ptr: u64, size: usize) -> (bool, i64) {
+    fn send_ipc_async(&self, py: Python<'_>, #[pyo3(from_py_with = args::conn_id)] conn_id: u64, #[pyo3(from_py_with = args::ptr)] ptr: u64, #[pyo3(from_py_with = args::size)] size: usize) -> (bool, i64) {
         self.started(py, |ep| ep.send_ipc_async(conn_id, ptr, size))
     }
 
-    fn recv_ipc_async(&self, py: Python<'_>, conn_id: u64, ptr: u64, size: usize) -> (bool, i64) {
+    fn recv_ipc_async(&self, py: Python<'_>, #[pyo3(from_py_with = args::conn_id)] conn_id: u64, #[pyo3(from_py_with = args::ptr)] ptr: u64, #[pyo3(from_py_with = args::size)] size: usize) -> (bool, i64) {
         self.started(py, |ep| ep.recv_ipc_async(conn_id, ptr, size))
     }
 }

@@ -89,7 +89,8 @@ impl Hub {
         let addr = SocketAddr::from_abstract_name(name.as_bytes())
             .map_err(|e| Error::io(format!("socket name {name}"), e))?;
         // The peer may still be starting: retry a refused connect briefly.
-        let give_up = Instant::now() + self.p.timeout.min(Duration::from_secs(2));
+        let give_up = crate::timeout::deadline_after(self.p.timeout.min(Duration::from_secs(2)))
+            .unwrap_or_else(Instant::now);
         let s = loop {
             match UnixStream::connect_addr(&addr) {
                 Ok(s) => break s,
@@ -111,7 +112,7 @@ impl Hub {
     }
 
     pub fn accept(&self, timeout: Option<Duration>) -> Result<AcceptedLocal> {
-        let deadline = timeout.map(|t| Instant::now() + t);
+        let deadline = crate::timeout::deadline(timeout);
         let mut q = self.accepted.lock();
         loop {
             if let Some(id) = q.pop_front() {
