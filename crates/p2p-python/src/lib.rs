@@ -903,7 +903,12 @@ impl Endpoint {
     /// Sends `msg` (at most 1 MiB) to the peer of `conn_id`; the peer's
     /// `get_notifs()` returns it with this endpoint's name. False on
     /// failure (see `last_error()`).
-    fn send_notif(&self, py: Python<'_>, #[pyo3(from_py_with = args::conn_id)] conn_id: u64, #[pyo3(from_py_with = args::msg)] msg: Vec<u8>) -> bool {
+    fn send_notif(
+        &self,
+        py: Python<'_>,
+        #[pyo3(from_py_with = args::conn_id)] conn_id: u64,
+        #[pyo3(from_py_with = args::msg)] msg: Vec<u8>,
+    ) -> bool {
         let r = py.detach(|| self.ep.send_notif(conn_id, &msg));
         self.check(py, r).is_some()
     }
@@ -1064,7 +1069,14 @@ impl Endpoint {
         self.check(py, r).is_some()
     }
 
-    fn read_ipc(&self, py: Python<'_>, #[pyo3(from_py_with = args::conn_id)] conn_id: u64, #[pyo3(from_py_with = args::ptr)] ptr: u64, #[pyo3(from_py_with = args::size)] size: usize, #[pyo3(from_py_with = args::info)] info: Vec<u8>) -> bool {
+    fn read_ipc(
+        &self,
+        py: Python<'_>,
+        #[pyo3(from_py_with = args::conn_id)] conn_id: u64,
+        #[pyo3(from_py_with = args::ptr)] ptr: u64,
+        #[pyo3(from_py_with = args::size)] size: usize,
+        #[pyo3(from_py_with = args::info)] info: Vec<u8>,
+    ) -> bool {
         let r = py.detach(|| self.ep.read_ipc(conn_id, &[(ptr, size)], &[&info]));
         self.check(py, r).is_some()
     }
@@ -1159,19 +1171,43 @@ impl Endpoint {
 
     /// Two-sided on a local connection, matched with the peer's `recv_ipc`
     /// calls in posting order.
-    fn send_ipc(&self, py: Python<'_>, #[pyo3(from_py_with = args::conn_id)] conn_id: u64, #[pyo3(from_py_with = args::ptr)] ptr: u64, #[pyo3(from_py_with = args::size)] size: usize) -> bool {
+    fn send_ipc(
+        &self,
+        py: Python<'_>,
+        #[pyo3(from_py_with = args::conn_id)] conn_id: u64,
+        #[pyo3(from_py_with = args::ptr)] ptr: u64,
+        #[pyo3(from_py_with = args::size)] size: usize,
+    ) -> bool {
         self.blocking(py, |ep| ep.send_ipc_async(conn_id, ptr, size))
     }
 
-    fn recv_ipc(&self, py: Python<'_>, #[pyo3(from_py_with = args::conn_id)] conn_id: u64, #[pyo3(from_py_with = args::ptr)] ptr: u64, #[pyo3(from_py_with = args::size)] size: usize) -> bool {
+    fn recv_ipc(
+        &self,
+        py: Python<'_>,
+        #[pyo3(from_py_with = args::conn_id)] conn_id: u64,
+        #[pyo3(from_py_with = args::ptr)] ptr: u64,
+        #[pyo3(from_py_with = args::size)] size: usize,
+    ) -> bool {
         self.blocking(py, |ep| ep.recv_ipc_async(conn_id, ptr, size))
     }
 
-    fn send_ipc_async(&self, py: Python<'_>, #[pyo3(from_py_with = args::conn_id)] conn_id: u64, #[pyo3(from_py_with = args::ptr)] ptr: u64, #[pyo3(from_py_with = args::size)] size: usize) -> (bool, i64) {
+    fn send_ipc_async(
+        &self,
+        py: Python<'_>,
+        #[pyo3(from_py_with = args::conn_id)] conn_id: u64,
+        #[pyo3(from_py_with = args::ptr)] ptr: u64,
+        #[pyo3(from_py_with = args::size)] size: usize,
+    ) -> (bool, i64) {
         self.started(py, |ep| ep.send_ipc_async(conn_id, ptr, size))
     }
 
-    fn recv_ipc_async(&self, py: Python<'_>, #[pyo3(from_py_with = args::conn_id)] conn_id: u64, #[pyo3(from_py_with = args::ptr)] ptr: u64, #[pyo3(from_py_with = args::size)] size: usize) -> (bool, i64) {
+    fn recv_ipc_async(
+        &self,
+        py: Python<'_>,
+        #[pyo3(from_py_with = args::conn_id)] conn_id: u64,
+        #[pyo3(from_py_with = args::ptr)] ptr: u64,
+        #[pyo3(from_py_with = args::size)] size: usize,
+    ) -> (bool, i64) {
         self.started(py, |ep| ep.recv_ipc_async(conn_id, ptr, size))
     }
 }
