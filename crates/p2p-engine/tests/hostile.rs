@@ -638,6 +638,133 @@ fn e3_established_connections_are_capped() {
     back_to(base);
 }
 
+/// The attack of issue 29, item 3, as a separate process (so that the
+/// target's threads and descriptors are counted alone): `conns`
+/// connections to `to`, each proposing 32 channels of 1,024 streams and
+/// setting up every net connection the target agrees to. Prints what the
+/// target answered, then holds them until stdin closes.
+fn amplifying_attacker(to: SocketAddr, conns: usize, streams: usize) {
+    let mut held = Vec::new();
+    for _ in 0..conns {
+        let mut oob = TcpStream::connect(to).unwrap();
+        let ch = match prove(&mut oob, Role::Initiator, b"", 32) {
+            Ok(ch) => ch,
+            Err(why) => {
+                println!("refused: {why}");
+                continue;
+            }
+        };
+        let net = socket_net((streams / (2 * ch)).clamp(1, 64));
+        let mut listens: Vec<Box<dyn ListenComm>> =
+            (0..2 * ch).map(|_| net.listen(0).unwrap()).collect();
+        send_hs(
+            &mut oob,
+            &HandshakeMsg::Handles(listens.iter().map(|l| l.handle()).collect()),
+        );
+        let theirs = match HandshakeMsg::decode(&read_frame(&mut oob, 1 << 20).unwrap()) {
+            Ok(HandshakeMsg::Handles(h)) => h,
+            Ok(HandshakeMsg::Refuse(why)) => {
+                println!("refused: {why}");
+                continue;
+            }
+            m => panic!("{m:?}"),
+        };
+        let mut sends: Vec<Option<Box<dyn SendComm>>> = (0..2 * ch).map(|_| None).collect();
+        let mut recvs: Vec<Option<Box<dyn RecvComm>>> = (0..2 * ch).map(|_| None).collect();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while sends.iter().any(Option::is_none) || recvs.iter().any(Option::is_none) {
+            for (i, s) in sends.iter_mut().enumerate() {
+                if s.is_none() {
+                    *s = net.connect(0, &theirs[i], noop()).unwrap();
+                }
+            }
+            for (i, r) in recvs.iter_mut().enumerate() {
+                if r.is_none() {
+                    *r = listens[i].accept(noop()).unwrap();
+                }
+            }
+            assert!(Instant::now() < deadline, "channels not set up");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        println!("accepted: {ch} channels");
+        held.push((oob, sends, recvs, net));
+    }
+    println!("ready");
+    let mut x = String::new();
+    let _ = std::io::stdin().read_line(&mut x);
+}
+
+/// The figures of issue 29, item 3: the target's threads and descriptors
+/// while 3 connections propose 32 channels × 1,024 streams, with the
+/// limits the endpoint had before (`before`) and with the defaults. Run:
+/// `cargo test -p tcpx-p2p --test hostile -- --ignored e3_figures --nocapture`.
+#[test]
+#[ignore = "a measurement: prints figures"]
+fn e3_figures() {
+    if let Ok(to) = std::env::var("HOSTILE_ATTACK_TO") {
+        let n = |k: &str| std::env::var(k).unwrap().parse().unwrap();
+        amplifying_attacker(
+            to.parse().unwrap(),
+            n("HOSTILE_CONNS"),
+            n("HOSTILE_STREAMS"),
+        );
+        return;
+    }
+    let _g = serial();
+    // (limits as before, connections, streams asked per connection)
+    for (before, conns, streams) in [(true, 3, 1024), (false, 3, 1024), (false, 10, 256)] {
+        let mut c = Config {
+            streams: 8,
+            ..cfg()
+        };
+        if before {
+            c.max_peer_channels = 32;
+            c.max_peer_streams = 1024;
+            c.max_conns = 1 << 20;
+            c.max_conns_per_ip = 1 << 20;
+            c.max_streams_total = 1 << 24;
+            c.max_streams_per_ip = 1 << 24;
+        }
+        let b = Endpoint::new(None, c).unwrap();
+        let base = counts();
+        let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+            .args(["--ignored", "--exact", "e3_figures", "--nocapture"])
+            .env("HOSTILE_ATTACK_TO", b.local_addr().to_string())
+            .env("HOSTILE_CONNS", conns.to_string())
+            .env("HOSTILE_STREAMS", streams.to_string())
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let out = child.stdout.take().unwrap();
+        let mut lines = std::io::BufRead::lines(std::io::BufReader::new(out));
+        let mut said = Vec::new();
+        for l in lines.by_ref() {
+            let l = l.unwrap();
+            if l == "ready" {
+                break;
+            }
+            if l.starts_with("refused") || l.starts_with("accepted") {
+                said.push(l);
+            }
+        }
+        std::thread::sleep(Duration::from_millis(500));
+        let under = counts();
+        drop(child.stdin.take());
+        let _ = child.wait();
+        eprintln!(
+            "{}: {conns} connections proposing 32 channels x {streams} streams: target \
+             descriptors/threads {base:?} -> {under:?}; the attacker was told {said:?}",
+            if before {
+                "limits as before"
+            } else {
+                "default limits"
+            }
+        );
+        drop(b);
+    }
+}
+
 /// Issue 29, item 7: with a token set, 16 silent handshakes from each of
 /// 127.0.0.2–5 filled the 64-handshake limit and token holders got EOF
 /// until the attacker stopped. Now a full bound closes an unproven
