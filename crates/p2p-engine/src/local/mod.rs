@@ -303,6 +303,21 @@ impl LocalConn {
                 os::my_uid()
             )));
         }
+        // Pin the peer to its process. A peer of another uid gets no more
+        // than it could do itself: its process must be one its uid could
+        // attach to, and our copies reach only the address space it had
+        // now (an exec, setuid or not, leaves them nothing). Pinned before
+        // our hello goes out: the peer cannot have finished its handshake.
+        let other_uid = cred.uid != os::my_uid();
+        let peer = os::PeerProcess::pin(&s, &cred, other_uid)
+            .map_err(|e| cerr(format!("pinning peer process {}: {e}", cred.pid)))?;
+        if other_uid && !peer.ident.reachable_by(cred.uid, cred.gid) {
+            return Err(cerr(format!(
+                "peer process {} of uid {} is not one that uid could attach to itself ({:?}: \
+                 setuid or not dumpable)",
+                cred.pid, cred.uid, peer.ident
+            )));
+        }
         s.set_read_timeout(Some(hub.p.timeout))
             .map_err(|e| Error::io("same-host socket", e))?;
         let mine = LocalHello {
@@ -352,20 +367,6 @@ impl LocalConn {
         };
         s.set_read_timeout(None)
             .map_err(|e| Error::io("same-host socket", e))?;
-        // Pin the peer to its process. A peer of another uid gets no more
-        // than it could do itself: its process must be one its uid could
-        // attach to, and our copies reach only the address space it had
-        // now (an exec, setuid or not, leaves them nothing).
-        let other_uid = cred.uid != os::my_uid();
-        let peer = os::PeerProcess::pin(&s, &cred, other_uid)
-            .map_err(|e| cerr(format!("pinning peer process {}: {e}", cred.pid)))?;
-        if other_uid && !peer.ident.reachable_by(cred.uid, cred.gid) {
-            return Err(cerr(format!(
-                "peer process {} of uid {} is not one that uid could attach to itself ({:?}: \
-                 setuid or not dumpable)",
-                cred.pid, cred.uid, peer.ident
-            )));
-        }
         os::allow_peer(cred.pid);
         let rx_sock = s
             .try_clone()

@@ -202,7 +202,7 @@ impl PeerProcess {
         }
         if now != self.ident {
             return Err(format!(
-                "peer process {} is no longer the process that connected (it ran exec or changed                  credentials: {:?} then, {:?} now); cross-memory access refused",
+                "peer process {} is no longer the process that connected (it ran exec or changed credentials: {:?} then, {:?} now); cross-memory access refused",
                 self.pid, self.ident, now
             ));
         }
