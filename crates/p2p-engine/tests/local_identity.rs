@@ -251,6 +251,77 @@ fn run(as_uid: Option<u32>) {
     assert_eq!(dst, PATTERN);
 }
 
+/// Binds `name` as uid 65534 and answers one same-host handshake.
+fn squatter() {
+    // SAFETY: plain credential calls of this single-purpose process.
+    unsafe {
+        assert_eq!(libc::setgid(65534), 0);
+        assert_eq!(libc::setuid(65534), 0);
+    }
+    let name = std::env::var("TARGET_NAME").unwrap();
+    let addr = SocketAddr::from_abstract_name(name.as_bytes()).unwrap();
+    let l = std::os::unix::net::UnixListener::bind_addr(&addr).unwrap();
+    say("listening");
+    let (mut s, _) = l.accept().unwrap();
+    if let Ok(b) = read_frame(&mut s, 256) {
+        let mut h = LocalHello::decode(&b).unwrap();
+        h.nonce ^= 1;
+        let mut v = Vec::new();
+        h.encode(&mut v);
+        let _ = write_frame(&mut s, &v);
+    }
+    let mut x = [0u8; 1];
+    let _ = s.read(&mut x);
+}
+
+/// Issue 29, minor: another uid could bind our same-host name
+/// (`tcpx-p2p-local:<uid>:gpu:<i>`) before our endpoint, and
+/// `connect_local` reached it. The listener's credentials are now checked:
+/// a listener of another uid is refused, even with
+/// `TCPX_P2P_LOCAL_ANY_UID=1`. Needs root (to run the squatter as another
+/// uid); skipped otherwise.
+#[test]
+fn a_squatter_of_another_uid_is_refused() {
+    if std::env::var(ROLE).as_deref() == Ok("squatter") {
+        return squatter();
+    }
+    // SAFETY: geteuid cannot fail.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("not root: cannot run a squatter of another uid; skipped");
+        return;
+    }
+    std::env::set_var("TCPX_P2P_LOCAL_ANY_UID", "1");
+    let gpu = 4000 + (std::process::id() % 1000) as i32;
+    let mut q = Command::new(std::env::current_exe().unwrap());
+    q.args([
+        "--exact",
+        "a_squatter_of_another_uid_is_refused",
+        "--nocapture",
+    ])
+    .env(ROLE, "squatter")
+    .env("TARGET_NAME", format!("tcpx-p2p-local:0:gpu:{gpu}"))
+    .stdout(Stdio::piped());
+    let mut q = q.spawn().unwrap();
+    let mut out = BufReader::new(q.stdout.take().unwrap()).lines();
+    while !out.next().unwrap().unwrap().contains("listening") {}
+    let a = Endpoint::new(
+        None,
+        Config {
+            ifname: Some("lo".into()),
+            ..Config::default()
+        },
+    )
+    .unwrap();
+    let e = a
+        .connect_local(&tcpx_p2p::LocalPeer::Index(gpu))
+        .err()
+        .expect("connect_local reached a squatter of another uid");
+    let _ = q.kill();
+    let _ = q.wait();
+    eprintln!("{e}");
+    assert!(e.to_string().contains("runs as uid 65534"), "{e}");
+}
+
 #[test]
 fn a_peer_that_execs_after_connecting_is_refused() {
     match std::env::var(ROLE).as_deref() {

@@ -2,6 +2,19 @@
 
 use super::*;
 
+/// Who holds a same-host name we could not bind (another user's process
+/// there is a squatter: connecting peers refuse it).
+fn holder(addr: &SocketAddr) -> String {
+    match UnixStream::connect_addr(addr).and_then(|s| os::peer_cred(&s)) {
+        Ok(c) if c.uid != os::my_uid() => format!(
+            "; it is held by process {} of uid {}, another user: peers refuse it",
+            c.pid, c.uid
+        ),
+        Ok(c) => format!("; held by process {}", c.pid),
+        Err(_) => String::new(),
+    }
+}
+
 impl Hub {
     /// Binds the endpoint's names and starts accepting.
     pub fn start(p: HubParams) -> Result<Arc<Hub>> {
@@ -23,9 +36,13 @@ impl Hub {
                     bound.push(n);
                 }
                 Err(e) if i == 0 => tracing::warn!(
-                    "cannot bind the same-host socket {n} ({e}): peers on this host cannot connect_local to this endpoint"
+                    "cannot bind the same-host socket {n} ({e}){}: peers on this host cannot connect_local to this endpoint",
+                    holder(&addr)
                 ),
-                Err(e) => tracing::info!("same-host name {n} not taken ({e}): another endpoint has it; connect to this one by metadata"),
+                Err(e) => tracing::info!(
+                    "same-host name {n} not taken ({e}){}: another endpoint has it; connect to this one by metadata",
+                    holder(&addr)
+                ),
             }
         }
         let hub = Arc::new(Hub {

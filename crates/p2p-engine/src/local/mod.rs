@@ -294,6 +294,19 @@ impl LocalConn {
             reason,
         };
         let cred = os::peer_cred(&s).map_err(|e| Error::io("SO_PEERCRED", e))?;
+        // The names we dial carry our uid: the listener must run as it,
+        // whatever TCPX_P2P_LOCAL_ANY_UID says. Any process can bind an
+        // abstract name first; this way such a squatter is refused, never
+        // spoken to.
+        if initiator && cred.uid != os::my_uid() {
+            return Err(cerr(format!(
+                "the process listening on our same-host name (pid {}) runs as uid {}, not ours \
+                 ({}): another user took the name; refused",
+                cred.pid,
+                cred.uid,
+                os::my_uid()
+            )));
+        }
         let any_uid = std::env::var("TCPX_P2P_LOCAL_ANY_UID").is_ok_and(|v| v == "1");
         if cred.uid != os::my_uid() && !any_uid {
             return Err(cerr(format!(
