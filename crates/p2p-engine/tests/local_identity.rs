@@ -81,6 +81,8 @@ fn connector() {
         let flags = libc::fcntl(fd, libc::F_GETFD);
         libc::fcntl(fd, libc::F_SETFD, flags & !libc::FD_CLOEXEC);
     }
+    // P execs right after: nothing here could wait for C.
+    #[allow(clippy::zombie_processes)]
     me().env(ROLE, "requester")
         .env("PEER_PID", std::process::id().to_string())
         .env("SOCK_FD", fd.to_string())
@@ -314,8 +316,7 @@ fn a_squatter_of_another_uid_is_refused() {
     .unwrap();
     let e = a
         .connect_local(&tcpx_p2p::LocalPeer::Index(gpu))
-        .err()
-        .expect("connect_local reached a squatter of another uid");
+        .expect_err("connect_local reached a squatter of another uid");
     let _ = q.kill();
     let _ = q.wait();
     eprintln!("{e}");
