@@ -8,8 +8,10 @@
 //! 2. A → I: `Hello` (answer: the channels and chunk both will use, a fresh nonce).
 //! 3. I → A: `Proof` = HMAC-SHA256(secret, label ‖ "I" ‖ hello₁ ‖ hello₂).
 //! 4. A checks it (constant time), then A → I: its `Proof` (label ‖ "A" ‖ …).
-//! 5. Each side, once it has checked the other's proof, listens and sends
-//!    its `Handles`; each checks the other's handles before dialing them.
+//! 5. I listens and sends its `Handles`; A checks them and finds room for
+//!    the connection ([`Gate`]) before it listens and answers with its own
+//!    `Handles` (or a refusal, the answer I reads); each checks the other's
+//!    handles before dialing them.
 //!
 //! Nothing is listened on or dialed before the peer has proven the secret,
 //! a proof covers both nonces (a replayed one fails) and the connection's
