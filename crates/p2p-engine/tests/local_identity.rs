@@ -323,6 +323,55 @@ fn a_squatter_of_another_uid_is_refused() {
     assert!(e.to_string().contains("runs as uid 65534"), "{e}");
 }
 
+/// Issue 29, item 3 on the same-host path: connections that never
+/// handshake are bounded (`max_handshakes`; past it they are closed at
+/// once) and end at the connect timeout; then a legitimate peer connects.
+#[test]
+fn silent_same_host_connections_are_bounded() {
+    let cfg = || Config {
+        ifname: Some("lo".into()),
+        max_handshakes: 4,
+        connect_timeout: Duration::from_millis(1500),
+        ..Config::default()
+    };
+    let b = Endpoint::new(None, cfg()).unwrap();
+    let a = b.local_addr();
+    // SAFETY: getuid cannot fail.
+    let uid = unsafe { libc::getuid() };
+    let name = format!("tcpx-p2p-local:{uid}:{}:{}", a.ip(), a.port());
+    let addr = SocketAddr::from_abstract_name(name.as_bytes()).unwrap();
+    let mut silent: Vec<UnixStream> = (0..12)
+        .map(|_| UnixStream::connect_addr(&addr).unwrap())
+        .collect();
+    std::thread::sleep(Duration::from_millis(300));
+    let closed_at_once = silent
+        .iter_mut()
+        .map(|s| {
+            s.set_read_timeout(Some(Duration::from_millis(50))).unwrap();
+            matches!(s.read(&mut [0u8; 64]), Ok(0))
+        })
+        .filter(|&closed| closed)
+        .count();
+    assert!(
+        closed_at_once >= 8,
+        "only {closed_at_once} of 12 closed at once"
+    );
+    // The held ones end at the deadline; a legitimate peer then connects.
+    std::thread::sleep(Duration::from_millis(1500));
+    let c = Endpoint::new(None, cfg()).unwrap();
+    let cc = c
+        .connect_local(&tcpx_p2p::LocalPeer::Metadata(b.metadata()))
+        .unwrap();
+    let cb = b.accept_local(Some(Duration::from_secs(10))).unwrap().conn;
+    let mut dst = [0u8; 16];
+    let info = b
+        .advertise_ipc(cb, dst.as_mut_ptr() as u64, dst.len())
+        .unwrap();
+    c.write_ipc(cc, &[(PATTERN.as_ptr() as u64, 16)], &[&info])
+        .unwrap();
+    assert_eq!(dst, PATTERN);
+}
+
 #[test]
 fn a_peer_that_execs_after_connecting_is_refused() {
     match std::env::var(ROLE).as_deref() {

@@ -203,6 +203,8 @@ impl Endpoint {
             ip: addr.ip(),
             port: addr.port(),
             next_conn: next_conn.clone(),
+            max_handshakes: cfg.max_handshakes,
+            max_conns: cfg.max_conns,
         })?;
         let stream_budget = cfg.stream_budget();
         let admission = Admission::new(AdmissionLimits {

@@ -55,6 +55,7 @@ impl Hub {
             stopping: AtomicBool::new(false),
             names: bound,
             acceptors: Mutex::new(Vec::new()),
+            handshaking: AtomicU64::new(0),
         });
         for l in listeners {
             let weak = Arc::downgrade(&hub);
@@ -70,10 +71,30 @@ impl Hub {
                         l.incoming(),
                         owner,
                         |hub: Arc<Hub>, s| {
+                            // Bounded: a flood of same-host connections
+                            // takes neither every thread nor descriptor.
+                            let busy = hub.handshaking.load(Ordering::Acquire) as usize;
+                            let held = hub.conns.read().len();
+                            if busy >= hub.p.max_handshakes || held >= hub.p.max_conns {
+                                tracing::debug!(
+                                    "closed a same-host connection at once: {busy} handshakes in \
+                                     progress (TCPX_P2P_MAX_HANDSHAKES={}), {held} connections \
+                                     held (TCPX_P2P_MAX_CONNS={})",
+                                    hub.p.max_handshakes,
+                                    hub.p.max_conns
+                                );
+                                return;
+                            }
+                            hub.handshaking.fetch_add(1, Ordering::AcqRel);
+                            let h = hub.clone();
                             let r = std::thread::Builder::new()
                                 .name("tcpx-local-hs".into())
-                                .spawn(move || hub.admit(s));
+                                .spawn(move || {
+                                    h.admit(s);
+                                    h.handshaking.fetch_sub(1, Ordering::AcqRel);
+                                });
                             if let Err(e) = r {
+                                hub.handshaking.fetch_sub(1, Ordering::AcqRel);
                                 tracing::warn!("cannot spawn a same-host handshake thread: {e}");
                             }
                         },

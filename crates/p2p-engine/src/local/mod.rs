@@ -89,6 +89,10 @@ pub(crate) struct HubParams {
     pub ip: IpAddr,
     pub port: u16,
     pub next_conn: Arc<AtomicU64>,
+    /// Same-host handshakes in progress and connections held at most
+    /// (`TCPX_P2P_MAX_HANDSHAKES`, `TCPX_P2P_MAX_CONNS`).
+    pub max_handshakes: usize,
+    pub max_conns: usize,
 }
 
 /// Which endpoint on this host `connect_local` means.
@@ -153,6 +157,8 @@ pub(crate) struct Hub {
     stopping: AtomicBool,
     names: Vec<String>,
     acceptors: Mutex<Vec<JoinHandle<()>>>,
+    /// Same-host handshakes in progress.
+    handshaking: AtomicU64,
 }
 
 /// Why a same-host request failed, or why its connection must close.
