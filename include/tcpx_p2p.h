@@ -22,7 +22,8 @@
  *    written only on success.
  *  - No call lets a Rust panic cross into C: one that panics returns
  *    TCPX_ERR_PANIC (and the endpoint should then be destroyed).
- *  - Timeouts are in milliseconds; a negative timeout waits without limit.
+ *  - Timeouts are in milliseconds; a negative timeout waits without limit,
+ *    and so does one of more than 10^12 ms (about 31 years).
  *
  * Threading
  *  - Every function on one endpoint may be called from any thread and from

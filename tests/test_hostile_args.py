@@ -20,7 +20,7 @@ INTS = [-1, -(2**63), 2**64, 2**200, 1.5, math.nan, math.inf, "7", None, b"xyz",
 LISTS = [[], [-1], [2**64], [1.5], ["a"], [None], "abc", b"abc", None, 5, [2**200, 1]]
 BLOBS = [b"", b"x" * 63, b"x" * 65, "x" * 64, [1] * 64, [-1], None, 7, bytearray(3)]
 BLOB_LISTS = [[], [b"short"], [None], [b"x" * 64] * 3, "x", None, [[-1] * 64]]
-TIMEOUTS = [-1, -0.5, math.nan, -math.inf, 1e300, 2**70, "1", b"1", [], object()]
+TIMEOUTS = [-1, -0.5, math.nan, -math.inf, 1e19, 1e30, 1e300, float(2**64), 2**64, 2**70, -1e300, "1", b"1", [], object()]
 
 
 class Tensor:
@@ -102,6 +102,25 @@ def calls(ptr, mr, meta, desc):
         ("wait", (424242, 0.0), (i, "timeout")),
         ("cancel", (424242, 0.0), (i, "timeout")),
         ("accept", (0.0,), ("timeout",)),
+        ("accept_local", (0.0,), ("timeout",)),
+        ("send_notif", (NOCONN, b"hi"), (i, b)),
+        ("write_async_with_notif", one + (meta, b"n"), (i,) * 4 + (b, b)),
+        ("read_async_with_notif", one + (meta, b"n"), (i,) * 4 + (b, b)),
+        # same-host calls (an unknown connection: arguments alone)
+        ("advertise_ipc", (NOCONN, ptr, 16), (i,) * 3),
+        ("advertisev_ipc", (NOCONN, [ptr], [16]), (i, l_, l_)),
+        ("write_ipc", (NOCONN, ptr, 16, b"x" * 64), (i,) * 3 + (b,)),
+        ("read_ipc", (NOCONN, ptr, 16, b"x" * 64), (i,) * 3 + (b,)),
+        ("write_ipc_async", (NOCONN, ptr, 16, b"x" * 64), (i,) * 3 + (b,)),
+        ("read_ipc_async", (NOCONN, ptr, 16, b"x" * 64), (i,) * 3 + (b,)),
+        ("writev_ipc", (NOCONN, [ptr], [16], [b"x" * 64]), (i, l_, l_, bl)),
+        ("readv_ipc", (NOCONN, [ptr], [16], [b"x" * 64]), (i, l_, l_, bl)),
+        ("writev_ipc_async", (NOCONN, [ptr], [16], [b"x" * 64]), (i, l_, l_, bl)),
+        ("readv_ipc_async", (NOCONN, [ptr], [16], [b"x" * 64]), (i, l_, l_, bl)),
+        ("send_ipc", (NOCONN, ptr, 16), (i,) * 3),
+        ("recv_ipc", (NOCONN, ptr, 16), (i,) * 3),
+        ("send_ipc_async", (NOCONN, ptr, 16), (i,) * 3),
+        ("recv_ipc_async", (NOCONN, ptr, 16), (i,) * 3),
         ("remove_remote_endpoint", (NOCONN,), (i,)),
         ("conn_id_of_rank", (3,), (i,)),
         ("add_remote_endpoint", (b"\x7f\x00\x00\x01\x00\x01\x00",), (b,)),
@@ -187,16 +206,32 @@ def test_constructors_and_connect_with_hostile_arguments():
     assert "ok" in seen and "InvalidArgumentError" in seen and "TypeError" in seen
 
 
-@pytest.mark.parametrize("bad", [-1, -0.001, math.nan, -math.inf, 1e300, 2**70])
+HOSTILE_TIMEOUTS = [-1, -0.001, math.nan, -math.inf, 1e19, 1e30, 1e300, 2.0**64, 2**64, 2**70]
+
+
+@pytest.mark.parametrize("bad", HOSTILE_TIMEOUTS)
 def test_timeouts_are_checked(bad):
-    """Defect: accept(timeout=-1), NaN, inf, 1e300 panicked. Negative, NaN
-    and finite values past 1e9 s are refused naming the argument; None and
-    +inf mean no limit."""
+    """Defect: accept(timeout=-1), NaN, inf, 1e300 panicked, and so did
+    accept_local (9 of 12 hostile values raised PanicException). Negative,
+    NaN and finite values past 1e9 s are refused naming the argument, by
+    every call that takes a timeout; None and +inf mean no limit."""
     ep = p2p.Endpoint(0)
-    with pytest.raises(p2p.InvalidArgumentError, match="timeout"):
-        ep.accept(timeout=bad)
+    for call in (ep.accept, ep.accept_local):
+        with pytest.raises(p2p.InvalidArgumentError, match="timeout"):
+            call(timeout=bad)
+        with pytest.raises(p2p.InvalidArgumentError, match="timeout"):
+            call(bad)
     with pytest.raises(p2p.InvalidArgumentError, match="timeout"):
         ep.wait(1, bad)
+    with pytest.raises(p2p.InvalidArgumentError, match="timeout"):
+        ep.cancel(1, bad)
+    # The error is catchable as an ordinary exception (a PanicException is not).
+    try:
+        ep.accept_local(bad)
+    except Exception as e:  # noqa: BLE001 - the point of the test
+        assert isinstance(e, p2p.TcpxP2PError)
+    # And the endpoint still answers.
+    assert ep.accept_local(0.0) == (False, "", -1)
 
 
 def test_infinite_timeout_waits_without_limit(local, peers):

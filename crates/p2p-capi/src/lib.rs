@@ -244,8 +244,10 @@ fn on_xfer(e: Error) -> Fail {
     f
 }
 
+/// A C timeout: negative, or longer than the engine's longest, waits
+/// without limit (the engine's one parser decides).
 fn timeout_of(ms: i64) -> Option<Duration> {
-    u64::try_from(ms).ok().map(Duration::from_millis)
+    tcpx_p2p::timeout::from_millis_i64(ms)
 }
 
 fn accepted(a: tcpx_p2p::Accepted, o: &mut TcpxAccepted) {

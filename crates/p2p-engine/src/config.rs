@@ -89,9 +89,25 @@ pub struct Config {
     /// peer's connection fails.
     pub notif_per_peer: usize,
     pub notif_per_peer_bytes: usize,
-    /// Handshakes in progress at once, in all and from one address.
+    /// Channels per set an accepted peer gets at most (its proposal is
+    /// lowered to this; at most `wire::MAX_CHANNELS`).
+    pub max_peer_channels: usize,
+    /// Accepted connections held at once, in all and from one address.
+    pub max_conns: usize,
+    pub max_conns_per_ip: usize,
+    /// Net connections (TCP streams: those we dial and those we accept)
+    /// that accepted peers hold at once, in all and from one address
+    /// (0: from the descriptor limit, see [`Config::stream_budget`]).
+    pub max_streams_total: usize,
+    pub max_streams_per_ip: usize,
+    /// Handshakes in progress at once: in all, from one address, and from
+    /// one subnet (/24 for IPv4, /64 for IPv6).
     pub max_handshakes: usize,
     pub max_handshakes_per_ip: usize,
+    pub max_handshakes_per_subnet: usize,
+    /// An accepted handshake whose peer has not proven the token (or, with
+    /// no token, not finished its proof) by then is closed.
+    pub preauth_timeout: Duration,
     /// How long `dereg` waits for transfers still using the region before
     /// it refuses (the registration is then kept).
     pub dereg_wait: Duration,
@@ -164,17 +180,57 @@ impl Default for Config {
             cpu_affinity: CpuAffinity::Gpu,
             max_requests: 16_384,
             max_pending_items: 1 << 20,
-            max_peer_streams: 1024,
+            max_peer_streams: 256,
+            max_peer_channels: 8,
+            max_conns: 256,
+            max_conns_per_ip: 32,
+            max_streams_total: 0,
+            max_streams_per_ip: 0,
             notif_per_peer: crate::notif::PER_PEER,
             notif_per_peer_bytes: crate::notif::PER_PEER_BYTES,
             max_handshakes: 64,
             max_handshakes_per_ip: 16,
+            max_handshakes_per_subnet: 32,
+            preauth_timeout: Duration::from_secs(2),
             dereg_wait: Duration::from_secs(10),
             name: None,
             gpu: GpuSwitches::get(),
             inline_max: DEFAULT_INLINE_MAX,
         }
     }
+}
+
+impl Config {
+    /// The net connections accepted peers may hold at once, in all and
+    /// from one address: the settings, or by default 2048 or half the
+    /// process's descriptor limit (`RLIMIT_NOFILE`) if that is lower, and
+    /// a quarter of the total per address.
+    pub fn stream_budget(&self) -> (usize, usize) {
+        let total = if self.max_streams_total > 0 {
+            self.max_streams_total
+        } else {
+            let half = nofile_limit().map_or(usize::MAX, |n| n / 2);
+            half.clamp(16, 2048)
+        };
+        let per_ip = if self.max_streams_per_ip > 0 {
+            self.max_streams_per_ip
+        } else {
+            (total / 4).max(16)
+        };
+        (total, per_ip.min(total))
+    }
+}
+
+/// This process's soft descriptor limit (`RLIMIT_NOFILE`), from
+/// `/proc/self/limits` (None: unknown or unlimited).
+fn nofile_limit() -> Option<usize> {
+    let t = std::fs::read_to_string("/proc/self/limits").ok()?;
+    let line = t.lines().find(|l| l.starts_with("Max open files"))?;
+    line["Max open files".len()..]
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
 }
 
 /// Parses sizes such as `4096`, `64K`, `4M`, `1G` (powers of 1024).
@@ -237,9 +293,13 @@ impl Config {
     /// | `TCPX_P2P_GPU_NICS` | static GPU → NIC map (`0-1:eth1;2-3:eth2;…`) | PCI distance |
     /// | `TCPX_P2P_MAX_REQUESTS` | a peer's one-sided requests held at once, per connection (more are refused) | 16384 |
     /// | `TCPX_P2P_MAX_PENDING_ITEMS` | pieces (items + net requests) of those requests, per connection | 1048576 |
-    /// | `TCPX_P2P_MAX_PEER_STREAMS` | TCP connections a peer's listen handles may ask for, per connection | 1024 |
+    /// | `TCPX_P2P_MAX_PEER_STREAMS` | TCP connections a peer's listen handles may ask for, per connection | 256 |
+    /// | `TCPX_P2P_MAX_PEER_CHANNELS` | channels per set an accepted peer gets (its proposal is lowered) | 8 |
+    /// | `TCPX_P2P_MAX_CONNS`, `TCPX_P2P_MAX_CONNS_PER_IP` | accepted connections held at once, in all / from one address (more are refused) | 256, 32 |
+    /// | `TCPX_P2P_MAX_STREAMS_TOTAL`, `TCPX_P2P_MAX_STREAMS_PER_IP` | net connections accepted peers hold at once, in all / from one address | 2048 or half the descriptor limit if lower; a quarter of that |
+    /// | `TCPX_P2P_MAX_HANDSHAKES`, `TCPX_P2P_MAX_HANDSHAKES_PER_IP`, `TCPX_P2P_MAX_HANDSHAKES_PER_SUBNET` | handshakes in progress at once: in all, from one address, from one /24 (IPv4) or /64 (IPv6); when full, the oldest unproven one is closed | 64, 16, 32 |
+    /// | `TCPX_P2P_PREAUTH_TIMEOUT_MS` | an accepted handshake must have proven the token within this | 2000 |
     /// | `TCPX_P2P_NOTIF_PER_PEER`, `TCPX_P2P_NOTIF_PER_PEER_BYTES` | a peer's notifications (and their bytes) queued until taken, per connection (past either the connection fails) | 4096, 8M |
-    /// | `TCPX_P2P_MAX_HANDSHAKES`, `TCPX_P2P_MAX_HANDSHAKES_PER_IP` | handshakes in progress at once (more are closed at once) | 64, 16 |
     /// | `TCPX_P2P_DEREG_WAIT_MS` | how long `dereg` waits for transfers using the region before refusing | 10000 |
     /// | `TCPX_P2P_NAME` | endpoint name sent with notifications (at most 256 bytes) | `hostname:port` |
     /// | `TCPX_P2P_INLINE_MAX` | one-sided writes/reads up to this size carry their data on the control connection (one round trip; 0: never; at most 1M) | 64K |
@@ -354,11 +414,36 @@ impl Config {
         )? {
             c.notif_per_peer_bytes = n;
         }
+        if let Some(n) = size_var(
+            &["TCPX_P2P_MAX_PEER_CHANNELS"],
+            1,
+            crate::wire::MAX_CHANNELS as usize,
+        )? {
+            c.max_peer_channels = n;
+        }
+        if let Some(n) = size_var(&["TCPX_P2P_MAX_CONNS"], 1, 1 << 20)? {
+            c.max_conns = n;
+        }
+        if let Some(n) = size_var(&["TCPX_P2P_MAX_CONNS_PER_IP"], 1, 1 << 20)? {
+            c.max_conns_per_ip = n;
+        }
+        if let Some(n) = size_var(&["TCPX_P2P_MAX_STREAMS_TOTAL"], 2, 1 << 24)? {
+            c.max_streams_total = n;
+        }
+        if let Some(n) = size_var(&["TCPX_P2P_MAX_STREAMS_PER_IP"], 2, 1 << 24)? {
+            c.max_streams_per_ip = n;
+        }
         if let Some(n) = size_var(&["TCPX_P2P_MAX_HANDSHAKES"], 1, 1 << 16)? {
             c.max_handshakes = n;
         }
         if let Some(n) = size_var(&["TCPX_P2P_MAX_HANDSHAKES_PER_IP"], 1, 1 << 16)? {
             c.max_handshakes_per_ip = n;
+        }
+        if let Some(n) = size_var(&["TCPX_P2P_MAX_HANDSHAKES_PER_SUBNET"], 1, 1 << 16)? {
+            c.max_handshakes_per_subnet = n;
+        }
+        if let Some(n) = size_var(&["TCPX_P2P_PREAUTH_TIMEOUT_MS"], 10, 3_600_000)? {
+            c.preauth_timeout = Duration::from_millis(n as u64);
         }
         if let Some(n) = size_var(&["TCPX_P2P_DEREG_WAIT_MS"], 0, 3_600_000)? {
             c.dereg_wait = Duration::from_millis(n as u64);

@@ -94,6 +94,8 @@ pub(crate) struct ConnParams {
     pub limits: Limits,
     /// Most TCP connections a peer's listen handles may ask us to open.
     pub max_peer_streams: usize,
+    /// Most channels per set an accepted peer gets.
+    pub max_peer_channels: usize,
     pub timeout: Duration,
     pub spin: Duration,
     /// CPUs the connection's threads are pinned to (None: not pinned).
@@ -221,12 +223,15 @@ pub struct Conn {
 
 impl Conn {
     /// Runs the handshake on a fresh control connection and starts the
-    /// connection's threads. `initiator` is the side that called connect.
+    /// connection's threads. `initiator` is the side that called connect;
+    /// an accepting side passes its `gate` (what the endpoint asks of an
+    /// accepted handshake: see [`handshake::Gate`]).
     pub(crate) fn establish(
         id: u64,
         mut oob: TcpStream,
         initiator: bool,
         p: &ConnParams,
+        gate: Option<&handshake::Gate<'_>>,
     ) -> Result<Arc<Conn>> {
         let peer = oob
             .peer_addr()
@@ -239,7 +244,12 @@ impl Conn {
             .map_err(|e| Error::io("control connection", e))?;
         // One deadline for the whole handshake and the net's channels,
         // however slowly the peer sends.
-        let deadline = Instant::now() + p.timeout;
+        let deadline = crate::timeout::deadline_after(p.timeout).ok_or_else(|| {
+            cerr(format!(
+                "connect timeout {:?} is beyond the clock",
+                p.timeout
+            ))
+        })?;
         let net = &p.net;
         let ndev = p.devices.len();
         let device = |i: usize, n: usize| p.devices[(i % n) % ndev];
@@ -251,12 +261,13 @@ impl Conn {
             channels: if initiator {
                 p.channels
             } else {
-                wire::MAX_CHANNELS as usize
+                p.max_peer_channels.clamp(1, wire::MAX_CHANNELS as usize)
             },
             chunk: p.chunk,
             key: &p.auth_key,
             max_connections: p.max_peer_streams,
             device: &device,
+            gate,
         };
         let role = if initiator {
             Role::Initiator
@@ -265,6 +276,9 @@ impl Conn {
         };
         let shaken =
             handshake::run(&mut oob, role, &local, deadline).map_err(|e| cerr(e.to_string()))?;
+        // The room this connection holds at the endpoint: given back when
+        // its progress thread (owner of its net connections) ends.
+        let room = shaken.room;
         let theirs = shaken.theirs;
         let listens = shaken.listens;
         let their_handles = shaken.handles;
@@ -389,6 +403,7 @@ impl Conn {
         let pthread = std::thread::Builder::new()
             .name(format!("tcpx-progress{id}"))
             .spawn(move || {
+                let _room = room;
                 topo::pin_thread(cpus.as_deref());
                 let why = engine.run();
                 if let Some(c) = weak.upgrade() {

@@ -8,8 +8,10 @@
 //! 2. A → I: `Hello` (answer: the channels and chunk both will use, a fresh nonce).
 //! 3. I → A: `Proof` = HMAC-SHA256(secret, label ‖ "I" ‖ hello₁ ‖ hello₂).
 //! 4. A checks it (constant time), then A → I: its `Proof` (label ‖ "A" ‖ …).
-//! 5. Each side, once it has checked the other's proof, listens and sends
-//!    its `Handles`; each checks the other's handles before dialing them.
+//! 5. I listens and sends its `Handles`; A checks them and finds room for
+//!    the connection ([`Gate`]) before it listens and answers with its own
+//!    `Handles` (or a refusal, the answer I reads); each checks the other's
+//!    handles before dialing them.
 //!
 //! Nothing is listened on or dialed before the peer has proven the secret,
 //! a proof covers both nonces (a replayed one fails) and the connection's
@@ -81,6 +83,8 @@ pub enum Refusal {
          {max} (TCPX_P2P_MAX_PEER_STREAMS)"
     )]
     TooManyConnections { asked: usize, max: usize },
+    #[error("the endpoint has no room for this connection: {0}")]
+    NoRoom(String),
 }
 
 /// The pure negotiation. The acceptor answers with the lower of both sides'
@@ -188,12 +192,14 @@ pub fn same_host(a: IpAddr, b: IpAddr) -> bool {
 /// Checks the peer's listen handles before anything is dialed: as many as
 /// the channels need, each pointing at the peer's own host (where the net
 /// can tell), and no more TCP connections in all than `max_connections`.
+/// Returns how many TCP connections dialing them opens (a handle whose
+/// net cannot tell counts as one).
 pub fn check_handles(
     peer: IpAddr,
     channels: usize,
     targets: &[Result<Option<HandleTarget>, String>],
     max_connections: usize,
-) -> Result<(), Refusal> {
+) -> Result<usize, Refusal> {
     if targets.len() != 2 * channels {
         return Err(Refusal::HandleCount {
             got: targets.len(),
@@ -228,7 +234,7 @@ pub fn check_handles(
             max: max_connections,
         });
     }
-    Ok(())
+    Ok(asked)
 }
 
 // ------------------------------------------------------------------ I/O
@@ -319,6 +325,23 @@ pub(crate) struct Local<'a> {
     pub max_connections: usize,
     /// Net device of listen i.
     pub device: &'a dyn Fn(usize, usize) -> usize,
+    /// What an accepting endpoint asks of the handshake (None: we connect).
+    pub gate: Option<&'a Gate<'a>>,
+}
+
+/// Something held while a connection lives (dropping it gives it back).
+pub(crate) type Held = Box<dyn std::any::Any + Send>;
+
+/// What an accepting endpoint asks of a handshake beyond the protocol.
+pub(crate) struct Gate<'a> {
+    /// The peer must have proven the secret by then (None: no earlier
+    /// deadline than the handshake's own).
+    pub preauth: Option<Instant>,
+    /// Called once the peer has proven the secret.
+    pub proven: &'a dyn Fn(),
+    /// Room for a connection holding this many net connections (those we
+    /// dial and those we accept), or why there is none.
+    pub admit: &'a dyn Fn(usize) -> Result<Held, String>,
 }
 
 /// A finished handshake: what was agreed, the peer's hello, our listens and
@@ -328,6 +351,8 @@ pub(crate) struct Shaken {
     pub theirs: Hello,
     pub listens: Vec<Box<dyn ListenComm>>,
     pub handles: Vec<NetHandle>,
+    /// The room the gate gave this connection (None without a gate).
+    pub room: Option<Held>,
 }
 
 /// Why a handshake failed: ours to tell the peer, or an I/O or format
@@ -386,11 +411,18 @@ fn exchange(
     deadline: Instant,
 ) -> Result<Shaken, Failed> {
     let io = |what: &'static str| move |source| Failed::Io { what, source };
+    // Until the peer has proven the secret, an accepting side keeps an
+    // earlier deadline (a silent peer must not hold its place long).
+    let proven = std::cell::Cell::new(false);
+    let by = || match me.gate.and_then(|g| g.preauth) {
+        Some(p) if !proven.get() => p.min(deadline),
+        _ => deadline,
+    };
     let send = |oob: &mut TcpStream, body: &[u8]| {
-        write_frame_by(oob, body, deadline).map_err(io("sending the handshake"))
+        write_frame_by(oob, body, by()).map_err(io("sending the handshake"))
     };
     let recv = |oob: &mut TcpStream| -> Result<Vec<u8>, Failed> {
-        read_frame_by(oob, wire::MAX_HANDSHAKE_FRAME, deadline).map_err(io("reading the handshake"))
+        read_frame_by(oob, wire::MAX_HANDSHAKE_FRAME, by()).map_err(io("reading the handshake"))
     };
     // A later frame: a refusal from the peer ends the handshake.
     let recv_msg = |oob: &mut TcpStream| -> Result<HandshakeMsg, Failed> {
@@ -467,40 +499,79 @@ fn exchange(
         check_proof(oob)?;
     } else {
         check_proof(oob)?;
+        proven.set(true);
+        if let Some(g) = me.gate {
+            (g.proven)();
+        }
         send_proof(oob)?;
     }
     // Authenticated: only now listen, and dial only checked handles.
-    let listens = (0..2 * agreed.channels)
-        .map(|i| {
-            let dev = (me.device)(i, agreed.channels);
-            me.net
-                .listen(dev)
-                .map_err(|source| Failed::Listen { dev, source })
-        })
-        .collect::<Result<Vec<_>, _>>()?;
-    let mut v = Vec::new();
-    HandshakeMsg::Handles(listens.iter().map(|l| l.handle()).collect()).encode(&mut v);
-    send(oob, &v)?;
-    let handles = match recv_msg(oob)? {
-        HandshakeMsg::Handles(h) => h,
-        _ => {
-            return Err(Refusal::HandleCount {
-                got: 0,
-                channels: agreed.channels,
+    let listen_all = || {
+        (0..2 * agreed.channels)
+            .map(|i| {
+                let dev = (me.device)(i, agreed.channels);
+                me.net
+                    .listen(dev)
+                    .map_err(|source| Failed::Listen { dev, source })
+            })
+            .collect::<Result<Vec<_>, _>>()
+    };
+    let send_handles = |oob: &mut TcpStream, listens: &[Box<dyn ListenComm>]| {
+        let mut v = Vec::new();
+        HandshakeMsg::Handles(listens.iter().map(|l| l.handle()).collect()).encode(&mut v);
+        send(oob, &v)
+    };
+    let recv_handles = |oob: &mut TcpStream| -> Result<(Vec<NetHandle>, usize), Failed> {
+        let handles = match recv_msg(oob)? {
+            HandshakeMsg::Handles(h) => h,
+            _ => {
+                return Err(Refusal::HandleCount {
+                    got: 0,
+                    channels: agreed.channels,
+                }
+                .into())
             }
-            .into())
+        };
+        let targets: Vec<_> = handles
+            .iter()
+            .map(|h| me.net.handle_target(h).map_err(|e| e.to_string()))
+            .collect();
+        let asked = check_handles(peer, agreed.channels, &targets, me.max_connections)?;
+        Ok((handles, asked))
+    };
+    let (listens, handles, room) = match me.gate {
+        // We connected: both send first, then read (the acceptor answers
+        // only once it has checked ours).
+        None => {
+            let listens = listen_all()?;
+            send_handles(oob, &listens)?;
+            let (handles, _) = recv_handles(oob)?;
+            (listens, handles, None)
+        }
+        // Accepting: check the peer's handles and find room for all the
+        // connection will hold before listening or answering, so that a
+        // refusal is the answer the peer reads.
+        Some(g) => {
+            let (handles, asked) = recv_handles(oob)?;
+            let listens = listen_all()?;
+            let ours: usize = listens
+                .iter()
+                .map(|l| match me.net.handle_target(&l.handle()) {
+                    Ok(Some(t)) => t.connections,
+                    _ => 1,
+                })
+                .sum();
+            let room = (g.admit)(asked.saturating_add(ours)).map_err(Refusal::NoRoom)?;
+            send_handles(oob, &listens)?;
+            (listens, handles, Some(room))
         }
     };
-    let targets: Vec<_> = handles
-        .iter()
-        .map(|h| me.net.handle_target(h).map_err(|e| e.to_string()))
-        .collect();
-    check_handles(peer, agreed.channels, &targets, me.max_connections)?;
     Ok(Shaken {
         agreed,
         theirs,
         listens,
         handles,
+        room,
     })
 }
 
@@ -622,7 +693,7 @@ mod tests {
         };
         let peer: IpAddr = "10.0.0.2".parse().unwrap();
         let ok = vec![at("10.0.0.2:5000", 8), at("10.0.0.2:5001", 8)];
-        assert_eq!(check_handles(peer, 1, &ok, 16), Ok(()));
+        assert_eq!(check_handles(peer, 1, &ok, 16), Ok(16));
         assert!(matches!(
             check_handles(peer, 1, &ok, 15),
             Err(Refusal::TooManyConnections { asked: 16, max: 15 })
@@ -640,7 +711,7 @@ mod tests {
         let lo: IpAddr = "127.0.0.1".parse().unwrap();
         assert_eq!(
             check_handles(lo, 1, &[at("127.0.0.5:1", 1), at("[::1]:2", 1)], 8),
-            Ok(())
+            Ok(2)
         );
         assert_eq!(
             check_handles(
@@ -649,14 +720,14 @@ mod tests {
                 &[at("[::ffff:10.0.0.2]:1", 1), at("10.0.0.2:2", 1)],
                 8
             ),
-            Ok(())
+            Ok(2)
         );
         assert!(matches!(
             check_handles(lo, 1, &[at("10.0.0.2:1", 1), at("127.0.0.1:2", 1)], 8),
             Err(Refusal::HandleAddr { .. })
         ));
         // Opaque handles count one connection each; malformed ones are refused.
-        assert_eq!(check_handles(peer, 1, &[Ok(None), Ok(None)], 2), Ok(()));
+        assert_eq!(check_handles(peer, 1, &[Ok(None), Ok(None)], 2), Ok(2));
         assert!(matches!(
             check_handles(peer, 1, &[Ok(None), Err("magic".into())], 2),
             Err(Refusal::BadHandle { index: 1, .. })

@@ -11,6 +11,7 @@
 #![deny(unsafe_code)]
 
 mod accept;
+mod admission;
 mod config;
 mod conn;
 mod endpoint;
@@ -28,6 +29,7 @@ mod oob_out;
 mod progress;
 mod rma;
 mod rma_recvs;
+pub mod timeout;
 mod topo;
 mod transfer;
 mod wire;

@@ -238,8 +238,8 @@ impl Registry {
             }
             a.region != id
         });
-        let deadline = Instant::now() + wait;
-        while Arc::strong_count(&r) > 1 && Instant::now() < deadline {
+        let deadline = crate::timeout::deadline_after(wait);
+        while Arc::strong_count(&r) > 1 && deadline.is_none_or(|d| Instant::now() < d) {
             std::thread::sleep(Duration::from_millis(1));
         }
         let users = Arc::strong_count(&r) - 1;

@@ -101,9 +101,15 @@ impl OobOut {
     pub(crate) fn flush_for(&self, limit: Duration) {
         let (m, cv) = &*self.shared;
         let mut b = m.lock();
-        let end = std::time::Instant::now() + limit;
-        while b.bytes > 0 && std::time::Instant::now() < end {
-            cv.wait_until(&mut b, end);
+        let end = crate::timeout::deadline_after(limit);
+        while b.bytes > 0 {
+            match end {
+                Some(end) if std::time::Instant::now() >= end => break,
+                Some(end) => {
+                    cv.wait_until(&mut b, end);
+                }
+                None => cv.wait(&mut b),
+            }
         }
     }
 }

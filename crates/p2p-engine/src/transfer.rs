@@ -5,7 +5,7 @@
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread::Thread;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use parking_lot::{Condvar, Mutex};
 
@@ -236,7 +236,7 @@ impl Transfer {
 
     /// Waits until the transfer ends or `timeout` passes (None = forever).
     pub fn wait(&self, timeout: Option<Duration>) -> Status {
-        let deadline = timeout.map(|t| Instant::now() + t);
+        let deadline = crate::timeout::deadline(timeout);
         let mut st = self.status.lock();
         while *st == Status::Pending {
             match deadline {

@@ -17,10 +17,7 @@ use pyo3::types::{PyByteArray, PyBytes, PyString};
 
 use crate::errors::InvalidArgumentError;
 
-/// The longest finite timeout accepted, in seconds (about 31 years): longer
-/// ones are almost surely a unit mistake, and `None` or `math.inf` say
-/// "no limit" plainly.
-pub const MAX_TIMEOUT_S: f64 = 1e9;
+use tcpx_p2p::timeout;
 
 fn type_error(name: &str, want: &str, o: &Bound<'_, PyAny>) -> PyErr {
     let ty = o
@@ -105,8 +102,9 @@ pub fn bytes_named(o: &Bound<'_, PyAny>, name: &str) -> PyResult<Vec<u8>> {
 }
 
 /// A timeout in seconds: `None` or `math.inf` wait without limit; a finite
-/// number from 0 to [`MAX_TIMEOUT_S`] waits that long (0: just look); a
-/// negative number, NaN or a longer finite one is refused.
+/// number from 0 to [`timeout::MAX_TIMEOUT_S`] waits that long (0: just look); a
+/// negative number, NaN or a longer finite one is refused. The engine's
+/// one parser ([`tcpx_p2p::timeout::from_secs_f64`]) decides.
 pub fn timeout_named(o: &Bound<'_, PyAny>, name: &str) -> PyResult<Option<Duration>> {
     if o.is_none() {
         return Ok(None);
@@ -127,28 +125,7 @@ pub fn timeout_named(o: &Bound<'_, PyAny>, name: &str) -> PyResult<Option<Durati
         }
         Err(_) => return Err(type_error(name, "a number of seconds or None", o)),
     };
-    if t.is_nan() {
-        return Err(invalid(
-            name,
-            "is NaN; give seconds, or None to wait without limit",
-        ));
-    }
-    if t == f64::INFINITY {
-        return Ok(None);
-    }
-    if t < 0.0 {
-        return Err(invalid(
-            name,
-            format!("{t} is negative; give seconds >= 0, or None to wait without limit"),
-        ));
-    }
-    if t > MAX_TIMEOUT_S {
-        return Err(invalid(
-            name,
-            format!("{t} s is too long (at most {MAX_TIMEOUT_S:e}); pass None or math.inf to wait without limit"),
-        ));
-    }
-    Ok(Some(Duration::from_secs_f64(t)))
+    timeout::from_secs_f64(t).map_err(|e| invalid(name, e))
 }
 
 /// A control port: `-1` (or any negative, or None: none given) or 1..=65535.
@@ -221,6 +198,10 @@ named! {
     metadata_bytes: Vec<u8> = bytes_named;
     serialized_bytes: Vec<u8> = bytes_named;
     meta_blob_v: Vec<Vec<u8>> = |o, n| list_named(o, n, bytes_named);
+    info: Vec<u8> = bytes_named;
+    info_v: Vec<Vec<u8>> = |o, n| list_named(o, n, bytes_named);
+    notif: Vec<u8> = bytes_named;
+    msg: Vec<u8> = bytes_named;
     timeout: Option<std::time::Duration> = timeout_named;
     remote_port: Option<u16> = port_named;
     port: u16 = |o, n| {
@@ -229,10 +210,6 @@ named! {
     };
     streams: usize = usize_named;
     iters: usize = usize_named;
-    msg: Vec<u8> = bytes_named;
-    notif: Vec<u8> = bytes_named;
-    info: Vec<u8> = bytes_named;
-    info_v: Vec<Vec<u8>> = |o, n| list_named(o, n, bytes_named);
 }
 
 /// The arguments of a call that exists in two forms told apart by how many

@@ -1001,9 +1001,12 @@ impl Endpoint {
     /// `(ok, remote_gpu_bdf, conn_id)` (the bdf is the GPU index as a string
     /// where the peer has no PCI bus id).
     #[pyo3(signature = (timeout=None))]
-    fn accept_local(&self, py: Python<'_>, timeout: Option<f64>) -> (bool, String, i64) {
-        let t = timeout.map(std::time::Duration::from_secs_f64);
-        let r = py.detach(|| self.ep.accept_local(t));
+    fn accept_local(
+        &self,
+        py: Python<'_>,
+        #[pyo3(from_py_with = args::timeout)] timeout: Option<Duration>,
+    ) -> (bool, String, i64) {
+        let r = py.detach(|| self.ep.accept_local(timeout));
         match self.check(py, r) {
             Some(a) => {
                 let bdf = if !a.gpu_bdf.is_empty() {
@@ -1168,19 +1171,43 @@ impl Endpoint {
 
     /// Two-sided on a local connection, matched with the peer's `recv_ipc`
     /// calls in posting order.
-    fn send_ipc(&self, py: Python<'_>, conn_id: u64, ptr: u64, size: usize) -> bool {
+    fn send_ipc(
+        &self,
+        py: Python<'_>,
+        #[pyo3(from_py_with = args::conn_id)] conn_id: u64,
+        #[pyo3(from_py_with = args::ptr)] ptr: u64,
+        #[pyo3(from_py_with = args::size)] size: usize,
+    ) -> bool {
         self.blocking(py, |ep| ep.send_ipc_async(conn_id, ptr, size))
     }
 
-    fn recv_ipc(&self, py: Python<'_>, conn_id: u64, ptr: u64, size: usize) -> bool {
+    fn recv_ipc(
+        &self,
+        py: Python<'_>,
+        #[pyo3(from_py_with = args::conn_id)] conn_id: u64,
+        #[pyo3(from_py_with = args::ptr)] ptr: u64,
+        #[pyo3(from_py_with = args::size)] size: usize,
+    ) -> bool {
         self.blocking(py, |ep| ep.recv_ipc_async(conn_id, ptr, size))
     }
 
-    fn send_ipc_async(&self, py: Python<'_>, conn_id: u64, ptr: u64, size: usize) -> (bool, i64) {
+    fn send_ipc_async(
+        &self,
+        py: Python<'_>,
+        #[pyo3(from_py_with = args::conn_id)] conn_id: u64,
+        #[pyo3(from_py_with = args::ptr)] ptr: u64,
+        #[pyo3(from_py_with = args::size)] size: usize,
+    ) -> (bool, i64) {
         self.started(py, |ep| ep.send_ipc_async(conn_id, ptr, size))
     }
 
-    fn recv_ipc_async(&self, py: Python<'_>, conn_id: u64, ptr: u64, size: usize) -> (bool, i64) {
+    fn recv_ipc_async(
+        &self,
+        py: Python<'_>,
+        #[pyo3(from_py_with = args::conn_id)] conn_id: u64,
+        #[pyo3(from_py_with = args::ptr)] ptr: u64,
+        #[pyo3(from_py_with = args::size)] size: usize,
+    ) -> (bool, i64) {
         self.started(py, |ep| ep.recv_ipc_async(conn_id, ptr, size))
     }
 }

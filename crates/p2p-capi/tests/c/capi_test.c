@@ -315,7 +315,8 @@ static void run_a(int rd, int wr) {
     /* 1. One-sided write with a notification. */
     pattern(src, MiB, 0, 1);
     OK(tcpx_write_async(ep, conn, mr_src, src, MiB, d_tgt, 0, "w1", 2, &xfer));
-    OK(tcpx_wait(ep, xfer, 20000));
+    /* a timeout past the engine's longest waits without limit (no overflow) */
+    OK(tcpx_wait(ep, xfer, INT64_MAX));
 
     /* 2. One-sided read at an offset into the export, with a notification. */
     OK(tcpx_read_async(ep, conn, mr_back, back, MiB, d_exp, 4096, "r1", 2, &xfer));
@@ -431,6 +432,14 @@ static void run_a(int rd, int wr) {
     EXPECT(TCPX_ERR_UNKNOWN_ID, tcpx_wait(ep, 123456, 10));
     EXPECT(TCPX_ERR_UNKNOWN_ID, tcpx_release(ep, 123456));
     EXPECT(TCPX_ERR_UNKNOWN_ID, tcpx_cancel(ep, 123456, 0));
+    /* hostile timeouts: an error code, never TCPX_ERR_PANIC */
+    {
+        const int64_t hostile[] = {INT64_MIN, -1, INT64_MAX, INT64_MAX - 1, 1000000000001LL};
+        for (size_t i = 0; i < sizeof hostile / sizeof hostile[0]; i++) {
+            EXPECT(TCPX_ERR_UNKNOWN_ID, tcpx_wait(ep, 123456, hostile[i]));
+            EXPECT(TCPX_ERR_UNKNOWN_ID, tcpx_cancel(ep, 123456, hostile[i]));
+        }
+    }
     EXPECT(TCPX_ERR_UNKNOWN_ID, tcpx_dereg(ep, 999));
     EXPECT(TCPX_ERR_INVALID_ARGUMENT, tcpx_send_notif(ep, conn, NULL, 3));
     EXPECT(TCPX_ERR_INVALID_ARGUMENT, tcpx_get_notifs(ep, NULL));

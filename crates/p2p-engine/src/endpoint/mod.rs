@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex, RwLock};
 
+use crate::admission::{Admission, AdmissionLimits};
 use crate::config::{Config, NetKind};
 use crate::conn::{Conn, ConnParams, Held};
 use crate::error::{Error, Result};
@@ -63,7 +64,8 @@ struct Inner {
     next_conn: Arc<AtomicU64>,
     next_xfer: AtomicU64,
     stopping: AtomicBool,
-    handshakes: Mutex<Handshakes>,
+    /// What accepted peers together may make us hold (see [`crate::admission`]).
+    admission: Arc<Admission>,
     /// Sent with our notifications.
     name: String,
     /// Notifications received from peers, until taken.
@@ -185,6 +187,7 @@ impl Endpoint {
                 max_items: cfg.max_pending_items,
             },
             max_peer_streams: cfg.max_peer_streams,
+            max_peer_channels: cfg.max_peer_channels,
             timeout: cfg.connect_timeout,
             spin: cfg.spin,
             cpus,
@@ -205,7 +208,19 @@ impl Endpoint {
             ip: addr.ip(),
             port: addr.port(),
             next_conn: next_conn.clone(),
+            max_handshakes: cfg.max_handshakes,
+            max_conns: cfg.max_conns,
         })?;
+        let stream_budget = cfg.stream_budget();
+        let admission = Admission::new(AdmissionLimits {
+            handshakes: cfg.max_handshakes,
+            handshakes_per_ip: cfg.max_handshakes_per_ip,
+            handshakes_per_subnet: cfg.max_handshakes_per_subnet,
+            conns: cfg.max_conns,
+            conns_per_ip: cfg.max_conns_per_ip,
+            streams: stream_budget.0,
+            streams_per_ip: stream_budget.1,
+        });
         let inner = Arc::new(Inner {
             cfg,
             gpu_index,
@@ -222,7 +237,7 @@ impl Endpoint {
             next_conn,
             next_xfer: AtomicU64::new(1),
             stopping: AtomicBool::new(false),
-            handshakes: Mutex::new(Handshakes::default()),
+            admission,
             notifs,
             name,
             local,
@@ -299,7 +314,7 @@ impl Endpoint {
         })?;
         let id = self.inner.next_conn.fetch_add(1, Ordering::Relaxed);
         let params = self.inner.params.for_peer(&s);
-        let conn = Conn::establish(id, s, true, &params)?;
+        let conn = Conn::establish(id, s, true, &params, None)?;
         if let Some(want) = remote_gpu {
             let ok = match &want {
                 RemoteGpu::Index(i) => *i < 0 || conn.remote_gpu < 0 || *i == conn.remote_gpu,
@@ -324,7 +339,7 @@ impl Endpoint {
 
     /// Waits for the next connection from a peer (None: forever).
     pub fn accept(&self, timeout: Option<Duration>) -> Result<Accepted> {
-        let deadline = timeout.map(|t| Instant::now() + t);
+        let deadline = crate::timeout::deadline(timeout);
         let mut q = self.inner.accepted.lock();
         loop {
             if let Some(id) = q.pop_front() {
@@ -672,7 +687,7 @@ impl Endpoint {
         let t = self.status_of(xfer)?;
         // Busy phase: drive the connection's progress from this thread (no
         // hand-off to wait for), then sleep on the transfer.
-        let deadline = timeout.map(|d| Instant::now() + d);
+        let deadline = crate::timeout::deadline(timeout);
         let spin = timeout.map_or(self.inner.cfg.spin, |d| d.min(self.inner.cfg.spin));
         let conn = self.inner.conns.read().get(&t.conn).cloned();
         if !spin.is_zero() && !t.ended() {
@@ -777,59 +792,6 @@ fn watchdog_loop(inner: Weak<Inner>) {
     }
 }
 
-/// Handshakes in progress: in all and by source address (bounded, so that
-/// slow or silent peers cannot take every thread and descriptor).
-#[derive(Default)]
-struct Handshakes {
-    total: usize,
-    by_ip: HashMap<IpAddr, usize>,
-}
-
-/// One handshake's place; given back when dropped.
-struct HandshakeSlot {
-    inner: Weak<Inner>,
-    ip: IpAddr,
-}
-
-impl Drop for HandshakeSlot {
-    fn drop(&mut self) {
-        if let Some(ep) = self.inner.upgrade() {
-            let mut h = ep.handshakes.lock();
-            h.total = h.total.saturating_sub(1);
-            if let Some(n) = h.by_ip.get_mut(&self.ip) {
-                *n -= 1;
-                if *n == 0 {
-                    h.by_ip.remove(&self.ip);
-                }
-            }
-        }
-    }
-}
-
-/// Takes a handshake place for a peer at `ip`, or says why not.
-fn handshake_slot(ep: &Arc<Inner>, ip: IpAddr) -> std::result::Result<HandshakeSlot, String> {
-    let mut h = ep.handshakes.lock();
-    let (max, per_ip) = (ep.cfg.max_handshakes, ep.cfg.max_handshakes_per_ip);
-    let mine = h.by_ip.get(&ip).copied().unwrap_or(0);
-    if h.total >= max {
-        return Err(format!(
-            "{} handshakes in progress (TCPX_P2P_MAX_HANDSHAKES={max})",
-            h.total
-        ));
-    }
-    if mine >= per_ip {
-        return Err(format!(
-            "{mine} handshakes in progress from {ip} (TCPX_P2P_MAX_HANDSHAKES_PER_IP={per_ip})"
-        ));
-    }
-    h.total += 1;
-    *h.by_ip.entry(ip).or_default() += 1;
-    Ok(HandshakeSlot {
-        inner: Arc::downgrade(ep),
-        ip,
-    })
-}
-
 fn accept_loop(inner: Weak<Inner>, listener: TcpListener) {
     let (mut turned_away, mut last_turned) = (0u64, None::<Instant>);
     let owner = || {
@@ -846,7 +808,14 @@ fn accept_loop(inner: Weak<Inner>, listener: TcpListener) {
                 Ok(a) => a.ip(),
                 Err(_) => return,
             };
-            let slot = match handshake_slot(&ep, ip) {
+            // Closes this handshake's socket if it must make room for others.
+            let closer: Box<dyn Fn() + Send> = match s.try_clone() {
+                Ok(c) => Box::new(move || {
+                    let _ = c.shutdown(std::net::Shutdown::Both);
+                }),
+                Err(_) => return,
+            };
+            let slot = match ep.admission.handshake(ip, Instant::now(), closer) {
                 Ok(slot) => slot,
                 Err(why) => {
                     // Logged at most every 10 s: a flood must not flood the log.
@@ -863,6 +832,8 @@ fn accept_loop(inner: Weak<Inner>, listener: TcpListener) {
             };
             let weak = Arc::downgrade(&ep);
             let params = ep.params.clone();
+            let admission = ep.admission.clone();
+            let preauth = ep.cfg.preauth_timeout;
             let id = ep.next_conn.fetch_add(1, Ordering::Relaxed);
             drop(ep);
             let spawned = std::thread::Builder::new()
@@ -870,7 +841,18 @@ fn accept_loop(inner: Weak<Inner>, listener: TcpListener) {
                 .spawn(move || {
                     let peer = s.peer_addr().map(|a| a.to_string()).unwrap_or_default();
                     let params = params.for_peer(&s);
-                    let res = Conn::establish(id, s, false, &params);
+                    let proven = || slot.proven();
+                    let admit = |streams: usize| {
+                        admission
+                            .room(ip, streams)
+                            .map(|r| Box::new(r) as crate::handshake::Held)
+                    };
+                    let gate = crate::handshake::Gate {
+                        preauth: crate::timeout::deadline_after(preauth),
+                        proven: &proven,
+                        admit: &admit,
+                    };
+                    let res = Conn::establish(id, s, false, &params, Some(&gate));
                     drop(slot);
                     match res {
                         Ok(conn) => {

@@ -217,7 +217,10 @@ impl Endpoint {
     /// The next connection from a peer if one comes within `timeout`
     /// (zero: only one already pending).
     pub fn try_accept(&self, timeout: Duration) -> Result<Option<Accepted>> {
-        let deadline = Instant::now() + timeout;
+        let Some(deadline) = crate::timeout::deadline_after(timeout) else {
+            // Beyond the clock: no limit.
+            return self.accept(None).map(Some);
+        };
         let mut q = self.inner.accepted.lock();
         loop {
             if let Some(id) = q.pop_front() {

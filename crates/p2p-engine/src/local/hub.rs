@@ -2,6 +2,19 @@
 
 use super::*;
 
+/// Who holds a same-host name we could not bind (another user's process
+/// there is a squatter: connecting peers refuse it).
+fn holder(addr: &SocketAddr) -> String {
+    match UnixStream::connect_addr(addr).and_then(|s| os::peer_cred(&s)) {
+        Ok(c) if c.uid != os::my_uid() => format!(
+            "; it is held by process {} of uid {}, another user: peers refuse it",
+            c.pid, c.uid
+        ),
+        Ok(c) => format!("; held by process {}", c.pid),
+        Err(_) => String::new(),
+    }
+}
+
 impl Hub {
     /// Binds the endpoint's names and starts accepting.
     pub fn start(p: HubParams) -> Result<Arc<Hub>> {
@@ -23,9 +36,13 @@ impl Hub {
                     bound.push(n);
                 }
                 Err(e) if i == 0 => tracing::warn!(
-                    "cannot bind the same-host socket {n} ({e}): peers on this host cannot connect_local to this endpoint"
+                    "cannot bind the same-host socket {n} ({e}){}: peers on this host cannot connect_local to this endpoint",
+                    holder(&addr)
                 ),
-                Err(e) => tracing::info!("same-host name {n} not taken ({e}): another endpoint has it; connect to this one by metadata"),
+                Err(e) => tracing::info!(
+                    "same-host name {n} not taken ({e}){}: another endpoint has it; connect to this one by metadata",
+                    holder(&addr)
+                ),
             }
         }
         let hub = Arc::new(Hub {
@@ -38,6 +55,7 @@ impl Hub {
             stopping: AtomicBool::new(false),
             names: bound,
             acceptors: Mutex::new(Vec::new()),
+            handshaking: AtomicU64::new(0),
         });
         for l in listeners {
             let weak = Arc::downgrade(&hub);
@@ -53,10 +71,30 @@ impl Hub {
                         l.incoming(),
                         owner,
                         |hub: Arc<Hub>, s| {
+                            // Bounded: a flood of same-host connections
+                            // takes neither every thread nor descriptor.
+                            let busy = hub.handshaking.load(Ordering::Acquire) as usize;
+                            let held = hub.conns.read().len();
+                            if busy >= hub.p.max_handshakes || held >= hub.p.max_conns {
+                                tracing::debug!(
+                                    "closed a same-host connection at once: {busy} handshakes in \
+                                     progress (TCPX_P2P_MAX_HANDSHAKES={}), {held} connections \
+                                     held (TCPX_P2P_MAX_CONNS={})",
+                                    hub.p.max_handshakes,
+                                    hub.p.max_conns
+                                );
+                                return;
+                            }
+                            hub.handshaking.fetch_add(1, Ordering::AcqRel);
+                            let h = hub.clone();
                             let r = std::thread::Builder::new()
                                 .name("tcpx-local-hs".into())
-                                .spawn(move || hub.admit(s));
+                                .spawn(move || {
+                                    h.admit(s);
+                                    h.handshaking.fetch_sub(1, Ordering::AcqRel);
+                                });
                             if let Err(e) = r {
+                                hub.handshaking.fetch_sub(1, Ordering::AcqRel);
                                 tracing::warn!("cannot spawn a same-host handshake thread: {e}");
                             }
                         },
@@ -89,7 +127,8 @@ impl Hub {
         let addr = SocketAddr::from_abstract_name(name.as_bytes())
             .map_err(|e| Error::io(format!("socket name {name}"), e))?;
         // The peer may still be starting: retry a refused connect briefly.
-        let give_up = Instant::now() + self.p.timeout.min(Duration::from_secs(2));
+        let give_up = crate::timeout::deadline_after(self.p.timeout.min(Duration::from_secs(2)))
+            .unwrap_or_else(Instant::now);
         let s = loop {
             match UnixStream::connect_addr(&addr) {
                 Ok(s) => break s,
@@ -111,7 +150,7 @@ impl Hub {
     }
 
     pub fn accept(&self, timeout: Option<Duration>) -> Result<AcceptedLocal> {
-        let deadline = timeout.map(|t| Instant::now() + t);
+        let deadline = crate::timeout::deadline(timeout);
         let mut q = self.accepted.lock();
         loop {
             if let Some(id) = q.pop_front() {

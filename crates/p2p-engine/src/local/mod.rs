@@ -89,6 +89,10 @@ pub(crate) struct HubParams {
     pub ip: IpAddr,
     pub port: u16,
     pub next_conn: Arc<AtomicU64>,
+    /// Same-host handshakes in progress and connections held at most
+    /// (`TCPX_P2P_MAX_HANDSHAKES`, `TCPX_P2P_MAX_CONNS`).
+    pub max_handshakes: usize,
+    pub max_conns: usize,
 }
 
 /// Which endpoint on this host `connect_local` means.
@@ -153,6 +157,8 @@ pub(crate) struct Hub {
     stopping: AtomicBool,
     names: Vec<String>,
     acceptors: Mutex<Vec<JoinHandle<()>>>,
+    /// Same-host handshakes in progress.
+    handshaking: AtomicU64,
 }
 
 /// Why a same-host request failed, or why its connection must close.
@@ -170,6 +176,10 @@ enum LocalError {
     /// The connection is gone.
     #[error("{0}")]
     Lost(String),
+    /// The peer process is no longer the one that connected: the request
+    /// is refused and the connection closes.
+    #[error("{0}")]
+    Identity(String),
 }
 
 /// The placement of one of our own addresses.
@@ -261,7 +271,10 @@ pub(crate) struct LocalConn {
     pub id: u64,
     pub remote_gpu: i32,
     pub remote_bdf: String,
-    peer_pid: i32,
+    /// The peer process, pinned (see [`os::PeerProcess`]): every
+    /// cross-memory access checks first that it is still the process that
+    /// connected.
+    peer: os::PeerProcess,
     same_process: bool,
     gpu: i32,
     owner: u64,
@@ -287,6 +300,19 @@ impl LocalConn {
             reason,
         };
         let cred = os::peer_cred(&s).map_err(|e| Error::io("SO_PEERCRED", e))?;
+        // The names we dial carry our uid: the listener must run as it,
+        // whatever TCPX_P2P_LOCAL_ANY_UID says. Any process can bind an
+        // abstract name first; this way such a squatter is refused, never
+        // spoken to.
+        if initiator && cred.uid != os::my_uid() {
+            return Err(cerr(format!(
+                "the process listening on our same-host name (pid {}) runs as uid {}, not ours \
+                 ({}): another user took the name; refused",
+                cred.pid,
+                cred.uid,
+                os::my_uid()
+            )));
+        }
         let any_uid = std::env::var("TCPX_P2P_LOCAL_ANY_UID").is_ok_and(|v| v == "1");
         if cred.uid != os::my_uid() && !any_uid {
             return Err(cerr(format!(
@@ -294,6 +320,21 @@ impl LocalConn {
                 cred.pid,
                 cred.uid,
                 os::my_uid()
+            )));
+        }
+        // Pin the peer to its process. A peer of another uid gets no more
+        // than it could do itself: its process must be one its uid could
+        // attach to, and our copies reach only the address space it had
+        // now (an exec, setuid or not, leaves them nothing). Pinned before
+        // our hello goes out: the peer cannot have finished its handshake.
+        let other_uid = cred.uid != os::my_uid();
+        let peer = os::PeerProcess::pin(&s, &cred, other_uid)
+            .map_err(|e| cerr(format!("pinning peer process {}: {e}", cred.pid)))?;
+        if other_uid && !peer.ident.reachable_by(cred.uid, cred.gid) {
+            return Err(cerr(format!(
+                "peer process {} of uid {} is not one that uid could attach to itself ({:?}: \
+                 setuid or not dumpable)",
+                cred.pid, cred.uid, peer.ident
             )));
         }
         s.set_read_timeout(Some(hub.p.timeout))
@@ -354,7 +395,7 @@ impl LocalConn {
             id,
             remote_gpu: theirs.gpu_index,
             remote_bdf: theirs.gpu_bdf,
-            peer_pid: cred.pid,
+            peer,
             same_process: cred.pid == std::process::id() as i32,
             gpu: hub.p.gpu_index,
             owner: hub.nonce,
@@ -761,15 +802,23 @@ impl LocalConn {
     fn handle(&self, m: LocalMsg) -> std::result::Result<(), LocalError> {
         match m {
             LocalMsg::Req { op, read, items } => {
-                let answer = match self.serve(read, &items) {
-                    Ok(exports) => LocalMsg::Done { op, exports },
+                let served = self.serve(read, &items);
+                let answer = match &served {
+                    Ok(exports) => LocalMsg::Done {
+                        op,
+                        exports: exports.clone(),
+                    },
                     Err(e) => LocalMsg::Refused {
                         op,
                         reason: e.to_string(),
                     },
                 };
                 self.send_msg(&answer)
-                    .map_err(|e| LocalError::Lost(e.to_string()))
+                    .map_err(|e| LocalError::Lost(e.to_string()))?;
+                match served {
+                    Err(e @ LocalError::Identity(_)) => Err(e),
+                    _ => Ok(()),
+                }
             }
             LocalMsg::Done { op, exports } => {
                 let Some(p) = self.ops.lock().remove(&op) else {
@@ -929,9 +978,10 @@ impl LocalConn {
             })
             .collect();
         if !spans.is_empty() {
+            self.peer.verify().map_err(LocalError::Identity)?;
             // SAFETY: each local range lies inside one of our live records
             // (checked above); `regions` keeps registry regions registered.
-            let moved = unsafe { os::cma_parallel(self.peer_pid, !read, &spans) };
+            let moved = unsafe { self.peer.copy(!read, &spans) };
             if moved.is_err() {
                 // A posted receive this request was meant for fails with it.
                 for id in checked.iter().filter_map(|c| c.slot) {
@@ -950,7 +1000,7 @@ impl LocalConn {
                 };
                 LocalError::Copy(format!(
                     "cross-memory attach with process {}: {e}{hint}",
-                    self.peer_pid
+                    self.peer.pid
                 ))
             })?;
         }
