@@ -89,11 +89,14 @@ def test_peer_exit_reads_the_same_on_every_call(local, peers, how):
         assert not done, "a receive completed with no sender"
         assert time.monotonic() < deadline, "the receive did not fail after the peer left"
         time.sleep(0.01)
+    # The socket net sees the peer's close; an ncclNet plugin reports its
+    # own "remote error" for the same event, and the connection keeps it.
+    gone = ("closed", "remote error")
     recv_reason = ep.last_error()
-    assert "closed" in recv_reason, recv_reason
+    assert any(w in recv_reason for w in gone), recv_reason
     assert not ep.send(conn, mr, ptr, n)
     send_reason = ep.last_error()
-    assert "closed" in send_reason, send_reason
+    assert any(w in send_reason for w in gone), send_reason
     assert "protocol" not in send_reason and "out of step" not in send_reason, send_reason
 
 
