@@ -22,6 +22,7 @@
 //! | `NCCL_NET_EMU_TRACE` | `1`: an INFO line per data-path call (isend, irecv, finished test, iflush, irecvConsumed, regMr) | off |
 //! | `NCCL_NET_EMU_PCI_PATHS` | `IF=/sys/devices/...,IF2=...`: the PCI path reported for an interface that has none in sysfs (loopback aliases, veth), so GPU → NIC selection by PCI distance runs | from sysfs |
 //! | `NCCL_NET_EMU_LENIENT_BACKGROUND_PROGRESS` | `1`: the I/O threads move data without waiting for `test` to schedule it (kinder than TCPX) | off |
+//! | `NCCL_NET_EMU_LENIENT_HANDLE_WRITE` | `1`: a receive comm's GPU-resident device handle is written before accept returns (TCPX's copy lands after; the stand-in writes it 2 ms late) | off |
 //! | `NCCL_NET_EMU_LENIENT_SOCKET_SETUP_MS` | what connect and accept each spend per socket, in ms (TCPX: 100; less is kinder, for suites that make thousands of connections) | 100 |
 //!
 //! TCPX's own settings, read as TCPX reads them:
@@ -67,7 +68,14 @@ pub struct EmuConfig {
     pub per_socket_cost: Duration,
     /// TCPX imports its GPU receive pool (`NCCL_TCPX_RXMEM_IMPORT_USE_GPU_PCI_CLIENT`).
     pub rxmem_import: bool,
+    /// A GPU-resident device handle lands this long after accept returned
+    /// (TCPX writes it with a pageable `cuMemcpyHtoD` that returns before
+    /// the bytes land); zero only by the explicit loosening.
+    pub handle_late: Duration,
 }
+
+/// How long after accept a GPU-resident device handle lands, by default.
+pub const HANDLE_LATE: Duration = Duration::from_millis(2);
 
 /// Tasks each data socket holds, as TCPX's MAX_TASKS.
 pub const MAX_TASKS: u64 = 6;
@@ -210,6 +218,11 @@ impl EmuConfig {
                 .map_or(DEFAULT_STEER_WAIT, |v| Duration::from_micros(v as u64)),
             lenient_progress: flag("NCCL_NET_EMU_LENIENT_BACKGROUND_PROGRESS", false),
             rxmem_import: flag("NCCL_TCPX_RXMEM_IMPORT_USE_GPU_PCI_CLIENT", true),
+            handle_late: if flag("NCCL_NET_EMU_LENIENT_HANDLE_WRITE", false) {
+                Duration::ZERO
+            } else {
+                HANDLE_LATE
+            },
             per_socket_cost: num("NCCL_NET_EMU_LENIENT_SOCKET_SETUP_MS")
                 .map_or(PER_SOCKET_COST, |ms| {
                     Duration::from_millis(ms).min(PER_SOCKET_COST)

@@ -93,17 +93,41 @@ impl UnpackRes {
                     head: u64::MAX,
                 };
                 let dev = gpu::Device::get(d).map_err(|e| cu(e.to_string()))?;
-                let hmem = gpu::DeviceBuf::new(&dev, hsize).map_err(|e| cu(e.to_string()))?;
-                // SAFETY: the device buffer holds `hsize` bytes; `dh` is a host
-                // struct of that size.
-                unsafe {
-                    cuda::htod(
-                        hmem.ptr,
+                let hmem =
+                    Arc::new(gpu::DeviceBuf::new(&dev, hsize).map_err(|e| cu(e.to_string()))?);
+                let zeros = vec![0u8; hsize];
+                // SAFETY: the device buffer holds `hsize` bytes; `zeros` too.
+                unsafe { cuda::htod(hmem.ptr, zeros.as_ptr(), hsize) }.map_err(cu)?;
+                // SAFETY: `dh` is a plain C struct of `hsize` bytes, read as bytes.
+                let bytes = unsafe {
+                    std::slice::from_raw_parts(
                         &dh as *const UnpackNetDeviceHandle as *const u8,
                         hsize,
                     )
                 }
-                .map_err(cu)?;
+                .to_vec();
+                let write = move |mem: &gpu::DeviceBuf| {
+                    // SAFETY: the device buffer holds `hsize` bytes; so does `bytes`.
+                    unsafe { cuda::htod(mem.ptr, bytes.as_ptr(), hsize) }
+                };
+                if cfg.handle_late.is_zero() {
+                    write(&hmem).map_err(cu)?;
+                } else {
+                    // As TCPX: the handle lands after accept has returned (its
+                    // pageable cuMemcpyHtoD returns once the bytes are
+                    // staged). Until then the caller reads zeros.
+                    let (mem, late) = (hmem.clone(), cfg.handle_late);
+                    std::thread::spawn(move || {
+                        std::thread::sleep(late);
+                        let done = dev
+                            .bind()
+                            .map_err(|e| e.to_string())
+                            .and_then(|()| write(&mem));
+                        if let Err(e) = done {
+                            crate::warn(&format!("writing a device handle late: {e}"));
+                        }
+                    });
+                }
                 Ok(UnpackRes {
                     pool,
                     meta: meta.host_addr() as *mut NetUnpackMeta,
