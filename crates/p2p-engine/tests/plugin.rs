@@ -694,6 +694,23 @@ fn plain_mode_and_injected_faults() {
 use tcpx_p2p::internal::gpu;
 
 /// Two endpoints on GPU 0 and GPU 1 (or both on GPU 0 with one GPU).
+/// The set-up of the GPU tests over the plugin: the stand-in, 4 MiB chunks,
+/// two GPU endpoints connected (`None`, with the reason said, without CUDA
+/// or the stand-in).
+fn gpu_plugin_pair() -> Option<(MutexGuard<'static, ()>, Endpoint, Endpoint, u64, u64)> {
+    let (g, path) = setup()?;
+    if !gpu::available() {
+        eprintln!("SKIPPED: no CUDA on this machine");
+        return None;
+    }
+    let cfg = Config {
+        chunk: 4 << 20,
+        ..plugin_cfg(&path)
+    };
+    let (a, b, ca, cb) = gpu_endpoints(cfg);
+    Some((g, a, b, ca, cb))
+}
+
 fn gpu_endpoints(cfg: Config) -> (Endpoint, Endpoint, u64, u64) {
     let second = if gpu::device_count() > 1 { 1 } else { 0 };
     let a = Endpoint::new(Some(0), cfg.clone()).unwrap();
@@ -726,16 +743,9 @@ fn read_back(b: &gpu::DeviceBuf, len: usize) -> Vec<u8> {
 
 #[test]
 fn gpu_buffers_over_the_plugin_go_through_the_unpack_kernel() {
-    let Some((_g, path)) = setup() else { return };
-    if !gpu::available() {
-        eprintln!("SKIPPED: no CUDA on this machine");
+    let Some((_g, a, b, ca, cb)) = gpu_plugin_pair() else {
         return;
-    }
-    let cfg = Config {
-        chunk: 4 << 20,
-        ..plugin_cfg(&path)
     };
-    let (a, b, ca, cb) = gpu_endpoints(cfg);
     let second = b.gpu_index();
     for &n in &[1usize, 4095, 1 << 20, (4 << 20) + 3, 64 << 20] {
         let src = pattern(n, 0x3c);
@@ -1311,16 +1321,9 @@ fn the_progress_loop_tests_every_comm_many_connections_idle_ones_too() {
 /// the GPU").
 #[test]
 fn host_memory_on_gpu_endpoints_over_the_plugin() {
-    let Some((_g, path)) = setup() else { return };
-    if !gpu::available() {
-        eprintln!("SKIPPED: no CUDA on this machine");
+    let Some((_g, a, b, ca, cb)) = gpu_plugin_pair() else {
         return;
-    }
-    let cfg = Config {
-        chunk: 4 << 20,
-        ..plugin_cfg(&path)
     };
-    let (a, b, ca, cb) = gpu_endpoints(cfg);
     let second = b.gpu_index();
     for &n in &[1usize, 4095, (1 << 20) + 3, 9 << 20] {
         // host → host

@@ -117,17 +117,18 @@ impl Endpoint {
         &self,
         c: &Arc<Conn>,
         read: bool,
-        mut local: Vec<(MemRef, Arc<crate::memory::Region>)>,
-        mut items: Vec<RmaItem>,
+        local: Vec<(MemRef, Arc<crate::memory::Region>)>,
+        items: Vec<RmaItem>,
         regions: &[u64],
     ) -> Result<Arc<Transfer>> {
         let max = crate::wire::MAX_RMA_ITEMS;
         let parts = items.len().div_ceil(max);
         let whole = Transfer::new(self.next_xfer(), c.id, parts, Vec::new());
+        let (mut local, mut items) = (local.into_iter(), items.into_iter());
         for (i, regs) in regions.chunks(max).enumerate() {
-            let rest_local = local.split_off(regs.len());
-            let rest_items = items.split_off(regs.len());
-            let part = match c.post_rma(self.next_xfer(), read, local, items, regs) {
+            let part_local = local.by_ref().take(regs.len()).collect();
+            let part_items = items.by_ref().take(regs.len()).collect();
+            let part = match c.post_rma(self.next_xfer(), read, part_local, part_items, regs) {
                 Ok(p) => p,
                 Err(e) => {
                     // The parts posted so far run on; this one and the ones
@@ -153,8 +154,6 @@ impl Endpoint {
                 }
                 w.complete_one();
             });
-            local = rest_local;
-            items = rest_items;
         }
         Ok(whole)
     }
