@@ -301,7 +301,7 @@ def sendrecv_client(chan, sizes, kvblocks, async_api, seed):
                 assert ok
                 wait_done(ep, [transfer_id])
             else:
-                assert ep.send(conn_id, mr_id_v[0], data_ptr_v[0], size_v[0])
+                assert ep.send(conn_id, mr_id_v[0], data_ptr_v[0], size_v[0]), ep.last_error()
         elif async_api:
             ok, transfer_id = ep.sendv_async(
                 conn_id=conn_id, mr_id_v=mr_id_v, data_ptr_v=data_ptr_v, size_v=size_v, num_iovs=kvblocks
@@ -309,7 +309,7 @@ def sendrecv_client(chan, sizes, kvblocks, async_api, seed):
             assert ok
             wait_done(ep, [transfer_id])
         else:
-            assert ep.sendv(conn_id, mr_id_v, data_ptr_v, size_v, kvblocks)
+            assert ep.sendv(conn_id, mr_id_v, data_ptr_v, size_v, kvblocks), ep.last_error()
         out[sz] = [digest_of(t) for t in ts]
     assert chan.recv() == "done"
     return out

@@ -8,7 +8,7 @@
 //! receives in the same order, a read's once the sender has accepted it
 //! ([`crate::rma_recvs`]).
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -219,6 +219,11 @@ pub struct Conn {
     delivery: Duration,
     /// Our receives' numbering and what we acknowledged.
     msg_recvs: Mutex<RecvAcks>,
+    /// Our sends not yet acknowledged, by message number, in order. A
+    /// send ends at the first of its net requests ending or the peer's
+    /// `MsgDone` covering it: once the peer has every byte, a connection
+    /// closed before the net reported its requests must not fail it.
+    msg_sends: Mutex<VecDeque<(u64, Weak<Transfer>)>>,
 }
 
 impl Conn {
@@ -397,6 +402,7 @@ impl Conn {
             pending_reads: Mutex::new(HashMap::new()),
             delivery: p.deadline,
             msg_recvs: Mutex::new(RecvAcks::default()),
+            msg_sends: Mutex::new(VecDeque::new()),
         });
         let weak = Arc::downgrade(&conn);
         let cpus = p.cpus.clone();
@@ -561,6 +567,7 @@ impl Conn {
             t.fail(fl.clone());
         }
         self.pending_reads.lock().clear();
+        self.msg_sends.lock().clear();
         let unposted = self.rma_recvs.lock().clear();
         for op in unposted.into_iter().flatten() {
             op.xfer.fail(fl.clone());
@@ -716,7 +723,10 @@ impl Conn {
         // fill them).
         if send {
             let mut book = self.book.lock();
-            book.msg_posted();
+            let seq = book.msg_posted();
+            self.msg_sends
+                .lock()
+                .push_back((seq, Arc::downgrade(&xfer)));
             self.enqueue(Cmd::Send(Set::Msg, ops));
         } else {
             let seq = {
@@ -1168,8 +1178,20 @@ impl Conn {
                     t.fail(Failure::Refused(reason));
                 }
             }
-            // The book counted them; a close waits for that count.
-            Action::MsgsLanded { .. } => {}
+            // The book counted them (a close waits for that count); the
+            // sends they cover have landed, whatever the net says later.
+            Action::MsgsLanded { to, .. } => {
+                let landed: Vec<_> = {
+                    let mut q = self.msg_sends.lock();
+                    let n = q.iter().take_while(|(seq, _)| *seq < to).count();
+                    q.drain(..n).collect()
+                };
+                for (_, t) in landed {
+                    if let Some(t) = t.upgrade() {
+                        t.complete_all();
+                    }
+                }
+            }
             Action::Notif { name, msg } => self
                 .notifs
                 .push(Notif {
