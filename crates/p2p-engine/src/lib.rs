@@ -33,6 +33,7 @@ pub mod timeout;
 mod topo;
 mod transfer;
 mod wire;
+mod workers;
 
 pub use config::{Config, GpuSwitches, NetKind};
 pub use endpoint::{Accepted, Buf, Endpoint, RemoteDesc, RemoteGpu};
