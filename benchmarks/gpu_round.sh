@@ -73,7 +73,7 @@ run() { # run NAME LIMIT CMD...: output to $P$NAME.txt, its last lines into the 
   shift 2
   timeout "$limit" "$@" > "$O/$name.txt" 2>&1
   local rc=$?
-  { echo; echo "== $name (status $rc; 124: over its limit of $limit s)"; grep -v '^\S* gpu \[' "$O/$name.txt" | tail -"${TAIL:-20}"; } >> "$S"
+  { echo; echo "== $name (status $rc; 124: over its limit of $limit s)"; grep -Ev '^\S* (gpu|host) \[' "$O/$name.txt" | tail -"${TAIL:-20}"; } >> "$S"
   pack
 }
 

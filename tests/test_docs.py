@@ -173,3 +173,23 @@ def test_benchmarks_readme_names_only_scripts_that_exist():
     # The old names are gone: a script still here must not be listed as replaced.
     for line in re.findall(r"`(\w+\.sh)[^`]*` →", old):
         assert not (BENCH / line).exists(), f"{line} is listed as an old name but still exists"
+
+
+def round_steps():
+    """The steps benchmarks/gpu_round.sh carries out (its case branches)."""
+    text = (BENCH / "gpu_round.sh").read_text()
+    body = text.split("step() {", 1)[1]
+    steps = set()
+    for pats in re.findall(r"^\s{4}([\w|]+)\)", body, re.M):
+        steps.update(pats.split("|"))
+    return text, sorted(steps)
+
+
+def test_gpu_round_documents_every_step():
+    text, steps = round_steps()
+    assert {"suites", "nets", "nixl", "uccl"} <= set(steps), steps
+    header = "\n".join(l for l in text.splitlines() if l.startswith("#"))
+    current, _ = bench_readme()
+    for st in steps:
+        assert re.search(rf"^#\s+{st}\s", header, re.M), f"gpu_round.sh's header does not describe its step {st}"
+        assert f"`{st}`" in current, f"benchmarks/README.md does not name gpu_round.sh's step {st}"
