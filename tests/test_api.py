@@ -673,8 +673,9 @@ def test_io_threads_pinned_where_asked(local, peers):
     assert peer.ep("wait", rx)
     assert peer.call("digest", rb) == digest(pattern(n, 3))
     threads = dict(peer.call("threads"))
-    engine = {k: v for k, v in threads.items() if k.startswith(("tcpx-progress", "tcpx-rx", "tcpx-tx"))}
-    assert any(k.startswith("tcpx-progress") for k in engine), threads
+    # The endpoint's I/O workers (streams, progress, control) and their poller.
+    engine = {k: v for k, v in threads.items() if k.startswith("tcpx-io")}
+    assert "tcpx-io" in engine and "tcpx-io-poll" in engine, threads
     assert all(v == [cpus[-1]] for v in engine.values()), engine
     assert threads["main"] == cpus  # the application's own thread: untouched
     os.environ["TCPX_P2P_CPU_AFFINITY"] = "sometimes"

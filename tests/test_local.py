@@ -71,7 +71,7 @@ def connect_local(ep, peer, target):
     ok, cid = ep.connect_local(target)
     assert ok, ep.last_error()
     ok2, _bdf, pcid = peer._reply()
-    assert ok2
+    assert ok2, f"the peer's accept_local failed: {peer.ep('last_error')}"
     return cid, pcid
 
 

@@ -236,9 +236,13 @@ impl Workers {
             taken: AtomicU64::new(0),
         });
         let weak = Arc::downgrade(&inner);
+        let cpus = inner.cpus.clone();
         std::thread::Builder::new()
             .name(format!("{name}-poll"))
-            .spawn(move || poller(poll, weak))?;
+            .spawn(move || {
+                crate::topo::pin_thread(cpus.as_deref());
+                poller(poll, weak)
+            })?;
         Ok(Workers { inner })
     }
 
