@@ -57,9 +57,9 @@ if has kv; then
   TCPX_P2P_COPY_BATCH=0 timeout 60 $B --op write --kv-blocks 4096 --block-size 32K --json "$R/bench_kv_write_scattered_nobatch.json" > "$R/bench_kv_write_scattered_nobatch.txt" 2>/dev/null; pack bench_kv_write_scattered_nobatch.txt 4
   timeout 40 $B --op write --sizes 128M --json "$R/bench_kv_one_message.json" > "$R/bench_kv_one_message.txt" 2>/dev/null; pack bench_kv_one_message.txt 3
 fi
-has copylat && { timeout 60 "$BIN/unit" gpu::tests::copy_latency --ignored --exact --nocapture > "$R/copy_latency.txt" 2>&1; pack copy_latency.txt 6; }
-has contention && { timeout 60 "$BIN/unit" gpu::tests::copy_contention --ignored --exact --nocapture > "$R/copy_contention.txt" 2>&1; pack copy_contention.txt 5; }
-has copy && { timeout 60 "$BIN/unit" gpu::tests::copy_rates --ignored --exact --nocapture > "$R/copy_rates.txt" 2>&1; pack copy_rates.txt 8; }
+has copylat && { timeout 60 "$BIN/unit" tests::copy_latency --ignored --exact --nocapture > "$R/copy_latency.txt" 2>&1; pack copy_latency.txt 6; }
+has contention && { timeout 60 "$BIN/unit" tests::copy_contention --ignored --exact --nocapture > "$R/copy_contention.txt" 2>&1; pack copy_contention.txt 5; }
+has copy && { timeout 60 "$BIN/unit" tests::copy_rates --ignored --exact --nocapture > "$R/copy_rates.txt" 2>&1; pack copy_rates.txt 8; }
 if has plugin16; then
   for c in 4M 2M; do
     f=bench_plugin_chunk$c
