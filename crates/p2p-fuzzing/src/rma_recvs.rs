@@ -25,103 +25,133 @@ pub struct RecvsSeen {
 /// sends, request for request; at the end nothing is lost (posted, let
 /// go as refused, or handed back when the connection ends).
 pub fn rma_recvs(data: &[u8]) -> RecvsSeen {
-    let mut seen = RecvsSeen::default();
     let mut b = Bytes(data);
-    let mut r: RmaRecvs<u64> = RmaRecvs::default();
-    // Our requests in order: (id, is a read); reads' answers so far.
-    let mut requests: Vec<(u64, bool)> = Vec::new();
-    let mut answer: HashMap<u64, bool> = HashMap::new();
-    let mut next = 0u64;
-    let mut posted: Vec<u64> = Vec::new();
-    let mut dropped: Vec<u64> = Vec::new();
-    // Reads awaiting an answer, in request order (an honest peer answers
-    // the oldest first).
-    let mut waiting: VecDeque<u64> = VecDeque::new();
+    let mut m = Model::default();
     for _ in 0..512 {
         if b.done() {
             break;
         }
-        seen.steps += 1;
+        m.seen.steps += 1;
         match b.u8() % 8 {
-            0 | 1 => {
-                r.asked(next, next);
-                requests.push((next, true));
-                waiting.push_back(next);
-                next += 1;
-            }
-            2 => {
-                r.cleared(next);
-                requests.push((next, false));
-                next += 1;
-            }
-            3..=5 => {
-                // An answer: mostly the oldest read, now and then another
-                // one, a repeated one or one never asked.
-                let how = b.u8();
-                let xfer = match how % 8 {
-                    0 if !waiting.is_empty() => waiting[b.u8() as usize % waiting.len()],
-                    1 => b.u8() as u64 % (next + 2),
-                    _ => match waiting.front() {
-                        Some(&x) => x,
-                        None => continue,
-                    },
-                };
-                let accept = how & 0x80 == 0;
-                let known = waiting.contains(&xfer);
-                if accept {
-                    assert_eq!(r.accepted(xfer), known, "acceptance of read {xfer}");
-                } else {
-                    match r.refused(xfer) {
-                        Some(x) => {
-                            assert!(known, "refused a read not awaiting an answer");
-                            assert_eq!(x, xfer);
-                            dropped.push(x);
-                        }
-                        None => assert!(!known, "a waiting read {xfer} not refused"),
-                    }
-                }
-                if known {
-                    waiting.retain(|&x| x != xfer);
-                    answer.insert(xfer, accept);
-                    if accept {
-                        seen.accepted += 1;
-                    } else {
-                        seen.refused += 1;
-                    }
-                }
-            }
-            6 => {
-                for x in r.due() {
-                    // Never posted: a read before its acceptance, a refused
-                    // read; and posted in request order.
-                    if requests[x as usize].1 {
-                        assert_eq!(answer.get(&x), Some(&true), "read {x} posted unaccepted");
-                    }
-                    assert!(posted.last().is_none_or(|&l| l < x), "out of order");
-                    posted.push(x);
-                }
-            }
+            0 | 1 => m.ask_read(),
+            2 => m.clear_write(),
+            3..=5 => m.peer_answers(&mut b),
+            6 => m.post_due(),
             _ if b.u8() == 0xFF => {
-                // The connection ends: what waits is handed back.
-                let rest = r.clear();
-                assert!(r.is_empty());
-                dropped.extend(rest);
+                m.connection_ends();
                 break;
             }
             _ => {}
         }
         assert_eq!(
-            posted.len() + dropped.len() + r.len(),
-            requests.len(),
+            m.posted.len() + m.dropped.len() + m.r.len(),
+            m.requests.len(),
             "a request's receives were lost or doubled"
         );
     }
-    for x in r.due() {
-        posted.push(x);
+    for x in m.r.due() {
+        m.posted.push(x);
     }
-    seen.posted = posted.len() as u64;
-    check_sends(&requests, &answer, &posted, &dropped);
-    seen
+    m.seen.posted = m.posted.len() as u64;
+    check_sends(&m.requests, &m.answer, &m.posted, &m.dropped);
+    m.seen
+}
+
+/// The receives' order under test and what the harness expects of it.
+#[derive(Default)]
+struct Model {
+    r: RmaRecvs<u64>,
+    /// Our requests in order: (id, is a read).
+    requests: Vec<(u64, bool)>,
+    /// Reads' answers so far: accepted or not.
+    answer: HashMap<u64, bool>,
+    /// The next request's id.
+    next: u64,
+    posted: Vec<u64>,
+    /// Let go as refused, or handed back when the connection ended.
+    dropped: Vec<u64>,
+    /// Reads awaiting an answer, in request order (an honest peer answers
+    /// the oldest first).
+    waiting: VecDeque<u64>,
+    seen: RecvsSeen,
+}
+
+impl Model {
+    /// We ask the peer for a read.
+    fn ask_read(&mut self) {
+        self.r.asked(self.next, self.next);
+        self.requests.push((self.next, true));
+        self.waiting.push_back(self.next);
+        self.next += 1;
+    }
+
+    /// We clear one of the peer's writes to send.
+    fn clear_write(&mut self) {
+        self.r.cleared(self.next);
+        self.requests.push((self.next, false));
+        self.next += 1;
+    }
+
+    /// The peer answers a read: mostly the oldest, now and then another
+    /// one, a repeated one or one never asked (nothing when no read
+    /// awaits one).
+    fn peer_answers(&mut self, b: &mut Bytes<'_>) {
+        let how = b.u8();
+        let xfer = match how % 8 {
+            0 if !self.waiting.is_empty() => self.waiting[b.u8() as usize % self.waiting.len()],
+            1 => b.u8() as u64 % (self.next + 2),
+            _ => match self.waiting.front() {
+                Some(&x) => x,
+                None => return,
+            },
+        };
+        let accept = how & 0x80 == 0;
+        let known = self.waiting.contains(&xfer);
+        if accept {
+            assert_eq!(self.r.accepted(xfer), known, "acceptance of read {xfer}");
+        } else {
+            match self.r.refused(xfer) {
+                Some(x) => {
+                    assert!(known, "refused a read not awaiting an answer");
+                    assert_eq!(x, xfer);
+                    self.dropped.push(x);
+                }
+                None => assert!(!known, "a waiting read {xfer} not refused"),
+            }
+        }
+        if known {
+            self.waiting.retain(|&x| x != xfer);
+            self.answer.insert(xfer, accept);
+            if accept {
+                self.seen.accepted += 1;
+            } else {
+                self.seen.refused += 1;
+            }
+        }
+    }
+
+    /// We post what is due: never a read before its acceptance, never a
+    /// refused read, and in request order.
+    fn post_due(&mut self) {
+        for x in self.r.due() {
+            if self.requests[x as usize].1 {
+                assert_eq!(
+                    self.answer.get(&x),
+                    Some(&true),
+                    "read {x} posted unaccepted"
+                );
+            }
+            assert!(self.posted.last().is_none_or(|&l| l < x), "out of order");
+            self.posted.push(x);
+        }
+    }
+
+    /// The connection ends: what waits is handed back.
+    fn connection_ends(&mut self) {
+        let rest = self.r.clear();
+        assert!(self.r.is_empty());
+        self.dropped.extend(rest);
+    }
 }
 
 /// At the end of a run: what we posted is the peer's sends (our requests
