@@ -7,7 +7,7 @@
 //!
 //! - [`control_handler`]: the control handler (`Book`) against a small
 //!   registry of real memory ([`control`]);
-//! - [`rma_recvs`]: the order our one-sided receives are posted in, with
+//! - [`rma_recvs()`]: the order our one-sided receives are posted in, with
 //!   reads refused, accepted, answered out of order, and the connection
 //!   ending, against a model of the peer's sends;
 //! - [`notif_queue`]: the notification queue's per-peer and fair-share
