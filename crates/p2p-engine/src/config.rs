@@ -62,6 +62,9 @@ pub struct Config {
     /// How long idle threads spin before sleeping while work is in flight
     /// (a thread wake-up costs tens of microseconds in a VM).
     pub spin: Duration,
+    /// How long a stream or connection with nothing to do keeps its I/O
+    /// worker before giving it back (an idle peer then holds no thread).
+    pub io_linger: Duration,
     /// Keep-alive interval on an idle control connection.
     pub keepalive: Duration,
     /// A connection whose peer has been silent this long fails.
@@ -142,6 +145,7 @@ impl Default for Config {
             sockbuf: 0,
             splice: true,
             spin: default_spin(),
+            io_linger: Duration::from_millis(5),
             keepalive: Duration::from_millis(1000),
             deadline: Duration::from_millis(10_000),
             connect_timeout: Duration::from_secs(20),
@@ -334,6 +338,9 @@ impl Config {
         }
         if let Some(n) = size_var(&["TCPX_P2P_SPIN_US"], 0, 1_000_000)? {
             c.spin = Duration::from_micros(n as u64);
+        }
+        if let Some(n) = size_var(&["TCPX_P2P_IO_LINGER_MS"], 0, 60_000)? {
+            c.io_linger = Duration::from_millis(n as u64);
         }
         if let Some(n) = size_var(&["TCPX_P2P_KEEPALIVE_MS"], 10, 3_600_000)? {
             c.keepalive = Duration::from_millis(n as u64);

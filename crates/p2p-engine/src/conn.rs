@@ -12,7 +12,7 @@ use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::net::{SocketAddr, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
-use std::thread::{JoinHandle, Thread};
+use std::thread::Thread;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::Sender;
@@ -27,9 +27,9 @@ use crate::notif::{Notif, NotifQueue};
 use crate::progress::{ChunkOp, Cmd, Engine, Progress, Set};
 use crate::rma;
 use crate::rma_recvs::RmaRecvs;
-use crate::topo;
 use crate::transfer::{plan_ops, Failure, Gather, OpPlan, Transfer};
 use crate::wire::{self, Control, RmaItem};
+use crate::workers::{Home, Step, Task, Workers};
 
 /// Inline writes stop while our control backlog holds this many bytes
 /// (see [`Conn::inline_room`]).
@@ -76,8 +76,6 @@ pub(crate) struct ConnParams {
     pub max_peer_channels: usize,
     pub timeout: Duration,
     pub spin: Duration,
-    /// CPUs the connection's threads are pinned to (None: not pinned).
-    pub cpus: Option<Arc<[usize]>>,
     pub deadline: Duration,
     /// Net devices for channel i: `devices[i % len]` (never empty).
     pub devices: Vec<usize>,
@@ -88,6 +86,11 @@ pub(crate) struct ConnParams {
     /// The control connection's socket buffers (`TCPX_P2P_SOCKBUF`; 0: the
     /// kernel's).
     pub sockbuf: usize,
+    /// The endpoint's I/O workers, which run the connection's tasks.
+    pub workers: Workers,
+    /// How long a task with nothing to do keeps its worker
+    /// (`TCPX_P2P_IO_LINGER_MS`).
+    pub linger: Duration,
 }
 
 impl ConnParams {
@@ -164,7 +167,9 @@ pub struct Conn {
     gather: Gather,
     oob: Mutex<crate::oob_out::OobOut>,
     cmds: Sender<Cmd>,
-    progress: Arc<OnceLock<Thread>>,
+    /// The progress task (on the endpoint's I/O workers): woken for work
+    /// the posting thread left.
+    progress: Arc<OnceLock<Arc<Home>>>,
     engine: Arc<Engine>,
     registry: Arc<Registry>,
     failed: Mutex<Option<Failure>>,
@@ -183,7 +188,9 @@ pub struct Conn {
     book: Mutex<Book>,
     /// Threads blocked in [`Conn::wait_on`]: the net's waker wakes them.
     waiters: Arc<Mutex<Vec<Thread>>>,
-    threads: Mutex<Vec<JoinHandle<()>>>,
+    /// The connection's tasks on the I/O workers (progress, control
+    /// reader, control writer), waited for at close.
+    tasks: Mutex<Vec<Arc<Home>>>,
     /// The endpoint's notification queue.
     notifs: Arc<NotifQueue>,
     /// One-sided transfers up to this size go inline (see [`crate::inline`]).
@@ -270,7 +277,7 @@ impl Conn {
 
         // Connect our send comms to their listeners, accept ours; both may
         // need to be called again (resumable, as in ncclNet).
-        let progress_thread: Arc<OnceLock<Thread>> = Arc::new(OnceLock::new());
+        let progress_thread: Arc<OnceLock<Arc<Home>>> = Arc::new(OnceLock::new());
         let pt = progress_thread.clone();
         let waiters: Arc<Mutex<Vec<Thread>>> = Arc::new(Mutex::new(Vec::new()));
         let wt = waiters.clone();
@@ -280,7 +287,7 @@ impl Conn {
             let waiting = wt.lock();
             if waiting.is_empty() {
                 if let Some(t) = pt.get() {
-                    t.unpark();
+                    t.wake();
                 }
             }
             for t in waiting.iter() {
@@ -374,7 +381,7 @@ impl Conn {
             rma_recvs: Mutex::new(RmaRecvs::default()),
             book: Mutex::new(Book::new(p.limits)),
             waiters,
-            threads: Mutex::new(Vec::new()),
+            tasks: Mutex::new(Vec::new()),
             notifs: p.notifs.clone(),
             inline_max: p.inline_max,
             pending_reads: Mutex::new(HashMap::new()),
@@ -382,37 +389,35 @@ impl Conn {
             msg_recvs: Mutex::new(RecvAcks::default()),
             msg_sends: Mutex::new(VecDeque::new()),
         });
+        let ptask = p.workers.start(Box::new(ProgressTask {
+            engine,
+            conn: Arc::downgrade(&conn),
+            _room: room,
+            linger: p.linger,
+        }));
+        let _ = progress_thread.set(ptask.clone());
+        let rfd = std::os::fd::AsRawFd::as_raw_fd(&reader);
+        let rtask = p.workers.start_readable(
+            Box::new(OobReader {
+                conn: Arc::downgrade(&conn),
+                s: reader,
+                spin: p.spin,
+                linger: p.linger,
+                last: None,
+            }),
+            rfd,
+        );
         let weak = Arc::downgrade(&conn);
-        let cpus = p.cpus.clone();
-        let pthread = std::thread::Builder::new()
-            .name(format!("tcpx-progress{id}"))
-            .spawn(move || {
-                let _room = room;
-                topo::pin_thread(cpus.as_deref());
-                let why = engine.run();
-                if let Some(c) = weak.upgrade() {
-                    c.fail(why);
-                }
-            })
-            .map_err(|e| Error::io("spawning progress thread", e))?;
-        let _ = progress_thread.set(pthread.thread().clone());
-        let weak = Arc::downgrade(&conn);
-        let spin = p.spin;
-        let rthread = std::thread::Builder::new()
-            .name(format!("tcpx-oob{id}"))
-            .spawn(move || oob_loop(weak, reader, spin))
-            .map_err(|e| Error::io("spawning control thread", e))?;
-        let weak = Arc::downgrade(&conn);
-        let wthread = conn
+        let wtask = conn
             .oob
             .lock()
-            .spawn_writer(format!("tcpx-oobw{id}"), move |e| {
+            .start_writer(&p.workers, move |e| {
                 if let Some(c) = weak.upgrade() {
                     c.fail(format!("control connection write failed: {e}"));
                 }
             })
-            .map_err(|e| Error::io("spawning control writer thread", e))?;
-        conn.threads.lock().extend([pthread, rthread, wthread]);
+            .map_err(|e| Error::io("starting the control writer", e))?;
+        conn.tasks.lock().extend([ptask, rtask, wtask]);
         tracing::debug!(conn = id, %peer, channels, chunk, "connection established");
         Ok(conn)
     }
@@ -448,7 +453,7 @@ impl Conn {
     fn kick(&self) {
         if self.poke() {
             if let Some(t) = self.progress.get() {
-                t.unpark();
+                t.wake();
             }
         }
     }
@@ -530,7 +535,7 @@ impl Conn {
             }
             let _ = self.cmds.send(Cmd::Shutdown(why.clone()));
             if let Some(t) = self.progress.get() {
-                t.unpark();
+                t.wake();
             }
             let oob = self.oob.lock();
             oob.close();
@@ -580,10 +585,11 @@ impl Conn {
             }
         }
         self.fail(Failure::Lost("closed locally".into()));
-        let me = std::thread::current().id();
-        for t in self.threads.lock().drain(..) {
-            if t.thread().id() != me {
-                let _ = t.join();
+        let tasks: Vec<_> = self.tasks.lock().drain(..).collect();
+        for t in tasks {
+            // A task of this connection may be the one closing it.
+            if !t.runs_here() && !t.wait_done(self.delivery) {
+                tracing::warn!(conn = self.id, peer = %self.peer, "a task of the connection did not end within {:?} of its close", self.delivery);
             }
         }
     }
@@ -1259,41 +1265,87 @@ impl Conn {
 /// flight; that part was dropped: with large transfers in flight, frames
 /// come milliseconds apart and the spin only takes cores from the I/O
 /// threads).
-fn oob_loop(conn: Weak<Conn>, mut s: TcpStream, spin: Duration) {
-    let mut last: Option<Instant> = None;
-    loop {
-        if last.is_some_and(|t| t.elapsed() < spin) {
-            crate::net::socket::poll_readable(&s, spin);
+/// The connection's progress loop on the I/O workers: rounds while there
+/// is work, idle (no thread) once nothing has been outstanding for
+/// `linger`; woken by the net's waker and by posts it must finish.
+struct ProgressTask {
+    engine: Arc<Engine>,
+    conn: Weak<Conn>,
+    /// The admission room the connection holds until its engine ends.
+    _room: Option<Box<dyn std::any::Any + Send>>,
+    linger: Duration,
+}
+
+impl Task for ProgressTask {
+    fn run(&mut self) -> Step {
+        let Some(why) = self.engine.run_until_idle(self.linger) else {
+            return Step::Idle;
+        };
+        if let Some(c) = self.conn.upgrade() {
+            c.fail(why);
         }
-        let r = read_frame(&mut s, wire::MAX_FRAME);
-        last = Some(Instant::now());
-        let Some(c) = conn.upgrade() else { return };
-        if r.is_ok() {
-            c.last_rx.store(now_ms(), Ordering::Relaxed);
-        }
-        let res = match r {
-            Err(e) => {
-                if e.kind() == std::io::ErrorKind::UnexpectedEof {
-                    Err(Failure::Lost(
-                        "peer went away (control connection closed)".to_string(),
-                    ))
-                } else {
-                    Err(Failure::Lost(format!("control connection: {e}")))
+        Step::Done
+    }
+}
+
+/// The control connection's reader on the I/O workers: reads and handles
+/// frames while they come, then waits (no thread) for the next.
+struct OobReader {
+    conn: Weak<Conn>,
+    s: TcpStream,
+    spin: Duration,
+    linger: Duration,
+    /// When the last frame was read.
+    last: Option<Instant>,
+}
+
+impl Task for OobReader {
+    fn run(&mut self) -> Step {
+        use crate::net::socket::{readable_now, wait_readable};
+        loop {
+            if !readable_now(&self.s) {
+                if self.last.is_some_and(|t| t.elapsed() < self.spin) {
+                    crate::net::socket::poll_readable(&self.s, self.spin);
+                }
+                if !readable_now(&self.s) && !wait_readable(&self.s, self.linger) {
+                    if self.conn.strong_count() == 0 {
+                        return Step::Done;
+                    }
+                    return Step::Readable(std::os::fd::AsRawFd::as_raw_fd(&self.s));
                 }
             }
-            Ok(b) => match Control::decode(&b) {
-                Err(e) => Err(Failure::Protocol(format!(
-                    "peer sent a malformed control message: {e}"
-                ))),
-                Ok(m) => {
-                    tracing::trace!("lat: ctl in {}", m.kind());
-                    c.on_control(m, &mut s)
+            let r = read_frame(&mut self.s, wire::MAX_FRAME);
+            self.last = Some(Instant::now());
+            let Some(c) = self.conn.upgrade() else {
+                return Step::Done;
+            };
+            if r.is_ok() {
+                c.last_rx.store(now_ms(), Ordering::Relaxed);
+            }
+            let res = match r {
+                Err(e) => {
+                    if e.kind() == std::io::ErrorKind::UnexpectedEof {
+                        Err(Failure::Lost(
+                            "peer went away (control connection closed)".to_string(),
+                        ))
+                    } else {
+                        Err(Failure::Lost(format!("control connection: {e}")))
+                    }
                 }
-            },
-        };
-        if let Err(why) = res {
-            c.fail(why);
-            return;
+                Ok(b) => match Control::decode(&b) {
+                    Err(e) => Err(Failure::Protocol(format!(
+                        "peer sent a malformed control message: {e}"
+                    ))),
+                    Ok(m) => {
+                        tracing::trace!("lat: ctl in {}", m.kind());
+                        c.on_control(m, &mut self.s)
+                    }
+                },
+            };
+            if let Err(why) = res {
+                c.fail(why);
+                return Step::Done;
+            }
         }
     }
 }

@@ -34,6 +34,7 @@ mod rma_recvs;
 pub mod timeout;
 mod topo;
 mod transfer;
+mod workers;
 
 // The crates below the engine, under the names its modules use.
 use tcpx_p2p_gpu as gpu;

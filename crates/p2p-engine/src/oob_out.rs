@@ -18,6 +18,8 @@ use std::time::Duration;
 
 use parking_lot::{Condvar, Mutex};
 
+use crate::workers::{Home, Step, Task, Workers};
+
 /// Most bytes the backlog holds: a peer that leaves more of our control
 /// messages unread loses the connection rather than our memory.
 pub(crate) const MAX_BACKLOG: usize = 64 << 20;
@@ -55,6 +57,8 @@ impl Backlog {
 pub(crate) struct OobOut {
     s: TcpStream,
     shared: Arc<(Mutex<Backlog>, Condvar)>,
+    /// The writer task, woken when the backlog grows or closes.
+    writer: Option<Arc<Home>>,
 }
 
 impl OobOut {
@@ -62,6 +66,7 @@ impl OobOut {
         OobOut {
             s,
             shared: Arc::default(),
+            writer: None,
         }
     }
 
@@ -70,26 +75,38 @@ impl OobOut {
         &self.s
     }
 
-    /// Starts the writer thread on a clone of the stream; `failed` is
-    /// called with what went wrong if a write of the backlog fails.
-    pub(crate) fn spawn_writer(
-        &self,
-        name: String,
+    /// Starts the writer task (on `workers`) on a clone of the stream;
+    /// `failed` is called with what went wrong if a write of the backlog
+    /// fails.
+    pub(crate) fn start_writer(
+        &mut self,
+        workers: &Workers,
         failed: impl Fn(io::Error) + Send + 'static,
-    ) -> io::Result<std::thread::JoinHandle<()>> {
+    ) -> io::Result<Arc<Home>> {
         let s = self.s.try_clone()?;
-        let shared = Arc::downgrade(&self.shared);
-        std::thread::Builder::new()
-            .name(name)
-            .spawn(move || drain(s, shared, failed))
+        let task = Drain {
+            s,
+            shared: Arc::downgrade(&self.shared),
+            failed: Box::new(failed),
+        };
+        let home = workers.start_idle(Box::new(task));
+        self.writer = Some(home.clone());
+        Ok(home)
     }
 
-    /// Ends the writer thread once the backlog is written (or at once,
+    fn wake_writer(&self) {
+        if let Some(w) = &self.writer {
+            w.kick();
+        }
+    }
+
+    /// Ends the writer task once the backlog is written (or at once,
     /// when the stream is shut down).
     pub(crate) fn close(&self) {
         let (m, cv) = &*self.shared;
         m.lock().closed = true;
         cv.notify_all();
+        self.wake_writer();
     }
 
     /// Bytes queued and not yet written.
@@ -155,6 +172,8 @@ impl Write for OobOut {
                 skip = 0;
             }
             b.queue(rest, cv)?;
+            drop(b);
+            self.wake_writer();
         }
         Ok(total)
     }
@@ -164,43 +183,53 @@ impl Write for OobOut {
     }
 }
 
-/// The writer thread: writes the backlog's chunks in order, blocking (up
-/// to the stream's write timeout) on each.
-fn drain(mut s: TcpStream, shared: Weak<(Mutex<Backlog>, Condvar)>, failed: impl Fn(io::Error)) {
-    loop {
-        let Some(sh) = shared.upgrade() else { return };
-        let chunk = {
+impl Drop for OobOut {
+    fn drop(&mut self) {
+        // The writer task ends once it sees the backlog gone.
+        self.close();
+    }
+}
+
+/// The writer task: writes the backlog's chunks in order, blocking (up to
+/// the stream's write timeout) on each; idle (no thread) while the backlog
+/// is empty.
+struct Drain {
+    s: TcpStream,
+    shared: Weak<(Mutex<Backlog>, Condvar)>,
+    failed: Box<dyn Fn(io::Error) + Send>,
+}
+
+impl Task for Drain {
+    fn run(&mut self) -> Step {
+        loop {
+            let Some(sh) = self.shared.upgrade() else {
+                return Step::Done;
+            };
+            let chunk = {
+                let mut b = sh.0.lock();
+                match b.chunks.pop_front() {
+                    Some(c) => c,
+                    None if b.closed => return Step::Done,
+                    None => return Step::Idle,
+                }
+            };
+            drop(sh);
+            let r = self.s.write_all(&chunk);
+            let Some(sh) = self.shared.upgrade() else {
+                return Step::Done;
+            };
             let (m, cv) = &*sh;
             let mut b = m.lock();
-            loop {
-                if let Some(c) = b.chunks.pop_front() {
-                    break c;
-                }
-                if b.closed {
-                    return;
-                }
-                // Woken by each queued chunk and by close; the timeout
-                // lets the thread go once the connection is dropped.
-                cv.wait_for(&mut b, Duration::from_millis(200));
-                if Arc::strong_count(&sh) == 1 {
-                    return;
-                }
+            b.bytes -= chunk.len();
+            if let Err(e) = r {
+                b.closed = true;
+                cv.notify_all();
+                drop(b);
+                (self.failed)(e);
+                return Step::Done;
             }
-        };
-        drop(sh);
-        let r = s.write_all(&chunk);
-        let Some(sh) = shared.upgrade() else { return };
-        let (m, cv) = &*sh;
-        let mut b = m.lock();
-        b.bytes -= chunk.len();
-        if let Err(e) = r {
-            b.closed = true;
             cv.notify_all();
-            drop(b);
-            failed(e);
-            return;
         }
-        cv.notify_all();
     }
 }
 
@@ -216,9 +245,8 @@ mod tests {
         let a = TcpStream::connect(l.local_addr().unwrap()).unwrap();
         let (mut b, _) = l.accept().unwrap();
         let mut out = OobOut::new(a);
-        let h = out
-            .spawn_writer("test-oobw".into(), |e| panic!("{e}"))
-            .unwrap();
+        let w = Workers::new("test-io", None).unwrap();
+        let h = out.start_writer(&w, |e| panic!("{e}")).unwrap();
         // Far more than the socket buffers hold, written while nobody
         // reads: every write returns at once.
         let frame = |i: u32| {
@@ -238,7 +266,7 @@ mod tests {
         }
         out.flush_for(Duration::from_secs(5));
         out.close();
-        h.join().unwrap();
+        assert!(h.wait_done(Duration::from_secs(5)));
     }
 
     #[test]
@@ -248,7 +276,8 @@ mod tests {
         let (_b, _) = l.accept().unwrap();
         a.set_write_timeout(Some(Duration::from_secs(30))).unwrap();
         let mut out = OobOut::new(a);
-        let _h = out.spawn_writer("test-oobw".into(), |_| {}).unwrap();
+        let w = Workers::new("test-io", None).unwrap();
+        let _h = out.start_writer(&w, |_| {}).unwrap();
         let chunk = vec![7u8; 1 << 20];
         let mut err = None;
         for _ in 0..(MAX_BACKLOG >> 20) + 64 {

@@ -565,24 +565,36 @@ impl Engine {
     }
 
     /// The progress thread: runs until shutdown or failure; returns why it stopped.
-    pub fn run(&self) -> Failure {
+    /// Runs rounds until the engine stops (`Some`: why) or nothing has been
+    /// outstanding for `linger` (`None`: idle, to be run again when the
+    /// transport's waker or a new command calls for it).
+    pub fn run_until_idle(&self, linger: Duration) -> Option<Failure> {
         let mut last_busy = Instant::now();
         loop {
             let (busy, outstanding) = {
                 let mut g = self.state.lock();
                 match self.owned_step(&mut g) {
-                    None => return Failure::Lost("stopped".into()),
+                    None => return Some(Failure::Lost("stopped".into())),
                     Some(Ok(b)) => (b, g.as_mut().is_some_and(|p| p.outstanding())),
-                    Some(Err(why)) => return self.stop(&mut g, why),
+                    Some(Err(why)) => return Some(self.stop(&mut g, why)),
                 }
             };
             if busy {
                 last_busy = Instant::now();
             } else if outstanding && (self.polling || last_busy.elapsed() < self.spin) {
                 std::thread::yield_now();
+            } else if !outstanding && last_busy.elapsed() >= linger {
+                return None;
             } else {
                 // Woken by the transport's waker or by a new command.
-                std::thread::park_timeout(Duration::from_millis(if outstanding { 1 } else { 50 }));
+                let nap = if outstanding {
+                    Duration::from_millis(1)
+                } else {
+                    linger
+                        .saturating_sub(last_busy.elapsed())
+                        .min(Duration::from_millis(50))
+                };
+                std::thread::park_timeout(nap);
             }
         }
     }

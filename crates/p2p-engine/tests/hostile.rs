@@ -129,6 +129,7 @@ fn socket_net(streams: usize) -> SocketNet {
         staging_depth: 2,
         connect_timeout: Duration::from_secs(5),
         spin: Duration::ZERO,
+        linger: Duration::from_millis(100),
         cpus: None,
         gpu: None,
         splice: false,

@@ -158,6 +158,13 @@ impl Device {
     }
 }
 
+/// Makes GPU `ordinal`'s context current on the calling thread (work that
+/// moves between threads, e.g. a stream's on the I/O workers, calls it at
+/// the start of each stretch).
+pub fn bind_here(ordinal: i32) -> Result<(), CudaError> {
+    Device::get(ordinal)?.bind()
+}
+
 /// Finds the index of the GPU with this PCI bus id (case-insensitive, with or
 /// without the domain).
 pub fn device_by_bdf(bdf: &str) -> Option<i32> {

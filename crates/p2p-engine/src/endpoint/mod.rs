@@ -22,6 +22,7 @@ use crate::net::{MemRef, Net, OneNet};
 use crate::notif::{Notif, NotifLimits, NotifQueue, QUEUE_MAX, QUEUE_MAX_BYTES};
 use crate::transfer::{Failure, Status, Transfer};
 use crate::wire::{DescEntry, FifoItem, GpuId, Metadata, RmaItem, Token};
+use crate::workers::Workers;
 use crate::{gpu, topo};
 
 /// A buffer of a transfer: `len` bytes at `ptr` inside registered region `mr`.
@@ -87,21 +88,26 @@ fn make_net(
     ip: IpAddr,
     gpu: Option<i32>,
     cpus: Option<Arc<[usize]>>,
+    workers: &Workers,
 ) -> Result<Arc<dyn Net>> {
     match cfg.net {
-        NetKind::Socket => Ok(Arc::new(SocketNet::new(SocketConfig {
-            addr: ip,
-            streams: cfg.streams,
-            min_part: cfg.min_part,
-            sockbuf: cfg.sockbuf,
-            staging_slice: cfg.staging_slice,
-            staging_depth: cfg.staging_depth,
-            connect_timeout: cfg.connect_timeout,
-            spin: cfg.spin,
-            cpus,
-            gpu,
-            splice: cfg.splice,
-        }))),
+        NetKind::Socket => Ok(Arc::new(SocketNet::with_workers(
+            SocketConfig {
+                addr: ip,
+                streams: cfg.streams,
+                min_part: cfg.min_part,
+                sockbuf: cfg.sockbuf,
+                staging_slice: cfg.staging_slice,
+                staging_depth: cfg.staging_depth,
+                connect_timeout: cfg.connect_timeout,
+                spin: cfg.spin,
+                linger: cfg.io_linger,
+                cpus,
+                gpu,
+                splice: cfg.splice,
+            },
+            workers.clone(),
+        ))),
         NetKind::Plugin => PluginNet::load(&cfg.plugin_path, gpu)
             .map(|n| Arc::new(n) as Arc<dyn Net>)
             .map_err(|e| Error::Config(format!("TCPX_P2P_NET=plugin: {e}"))),
@@ -147,11 +153,15 @@ impl Endpoint {
             .map_err(|e| Error::io("control listener", e))?;
         let registry = Arc::new(Registry::new());
         let cpus = topo::io_cpus(&cfg.cpu_affinity, &gpu_bdf);
+        // One pool of I/O workers runs every peer's streams and tasks.
+        let workers = Workers::new("tcpx-io", cpus.clone())
+            .map_err(|e| Error::io("starting the I/O workers", e))?;
         let net = make_net(
             &cfg,
             ip,
             (gpu_index >= 0 && gpu::available()).then_some(gpu_index),
             cpus.clone(),
+            &workers,
         )?;
         let most = net.max_requests();
         let window = |v: usize| if v == 0 { most } else { v.min(most) };
@@ -190,12 +200,13 @@ impl Endpoint {
             max_peer_channels: cfg.max_peer_channels,
             timeout: cfg.connect_timeout,
             spin: cfg.spin,
-            cpus,
             deadline: cfg.deadline,
             devices,
             notifs: notifs.clone(),
             inline_max: cfg.inline_max.min(crate::wire::MAX_INLINE),
             sockbuf: cfg.sockbuf,
+            workers,
+            linger: cfg.io_linger,
         };
         let name = cfg.name.clone().unwrap_or_else(|| default_name(addr));
         let next_conn = Arc::new(AtomicU64::new(0));

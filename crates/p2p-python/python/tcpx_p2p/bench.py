@@ -4,6 +4,9 @@ measured in the same run.
     tcpx-p2p-bench pair   [options]          both sides on this host (two processes)
     tcpx-p2p-bench server [options]          the passive side of a two-host run
     tcpx-p2p-bench client HOST [options]     the active side (it sends / writes / reads)
+    tcpx-p2p-bench peers  [options]          one endpoint, many peers: threads, descriptors,
+                                             memory per peer, and many peers sending at once
+                                             (see `tcpx-p2p-bench peers --help`)
 
 References (--reference): raw TCP with the same number of streams (host
 memory, our Rust reference client/server), and with GPU memory on a
@@ -1088,6 +1091,11 @@ LOAD_AT_START = list(os.getloadavg())
 
 
 def main(argv=None):
+    args = sys.argv[1:] if argv is None else list(argv)
+    if args[:1] == ["peers"]:
+        from . import bench_peers
+
+        return bench_peers.main(args[1:])
     ap = argparse.ArgumentParser(prog="tcpx-p2p-bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("mode", choices=["pair", "server", "client"])
     ap.add_argument("host", nargs="?", help="server host (client mode)")

@@ -1,5 +1,6 @@
 //! Our own TCP transport. Each comm is several TCP streams, each driven by
-//! its own I/O thread with blocking I/O. A message is cut into parts dealt
+//! a task on the endpoint's I/O workers ([`crate::workers`]) with blocking
+//! I/O while it has work, and holding no thread while it has none. A message is cut into parts dealt
 //! round-robin across the streams; every part carries a small header
 //! ([`wire::PartHeader`]: message sequence number, offset, length, total,
 //! part count) so the receiver places it without knowing the split. GPU
@@ -36,6 +37,7 @@ use std::time::Instant;
 use super::{DeviceProps, ListenComm, Net, NetHandle, RecvComm, SendComm, Waker};
 use crate::error::NetError;
 use crate::gpu;
+use crate::workers::Workers;
 
 mod book;
 mod reader;
@@ -47,7 +49,7 @@ mod sockio;
 
 /// Whether a TCP stream has bytes to read, and a bounded spin until it
 /// has: the control connection's reader uses them too.
-pub(crate) use sockio::poll_readable;
+pub(crate) use sockio::{poll_readable, readable_now, wait_readable};
 pub(crate) mod splice;
 mod stage;
 #[cfg(test)]
@@ -96,6 +98,9 @@ pub struct SocketConfig {
     pub connect_timeout: Duration,
     /// Idle I/O threads spin this long before sleeping.
     pub spin: Duration,
+    /// A stream with nothing to do keeps its I/O worker this long before
+    /// giving it back (see [`crate::workers`]).
+    pub linger: Duration,
     /// CPUs the I/O threads are pinned to (None: not pinned).
     pub cpus: Option<Arc<[usize]>>,
     /// The endpoint's GPU: its pinned staging is made when a comm starts,
@@ -106,14 +111,38 @@ pub struct SocketConfig {
     pub splice: bool,
 }
 
-/// The transport: stateless apart from its settings.
+/// The transport: its settings, and the I/O workers its comms share.
 pub struct SocketNet {
     cfg: SocketConfig,
+    workers: parking_lot::Mutex<Option<Workers>>,
 }
 
 impl SocketNet {
     pub fn new(cfg: SocketConfig) -> Self {
-        SocketNet { cfg }
+        SocketNet {
+            cfg,
+            workers: parking_lot::Mutex::new(None),
+        }
+    }
+
+    /// A net whose comms run on `workers` (the endpoint's, shared with its
+    /// connections' tasks).
+    pub(crate) fn with_workers(cfg: SocketConfig, workers: Workers) -> Self {
+        SocketNet {
+            cfg,
+            workers: parking_lot::Mutex::new(Some(workers)),
+        }
+    }
+
+    /// The comms' I/O workers, started with the first comm.
+    fn workers(&self) -> Result<Workers, NetError> {
+        let mut w = self.workers.lock();
+        if let Some(w) = &*w {
+            return Ok(w.clone());
+        }
+        let made = Workers::new("tcpx-io", self.cfg.cpus.clone())
+            .map_err(|e| NetError::io(NET, "starting the I/O workers", e))?;
+        Ok(w.insert(made).clone())
     }
 }
 
@@ -195,6 +224,7 @@ impl Net for SocketNet {
             nonce,
             streams: vec![None; self.cfg.streams],
             cfg: self.cfg.clone(),
+            workers: self.workers()?,
         }))
     }
 
@@ -230,7 +260,12 @@ impl Net for SocketNet {
             min_part,
             ..self.cfg.clone()
         };
-        Ok(Some(Box::new(SocketSend::start(socks, &cfg, waker)?)))
+        Ok(Some(Box::new(SocketSend::start(
+            socks,
+            &cfg,
+            waker,
+            &self.workers()?,
+        )?)))
     }
 
     fn needs_polling(&self) -> bool {
@@ -269,6 +304,7 @@ struct SocketListen {
     nonce: u64,
     streams: Vec<Option<Arc<TcpStream>>>,
     cfg: SocketConfig,
+    workers: Workers,
 }
 
 impl ListenComm for SocketListen {
@@ -313,7 +349,12 @@ impl ListenComm for SocketListen {
         if self.streams.iter().all(Option::is_some) {
             let socks: Vec<Arc<TcpStream>> =
                 self.streams.iter_mut().filter_map(Option::take).collect();
-            Ok(Some(Box::new(SocketRecv::start(socks, &self.cfg, waker)?)))
+            Ok(Some(Box::new(SocketRecv::start(
+                socks,
+                &self.cfg,
+                waker,
+                &self.workers,
+            )?)))
         } else {
             Ok(None)
         }
@@ -359,6 +400,7 @@ pub(crate) fn test_config(streams: usize) -> SocketConfig {
         staging_depth: 2,
         connect_timeout: Duration::from_secs(5),
         spin: Duration::from_micros(20),
+        linger: Duration::from_millis(100),
         cpus: None,
         gpu: None,
         splice: true,

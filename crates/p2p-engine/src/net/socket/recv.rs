@@ -5,24 +5,26 @@ use std::collections::HashMap;
 use std::net::TcpStream;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
 
 use super::book::{LaneBook, RecvLaneQ, RecvReq, RecvShared};
-use super::rx::rx_loop;
+use super::rx::RxTask;
 use super::segs::Segs;
 use super::{part_count, Lane, SocketConfig, NET};
 use crate::error::NetError;
 use crate::net::{MemRef, MrHandle, RecvComm, ReqId, Waker};
-use crate::topo;
+use crate::workers::{Home, Workers};
 
 pub(super) struct SocketRecv {
     shared: Arc<RecvShared>,
     min_part: usize,
     socks: Vec<Arc<TcpStream>>,
-    threads: Vec<JoinHandle<()>>,
+    /// Each stream's receive task.
+    tasks: Vec<Arc<Home>>,
+    /// Keeps the I/O workers (and their poller) alive while this comm is.
+    _workers: Workers,
     reqs: HashMap<u64, Arc<RecvReq>>,
     next_seq: u64,
 }
@@ -32,6 +34,7 @@ impl SocketRecv {
         socks: Vec<Arc<TcpStream>>,
         cfg: &SocketConfig,
         waker: Waker,
+        workers: &Workers,
     ) -> Result<Self, NetError> {
         let shared = Arc::new(RecvShared {
             lanes: (0..socks.len())
@@ -45,27 +48,22 @@ impl SocketRecv {
             failed: Mutex::new(None),
             waker,
         });
-        let mut threads = Vec::new();
-        for (i, s) in socks.iter().enumerate() {
-            let s = s.clone();
-            let shared = shared.clone();
-            let lane = Lane::new(i, cfg);
-            let cpus = cfg.cpus.clone();
-            threads.push(
-                std::thread::Builder::new()
-                    .name(format!("tcpx-rx{i}"))
-                    .spawn(move || {
-                        topo::pin_thread(cpus.as_deref());
-                        rx_loop(s, shared, lane)
-                    })
-                    .map_err(|e| NetError::io(NET, "spawning an I/O thread", e))?,
-            );
-        }
+        let tasks = socks
+            .iter()
+            .enumerate()
+            .map(|(i, s)| {
+                let task = RxTask::new(s.clone(), shared.clone(), Lane::new(i, cfg), cfg.linger);
+                // Its first stretch makes the stream's staging, then it
+                // waits for bytes without a thread.
+                workers.start(Box::new(task))
+            })
+            .collect();
         Ok(SocketRecv {
             shared,
             min_part: cfg.min_part,
             socks,
-            threads,
+            tasks,
+            _workers: workers.clone(),
             reqs: HashMap::new(),
             next_seq: 0,
         })
@@ -102,9 +100,12 @@ impl RecvComm for SocketRecv {
         });
         // Part i of message `seq` rides stream (seq + i) mod S.
         for i in 0..lanes {
-            let q = &self.shared.lanes[(seq as usize + i) % n];
+            let k = (seq as usize + i) % n;
+            let q = &self.shared.lanes[k];
             q.book.lock().insert(seq, req.clone(), i);
             q.cv.notify_all();
+            // A stream that read this message's header first waits idle.
+            self.tasks[k].kick();
         }
         self.shared.posted.store(seq + 1, Ordering::Release);
         self.reqs.insert(seq, req);
@@ -142,13 +143,20 @@ impl Drop for SocketRecv {
         for s in &self.socks {
             let _ = s.shutdown(std::net::Shutdown::Both);
         }
+        // Parked tasks see their stream closed and end; idle ones (waiting
+        // for a receive to be posted) are woken to see it.
+        for t in &self.tasks {
+            t.kick();
+        }
         let deadline = Instant::now() + Duration::from_secs(5);
-        for t in self.threads.drain(..) {
-            while !t.is_finished() && Instant::now() < deadline {
-                std::thread::sleep(Duration::from_millis(1));
+        for t in &self.tasks {
+            // The task dropping this comm (a transfer it ended failed the
+            // connection) ends once this returns, seeing the comm closed.
+            if t.runs_here() {
+                continue;
             }
-            if t.is_finished() {
-                let _ = t.join();
+            if !t.wait_done(deadline.saturating_duration_since(Instant::now())) {
+                tracing::warn!("socket net: a receive stream's task did not end within 5 s of its comm's close");
             }
         }
     }

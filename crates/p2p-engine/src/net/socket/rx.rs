@@ -1,10 +1,12 @@
-//! The receive threads, one per stream: read a part header, match it to
+//! The receive streams' work ([`RxTask`], run by the endpoint's I/O
+//! workers while the stream has bytes): read a part header, match it to
 //! the receive posted for it, check it against that receive
 //! ([`check_part`]), then land its payload -- host memory read in place,
 //! GPU memory through the stream's pinned staging, the part completed once
 //! its copies have landed.
 
 use std::net::TcpStream;
+use std::os::fd::AsRawFd;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -12,7 +14,7 @@ use std::time::{Duration, Instant};
 use super::book::{check_part, part_done, Landing, RecvReq, RecvShared};
 use super::reader::StreamReader;
 use super::segs::{uniform_kind, window_copies, windows};
-use super::sockio::{poll_readable, read_err, readable_now};
+use super::sockio::{poll_readable, read_err, readable_now, wait_readable};
 use super::stage::Stager;
 use super::wire::{PartHeader, HDR_LEN};
 use super::{Lane, BATCH_PART, INLINE_MAX, NET, READ_BUF};
@@ -21,6 +23,7 @@ use crate::gpu::staging::Ring;
 use crate::memory::MemKind;
 use crate::net::timing::{self, Spent};
 use crate::net::MemRef;
+use crate::workers::{Step, Task};
 
 /// How long an I/O thread with spinning allowed waits for a receive to be
 /// posted before it blocks in a read.
@@ -169,6 +172,8 @@ struct Rx {
     done: Vec<Landing>,
     /// The last part was large (read the next header alone).
     large_before: bool,
+    /// A header read whose receive was not posted yet.
+    pending: Option<PartHeader>,
 }
 
 impl Rx {
@@ -223,9 +228,9 @@ impl Rx {
         Ok(h)
     }
 
-    /// Waits until the receive of message `seq` is posted and takes it
-    /// from this stream's book (`None`: the comm is closing).
-    fn find_recv(&mut self, seq: u64) -> Result<Option<Arc<RecvReq>>, NetError> {
+    /// Waits up to `limit` for the receive of message `seq` to be posted
+    /// and takes it from this stream's book.
+    fn find_recv(&mut self, seq: u64, limit: Duration) -> Result<Found, NetError> {
         let Rx {
             stager,
             shared,
@@ -234,13 +239,14 @@ impl Rx {
             ..
         } = self;
         let q = &shared.lanes[lane.index];
+        let until = Instant::now() + limit;
         loop {
             let mut book = q.book.lock();
             if shared.closing.load(Ordering::Acquire) {
-                return Ok(None);
+                return Ok(Found::Closing);
             }
             if let Some(r) = book.take(seq) {
-                return Ok(Some(r));
+                return Ok(Found::Recv(r));
             }
             if seq < shared.posted.load(Ordering::Acquire) {
                 // Its receive is posted, and not expecting this part here
@@ -259,7 +265,11 @@ impl Rx {
                 flushed?;
                 continue;
             }
-            q.cv.wait_for(&mut book, Duration::from_millis(100));
+            let now = Instant::now();
+            if now >= until {
+                return Ok(Found::NotYet);
+            }
+            q.cv.wait_for(&mut book, (until - now).min(Duration::from_millis(100)));
         }
     }
 
@@ -313,54 +323,166 @@ impl Rx {
         }
     }
 
-    /// One part: read header → match → check → land. `Ok(false)`: the comm
-    /// is closing.
-    fn step(&mut self) -> Result<bool, NetError> {
-        self.settle()?;
-        let h = self.read_header()?;
-        let Some(req) = self.find_recv(h.seq)? else {
-            return Ok(false);
+    /// One part: read header → match → check → land. A header whose
+    /// receive is not posted within `wait` is kept for the next call.
+    fn step(&mut self, wait: Duration) -> Result<Flow, NetError> {
+        let h = match self.pending.take() {
+            Some(h) => h,
+            None => {
+                self.settle()?;
+                self.read_header()?
+            }
+        };
+        let req = match self.find_recv(h.seq, wait)? {
+            Found::Recv(req) => req,
+            Found::Closing => return Ok(Flow::Closing),
+            Found::NotYet => {
+                self.pending = Some(h);
+                return Ok(Flow::AwaitPost);
+            }
         };
         timing::mark(Spent::Waiting);
         let checked = check_part(&h, &req.segs, &mut req.shape.lock());
         checked.map_err(|f| self.protocol(f))?;
         self.land(h, req)?;
-        Ok(true)
+        Ok(Flow::Part)
     }
 }
 
-pub(super) fn rx_loop(s: Arc<TcpStream>, shared: Arc<RecvShared>, lane: Lane) {
-    let stager = Stager::<Landing>::ahead(lane.gpu, lane.slice, lane.depth);
-    let peer = s.peer_addr().map(|a| a.to_string()).unwrap_or_default();
-    let _account = timing::start(|| {
-        let at = s.local_addr().map(|a| a.to_string()).unwrap_or_default();
-        format!("rx stream {} at {at} from {peer}", lane.index)
-    });
-    let mut rx = Rx {
-        r: StreamReader::new(s),
-        stager,
-        shared: shared.clone(),
-        lane,
-        peer,
-        done: Vec::new(),
-        large_before: false,
-    };
-    loop {
-        match rx.step() {
-            Ok(true) => {}
-            Ok(false) => return,
-            Err(e) => {
-                if !shared.closing.load(Ordering::Acquire) {
-                    tracing::debug!("socket net: receive stream from {} failed: {e}", rx.peer);
-                    // The first failure of the comm is what every receive
-                    // reports. (`test` reports it for every receive not
-                    // yet done.)
-                    shared.failed.lock().get_or_insert(e);
-                    shared.closing.store(true, Ordering::Release);
-                    shared.notify_all();
-                    (shared.waker)();
+/// What [`Rx::find_recv`] found.
+enum Found {
+    Recv(Arc<RecvReq>),
+    /// Not posted yet.
+    NotYet,
+    /// The comm is closing.
+    Closing,
+}
+
+/// What one [`Rx::step`] did.
+enum Flow {
+    /// Landed a part.
+    Part,
+    /// Read a header whose receive is not posted yet (kept).
+    AwaitPost,
+    /// The comm is closing.
+    Closing,
+}
+
+/// A receive stream's work on the I/O workers: it reads and lands parts
+/// while the stream has bytes, and gives its worker back (waiting for the
+/// stream to become readable) once none has come for `linger`.
+pub(super) struct RxTask {
+    rx: Rx,
+    linger: Duration,
+    /// The first stretch makes the staging, then waits for bytes.
+    started: bool,
+}
+
+impl RxTask {
+    pub(super) fn new(
+        s: Arc<TcpStream>,
+        shared: Arc<RecvShared>,
+        lane: Lane,
+        linger: Duration,
+    ) -> Self {
+        let peer = s.peer_addr().map(|a| a.to_string()).unwrap_or_default();
+        RxTask {
+            rx: Rx {
+                r: StreamReader::new(s),
+                stager: Stager::<Landing>::lazy(lane.slice, lane.depth),
+                shared,
+                lane,
+                peer,
+                done: Vec::new(),
+                large_before: false,
+                pending: None,
+            },
+            linger,
+            started: false,
+        }
+    }
+
+    /// Nothing to read or land: every landed part completed, no bytes
+    /// buffered or waiting.
+    fn quiet(&mut self) -> Result<bool, NetError> {
+        self.rx.settle()?;
+        Ok(self.rx.pending.is_none()
+            && self.rx.r.buffered() == 0
+            && !self.rx.stager.landing()
+            && !readable_now(&self.rx.r.s))
+    }
+
+    /// The comm's first failure, seen by every receive.
+    fn fail(&self, e: NetError) {
+        let shared = &self.rx.shared;
+        if !shared.closing.load(Ordering::Acquire) {
+            tracing::debug!(
+                "socket net: receive stream from {} failed: {e}",
+                self.rx.peer
+            );
+            // The first failure of the comm is what every receive reports.
+            // (`test` reports it for every receive not yet done.)
+            shared.failed.lock().get_or_insert(e);
+            shared.closing.store(true, Ordering::Release);
+            shared.notify_all();
+            (shared.waker)();
+        }
+    }
+}
+
+impl Task for RxTask {
+    fn run(&mut self) -> Step {
+        let fd = self.rx.r.s.as_raw_fd();
+        if !self.started {
+            // Staging for the endpoint's GPU made now, ahead of the first
+            // message (pinned allocations take milliseconds each: measured
+            // on h200-x2, the first size of a run read 4.75 GB/s at 64 KiB
+            // where the next read 14.75).
+            self.started = true;
+            self.rx.stager =
+                Stager::<Landing>::ahead(self.rx.lane.gpu, self.rx.lane.slice, self.rx.lane.depth);
+            return Step::Readable(fd);
+        }
+        self.rx.stager.bind_here();
+        let _account = timing::start(|| {
+            let at = self
+                .rx
+                .r
+                .s
+                .local_addr()
+                .map(|a| a.to_string())
+                .unwrap_or_default();
+            format!(
+                "rx stream {} at {at} from {}",
+                self.rx.lane.index, self.rx.peer
+            )
+        });
+        loop {
+            match self.quiet() {
+                Ok(true) if !self.rx.shared.closing.load(Ordering::Acquire) => {
+                    // Spin or wait as a thread of its own would (see
+                    // `spin_for_data`), then linger before giving the
+                    // worker back.
+                    self.rx.lane.spin_for_data(&self.rx.r.s, &self.rx.shared);
+                    if !wait_readable(&self.rx.r.s, self.linger) {
+                        return Step::Readable(fd);
+                    }
                 }
-                return;
+                Ok(_) => {}
+                Err(e) => {
+                    self.fail(e);
+                    return Step::Done;
+                }
+            }
+            match self.rx.step(self.linger) {
+                Ok(Flow::Part) => {}
+                // Woken by the receive's post (or the comm's close).
+                Ok(Flow::AwaitPost) => return Step::Idle,
+                Ok(Flow::Closing) => return Step::Done,
+                Err(e) => {
+                    self.fail(e);
+                    return Step::Done;
+                }
             }
         }
     }

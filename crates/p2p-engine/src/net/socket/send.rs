@@ -1,5 +1,5 @@
 //! Posting sends: a message is cut into parts, each queued to its
-//! stream's send thread -- or, for a lone small message on an idle stream,
+//! stream's send task (on the endpoint's I/O workers) -- or, for a lone small message on an idle stream,
 //! written by the posting thread itself without waking anyone.
 
 use std::collections::HashMap;
@@ -7,7 +7,6 @@ use std::io::IoSlice;
 use std::net::TcpStream;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::Sender;
@@ -15,7 +14,7 @@ use parking_lot::Mutex;
 
 use super::segs::{uniform_kind, Segs};
 use super::stage::Stager;
-use super::tx::{host_slices, tx_loop, SendReq, SendShared, TxOp};
+use super::tx::{host_slices, SendReq, SendShared, TxOp, TxTask};
 use super::wire::{PartHeader, HDR_LEN};
 use super::{split_parts, Lane, SocketConfig, INLINE_MAX, NET};
 use crate::error::NetError;
@@ -23,7 +22,7 @@ use crate::gpu::staging::StageStep;
 use crate::memory::MemKind;
 use crate::net::timing::{self, Spent};
 use crate::net::{MemRef, MrHandle, ReqId, SendComm, Waker};
-use crate::topo;
+use crate::workers::{Home, Workers};
 
 /// A post this long after the previous one returned is a lone message,
 /// written by the posting thread; closer posts are a burst, for the I/O
@@ -41,7 +40,10 @@ const LONE_GAP: Duration = Duration::from_micros(50);
 pub(super) struct SocketSend {
     txs: Vec<Sender<TxOp>>,
     socks: Vec<Arc<TcpStream>>,
-    threads: Vec<JoinHandle<()>>,
+    /// Each stream's send task: woken when a part is queued to it.
+    tasks: Vec<Arc<Home>>,
+    /// Keeps the I/O workers (and their poller) alive while this comm is.
+    _workers: Workers,
     shared: Arc<SendShared>,
     reqs: HashMap<u64, Arc<SendReq>>,
     next_seq: u64,
@@ -65,6 +67,7 @@ impl SocketSend {
         socks: Vec<TcpStream>,
         cfg: &SocketConfig,
         waker: Waker,
+        workers: &Workers,
     ) -> Result<Self, NetError> {
         let shared = Arc::new(SendShared {
             failed: Mutex::new(None),
@@ -72,31 +75,30 @@ impl SocketSend {
         });
         let socks: Vec<Arc<TcpStream>> = socks.into_iter().map(Arc::new).collect();
         let mut txs = Vec::new();
-        let mut threads = Vec::new();
+        let mut tasks = Vec::new();
         let mut queued = Vec::new();
         for (i, s) in socks.iter().enumerate() {
             let (tx, rx) = crossbeam_channel::unbounded::<TxOp>();
-            let s = s.clone();
-            let shared = shared.clone();
             let q = Arc::new(AtomicUsize::new(0));
             queued.push(q.clone());
-            let lane = Lane::new(i, cfg);
-            let cpus = cfg.cpus.clone();
-            threads.push(
-                std::thread::Builder::new()
-                    .name(format!("tcpx-tx{i}"))
-                    .spawn(move || {
-                        topo::pin_thread(cpus.as_deref());
-                        tx_loop(s, rx, shared, q, lane)
-                    })
-                    .map_err(|e| NetError::io(NET, "spawning an I/O thread", e))?,
+            let task = TxTask::new(
+                s.clone(),
+                rx,
+                shared.clone(),
+                q,
+                Lane::new(i, cfg),
+                cfg.linger,
             );
+            // Its first stretch makes the stream's staging ahead of the first
+            // message (pinned allocations take milliseconds), then it idles.
+            tasks.push(workers.start(Box::new(task)));
             txs.push(tx);
         }
         Ok(SocketSend {
             txs,
             socks,
-            threads,
+            tasks,
+            _workers: workers.clone(),
             shared,
             reqs: HashMap::new(),
             next_seq: 0,
@@ -240,6 +242,7 @@ impl SendComm for SocketSend {
             self.txs[k]
                 .send(op)
                 .map_err(|_| NetError::Closed { net: NET })?;
+            self.tasks[k].kick();
         }
         self.reqs.insert(seq, req);
         self.last_post = Instant::now();
@@ -274,8 +277,22 @@ impl Drop for SocketSend {
         for s in &self.socks {
             let _ = s.shutdown(std::net::Shutdown::Both);
         }
-        for t in self.threads.drain(..) {
-            let _ = t.join();
+        // Idle tasks run once more to see their queue closed.
+        for t in &self.tasks {
+            t.kick();
+        }
+        let deadline = Instant::now() + Duration::from_secs(5);
+        for t in &self.tasks {
+            // The task dropping this comm (a transfer it ended failed the
+            // connection) ends once this returns, seeing the comm closed.
+            if t.runs_here() {
+                continue;
+            }
+            if !t.wait_done(deadline.saturating_duration_since(Instant::now())) {
+                tracing::warn!(
+                    "socket net: a send stream's task did not end within 5 s of its comm's close"
+                );
+            }
         }
     }
 }

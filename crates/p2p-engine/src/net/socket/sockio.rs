@@ -59,7 +59,7 @@ pub(super) fn write_all_slices(s: &TcpStream, parts: &[&[u8]]) -> io::Result<()>
 }
 
 /// Whether the socket has bytes waiting to be read.
-pub(super) fn readable_now(s: &TcpStream) -> bool {
+pub(crate) fn readable_now(s: &TcpStream) -> bool {
     use std::os::fd::AsRawFd;
     let mut n: libc::c_int = 0;
     // SAFETY: FIONREAD writes one int through the pointer given.
@@ -76,6 +76,28 @@ pub(crate) fn poll_readable(s: &TcpStream, spin: Duration) {
     let start = Instant::now();
     while !readable_now(s) && start.elapsed() < spin {
         std::hint::spin_loop();
+    }
+}
+
+/// Waits up to `limit` for `s` to have bytes to read (or to be closed);
+/// true if it has.
+pub(crate) fn wait_readable(s: &TcpStream, limit: Duration) -> bool {
+    use std::os::fd::AsRawFd;
+    let mut p = libc::pollfd {
+        fd: s.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    let ms = libc::c_int::try_from(limit.as_millis()).unwrap_or(libc::c_int::MAX);
+    loop {
+        // SAFETY: one pollfd, passed with its count.
+        let r = unsafe { libc::poll(&mut p, 1, ms) };
+        if r >= 0 {
+            return r > 0;
+        }
+        if io::Error::last_os_error().kind() != io::ErrorKind::Interrupted {
+            return true; // let the read report it
+        }
     }
 }
 

@@ -161,6 +161,16 @@ impl<T> Stager<T> {
         st
     }
 
+    /// Makes this stream's GPU (if it has staging) current on the calling
+    /// thread: a stream's work moves between the I/O workers.
+    pub(super) fn bind_here(&self) {
+        if let Some(st) = &self.cur {
+            if let Err(e) = crate::gpu::bind_here(st.ring.device()) {
+                tracing::debug!(gpu = st.ring.device(), "cannot make the GPU current: {e}");
+            }
+        }
+    }
+
     /// The staging for GPU `device`, made (or remade) if needed. A receive
     /// side must have flushed the old one first.
     pub(super) fn get(&mut self, device: i32) -> Result<&mut Staging<T>, NetError> {

@@ -1,5 +1,6 @@
-//! The send threads: one per stream, writing the parts queued to it --
-//! host memory straight from the user's buffer (small parts batched into
+//! The send streams' work ([`TxTask`], run by the endpoint's I/O
+//! workers while the stream has parts to write): writing the parts queued
+//! to it -- host memory straight from the user's buffer (small parts batched into
 //! one system call), GPU memory through the stream's pinned staging, the
 //! copies of the next windows running while this one is written.
 
@@ -21,6 +22,7 @@ use crate::error::NetError;
 use crate::memory::MemKind;
 use crate::net::timing::{self, Spent};
 use crate::net::{MemRef, Waker};
+use crate::workers::{Step, Task};
 
 pub(super) struct SendReq {
     pub(super) parts_left: AtomicUsize,
@@ -371,16 +373,32 @@ fn tx_gpu_stream(
 }
 
 /// The next op: spins for `spin` after the last one before blocking.
-fn next_op(rx: &Receiver<TxOp>, spin: Duration) -> Option<TxOp> {
+/// What a send stream's queue gave.
+enum Next {
+    Op(TxOp),
+    /// Nothing for the linger: the stream gives its worker back.
+    Quiet,
+    /// The comm is closing.
+    Closed,
+}
+
+/// The next op: spun for up to `spin`, then waited for up to `linger`.
+fn next_op(rx: &Receiver<TxOp>, spin: Duration, linger: Duration) -> Next {
     let start = Instant::now();
     loop {
         match rx.try_recv() {
-            Ok(op) => return Some(op),
-            Err(crossbeam_channel::TryRecvError::Disconnected) => return None,
+            Ok(op) => return Next::Op(op),
+            Err(crossbeam_channel::TryRecvError::Disconnected) => return Next::Closed,
             Err(crossbeam_channel::TryRecvError::Empty) if start.elapsed() < spin => {
                 std::hint::spin_loop()
             }
-            Err(crossbeam_channel::TryRecvError::Empty) => return rx.recv().ok(),
+            Err(crossbeam_channel::TryRecvError::Empty) => {
+                return match rx.recv_timeout(linger) {
+                    Ok(op) => Next::Op(op),
+                    Err(crossbeam_channel::RecvTimeoutError::Timeout) => Next::Quiet,
+                    Err(crossbeam_channel::RecvTimeoutError::Disconnected) => Next::Closed,
+                }
+            }
         }
     }
 }
@@ -435,81 +453,153 @@ fn finish_op(s: &TcpStream, shared: &SendShared, op: &TxOp, r: &Result<(), NetEr
     }
 }
 
-pub(super) fn tx_loop(
+/// A send stream's work on the I/O workers: it writes the parts queued
+/// to it, and gives its worker back once none has come for `linger`.
+pub(super) struct TxTask {
     s: Arc<TcpStream>,
     rx: Receiver<TxOp>,
     shared: Arc<SendShared>,
     queued: Arc<AtomicUsize>,
     lane: Lane,
-) {
-    let Lane {
-        slice, depth, spin, ..
-    } = lane;
-    let _account = timing::start(|| {
-        let peer = s.peer_addr().map(|a| a.to_string()).unwrap_or_default();
-        format!("tx stream {} to {peer}", lane.index)
-    });
-    // A lent slot comes back a receiver's read later than a written one:
-    // a lending stream keeps twice the slots. Measured on h200-x2, GPU ->
-    // GPU, six runs each (`…-splice/`): written 19.82 / 20.20 GB/s at 16 /
-    // 256 MiB, lent through 4 slots 22.04 / 21.07, through 8 21.80 / 22.33.
-    let depth = if lane.splice { depth * 2 } else { depth };
-    let mut stager = Stager::<()>::ahead(lane.gpu, slice, depth);
-    if lane.splice {
-        stager.lend = Lend::Wanted(s.clone());
+    linger: Duration,
+    /// Made at the first stretch (on a worker, not the connecting thread).
+    stager: Option<Stager<()>>,
+    /// An op taken from the queue that did not join the batch before it.
+    held: Option<TxOp>,
+}
+
+impl TxTask {
+    pub(super) fn new(
+        s: Arc<TcpStream>,
+        rx: Receiver<TxOp>,
+        shared: Arc<SendShared>,
+        queued: Arc<AtomicUsize>,
+        lane: Lane,
+        linger: Duration,
+    ) -> Self {
+        TxTask {
+            s,
+            rx,
+            shared,
+            queued,
+            lane,
+            linger,
+            stager: None,
+            held: None,
+        }
     }
-    let mut held: Option<TxOp> = None;
-    let finish = |op: &TxOp, r: &Result<(), NetError>| {
-        queued.fetch_sub(1, Ordering::AcqRel);
-        finish_op(&s, &shared, op, r)
-    };
-    loop {
-        timing::mark(Spent::Other);
-        let Some(op) = held.take().or_else(|| next_op(&rx, spin)) else {
-            return;
-        };
-        timing::mark(Spent::Waiting);
-        if let Some(f) = shared.failed.lock().clone() {
-            queued.fetch_sub(1, Ordering::AcqRel);
-            *op.req.error.lock() = Some(f);
-            (shared.waker)();
-            continue;
-        }
-        if let Some(dev) = piped_gpu(&op, slice) {
-            // The parts queued behind it on the same GPU join it; the first
-            // that does not (or any, once the comm has failed) is held for
-            // this loop.
-            let mut next = || {
-                if held.is_some() {
-                    return None;
-                }
-                match rx.try_recv() {
-                    Ok(o)
-                        if piped_gpu(&o, slice) == Some(dev) && shared.failed.lock().is_none() =>
-                    {
-                        Some(o)
-                    }
-                    Ok(o) => {
-                        held = Some(o);
-                        None
-                    }
-                    Err(_) => None,
-                }
+
+    fn stager(&mut self) -> &mut Stager<()> {
+        let lane = self.lane;
+        let s = &self.s;
+        self.stager.get_or_insert_with(|| {
+            // A lent slot comes back a receiver's read later than a written
+            // one: a lending stream keeps twice the slots. Measured on
+            // h200-x2, GPU -> GPU, six runs each (`…-splice/`): written
+            // 19.82 / 20.20 GB/s at 16 / 256 MiB, lent through 4 slots
+            // 22.04 / 21.07, through 8 21.80 / 22.33.
+            let depth = if lane.splice {
+                lane.depth * 2
+            } else {
+                lane.depth
             };
-            tx_gpu_stream(&s, op, dev, &mut stager, &mut next, &finish);
-            continue;
+            let mut st = Stager::<()>::ahead(lane.gpu, lane.slice, depth);
+            if lane.splice {
+                st.lend = Lend::Wanted(s.clone());
+            }
+            st
+        })
+    }
+}
+
+impl Task for TxTask {
+    fn run(&mut self) -> Step {
+        let Lane { slice, spin, .. } = self.lane;
+        if self.stager.is_none() {
+            // The first stretch makes the staging; the stream idles until a
+            // part is queued (the queue is looked at once, for one that
+            // came meanwhile).
+            self.stager();
+            if self.rx.is_empty() {
+                return Step::Idle;
+            }
         }
-        if !batchable(&op) {
-            let r = tx_part(&s, &op, &mut stager);
-            finish(&op, &r);
-            continue;
-        }
-        let batch = take_host_batch(&rx, op, &mut held);
-        let slices: Vec<&[u8]> = batch.iter().flat_map(host_slices).collect();
-        let r = write_all_slices(&s, &slices).map_err(write_err);
-        tracing::trace!(seq = batch[0].head.seq, n = batch.len(), "lat: tx wrote");
-        for o in &batch {
-            finish(o, &r);
+        let TxTask {
+            s,
+            rx,
+            shared,
+            queued,
+            lane,
+            linger,
+            stager,
+            held,
+        } = self;
+        let Some(stager) = stager.as_mut() else {
+            return Step::Done; // made just above
+        };
+        stager.bind_here();
+        let _account = timing::start(|| {
+            let peer = s.peer_addr().map(|a| a.to_string()).unwrap_or_default();
+            format!("tx stream {} to {peer}", lane.index)
+        });
+        let finish = |op: &TxOp, r: &Result<(), NetError>| {
+            queued.fetch_sub(1, Ordering::AcqRel);
+            finish_op(s, shared, op, r)
+        };
+        loop {
+            timing::mark(Spent::Other);
+            let op = match held.take() {
+                Some(op) => op,
+                None => match next_op(rx, spin, *linger) {
+                    Next::Op(op) => op,
+                    Next::Quiet => return Step::Idle,
+                    Next::Closed => return Step::Done,
+                },
+            };
+            timing::mark(Spent::Waiting);
+            if let Some(f) = shared.failed.lock().clone() {
+                queued.fetch_sub(1, Ordering::AcqRel);
+                *op.req.error.lock() = Some(f);
+                (shared.waker)();
+                continue;
+            }
+            if let Some(dev) = piped_gpu(&op, slice) {
+                // The parts queued behind it on the same GPU join it; the first
+                // that does not (or any, once the comm has failed) is held for
+                // this loop.
+                let mut next = || {
+                    if held.is_some() {
+                        return None;
+                    }
+                    match rx.try_recv() {
+                        Ok(o)
+                            if piped_gpu(&o, slice) == Some(dev)
+                                && shared.failed.lock().is_none() =>
+                        {
+                            Some(o)
+                        }
+                        Ok(o) => {
+                            *held = Some(o);
+                            None
+                        }
+                        Err(_) => None,
+                    }
+                };
+                tx_gpu_stream(s, op, dev, stager, &mut next, &finish);
+                continue;
+            }
+            if !batchable(&op) {
+                let r = tx_part(s, &op, stager);
+                finish(&op, &r);
+                continue;
+            }
+            let batch = take_host_batch(rx, op, held);
+            let slices: Vec<&[u8]> = batch.iter().flat_map(host_slices).collect();
+            let r = write_all_slices(s, &slices).map_err(write_err);
+            tracing::trace!(seq = batch[0].head.seq, n = batch.len(), "lat: tx wrote");
+            for o in &batch {
+                finish(o, &r);
+            }
         }
     }
 }

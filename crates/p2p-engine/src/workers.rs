@@ -1,0 +1,654 @@
+//! The I/O workers an endpoint's peers share: threads that exist while
+//! some peer has work, never one per peer.
+//!
+//! Work is a [`Task`]: a socket stream's receive or send loop, a
+//! connection's progress loop, its control reader. A task runs on a
+//! worker until it has nothing to do, then says what it waits for
+//! ([`Step`]): its socket to become readable (registered with the pool's
+//! poller, one `epoll` set for all of them), or a [`Home::wake`] from
+//! whoever gives it work. A waiting task holds no thread; when what it
+//! waits for happens it is queued, and a worker takes it.
+//!
+//! Workers are made as tasks become ready and none is free, and leave
+//! after [`KEEP_IDLE`] without work (at once when as many as there are
+//! cores wait already), so the count follows the tasks that are busy at
+//! once, not the peers. The pool has no fixed cap: a task may
+//! block inside a part (the rest of a part's bytes are on their way), and
+//! a cap would let busy tasks on both ends wait for each other's queued
+//! ones. Tasks are bounded by the endpoint's admission limits instead
+//! (streams and connections per peer and in all; see `admission`).
+//!
+//! A task keeps its thread for a while after its work runs out (the
+//! caller's linger, e.g. [`crate::net::socket::SocketConfig::linger`]),
+//! so a busy peer's next message finds it running, as a thread of its own
+//! did: the hand-off through the poller costs tens of microseconds once a
+//! peer has been idle for that long, never within a burst.
+
+use std::collections::HashMap;
+use std::os::fd::RawFd;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Weak};
+use std::thread::Thread;
+use std::time::Duration;
+
+use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
+use mio::unix::SourceFd;
+use mio::{Events, Interest, Poll, Token};
+use parking_lot::{Condvar, Mutex};
+
+/// A worker with no task for this long leaves.
+pub(crate) const KEEP_IDLE: Duration = Duration::from_secs(2);
+
+/// What a task waits for when it returns from [`Task::run`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Step {
+    /// Nothing until this descriptor is readable (or closed).
+    Readable(RawFd),
+    /// Nothing until its [`Home`] is woken.
+    Idle,
+    /// Finished for good.
+    Done,
+}
+
+/// Work that runs on the pool's workers, a stretch at a time.
+pub(crate) trait Task: Send + 'static {
+    /// Does what there is to do, then says what to wait for.
+    fn run(&mut self) -> Step;
+}
+
+enum State {
+    /// Waiting in the run queue or for a worker.
+    Queued,
+    /// On a worker; `woken`: a wake came meanwhile.
+    Running { thread: Thread, woken: bool },
+    /// Waiting for a wake.
+    Idle(Box<dyn Task>),
+    /// Waiting for its descriptor, in the poller's set.
+    Polling,
+    /// Finished.
+    Done,
+}
+
+/// Where a task lives between its stretches: whoever gives it work wakes
+/// it here, and whoever owns it waits here for it to finish.
+pub(crate) struct Home {
+    state: Mutex<State>,
+    finished: Condvar,
+    pool: Weak<Inner>,
+}
+
+impl Home {
+    /// Gives the task a turn: an idle one is queued; a running one is
+    /// unparked (it may be sleeping in `park_timeout`) and runs once more
+    /// before it can go idle.
+    pub(crate) fn wake(self: &Arc<Self>) {
+        self.wake_with(true);
+    }
+
+    /// As [`Home::wake`], without unparking a running task (one that waits
+    /// on a channel of its own, not in `park_timeout`).
+    pub(crate) fn kick(self: &Arc<Self>) {
+        self.wake_with(false);
+    }
+
+    fn wake_with(self: &Arc<Self>, unpark: bool) {
+        let mut st = self.state.lock();
+        match &mut *st {
+            State::Idle(_) => {
+                let State::Idle(task) = std::mem::replace(&mut *st, State::Queued) else {
+                    unreachable!("matched Idle above")
+                };
+                drop(st);
+                self.submit(task);
+            }
+            State::Running { thread, woken } => {
+                *woken = true;
+                if unpark {
+                    thread.unpark();
+                }
+            }
+            State::Queued | State::Polling | State::Done => {}
+        }
+    }
+
+    /// Whether the task is running on the calling thread (it must not wait
+    /// for itself).
+    pub(crate) fn runs_here(&self) -> bool {
+        let me = std::thread::current().id();
+        matches!(&*self.state.lock(), State::Running { thread, .. } if thread.id() == me)
+    }
+
+    /// Whether the task has finished.
+    #[cfg(test)]
+    pub(crate) fn is_done(&self) -> bool {
+        matches!(*self.state.lock(), State::Done)
+    }
+
+    /// Waits up to `limit` for the task to finish; true if it has.
+    pub(crate) fn wait_done(&self, limit: Duration) -> bool {
+        let deadline = std::time::Instant::now() + limit;
+        let mut st = self.state.lock();
+        while !matches!(*st, State::Done) {
+            if self.finished.wait_until(&mut st, deadline).timed_out() {
+                return matches!(*st, State::Done);
+            }
+        }
+        true
+    }
+
+    fn submit(self: &Arc<Self>, task: Box<dyn Task>) {
+        match self.pool.upgrade() {
+            Some(pool) => pool.submit(Job {
+                task,
+                home: self.clone(),
+            }),
+            // The pool is gone (its endpoint was dropped): the task ends.
+            None => self.finish(task),
+        }
+    }
+
+    fn finish(&self, task: Box<dyn Task>) {
+        drop(task);
+        *self.state.lock() = State::Done;
+        self.finished.notify_all();
+    }
+}
+
+struct Job {
+    task: Box<dyn Task>,
+    home: Arc<Home>,
+}
+
+struct Inner {
+    name: &'static str,
+    cpus: Option<Arc<[usize]>>,
+    queue: Sender<Job>,
+    jobs: Receiver<Job>,
+    /// Workers waiting for a job.
+    idle: AtomicUsize,
+    /// Workers alive.
+    threads: AtomicUsize,
+    /// The poller's registry, and the tasks parked on it by token.
+    registry: mio::Registry,
+    parked: Mutex<HashMap<usize, (Job, RawFd)>>,
+    next_token: AtomicUsize,
+    waker: mio::Waker,
+    stopping: AtomicBool,
+    /// A worker with no task for this long leaves.
+    keep_idle: Duration,
+    /// Most workers kept waiting for work; more leave at once. Also the
+    /// workers made on demand at once; beyond it, only for work that waits.
+    max_idle: usize,
+    /// Jobs taken by workers so far (the poller's sign of progress).
+    taken: AtomicU64,
+}
+
+/// The pool: cheap to clone (one per endpoint, shared by its comms).
+#[derive(Clone)]
+pub(crate) struct Workers {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Workers {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Workers")
+            .field("name", &self.inner.name)
+            .field("threads", &self.inner.threads.load(Ordering::Relaxed))
+            .finish()
+    }
+}
+
+const WAKE: Token = Token(usize::MAX);
+
+impl Workers {
+    /// A pool whose threads are named `name` and pinned to `cpus`. Starts
+    /// the poller thread.
+    pub(crate) fn new(name: &'static str, cpus: Option<Arc<[usize]>>) -> std::io::Result<Self> {
+        Self::with_keep_idle(name, cpus, KEEP_IDLE)
+    }
+
+    /// As [`Workers::new`], workers leaving after `keep_idle` without work.
+    pub(crate) fn with_keep_idle(
+        name: &'static str,
+        cpus: Option<Arc<[usize]>>,
+        keep_idle: Duration,
+    ) -> std::io::Result<Self> {
+        let poll = Poll::new()?;
+        let registry = poll.registry().try_clone()?;
+        let waker = mio::Waker::new(poll.registry(), WAKE)?;
+        let (queue, jobs) = crossbeam_channel::unbounded();
+        let inner = Arc::new(Inner {
+            name,
+            cpus,
+            queue,
+            jobs,
+            idle: AtomicUsize::new(0),
+            threads: AtomicUsize::new(0),
+            registry,
+            parked: Mutex::new(HashMap::new()),
+            next_token: AtomicUsize::new(0),
+            waker,
+            stopping: AtomicBool::new(false),
+            keep_idle,
+            max_idle: std::thread::available_parallelism()
+                .map_or(2, |n| n.get())
+                .max(2),
+            taken: AtomicU64::new(0),
+        });
+        let weak = Arc::downgrade(&inner);
+        std::thread::Builder::new()
+            .name(format!("{name}-poll"))
+            .spawn(move || poller(poll, weak))?;
+        Ok(Workers { inner })
+    }
+
+    /// Starts `task` waiting for `fd` to become readable (a stream with
+    /// nothing to read yet holds no thread).
+    pub(crate) fn start_readable(&self, task: Box<dyn Task>, fd: RawFd) -> Arc<Home> {
+        let home = self.home(State::Polling);
+        self.inner.park_on(
+            Job {
+                task,
+                home: home.clone(),
+            },
+            fd,
+        );
+        home
+    }
+
+    /// Starts `task` idle: it runs when its home is woken.
+    pub(crate) fn start_idle(&self, task: Box<dyn Task>) -> Arc<Home> {
+        self.home(State::Idle(task))
+    }
+
+    /// Starts `task` running now.
+    pub(crate) fn start(&self, task: Box<dyn Task>) -> Arc<Home> {
+        let home = self.home(State::Queued);
+        self.inner.submit(Job {
+            task,
+            home: home.clone(),
+        });
+        home
+    }
+
+    fn home(&self, state: State) -> Arc<Home> {
+        Arc::new(Home {
+            state: Mutex::new(state),
+            finished: Condvar::new(),
+            pool: Arc::downgrade(&self.inner),
+        })
+    }
+
+    /// Worker threads alive now (the poller not counted).
+    #[cfg(test)]
+    pub(crate) fn threads(&self) -> usize {
+        self.inner.threads.load(Ordering::Relaxed)
+    }
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        self.stopping.store(true, Ordering::Release);
+        let _ = self.waker.wake();
+        // Parked tasks end with the pool: their owners see them done.
+        for (_, (job, fd)) in self.parked.get_mut().drain() {
+            let _ = self.registry.deregister(&mut SourceFd(&fd));
+            job.home.finish(job.task);
+        }
+    }
+}
+
+impl Inner {
+    fn submit(self: &Arc<Self>, job: Job) {
+        if self.queue.send(job).is_err() {
+            return; // cannot happen: `jobs` lives as long as `queue`
+        }
+        if self.idle.load(Ordering::SeqCst) == 0 {
+            if self.threads.load(Ordering::SeqCst) < self.max_idle {
+                self.spawn_worker();
+            } else {
+                // Every worker is busy: the poller adds one if the queue
+                // does not move (a burst of short tasks needs no more).
+                let _ = self.waker.wake();
+            }
+        }
+    }
+
+    fn spawn_worker(self: &Arc<Self>) {
+        let weak = Arc::downgrade(self);
+        let jobs = self.jobs.clone();
+        let cpus = self.cpus.clone();
+        self.threads.fetch_add(1, Ordering::SeqCst);
+        let spawned = std::thread::Builder::new()
+            .name(self.name.to_string())
+            .spawn(move || {
+                crate::topo::pin_thread(cpus.as_deref());
+                worker(weak, jobs)
+            });
+        if let Err(e) = spawned {
+            self.threads.fetch_sub(1, Ordering::SeqCst);
+            // The job stays queued for the workers there are; with none,
+            // the next submit tries again.
+            tracing::warn!("I/O pool {}: could not start a worker: {e}", self.name);
+        }
+    }
+
+    /// Parks a job until `fd` is readable.
+    fn park_on(self: &Arc<Self>, job: Job, fd: RawFd) {
+        let token = self.next_token.fetch_add(1, Ordering::Relaxed) % (usize::MAX - 1);
+        let home = job.home.clone();
+        self.parked.lock().insert(token, (job, fd));
+        // Registering a descriptor that is readable already reports it at
+        // once (epoll checks readiness when a descriptor is added).
+        let r = self
+            .registry
+            .register(&mut SourceFd(&fd), Token(token), Interest::READABLE);
+        if let Err(e) = r {
+            tracing::debug!("I/O pool {}: cannot watch descriptor {fd}: {e}", self.name);
+            // Run it: its read will meet the descriptor's error.
+            if let Some((job, _)) = self.parked.lock().remove(&token) {
+                *home.state.lock() = State::Queued;
+                self.submit(job);
+            }
+        }
+    }
+}
+
+/// How long queued work may wait with every worker busy before the poller
+/// adds workers (busy tasks may be blocked in a part; more must come).
+const STALL: Duration = Duration::from_micros(500);
+
+fn poller(mut poll: Poll, pool: Weak<Inner>) {
+    let mut events = Events::with_capacity(256);
+    let mut last_taken = 0u64;
+    loop {
+        let waiting = pool.upgrade().is_some_and(|p| !p.jobs.is_empty());
+        let timeout = if waiting {
+            STALL
+        } else {
+            Duration::from_secs(1)
+        };
+        let polled = poll.poll(&mut events, Some(timeout));
+        if let Some(p) = pool.upgrade() {
+            // Queued work that no worker took since the last look: add
+            // workers for it (at most 4 a look).
+            let taken = p.taken.load(Ordering::SeqCst);
+            let queued = p.jobs.len();
+            if queued > 0 && taken == last_taken && p.idle.load(Ordering::SeqCst) == 0 {
+                for _ in 0..queued.min(4) {
+                    p.spawn_worker();
+                }
+            }
+            last_taken = taken;
+        }
+        if let Err(e) = polled {
+            if e.kind() != std::io::ErrorKind::Interrupted {
+                tracing::warn!("I/O pool poller: {e}");
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            continue;
+        }
+        let Some(p) = pool.upgrade() else { return };
+        if p.stopping.load(Ordering::Acquire) {
+            return;
+        }
+        for ev in events.iter() {
+            if ev.token() == WAKE {
+                continue;
+            }
+            let parked = p.parked.lock().remove(&ev.token().0);
+            if let Some((job, fd)) = parked {
+                // Deregistered before it can run (and park on it again).
+                let _ = p.registry.deregister(&mut SourceFd(&fd));
+                *job.home.state.lock() = State::Queued;
+                p.submit(job);
+            }
+        }
+    }
+}
+
+fn worker(pool: Weak<Inner>, jobs: Receiver<Job>) {
+    loop {
+        let Some(p) = pool.upgrade() else { return };
+        // Enough workers wait already (a burst of tasks made more): this
+        // one leaves, after one last look for work.
+        let max = p.max_idle;
+        let joined = p
+            .idle
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
+                (n < max).then_some(n + 1)
+            });
+        if joined.is_err() {
+            match jobs.try_recv() {
+                Ok(job) => {
+                    p.taken.fetch_add(1, Ordering::SeqCst);
+                    drop(p);
+                    run_job(&pool, job);
+                    continue;
+                }
+                Err(_) => {
+                    p.threads.fetch_sub(1, Ordering::SeqCst);
+                    return;
+                }
+            }
+        }
+        let keep_idle = p.keep_idle;
+        drop(p); // a waiting worker does not keep the pool alive
+        let got = jobs.recv_timeout(keep_idle);
+        let Some(p) = pool.upgrade() else { return };
+        p.idle.fetch_sub(1, Ordering::SeqCst);
+        let job = match got {
+            Ok(job) => job,
+            // Leaving: one last look, as a submit that saw this worker
+            // idle did not start another.
+            Err(RecvTimeoutError::Timeout) => match jobs.try_recv() {
+                Ok(job) => job,
+                Err(_) => {
+                    p.threads.fetch_sub(1, Ordering::SeqCst);
+                    return;
+                }
+            },
+            Err(RecvTimeoutError::Disconnected) => return,
+        };
+        p.taken.fetch_add(1, Ordering::SeqCst);
+        drop(p);
+        run_job(&pool, job);
+    }
+}
+
+fn run_job(pool: &Weak<Inner>, job: Job) {
+    let Job { mut task, home } = job;
+    *home.state.lock() = State::Running {
+        thread: std::thread::current(),
+        woken: false,
+    };
+    let step = task.run();
+    let mut st = home.state.lock();
+    let woken = matches!(*st, State::Running { woken: true, .. });
+    match step {
+        Step::Done => {
+            *st = State::Done;
+            drop(st);
+            drop(task);
+            home.finished.notify_all();
+        }
+        Step::Idle if woken => {
+            *st = State::Queued;
+            drop(st);
+            home.submit(task);
+        }
+        Step::Idle => *st = State::Idle(task),
+        Step::Readable(fd) => {
+            *st = State::Polling;
+            drop(st);
+            match pool.upgrade() {
+                Some(p) => p.park_on(
+                    Job {
+                        task,
+                        home: home.clone(),
+                    },
+                    fd,
+                ),
+                None => home.finish(task),
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::{Read, Write};
+    use std::net::{TcpListener, TcpStream};
+    use std::os::fd::AsRawFd;
+    use std::sync::atomic::AtomicU64;
+    use std::time::Instant;
+
+    fn pair() -> (TcpStream, TcpStream) {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let a = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (b, _) = l.accept().unwrap();
+        (a, b)
+    }
+
+    /// Reads what is there, adds it up, waits again; ends at EOF.
+    struct Summer {
+        s: TcpStream,
+        sum: Arc<AtomicU64>,
+        bytes: Arc<AtomicU64>,
+    }
+
+    impl Task for Summer {
+        fn run(&mut self) -> Step {
+            self.s.set_nonblocking(true).unwrap();
+            let mut buf = [0u8; 4096];
+            loop {
+                match self.s.read(&mut buf) {
+                    Ok(0) => return Step::Done,
+                    Ok(n) => {
+                        let add: u64 = buf[..n].iter().map(|&b| u64::from(b)).sum();
+                        self.sum.fetch_add(add, Ordering::SeqCst);
+                        self.bytes.fetch_add(n as u64, Ordering::SeqCst);
+                    }
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                        return Step::Readable(self.s.as_raw_fd())
+                    }
+                    Err(_) => return Step::Done,
+                }
+            }
+        }
+    }
+
+    fn until(limit: Duration, mut f: impl FnMut() -> bool) -> bool {
+        let end = Instant::now() + limit;
+        while Instant::now() < end {
+            if f() {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        f()
+    }
+
+    #[test]
+    fn many_waiting_streams_hold_no_worker_and_every_byte_is_read() {
+        let w = Workers::with_keep_idle("test-io", None, Duration::from_millis(100)).unwrap();
+        let sum = Arc::new(AtomicU64::new(0));
+        let bytes = Arc::new(AtomicU64::new(0));
+        let mut writers = Vec::new();
+        let mut homes = Vec::new();
+        for _ in 0..200 {
+            let (a, b) = pair();
+            let fd = b.as_raw_fd();
+            let t = Summer {
+                s: b,
+                sum: sum.clone(),
+                bytes: bytes.clone(),
+            };
+            homes.push(w.start_readable(Box::new(t), fd));
+            writers.push(a);
+        }
+        assert_eq!(w.threads(), 0, "200 streams with nothing to read");
+        let mut want_sum = 0u64;
+        for (i, a) in writers.iter_mut().enumerate() {
+            let data: Vec<u8> = (0..1000u32)
+                .map(|k| ((k as usize * 7 + i) % 251) as u8)
+                .collect();
+            want_sum += data.iter().map(|&b| u64::from(b)).sum::<u64>();
+            a.write_all(&data).unwrap();
+        }
+        assert!(until(Duration::from_secs(20), || bytes
+            .load(Ordering::SeqCst)
+            == 200_000));
+        assert_eq!(sum.load(Ordering::SeqCst), want_sum);
+        // Idle again: the workers leave.
+        assert!(
+            until(Duration::from_secs(10), || w.threads() == 0),
+            "{} workers left",
+            w.threads()
+        );
+        drop(writers); // EOF: every task ends
+        for h in &homes {
+            assert!(h.wait_done(Duration::from_secs(10)));
+        }
+    }
+
+    /// Counts its turns; idles after each.
+    struct Counter(Arc<AtomicU64>);
+    impl Task for Counter {
+        fn run(&mut self) -> Step {
+            self.0.fetch_add(1, Ordering::SeqCst);
+            std::thread::sleep(Duration::from_millis(1));
+            Step::Idle
+        }
+    }
+
+    #[test]
+    fn a_wake_is_never_lost() {
+        let w = Workers::with_keep_idle("test-io", None, Duration::from_millis(50)).unwrap();
+        let n = Arc::new(AtomicU64::new(0));
+        let home = w.start_idle(Box::new(Counter(n.clone())));
+        assert_eq!(
+            n.load(Ordering::SeqCst),
+            0,
+            "an idle task waits for its wake"
+        );
+        for i in 1..=50u64 {
+            home.kick();
+            // Every wake is followed by a turn that starts after it.
+            assert!(until(Duration::from_secs(10), || n.load(Ordering::SeqCst) >= i));
+        }
+        // Wakes while it runs: at least one more turn after the last.
+        let before = n.load(Ordering::SeqCst);
+        for _ in 0..100 {
+            home.wake();
+        }
+        assert!(until(Duration::from_secs(10), || n.load(Ordering::SeqCst)
+            > before));
+        assert!(until(Duration::from_secs(10), || matches!(
+            *home.state.lock(),
+            State::Idle(_)
+        )));
+    }
+
+    #[test]
+    fn a_dropped_pool_ends_its_waiting_tasks() {
+        let w = Workers::new("test-io", None).unwrap();
+        let (a, b) = pair();
+        let fd = b.as_raw_fd();
+        let home = w.start_readable(
+            Box::new(Summer {
+                s: b,
+                sum: Arc::new(AtomicU64::new(0)),
+                bytes: Arc::new(AtomicU64::new(0)),
+            }),
+            fd,
+        );
+        let idle = w.start_idle(Box::new(Counter(Arc::new(AtomicU64::new(0)))));
+        drop(w);
+        assert!(home.wait_done(Duration::from_secs(5)));
+        idle.kick(); // its pool is gone: it ends instead of running
+        assert!(idle.is_done());
+        drop(a);
+    }
+}

@@ -1,0 +1,391 @@
+"""tcpx-p2p-bench peers: what one endpoint pays for many peers.
+
+    tcpx-p2p-bench peers [--peers 256] [--procs 8] [--msg 1M]
+                         [--busy 64] [--busy-size 16M] [--memory host|gpu]
+
+One endpoint (the target, in a process of its own) accepts --peers peers,
+which live in --procs client processes (each client process holds
+peers/procs endpoints, one per peer). Measured on the target:
+
+1. connect: time from the first connect to the last accept; the target's
+   threads, descriptors and RSS before any peer and with every peer
+   connected and idle (per peer: the growth divided by the peer count).
+2. deliver: every peer sends a --msg message (its own pattern); the
+   target receives each and checks it byte for byte.
+3. many at once: the first --busy peers each send --busy-size at once
+   into the target; aggregate GB/s beside one peer sending the same alone
+   (the same peer, just before). Every byte is checked.
+
+The JSON (--json or --out) keeps every figure; the exit status is non-zero
+if a check failed or a peer process failed.
+"""
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import platform
+import sys
+import time
+
+import numpy as np
+
+from ._buffers import fmt_size, parse_size
+
+TIMEOUT = 120.0
+
+
+def pattern(index, n):
+    """Peer `index`'s bytes: deterministic, different for every peer."""
+    return np.random.default_rng(index + 1).integers(0, 256, n, dtype=np.uint8)
+
+
+def counts():
+    """(threads, descriptors, RSS bytes) of this process."""
+    threads = len(os.listdir("/proc/self/task"))
+    fds = len(os.listdir("/proc/self/fd"))
+    rss = 0
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                rss = int(line.split()[1]) * 1024
+    return threads, fds, rss
+
+
+def thread_names():
+    """This process's threads by name (how many of each)."""
+    names = {}
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                n = f.read().strip()
+        except OSError:
+            continue
+        names[n] = names.get(n, 0) + 1
+    return dict(sorted(names.items(), key=lambda kv: -kv[1]))
+
+
+def _alloc(n, gpu):
+    """A buffer of n bytes (host: numpy; GPU: a torch tensor), and its pointer."""
+    if gpu is None:
+        a = np.zeros(n, dtype=np.uint8)
+        return a, a.ctypes.data
+    import torch
+
+    t = torch.zeros(n, dtype=torch.uint8, device=f"cuda:{gpu}")
+    return t, t.data_ptr()
+
+
+def _fill(buf, data, gpu):
+    if gpu is None:
+        buf[:] = data
+    else:
+        import torch
+
+        buf.copy_(torch.from_numpy(data))
+
+
+def _host(buf, gpu):
+    if gpu is None:
+        return buf
+    return buf.cpu().numpy()
+
+
+def _client(first, count, meta, msg, busy, busy_size, gpu, env, ctl):
+    """Peers first..first+count-1, one endpoint each."""
+    os.environ.update(env)
+    from tcpx_p2p import p2p
+
+    try:
+        eps, conns = [], []
+        for i in range(first, first + count):
+            ep = p2p.Endpoint(local_gpu_idx=gpu if gpu is not None else 0)
+            ok, conn = ep.add_remote_endpoint(meta)
+            if not ok:
+                raise RuntimeError(f"peer {i}: connect: {ep.last_error()}")
+            eps.append(ep)
+            conns.append(conn)
+        ctl.send(("connected", count))
+        # deliver: every peer's message, its index in the first 8 bytes
+        bufs = []
+        for k, i in enumerate(range(first, first + count)):
+            data = pattern(i, msg)
+            data[:8] = np.frombuffer(np.int64(i).tobytes(), dtype=np.uint8)
+            buf, ptr = _alloc(msg, gpu)
+            _fill(buf, data, gpu)
+            ok, mr = eps[k].reg(ptr, msg)
+            if not ok or not eps[k].send(conns[k], mr, ptr, msg):
+                raise RuntimeError(f"peer {i}: send: {eps[k].last_error()}")
+            bufs.append((buf, mr))
+        ctl.send(("delivered", count))
+        # many at once: the busy peers among ours
+        mine = [k for k, i in enumerate(range(first, first + count)) if i < busy]
+        big = {}
+        for k in mine:
+            i = first + k
+            buf, ptr = _alloc(busy_size, gpu)
+            _fill(buf, pattern(10_000 + i, busy_size), gpu)
+            ok, mr = eps[k].reg(ptr, busy_size)
+            if not ok:
+                raise RuntimeError(f"peer {i}: reg: {eps[k].last_error()}")
+            big[k] = (buf, ptr, mr)
+        while True:
+            cmd = ctl.recv()
+            if cmd[0] == "stop":
+                break
+            ks = [k for k in mine if first + k in cmd[1]]
+            ids = []
+            for k in ks:
+                _, ptr, mr = big[k]
+                ok, tid = eps[k].send_async(conns[k], mr, ptr, busy_size)
+                if not ok:
+                    raise RuntimeError(f"peer {first + k}: send: {eps[k].last_error()}")
+                ids.append((k, tid))
+            for k, tid in ids:
+                if not eps[k].wait(tid, TIMEOUT):
+                    raise RuntimeError(f"peer {first + k}: send: {eps[k].last_error()}")
+            ctl.send(("sent", len(ids)))
+        ctl.send(("done", 0))
+    except Exception as e:  # reported to the target's process, which fails the run
+        ctl.send(("error", str(e)))
+
+
+def lift_limits(peers):
+    """Every peer comes from this host's one address, and the target's
+    defaults hold 32 connections per address (docs/SECURITY.md): raise
+    the bounds to the peer count (unless set), and the descriptor limit to
+    its hard limit."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    for k in ("MAX_CONNS", "MAX_CONNS_PER_IP"):
+        os.environ.setdefault(f"TCPX_P2P_{k}", str(max(peers, 32)))
+    for k in ("MAX_HANDSHAKES", "MAX_HANDSHAKES_PER_IP", "MAX_HANDSHAKES_PER_SUBNET"):
+        os.environ.setdefault(f"TCPX_P2P_{k}", str(max(peers, 64)))
+    for k in ("MAX_STREAMS_TOTAL", "MAX_STREAMS_PER_IP"):
+        os.environ.setdefault(f"TCPX_P2P_{k}", str(max(peers * 64, 2048)))
+
+
+def run(a):
+    gpu = 0 if a.memory == "gpu" else None
+    os.environ.setdefault("TCPX_P2P_IFNAME", "lo")
+    lift_limits(a.peers)
+    from tcpx_p2p import p2p
+
+    msg = parse_size(a.msg)
+    busy_size = parse_size(a.busy_size)
+    busy = min(a.busy, a.peers)
+    procs = max(1, min(a.procs, a.peers))
+    before = counts()
+    ep = p2p.Endpoint(local_gpu_idx=gpu if gpu is not None else 0)
+    with_ep = counts()
+    meta = ep.get_metadata()
+    env = {k: v for k, v in os.environ.items() if k.startswith("TCPX_P2P_")}
+    ctx = mp.get_context("spawn")
+    per = [a.peers // procs + (1 if p < a.peers % procs else 0) for p in range(procs)]
+    children, pipes, first = [], [], 0
+    t0 = time.perf_counter()
+    for n in per:
+        mine, theirs = ctx.Pipe()
+        c = ctx.Process(target=_client, args=(first, n, meta, msg, busy, busy_size, gpu, env, theirs), daemon=True)
+        c.start()
+        children.append(c)
+        pipes.append(mine)
+        first += n
+    failures = []
+
+    early = [[] for _ in pipes]  # messages read while accepting
+
+    def expect(tag):
+        for k, p in enumerate(pipes):
+            if early[k]:
+                got = early[k].pop(0)
+            elif not p.poll(TIMEOUT):
+                raise RuntimeError(f"a client process did not answer ({tag}) within {TIMEOUT:.0f} s")
+            else:
+                got = p.recv()
+            if got[0] == "error":
+                raise RuntimeError(got[1])
+            if got[0] != tag:
+                raise RuntimeError(f"a client process said {got[0]!r}, expected {tag!r}")
+
+    conns = []
+    waited = 0.0
+    while len(conns) < a.peers:
+        ok, ip, _, conn = ep.accept(timeout=1.0)
+        if ok:
+            conns.append(conn)
+            waited = 0.0
+            continue
+        waited += 1.0
+        for k, p in enumerate(pipes):  # a client that failed says so
+            while p.poll():
+                got = p.recv()
+                if got[0] == "error":
+                    raise RuntimeError(got[1])
+                early[k].append(got)
+        if waited > TIMEOUT:
+            raise RuntimeError(f"accept of peer {len(conns)}: {ep.last_error()}")
+    connect_s = time.perf_counter() - t0
+    expect("connected")
+    time.sleep(0.5)  # let the handshakes' threads settle
+    idle = counts()
+    res = {
+        "peers": a.peers,
+        "client_processes": procs,
+        "memory": a.memory,
+        "net": ep.net_name(),
+        "cores": os.cpu_count(),
+        "connect_all_s": round(connect_s, 3),
+        "before": dict(zip(("threads", "fds", "rss"), before)),
+        "endpoint_alone": dict(zip(("threads", "fds", "rss"), with_ep)),
+        "all_connected_idle": dict(zip(("threads", "fds", "rss"), idle)),
+        "thread_names_all_connected": thread_names(),
+    }
+    res["per_peer"] = {
+        "threads": (idle[0] - with_ep[0]) / a.peers,
+        "fds": (idle[1] - with_ep[1]) / a.peers,
+        "rss_MiB": (idle[2] - with_ep[2]) / a.peers / 2**20,
+    }
+    # deliver: one message from every peer, checked
+    buf, ptr = _alloc(msg, gpu)
+    ok, mr = ep.reg(ptr, msg)
+    if not ok:
+        raise RuntimeError(ep.last_error())
+    peer_of = {}
+    t1 = time.perf_counter()
+    for conn in conns:
+        if not ep.recv(conn, mr, ptr, msg):
+            raise RuntimeError(f"recv from conn {conn}: {ep.last_error()}")
+        got = _host(buf, gpu)
+        i = int(np.frombuffer(bytes(got[:8]), dtype=np.int64)[0])
+        if not 0 <= i < a.peers or i in peer_of.values():
+            failures.append(f"conn {conn}: message names peer {i}")
+            continue
+        want = pattern(i, msg)
+        want[:8] = got[:8]
+        if not np.array_equal(got, want):
+            failures.append(f"peer {i}: message differs")
+        peer_of[conn] = i
+    expect("delivered")
+    res["deliver_s"] = round(time.perf_counter() - t1, 3)
+    res["delivered_checked"] = len(peer_of) - sum(1 for f in failures if "differs" in f)
+    res["after_deliver"] = dict(zip(("threads", "fds", "rss"), counts()))
+    res["thread_names_after_deliver"] = thread_names()
+    ep.dereg(mr)
+    if busy:
+        res["busy"] = many_at_once(ep, a, busy, busy_size, gpu, peer_of, pipes, expect, failures)
+    for p in pipes:
+        p.send(("stop",))
+    expect("done")
+    for c in children:
+        c.join(30)
+        if c.exitcode != 0:
+            failures.append(f"client process {c.pid} exited with {c.exitcode}")
+    return res, failures
+
+
+def many_at_once(ep, a, busy, busy_size, gpu, peer_of, pipes, expect, failures):
+    """Peer 0 alone, then the first `busy` peers at once, each sending
+    busy_size into a buffer of its own; every byte checked."""
+    conn_of = {i: c for c, i in peer_of.items()}
+    bufs = {}
+    for i in range(busy):
+        buf, ptr = _alloc(busy_size, gpu)
+        ok, mr = ep.reg(ptr, busy_size)
+        if not ok:
+            raise RuntimeError(ep.last_error())
+        bufs[i] = (buf, ptr, mr)
+
+    def round_of(peers):
+        ids = []
+        for i in peers:
+            _, ptr, mr = bufs[i]
+            ok, tid = ep.recv_async(conn_of[i], mr, ptr, busy_size)
+            if not ok:
+                raise RuntimeError(f"recv from peer {i}: {ep.last_error()}")
+            ids.append((i, tid))
+        t = time.perf_counter()
+        for p in pipes:
+            p.send(("go", peers))
+        for i, tid in ids:
+            if not ep.wait(tid, TIMEOUT):
+                raise RuntimeError(f"recv from peer {i}: {ep.last_error()}")
+        dt = time.perf_counter() - t
+        expect("sent")
+        for i in peers:
+            if not np.array_equal(_host(bufs[i][0], gpu), pattern(10_000 + i, busy_size)):
+                failures.append(f"peer {i}: {fmt_size(busy_size)} differs")
+            _fill(bufs[i][0], np.zeros(busy_size, dtype=np.uint8), gpu)
+        return len(peers) * busy_size / dt / 1e9
+
+    alone = [round_of([0]) for _ in range(3)]
+    together = [round_of(list(range(busy))) for _ in range(3)]
+    for _, _, mr in bufs.values():
+        ep.dereg(mr)
+    alone.sort()
+    together.sort()
+    return {
+        "peers_at_once": busy,
+        "size": busy_size,
+        "one_peer_alone_GBps": alone[1],
+        "all_at_once_GBps": together[1],
+        "ratio": together[1] / alone[1],
+        "rounds_alone": alone,
+        "rounds_together": together,
+    }
+
+
+def report(res, failures):
+    b, e, i = res["before"], res["endpoint_alone"], res["all_connected_idle"]
+    pp = res["per_peer"]
+    print(f"tcpx-p2p-bench peers: {res['peers']} peers in {res['client_processes']} processes, net={res['net']} memory={res['memory']}, {res['cores']} cores")
+    print(f"  connect: all {res['peers']} accepted in {res['connect_all_s']:.2f} s")
+    print(f"  threads: {b['threads']} before, {e['threads']} with the endpoint, {i['threads']} with every peer connected ({pp['threads']:.2f} per peer)")
+    print(f"  descriptors: {b['fds']} / {e['fds']} / {i['fds']} ({pp['fds']:.2f} per peer)")
+    print(f"  RSS: {b['rss'] / 2**20:.1f} / {e['rss'] / 2**20:.1f} / {i['rss'] / 2**20:.1f} MiB ({pp['rss_MiB']:.3f} MiB per peer)")
+    print(f"  threads by name, every peer connected: {res['thread_names_all_connected']}")
+    print(f"  deliver: {res['delivered_checked']} of {res['peers']} messages checked in {res['deliver_s']:.2f} s; threads after: {res['after_deliver']['threads']}")
+    if "busy" in res:
+        bz = res["busy"]
+        print(
+            f"  many at once: {bz['peers_at_once']} peers x {fmt_size(bz['size'])}: {bz['all_at_once_GBps']:.2f} GB/s "
+            f"beside one peer alone {bz['one_peer_alone_GBps']:.2f} GB/s (ratio {bz['ratio']:.2f}; medians of 3)"
+        )
+    for f in failures:
+        print(f"  FAILED: {f}")
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(prog="tcpx-p2p-bench peers", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--peers", type=int, default=256)
+    ap.add_argument("--procs", type=int, default=8, help="client processes holding the peers")
+    ap.add_argument("--msg", default="1M", help="each peer's message in the deliver phase")
+    ap.add_argument("--busy", type=int, default=64, help="peers sending at once in the last phase (0: skip it)")
+    ap.add_argument("--busy-size", default="16M")
+    ap.add_argument("--memory", choices=["host", "gpu"], default="host")
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--out", default=None, help="write peers.json into this folder")
+    a = ap.parse_args(argv)
+    if a.peers < 1:
+        ap.error("--peers: at least 1")
+    try:
+        res, failures = run(a)
+    except (RuntimeError, OSError) as e:
+        print(f"tcpx-p2p-bench peers: {e}", file=sys.stderr)
+        return 1
+    res["failures"] = failures
+    res["host"] = platform.node()
+    report(res, failures)
+    path = a.json or (os.path.join(a.out, "peers.json") if a.out else None)
+    if path:
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        with open(path, "w") as f:
+            json.dump(res, f, indent=1)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
