@@ -16,6 +16,14 @@
 #            test_uccl_compat, test_hostile_args) over the socket net and the
 #            plugin net (the TCPX stand-in), the benchmark's GPU cases
 #            (test_bench -k gpu), and the demo                  (~6 minutes)
+#   core     the figures a change of the engine's core must keep, socket
+#            net, GPU 0 -> GPU 1: 256 MiB write pipelined, write 4 KiB /
+#            64 KiB one at a time (p50), KV 4,096 x 32 KiB, blocking send /
+#            recv 256 MiB (benchmarks/sendrecv_loop.py); alternate two builds
+#            ("old=A.whl new=B.whl") with ROUNDS=2 to compare them     (~3)
+#   peers    one endpoint, many peers (tcpx-p2p-bench peers): 8 peers on
+#            GPU 1 sending 16 MiB each into GPU 0 at once beside one alone,
+#            and 64 peers in host memory (threads, descriptors, RSS)   (~2)
 #   nets     the benchmark on both nets: send / write / read 64 KiB … 256 MiB
 #            pipelined (two rounds) and one at a time (4 KiB … 256 MiB), KV
 #            blocks 4,096 × 32 KiB scattered beside one 128 MiB message (~6)
@@ -103,6 +111,14 @@ step() { # step NAME: one step for the build whose environment is set
       # --reference on one GPU printing its table with NCCL skipped.
       TAIL=3 run suite_bench_gpu 200 $PT tests/test_bench.py -k gpu
       TAIL=4 run demo 90 python3 -m tcpx_p2p.demo --size 256M --iters 16 ;;
+    core)
+      run core_pipelined 90 $B --op write --sizes 256M --json "$O/${P}core_pipelined.json"
+      run core_blocking 90 $B --inflight 1 --op write --sizes 4K,64K --rounds 2 --out "$O/${P}core_blocking"
+      run core_kv 60 $B --inflight 1 --op write --kv-blocks 4096 --block-size 32K
+      run core_sendrecv 120 python3 benchmarks/sendrecv_loop.py --memory gpu --gpus "$GPUS" --sizes 256M --rounds 3 --json "$O/${P}core_sendrecv.json" ;;
+    peers)
+      TAIL=12 run peers_gpu 150 python3 -m tcpx_p2p.bench peers --memory gpu --gpus "$GPUS" --peers 8 --procs 2 --busy 8 --busy-size 16M --json "$O/${P}peers_gpu.json"
+      TAIL=12 run peers_host 150 python3 -m tcpx_p2p.bench peers --peers 64 --procs 4 --busy 16 --busy-size 16M --json "$O/${P}peers_host.json" ;;
     nets)
       for round in 1 2; do
         for net in socket plugin; do

@@ -169,7 +169,16 @@ def lift_limits(peers):
 
 
 def run(a):
-    gpu = 0 if a.memory == "gpu" else None
+    gpu = peer_gpu = None
+    if a.memory == "gpu":
+        from tcpx_p2p import cuda_device_count
+
+        if cuda_device_count() == 0:
+            raise RuntimeError("--memory gpu: no GPU found")
+        gpus = [int(x) for x in a.gpus.split(",")]
+        if cuda_device_count() < 2:
+            gpus = [gpus[0], gpus[0]]
+        gpu, peer_gpu = gpus[0], gpus[-1]
     os.environ.setdefault("TCPX_P2P_IFNAME", "lo")
     lift_limits(a.peers)
     from tcpx_p2p import p2p
@@ -189,7 +198,7 @@ def run(a):
     t0 = time.perf_counter()
     for n in per:
         mine, theirs = ctx.Pipe()
-        c = ctx.Process(target=_client, args=(first, n, meta, msg, busy, busy_size, gpu, env, theirs), daemon=True)
+        c = ctx.Process(target=_client, args=(first, n, meta, msg, busy, busy_size, peer_gpu, env, theirs), daemon=True)
         c.start()
         children.append(c)
         pipes.append(mine)
@@ -236,6 +245,7 @@ def run(a):
         "peers": a.peers,
         "client_processes": procs,
         "memory": a.memory,
+        "gpus": [gpu, peer_gpu] if gpu is not None else None,
         "net": ep.net_name(),
         "cores": os.cpu_count(),
         "connect_all_s": round(connect_s, 3),
@@ -251,7 +261,7 @@ def run(a):
     }
     # deliver: one message from every peer, checked
     buf, ptr = _alloc(msg, gpu)
-    ok, mr = ep.reg(ptr, msg)
+    ok, mr = ep.reg(ptr, msg)  # the target's one receive buffer, reused
     if not ok:
         raise RuntimeError(ep.last_error())
     peer_of = {}
@@ -366,6 +376,7 @@ def main(argv=None):
     ap.add_argument("--busy", type=int, default=64, help="peers sending at once in the last phase (0: skip it)")
     ap.add_argument("--busy-size", default="16M")
     ap.add_argument("--memory", choices=["host", "gpu"], default="host")
+    ap.add_argument("--gpus", default="0,1", help="--memory gpu: the target's GPU, then the peers' (one GPU: both on it)")
     ap.add_argument("--json", default=None)
     ap.add_argument("--out", default=None, help="write peers.json into this folder")
     a = ap.parse_args(argv)

@@ -114,14 +114,31 @@ pub struct SocketConfig {
 /// The transport: its settings, and the I/O workers its comms share.
 pub struct SocketNet {
     cfg: SocketConfig,
-    workers: parking_lot::Mutex<Option<Workers>>,
+    workers: LazyWorkers,
+}
+
+/// The comms' I/O workers, started with the first comm (a net that only
+/// listens holds none).
+#[derive(Clone, Default)]
+struct LazyWorkers(Arc<parking_lot::Mutex<Option<Workers>>>);
+
+impl LazyWorkers {
+    fn get(&self, cpus: &Option<Arc<[usize]>>) -> Result<Workers, NetError> {
+        let mut w = self.0.lock();
+        if let Some(w) = &*w {
+            return Ok(w.clone());
+        }
+        let made = Workers::new("tcpx-io", cpus.clone())
+            .map_err(|e| NetError::io(NET, "starting the I/O workers", e))?;
+        Ok(w.insert(made).clone())
+    }
 }
 
 impl SocketNet {
     pub fn new(cfg: SocketConfig) -> Self {
         SocketNet {
             cfg,
-            workers: parking_lot::Mutex::new(None),
+            workers: LazyWorkers::default(),
         }
     }
 
@@ -130,19 +147,13 @@ impl SocketNet {
     pub(crate) fn with_workers(cfg: SocketConfig, workers: Workers) -> Self {
         SocketNet {
             cfg,
-            workers: parking_lot::Mutex::new(Some(workers)),
+            workers: LazyWorkers(Arc::new(parking_lot::Mutex::new(Some(workers)))),
         }
     }
 
     /// The comms' I/O workers, started with the first comm.
     fn workers(&self) -> Result<Workers, NetError> {
-        let mut w = self.workers.lock();
-        if let Some(w) = &*w {
-            return Ok(w.clone());
-        }
-        let made = Workers::new("tcpx-io", self.cfg.cpus.clone())
-            .map_err(|e| NetError::io(NET, "starting the I/O workers", e))?;
-        Ok(w.insert(made).clone())
+        self.workers.get(&self.cfg.cpus)
     }
 }
 
@@ -224,7 +235,7 @@ impl Net for SocketNet {
             nonce,
             streams: vec![None; self.cfg.streams],
             cfg: self.cfg.clone(),
-            workers: self.workers()?,
+            workers: self.workers.clone(),
         }))
     }
 
@@ -304,7 +315,7 @@ struct SocketListen {
     nonce: u64,
     streams: Vec<Option<Arc<TcpStream>>>,
     cfg: SocketConfig,
-    workers: Workers,
+    workers: LazyWorkers,
 }
 
 impl ListenComm for SocketListen {
@@ -353,7 +364,7 @@ impl ListenComm for SocketListen {
                 socks,
                 &self.cfg,
                 waker,
-                &self.workers,
+                &self.workers.get(&self.cfg.cpus)?,
             )?)))
         } else {
             Ok(None)
