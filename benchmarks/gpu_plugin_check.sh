@@ -17,7 +17,7 @@
 # Binaries: with cargo on the machine they are built here
 # (`cargo test --release --workspace --no-run`). Without cargo, build them
 # elsewhere and point BIN_DIR at a folder holding:
-#   unit                 the tcpx-p2p lib test binary  (target/release/deps/tcpx_p2p-<hash>)
+#   unit                 the tcpx-p2p-gpu lib test binary (target/release/deps/tcpx_p2p_gpu-<hash>)
 #   plugin               the tests/plugin.rs binary    (target/release/deps/plugin-<hash>)
 #   libnccl_net_emu.so   the stand-in                  (target/release/libnccl_net_emu.so)
 # (`benchmarks/gpu_plugin_check.sh --stage DIR` does that copy, stripped,
@@ -40,7 +40,7 @@ for line in sys.stdin:
         continue
     t = m.get("target", {})
     exe = m.get("executable")
-    if exe and t.get("name") == "tcpx_p2p" and "lib" in t.get("kind", []):
+    if exe and t.get("name") == "tcpx_p2p_gpu" and "lib" in t.get("kind", []):
         unit = exe
     elif exe and t.get("name") == "plugin" and "test" in t.get("kind", []):
         plugin = exe
@@ -107,9 +107,9 @@ else
 fi
 
 s1=$(step "unpack kernel vs CPU (unit)" "$logs/gpu_plugin_check.unit.log" \
-  "$unit" --exact gpu::unpack::tests::gpu_unpack_matches_host_unpack --nocapture)
+  "$unit" --exact unpack::tests::gpu_unpack_matches_host_unpack --nocapture)
 s2=$(step "unpack kernel check + bandwidth" "$logs/gpu_plugin_check.unpack.log" \
-  env UNPACK_CHECK_OUT="$tmp/unpack.json" "$unit" --ignored --exact gpu::unpack::tests::gpu_unpack_check_and_bandwidth --nocapture)
+  env UNPACK_CHECK_OUT="$tmp/unpack.json" "$unit" --ignored --exact unpack::tests::gpu_unpack_check_and_bandwidth --nocapture)
 s3=$(step "engine over the plugin net (rules, host and GPU buffers)" "$logs/gpu_plugin_check.plugin.log" \
   "$plugin" --test-threads=1 --nocapture)
 s4=$(step "GPU->GPU throughput plugin vs socket" "$logs/gpu_plugin_check.throughput.log" \

@@ -1,15 +1,17 @@
 #!/usr/bin/env python3
 """The engine's module import graph (`crate::a::b` and `super::x` paths in
 crates/p2p-engine/src), its cycles between sibling modules, and any
-ground-floor module (error, wire, memory, gpu, topo, config) that imports
-from `net` or above. Exits non-zero on either. Usage:
+ground-floor module (error, memory, topo, config) that imports from `net`
+or above (the byte formats and the GPU helpers are crates of their own,
+below the engine, and cannot import it at all). Exits non-zero on either. Usage:
 python3 benchmarks/import_graph.py [--edges]"""
 import pathlib
 import re
 import sys
 
-SRC = pathlib.Path(__file__).resolve().parent.parent / "crates/p2p-engine/src"
-GROUND = {"error", "wire", "memory", "gpu", "topo", "config"}
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+SRC = ROOT / "crates/p2p-engine/src"
+GROUND = {"error", "memory", "topo", "config"}
 UPPER = {"net", "conn", "endpoint", "progress", "transfer", "rma"}
 
 
@@ -44,7 +46,59 @@ def edges():
     return out
 
 
+# The crates below the engine: both the engine and the stand-in use them.
+BELOW = {"tcpx-p2p-wire", "tcpx-p2p-gpu", "ncclnet-abi", "tcpx-p2p-timing"}
+ENGINE = "tcpx-p2p"
+STAND_IN = "nccl-net-emu"
+HARNESSES = "tcpx-p2p-fuzzing"
+
+
+def crate_deps():
+    """{crate: set of workspace crates among its normal dependencies}."""
+    manifests = {}
+    for p in sorted(ROOT.glob("crates/**/Cargo.toml")):
+        text = p.read_text()
+        name = re.search(r'(?m)^\[package\][^\[]*?^name\s*=\s*"([^"]+)"', text)
+        if name:
+            manifests[name.group(1)] = text
+    out = {}
+    for name, text in manifests.items():
+        deps = set()
+        section = None
+        for line in text.splitlines():
+            h = re.match(r"\s*\[([^\]]+)\]", line)
+            if h:
+                section = h.group(1).strip()
+                continue
+            d = re.match(r"\s*([A-Za-z0-9_-]+)\s*(?:\.workspace\s*)?=", line)
+            if section == "dependencies" and d and d.group(1) in manifests:
+                deps.add(d.group(1))
+        out[name] = deps
+    return out
+
+
+def crates_main():
+    g = crate_deps()
+    bad = []
+    for c, deps in sorted(g.items()):
+        print(f"{c} -> {', '.join(sorted(deps)) or '-'}")
+        if c in BELOW and deps - BELOW:
+            bad.append(f"{c} (below the engine) depends on {', '.join(sorted(deps - BELOW))}")
+        if c == STAND_IN and deps - BELOW:
+            bad.append(f"the stand-in depends on {', '.join(sorted(deps - BELOW))}")
+        if c == ENGINE and deps - BELOW:
+            bad.append(f"the engine depends on {', '.join(sorted(deps - BELOW))}")
+        if HARNESSES in deps:
+            bad.append(f"{c} depends on the fuzz harnesses (a development crate)")
+    for b in bad:
+        print(b)
+    print(f"{len(g)} crates, {len(bad)} problems")
+    sys.exit(1 if bad else 0)
+
+
 def main():
+    if "--crates" in sys.argv:
+        crates_main()
     g = edges()
     mods = set(g)
     bad = []

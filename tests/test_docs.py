@@ -103,6 +103,17 @@ def rust_sources():
     return {p: p.read_text() for p in (ROOT / "crates").rglob("*.rs")}
 
 
+@lru_cache(maxsize=None)
+def crate_roots():
+    """{library name (`tcpx_p2p_wire`): its src/lib.rs} of the workspace's crates."""
+    out = {}
+    for toml in (ROOT / "crates").glob("*/Cargo.toml"):
+        m = re.search(r'(?ms)^\[lib\][^\[]*?^name\s*=\s*"(\w+)"', toml.read_text())
+        if m and (toml.parent / "src" / "lib.rs").exists():
+            out[m.group(1)] = toml.parent / "src" / "lib.rs"
+    return out
+
+
 def cited_tests():
     prose, _ = split_fences(ARCH.read_text())
     return [m for m in (TEST_REF.match(t) for t in backticked(prose)) if m]
@@ -138,7 +149,10 @@ def defines(text, name):
 @pytest.mark.parametrize("sym", symbols())
 def test_cited_symbols_exist(sym):
     owner, name = sym.split("::")[-2:]
-    if owner[0].islower():
+    if owner in crate_roots():
+        # crate::item: the item is defined in (or re-exported by) the crate's root.
+        files = [crate_roots()[owner].read_text()]
+    elif owner[0].islower():
         # module::item: the item is defined in that module's file.
         files = [t for p, t in rust_sources().items() if p.stem == owner or (p.name == "mod.rs" and p.parent.name == owner)]
     else:

@@ -1,7 +1,7 @@
 #![no_main]
 //! Serialized descriptor lists: never panic; round-trip.
 use libfuzzer_sys::fuzz_target;
-use tcpx_p2p::internal::wire::{decode_descs, encode_descs};
+use tcpx_p2p_wire::{decode_descs, encode_descs};
 
 fuzz_target!(|data: &[u8]| {
     if let Ok(l) = decode_descs(data) {

@@ -1,7 +1,7 @@
 #![no_main]
 //! The 64-byte advertised descriptor: never panics; round-trips.
 use libfuzzer_sys::fuzz_target;
-use tcpx_p2p::internal::wire::FifoItem;
+use tcpx_p2p_wire::FifoItem;
 
 fuzz_target!(|data: &[u8]| {
     if let Ok(f) = FifoItem::decode(data) {

@@ -2,7 +2,7 @@
 //! The connection handshake's frames (hello, then refusal / proof /
 //! handles): never panic; round-trip.
 use libfuzzer_sys::fuzz_target;
-use tcpx_p2p::internal::wire::{HandshakeMsg, Hello};
+use tcpx_p2p_wire::{HandshakeMsg, Hello};
 
 fuzz_target!(|data: &[u8]| {
     if let Ok(h) = Hello::decode(data) {

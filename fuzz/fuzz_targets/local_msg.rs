@@ -1,7 +1,7 @@
 #![no_main]
 //! The same-host handshake and control messages: never panic; round-trip.
 use libfuzzer_sys::fuzz_target;
-use tcpx_p2p::internal::local::desc::{LocalHello, LocalMsg};
+use tcpx_p2p_wire::same_host::{LocalHello, LocalMsg};
 
 fuzz_target!(|data: &[u8]| {
     if let Ok(m) = LocalMsg::decode(data) {

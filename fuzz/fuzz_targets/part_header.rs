@@ -4,5 +4,5 @@
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
-    tcpx_p2p::internal::fuzz_part_header(data);
+    tcpx_p2p_fuzzing::part_header(data);
 });

@@ -18,7 +18,7 @@
 //! | `NCCL_NET_EMU_DROP_AFTER_BYTES` | a send comm drops its peer after N payload bytes | off |
 //! | `NCCL_NET_EMU_STAGE_BUFS` | pinned buffers per I/O thread for GPU payloads (1: each copy waited for before its write / after its read) | 4 |
 //! | `NCCL_NET_EMU_LAND_LATE` | `1`: a GPU receive is reported once its copies land, while the next is read; `0`: its copies are waited for at once | `1` |
-//! | `NCCL_NET_EMU_STATS` | file each I/O thread appends its time account to when it ends (the engine's `net::timing` line: GB, seconds, shares in socket calls / waiting for copies / waiting for work / other) | off |
+//! | `NCCL_NET_EMU_STATS` | file each I/O thread appends its time account to when it ends (the `tcpx-p2p-timing` line the engine's socket net writes too: GB, seconds, shares in socket calls / waiting for copies / waiting for work / other) | off |
 //! | `NCCL_NET_EMU_TRACE` | `1`: an INFO line per data-path call (isend, irecv, finished test, iflush, irecvConsumed, regMr) | off |
 //! | `NCCL_NET_EMU_PCI_PATHS` | `IF=/sys/devices/...,IF2=...`: the PCI path reported for an interface that has none in sysfs (loopback aliases, veth), so GPU → NIC selection by PCI distance runs | from sysfs |
 //! | `NCCL_NET_EMU_LENIENT_BACKGROUND_PROGRESS` | `1`: the I/O threads move data without waiting for `test` to schedule it (kinder than TCPX) | off |

@@ -1,4 +1,4 @@
-//! The CUDA the stand-in needs beyond `tcpx_p2p::internal::gpu`: which GPU is
+//! The CUDA the stand-in needs beyond `tcpx_p2p_gpu`: which GPU is
 //! current on the calling thread (TCPX acts on that one), host memory mapped
 //! for the device (the loadMeta queue), and plain aligned host memory.
 //! Without CUDA every GPU question answers "none".
@@ -8,7 +8,7 @@ use std::ffi::c_void;
 
 use cudarc::driver::result as cu;
 use cudarc::driver::sys;
-use tcpx_p2p::internal::gpu;
+use tcpx_p2p_gpu as gpu;
 
 /// The GPU whose context is current on this thread, if any.
 pub fn current_device() -> Option<i32> {

@@ -4,8 +4,9 @@
 //!
 //! It exports `ncclNetPlugin_v7` only, as TCPX does (with the cargo feature
 //! `v8`, a separate build, `ncclNetPlugin_v8` too), both built from the one
-//! copy of the ABI in `tcpx_p2p::internal::plugin::sys`, and behaves as
-//! TCPX does (`reference/ncclnet-and-tcpx.md`), never more kindly unless a
+//! copy of the ABI that the engine's loader reads too (the `ncclnet-abi`
+//! crate; the stand-in does not depend on the engine), and behaves as TCPX
+//! does (`reference/ncclnet-and-tcpx.md`), never more kindly unless a
 //! setting whose name says `LENIENT` asks for it:
 //!
 //! - data moves only inside `test`: each call schedules the next bytes of
@@ -55,8 +56,8 @@
 use std::ffi::{c_char, c_int, c_void, CString};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
+use ncclnet_abi::*;
 use parking_lot::Mutex;
-use tcpx_p2p::internal::plugin::sys::*;
 
 pub mod comm;
 pub mod config;
@@ -156,7 +157,7 @@ unsafe extern "C" fn init(logger: Option<NcclDebugLogger>) -> NcclResult {
             "init: {} mode, devices {}, CUDA {}",
             if cfg.unpack { "UNPACK" } else { "plain" },
             devs.join(", "),
-            if tcpx_p2p::internal::gpu::available() {
+            if tcpx_p2p_gpu::available() {
                 "available"
             } else {
                 "absent"

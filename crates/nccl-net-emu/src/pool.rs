@@ -13,8 +13,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use ncclnet_abi::{LoadMeta, NET_UNPACK_MAX_SLICE_PAGES, NET_UNPACK_PAGE_SIZE};
 use parking_lot::{Condvar, Mutex};
-use tcpx_p2p::internal::plugin::sys::{LoadMeta, NET_UNPACK_MAX_SLICE_PAGES, NET_UNPACK_PAGE_SIZE};
 
 pub const PAGE: usize = NET_UNPACK_PAGE_SIZE;
 /// Pages per block (256 KiB).

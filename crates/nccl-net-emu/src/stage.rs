@@ -11,7 +11,7 @@
 //! All copies of a thread run on one non-blocking stream, in order, so the
 //! completion of one copy implies the completion of all queued before it.
 //!
-//! Why this is not the engine's staging ring (`gpu::staging::Ring`): that
+//! Why this is not the engine's staging ring (`tcpx_p2p_gpu::staging::Ring`): that
 //! ring has fixed slots of one size, fills one slot with many small pieces,
 //! and can hand scattered windows to a copy kernel; this one carries one
 //! whole message piece per buffer, grows every buffer to the largest piece
@@ -25,8 +25,8 @@
 
 use std::collections::VecDeque;
 
-use tcpx_p2p::internal::gpu;
-use tcpx_p2p::internal::timing;
+use tcpx_p2p_gpu as gpu;
+use tcpx_p2p_timing as timing;
 
 use crate::cuda;
 
@@ -55,7 +55,7 @@ struct Ring {
     retired: Vec<gpu::PinnedBuf>,
 }
 
-fn cuda_err(e: tcpx_p2p::CudaError) -> String {
+fn cuda_err(e: tcpx_p2p_gpu::CudaError) -> String {
     e.to_string()
 }
 
@@ -330,7 +330,7 @@ impl<T> RxStage<T> {
 }
 
 /// With `NCCL_NET_EMU_STATS=FILE`, an I/O thread's time account -- the
-/// engine's own (`tcpx_p2p::internal::timing`: bytes, seconds, and the shares
+/// engine's own (`tcpx_p2p_timing`: bytes, seconds, and the shares
 /// spent in socket calls, waiting for copies, waiting for work, other) --
 /// whose summary line is appended to FILE when the thread ends (the
 /// stand-in has no log of its own to carry it). The thread charges its

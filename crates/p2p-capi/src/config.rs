@@ -3,8 +3,8 @@
 
 use std::time::Duration;
 
-use tcpx_p2p::internal::{parse_size, PLUGIN_CHANNELS, PLUGIN_CHUNK};
 use tcpx_p2p::notif::MAX_NOTIF_NAME;
+use tcpx_p2p::{parse_size, PLUGIN_CHANNELS, PLUGIN_CHUNK};
 use tcpx_p2p::{Config, NetKind};
 
 use crate::status::{Fail, Status};

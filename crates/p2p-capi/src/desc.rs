@@ -3,8 +3,8 @@
 //! 4 GiB) or an export of a range to every peer (any size): the engine's
 //! one-entry serialized descriptor list (48 bytes), then 16 zero bytes.
 
-use tcpx_p2p::internal::wire::{decode_descs, encode_descs, DescEntry, FifoItem, FIFO_ITEM_LEN};
 use tcpx_p2p::RemoteDesc;
+use tcpx_p2p_wire::{decode_descs, encode_descs, DescEntry, FifoItem, FIFO_ITEM_LEN};
 
 use crate::status::{Fail, Status};
 
@@ -43,7 +43,7 @@ pub fn parse(b: &[u8; DESC_LEN]) -> Result<RemoteDesc, Fail> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tcpx_p2p::internal::wire::Token;
+    use tcpx_p2p::Token;
 
     #[test]
     fn both_forms_parse_and_garbage_does_not() {

@@ -625,7 +625,7 @@ fn rma(
     if iov.is_empty() {
         return Err(Fail::invalid("no pieces given"));
     }
-    let max = tcpx_p2p::internal::wire::MAX_RMA_PIECES;
+    let max = tcpx_p2p_wire::MAX_RMA_PIECES;
     if iov.len() > max {
         return Err(Fail::invalid(format!(
             "{} pieces in one transfer; at most TCPX_IOV_MAX = {max} (post several)",

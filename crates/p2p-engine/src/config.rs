@@ -126,36 +126,7 @@ pub struct Config {
     pub inline_max: usize,
 }
 
-/// CUDA switches for the whole process, read once from the environment:
-/// the GPU code consults them wherever it runs (the engine, or the ncclNet
-/// stand-in inside NCCL), so they are not per endpoint.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct GpuSwitches {
-    /// `TCPX_P2P_DISABLE_CUDA=1`: act as if no GPU were present.
-    pub disable_cuda: bool,
-    /// `TCPX_P2P_COPY_BATCH=0`: one driver call per copy instead of the
-    /// driver's batch copy.
-    pub copy_batch: bool,
-    /// `TCPX_P2P_COPY_KERNEL=0`: scattered staged copies through the copy
-    /// engines only, never the copy kernel.
-    pub copy_kernel: bool,
-}
-
-impl GpuSwitches {
-    /// The switches of this process (the environment is read at the first
-    /// call).
-    pub fn get() -> GpuSwitches {
-        static S: std::sync::OnceLock<GpuSwitches> = std::sync::OnceLock::new();
-        *S.get_or_init(|| {
-            let is = |k: &str, v: &str| std::env::var(k).is_ok_and(|x| x == v);
-            GpuSwitches {
-                disable_cuda: is("TCPX_P2P_DISABLE_CUDA", "1"),
-                copy_batch: !is("TCPX_P2P_COPY_BATCH", "0"),
-                copy_kernel: !is("TCPX_P2P_COPY_KERNEL", "0"),
-            }
-        })
-    }
-}
+pub use tcpx_p2p_gpu::GpuSwitches;
 
 impl Default for Config {
     fn default() -> Self {

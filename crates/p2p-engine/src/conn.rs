@@ -9,7 +9,6 @@
 //! ([`crate::rma_recvs`]).
 
 use std::collections::{BTreeSet, HashMap, VecDeque};
-use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
@@ -51,29 +50,8 @@ pub(crate) fn now_ms() -> u64 {
 
 const PEER_CLOSED: &str = "peer closed the connection";
 
-/// Writes one length-prefixed frame.
-pub fn write_frame(s: &mut impl Write, body: &[u8]) -> std::io::Result<()> {
-    let mut v = Vec::with_capacity(4 + body.len());
-    v.extend_from_slice(&(body.len() as u32).to_le_bytes());
-    v.extend_from_slice(body);
-    s.write_all(&v)
-}
-
-/// Reads one length-prefixed frame of at most `max` bytes.
-pub fn read_frame(s: &mut impl Read, max: usize) -> std::io::Result<Vec<u8>> {
-    let mut len = [0u8; 4];
-    s.read_exact(&mut len)?;
-    let n = u32::from_le_bytes(len) as usize;
-    if n > max {
-        return Err(std::io::Error::new(
-            std::io::ErrorKind::InvalidData,
-            format!("control frame of {n} bytes exceeds the limit of {max}"),
-        ));
-    }
-    let mut b = vec![0u8; n];
-    s.read_exact(&mut b)?;
-    Ok(b)
-}
+/// The control framing (defined with the byte formats).
+pub(crate) use crate::wire::{read_frame, write_frame};
 
 /// What the endpoint gives every connection.
 #[derive(Clone)]

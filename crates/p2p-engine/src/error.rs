@@ -5,21 +5,8 @@
 use std::io;
 use std::sync::Arc;
 
-/// A malformed byte string: what was being read and what was wrong.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[non_exhaustive]
-pub enum WireError {
-    #[error("{what}: truncated, needed {needed} more bytes")]
-    Truncated { what: &'static str, needed: usize },
-    #[error("{what}: {left} trailing bytes")]
-    Trailing { what: &'static str, left: usize },
-    #[error("{what}: bad value {value}")]
-    BadValue { what: &'static str, value: u64 },
-    #[error("{what}: bad length {len}")]
-    BadLength { what: &'static str, len: usize },
-    #[error("{what}: not valid UTF-8")]
-    BadUtf8 { what: &'static str },
-}
+/// A malformed byte string (defined with the byte formats).
+pub use tcpx_p2p_wire::WireError;
 
 /// Errors of a network transport (one implementation of [`crate::net::Net`]).
 /// Cloned to every request a failed comm reports it for.
@@ -78,17 +65,8 @@ impl NetError {
     }
 }
 
-/// A failure of the local CUDA driver, or CUDA missing where it is needed.
-#[derive(Debug, Clone, thiserror::Error)]
-#[non_exhaustive]
-pub enum CudaError {
-    #[error("CUDA is not available on this machine (no libcuda found)")]
-    Unavailable,
-    #[error("{call}: {msg}")]
-    Driver { call: &'static str, msg: String },
-    #[error("NVRTC: {0}")]
-    Nvrtc(String),
-}
+/// A failure of the local CUDA driver (defined with the GPU helpers).
+pub use tcpx_p2p_gpu::CudaError;
 
 /// The kinds of failure a caller tells apart (the Python exceptions and C
 /// status codes are mapped from these, once).

@@ -2,12 +2,16 @@
 //!
 //! The public surface is the [`Endpoint`] and its types, its [`Config`],
 //! the [`Error`] it returns (with [`ErrorKind`]), and the [`net::Net`]
-//! trait a transport implements. The engine is written once over that
-//! trait; the socket net (multi-stream TCP) and the ncclNet plugin loader
-//! are its transports. Everything else is internal; the bindings, the
-//! ncclNet stand-in, the fuzz targets and the tests reach what they need
-//! through [`internal`], which is not a stable interface. The layers and
-//! the life of a transfer: `docs/ARCHITECTURE.md` in the repository.
+//! trait a transport implements, with the two transports the engine comes
+//! with ([`net::SocketNet`], multi-stream TCP, and [`net::PluginNet`], the
+//! ncclNet plugin loader). The engine is written once over that trait.
+//! Beside it, in crates of their own that the bindings and the ncclNet
+//! stand-in use without going through the engine: the byte formats
+//! (`tcpx-p2p-wire`, whose types the endpoint's calls take), the GPU
+//! helpers (`tcpx-p2p-gpu`), the ncclNet ABI (`ncclnet-abi`) and the I/O
+//! threads' time accounts (`tcpx-p2p-timing`). Everything else is
+//! internal. The layers and the life of a transfer: `docs/ARCHITECTURE.md`
+//! in the repository.
 #![deny(unsafe_code)]
 
 mod accept;
@@ -16,8 +20,6 @@ mod config;
 mod conn;
 mod endpoint;
 mod error;
-mod fuzzing;
-mod gpu;
 mod handler;
 mod handshake;
 mod inline;
@@ -32,71 +34,41 @@ mod rma_recvs;
 pub mod timeout;
 mod topo;
 mod transfer;
-mod wire;
 mod workers;
 
-pub use config::{Config, GpuSwitches, NetKind};
+// The crates below the engine, under the names its modules use.
+use tcpx_p2p_gpu as gpu;
+use tcpx_p2p_wire as wire;
+
+pub use config::{parse_size, Config, GpuSwitches, NetKind, PLUGIN_CHANNELS, PLUGIN_CHUNK};
+pub use conn::Held;
 pub use endpoint::{Accepted, Buf, Endpoint, RemoteDesc, RemoteGpu};
 pub use error::{CudaError, Error, ErrorKind, NetError, Result, WireError};
 pub use local::{AcceptedLocal, LocalPeer};
 pub use memory::MemKind;
 pub use notif::Notif;
-pub use topo::CpuAffinity;
+pub use topo::{oob_ip, CpuAffinity};
+/// The byte formats the endpoint's calls take and return (the rest of
+/// them: the `tcpx-p2p-wire` crate).
+pub use wire::{DescEntry, FifoItem, Token};
 
-/// Internals for the crate's bindings, the ncclNet stand-in, fuzz targets
-/// and tests. Not a stable interface: applications use [`Endpoint`].
-#[doc(hidden)]
-pub mod internal {
-    /// The byte formats that cross a process boundary.
-    pub mod wire {
-        pub use crate::wire::*;
-    }
-    /// CUDA through the driver API (dynamically loaded).
-    pub mod gpu {
-        pub use crate::gpu::*;
-    }
-    /// Interfaces, NICs, CPUs.
-    pub mod topo {
-        pub use crate::topo::*;
-    }
-    /// The I/O threads' time accounts.
-    pub mod timing {
-        pub use crate::net::timing::*;
-    }
-    /// The same-host path's descriptor and messages (fuzz targets, tests).
-    pub mod local {
-        pub use crate::local::desc;
-    }
-    /// The socket net, for tests that speak its wire format.
-    pub mod socket {
-        pub use crate::net::socket::{SocketConfig, SocketNet};
-    }
-    /// The ncclNet plugin loader and its ABI mirror.
-    pub mod plugin {
-        pub use crate::net::plugin::*;
-    }
-    pub use crate::config::{parse_size, PLUGIN_CHANNELS, PLUGIN_CHUNK};
-    // The control framing, the handshake's pieces and the control handler,
-    // for the test suite's hostile peer and the fuzz targets.
-    pub use crate::conn::{read_frame, write_frame, Held};
-    pub use crate::endpoint::token_from_keys;
-    pub use crate::fuzzing::{
-        control_handler, notif_queue, rma_recvs, NotifSeen, RecvsSeen, Seen, LIMITS,
-    };
+/// The engine's pure state machines and checks, for the fuzz harnesses
+/// (`crates/p2p-fuzzing`, the targets in `fuzz/`) and nothing else:
+/// compiled only with the `fuzzing` feature, never into the library that
+/// applications link. Not a stable interface.
+#[cfg(feature = "fuzzing")]
+pub mod fuzzing {
     pub use crate::handler::{Action, Book, Ctx, Limits, ProtocolError};
-    pub use crate::handshake::{
-        check_handles, negotiate, nonce, proof, verify, Agreed, Refusal, Role,
-    };
-    pub use crate::memory::Registry;
-    pub use crate::transfer::{plan_len, Gather, OpPlan};
-
-    /// Runs `data` through the socket net's part-header checks (a fuzz
-    /// target): the first 48 bytes are a header, the rest the posted
-    /// receive's segment lengths. Panics if a part that passes would land
-    /// outside the posted memory.
-    pub fn fuzz_part_header(data: &[u8]) {
-        crate::net::socket::fuzz_part_header(data)
-    }
+    pub use crate::memory::{Region, Registry};
+    /// Runs `data` through the socket net's part-header checks: the first
+    /// 48 bytes are a header, the rest the posted receive's segment
+    /// lengths. Panics if a part that passes would land outside the posted
+    /// memory.
+    pub use crate::net::socket::fuzz_part_header;
+    pub use crate::net::MemRef;
+    pub use crate::notif::queue::NotifQueue;
+    pub use crate::rma_recvs::RmaRecvs;
+    pub use crate::transfer::{Gather, OpPlan};
 }
 
 /// Sets up `tracing` output once, with the level from `TCPX_P2P_LOG`

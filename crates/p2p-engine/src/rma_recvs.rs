@@ -100,6 +100,7 @@ impl<T> RmaRecvs<T> {
         self.q.len()
     }
 
+    #[cfg(any(test, feature = "fuzzing"))]
     pub fn is_empty(&self) -> bool {
         self.q.is_empty()
     }

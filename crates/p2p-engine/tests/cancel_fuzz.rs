@@ -11,8 +11,8 @@
 use std::time::{Duration, Instant};
 
 use rand::{Rng, SeedableRng};
-use tcpx_p2p::internal::wire::{FifoItem, Token};
 use tcpx_p2p::{Config, Endpoint};
+use tcpx_p2p::{FifoItem, Token};
 
 mod common;
 use common::{buf, pattern};

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use tcpx_p2p::internal::wire::FifoItem;
+use tcpx_p2p::FifoItem;
 use tcpx_p2p::{Config, Endpoint, Error, ErrorKind};
 
 mod common;

@@ -11,13 +11,14 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use tcpx_p2p::internal::plugin::PluginNet;
-use tcpx_p2p::internal::socket::{SocketConfig, SocketNet};
-use tcpx_p2p::internal::wire::{self, Control, FifoItem, HandshakeMsg, Hello, RmaItem, Token};
-use tcpx_p2p::internal::{nonce, proof, read_frame, write_frame, Role};
+use tcpx_p2p::net::PluginNet;
 use tcpx_p2p::net::{ListenComm, MemRef, Net, RecvComm, SendComm, Waker};
+use tcpx_p2p::net::{SocketConfig, SocketNet};
 use tcpx_p2p::MemKind;
 use tcpx_p2p::{Config, Endpoint};
+use tcpx_p2p_wire::auth::{nonce, proof, Role};
+use tcpx_p2p_wire::{self as wire, Control, FifoItem, HandshakeMsg, Hello, RmaItem, Token};
+use tcpx_p2p_wire::{read_frame, write_frame};
 
 mod common;
 use common::{buf, emu_path, pattern};
@@ -1114,7 +1115,7 @@ fn d9_unmapped_memory_and_bad_gpu_indices_are_named() {
     let e = ep.reg(v.as_ptr() as u64, 1 << 40).unwrap_err().to_string();
     assert!(e.contains("not all mapped"), "{e}");
     assert!(ep.reg(v.as_ptr() as u64, v.len()).is_ok());
-    let gpus = tcpx_p2p::internal::gpu::device_count();
+    let gpus = tcpx_p2p_gpu::device_count();
     for bad in [-5, 7.max(gpus as i32)] {
         let e = Endpoint::new(Some(bad), cfg())
             .err()

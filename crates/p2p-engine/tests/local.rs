@@ -4,9 +4,9 @@
 
 use std::time::Duration;
 
-use tcpx_p2p::internal::local::desc::IpcDesc;
 use tcpx_p2p::LocalPeer;
 use tcpx_p2p::{Config, Endpoint, Error};
+use tcpx_p2p_wire::same_host::IpcDesc;
 
 mod common;
 use common::pattern;

@@ -24,11 +24,9 @@ use std::os::unix::process::CommandExt;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use tcpx_p2p::internal::local::desc::{
-    IpcDesc, LocalHello, LocalMsg, ReqItem, Space, LOCAL_VERSION,
-};
-use tcpx_p2p::internal::{read_frame, write_frame};
 use tcpx_p2p::{Config, Endpoint};
+use tcpx_p2p_wire::same_host::{IpcDesc, LocalHello, LocalMsg, ReqItem, Space, LOCAL_VERSION};
+use tcpx_p2p_wire::{read_frame, write_frame};
 
 const ROLE: &str = "TCPX_TEST_LOCAL_ROLE";
 const TEST: &str = "a_peer_that_execs_after_connecting_is_refused";

@@ -4,8 +4,8 @@
 
 use std::time::{Duration, Instant};
 
-use tcpx_p2p::internal::wire::FifoItem;
 use tcpx_p2p::notif::{MAX_NOTIF, PER_PEER, QUEUE_MAX};
+use tcpx_p2p::FifoItem;
 use tcpx_p2p::RemoteDesc;
 use tcpx_p2p::{Config, Endpoint, Error, Notif};
 

@@ -22,10 +22,10 @@ use std::ffi::{c_int, c_void, CStr};
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use tcpx_p2p::internal::plugin::sys::*;
-use tcpx_p2p::internal::plugin::PluginNet;
-use tcpx_p2p::internal::wire::FifoItem;
+use ncclnet_abi::*;
 use tcpx_p2p::net::Net;
+use tcpx_p2p::net::PluginNet;
+use tcpx_p2p::FifoItem;
 use tcpx_p2p::{Config, Endpoint, NetKind};
 
 mod common;
@@ -551,11 +551,7 @@ fn unpack_contract_host_mode() {
         let mut out = vec![0u8; sizes[k] + 64];
         // SAFETY: the bounce pages stay valid until irecvConsumed.
         let n = unsafe {
-            tcpx_p2p::internal::gpu::unpack::unpack_host_raw(
-                uh.bounce_buf as *const u8,
-                &mut out,
-                &frags,
-            )
+            tcpx_p2p_gpu::unpack::unpack_host_raw(uh.bounce_buf as *const u8, &mut out, &frags)
         }
         .unwrap();
         assert_eq!(n, sizes[k]);
@@ -691,7 +687,7 @@ fn plain_mode_and_injected_faults() {
 
 // ----------------------------------------------------------- GPU (skipped without CUDA)
 
-use tcpx_p2p::internal::gpu;
+use tcpx_p2p_gpu as gpu;
 
 /// Two endpoints on GPU 0 and GPU 1 (or both on GPU 0 with one GPU).
 /// The set-up of the GPU tests over the plugin: the stand-in, 4 MiB chunks,
@@ -779,8 +775,8 @@ fn gpu_throughput_plugin_vs_socket() {
                 "plugin",
                 // What a user of the plugin net gets by default.
                 Config {
-                    chunk: tcpx_p2p::internal::PLUGIN_CHUNK,
-                    channels: tcpx_p2p::internal::PLUGIN_CHANNELS,
+                    chunk: tcpx_p2p::PLUGIN_CHUNK,
+                    channels: tcpx_p2p::PLUGIN_CHANNELS,
                     ..plugin_cfg(&path)
                 },
             ),
@@ -1203,7 +1199,7 @@ fn set_up_with_the_default_flow_steering_wait_runs_channels_in_parallel() {
     let Some((_g, path)) = setup() else { return };
     std::env::remove_var("NCCL_GPUDIRECTTCPX_PROGRAM_FLOW_STEERING_WAIT_MICROS");
     let cfg = Config {
-        channels: tcpx_p2p::internal::PLUGIN_CHANNELS,
+        channels: tcpx_p2p::PLUGIN_CHANNELS,
         connect_timeout: Duration::from_secs(60),
         ..plugin_cfg(&path)
     };
@@ -1219,7 +1215,7 @@ fn set_up_with_the_default_flow_steering_wait_runs_channels_in_parallel() {
     println!(
         "{{\"set_up_s\": {:.3}, \"channels\": {}, \"flow_steering_wait_s\": 5}}",
         took.as_secs_f64(),
-        tcpx_p2p::internal::PLUGIN_CHANNELS
+        tcpx_p2p::PLUGIN_CHANNELS
     );
     assert!(
         took >= Duration::from_secs(5),

@@ -68,7 +68,7 @@ pub(crate) fn gpu_index_arg(g: &Bound<'_, PyAny>) -> PyResult<i32> {
             "local_gpu_idx: {i} is not a GPU index (0 or more)"
         )));
     }
-    let count = tcpx_p2p::internal::gpu::device_count();
+    let count = tcpx_p2p_gpu::device_count();
     if count > 0 && i >= count as i64 {
         return Err(InvalidArgumentError::new_err(format!(
             "local_gpu_idx: {i}, but this machine has {count} GPU(s) (0 to {})",

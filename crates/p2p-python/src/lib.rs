@@ -9,8 +9,8 @@ use std::time::Duration;
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList, PyString, PyTuple};
-use tcpx_p2p::internal::wire::{self, DescEntry, FifoItem, GpuId, Metadata};
 use tcpx_p2p::{Buf, Config, Error, RemoteGpu};
+use tcpx_p2p_wire::{self as wire, DescEntry, FifoItem, GpuId, Metadata};
 
 mod args;
 mod convert;
@@ -83,7 +83,7 @@ fn fifo(meta: &[u8]) -> EResult<FifoItem> {
 }
 
 fn default_gpu(py: Python<'_>) -> Option<i32> {
-    if tcpx_p2p::internal::gpu::device_count() == 0 {
+    if tcpx_p2p_gpu::device_count() == 0 {
         return None;
     }
     // The current device of PyTorch, if the application uses it.
@@ -1216,7 +1216,7 @@ impl Endpoint {
 #[pyfunction]
 fn get_oob_ip() -> PyResult<String> {
     let cfg = Config::from_env().map_err(|e| to_py(&e))?;
-    tcpx_p2p::internal::topo::oob_ip(cfg.ifname.as_deref())
+    tcpx_p2p::oob_ip(cfg.ifname.as_deref())
         .map(|ip| ip.to_string())
         .map_err(|e| to_py(&e))
 }
@@ -1231,7 +1231,7 @@ fn configured_streams() -> PyResult<usize> {
 /// Number of CUDA GPUs this process sees (0 without CUDA).
 #[pyfunction]
 fn cuda_device_count() -> usize {
-    tcpx_p2p::internal::gpu::device_count()
+    tcpx_p2p_gpu::device_count()
 }
 
 #[pymodule]

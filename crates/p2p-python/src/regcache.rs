@@ -12,7 +12,7 @@
 
 use std::collections::{HashMap, HashSet};
 
-use tcpx_p2p::internal::wire::Token;
+use tcpx_p2p::Token;
 
 struct Entry {
     /// The region whose exported token the keys carry.

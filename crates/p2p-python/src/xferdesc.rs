@@ -80,7 +80,7 @@ impl XferDesc {
 
 impl XferDesc {
     pub(crate) fn entry(&self) -> EResult<DescEntry> {
-        let token = tcpx_p2p::internal::token_from_keys(&self.rkeys).ok_or_else(|| {
+        let token = tcpx_p2p::Token::from_keys(&self.rkeys).ok_or_else(|| {
             Error::Invalid(format!(
                 "descriptor of mr {} carries no access token (rkeys); use descriptors from register_memory/deserialize_descs",
                 self.mr_id

@@ -17,9 +17,9 @@ use std::sync::{Arc, OnceLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use ncclnet_abi::*;
 use parking_lot::{Condvar, Mutex};
-use tcpx_p2p::internal::gpu;
-use tcpx_p2p::internal::plugin::sys::*;
+use tcpx_p2p_gpu as gpu;
 
 mod gate;
 mod recv;
@@ -36,7 +36,7 @@ use crate::config::EmuConfig;
 use crate::cuda::{self, HostMem, MappedMem};
 use crate::pool::{self, BouncePool, Lease, PoolKind, Rng, BLOCK, PAGE};
 use crate::stage::{self, RxStage, TxStage};
-use tcpx_p2p::internal::timing::{self, Spent};
+use tcpx_p2p_timing::{self as timing, Spent};
 
 /// Requests in flight per comm, as TCPX's MAX_REQUESTS.
 pub const MAX_REQUESTS: usize = 16;

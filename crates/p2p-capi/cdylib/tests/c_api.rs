@@ -197,7 +197,7 @@ fn header_layout_matches_rust() {
         ("TCPX_NOTIF_MAX", tcpx_p2p::notif::MAX_NOTIF),
         ("TCPX_NAME_MAX", tcpx_p2p::notif::MAX_NOTIF_NAME),
         ("TCPX_IP_LEN", tcpx_p2p_capi::IP_LEN),
-        ("TCPX_IOV_MAX", tcpx_p2p::internal::wire::MAX_RMA_PIECES),
+        ("TCPX_IOV_MAX", tcpx_p2p_wire::MAX_RMA_PIECES),
         ("sizeof(tcpx_status_t)", size_of::<Status>()),
         ("sizeof(tcpx_buf_t)", size_of::<TcpxBuf>()),
         ("offsetof(tcpx_buf_t,len)", offset_of!(TcpxBuf, len)),

@@ -892,17 +892,6 @@ fn accept_loop(inner: Weak<Inner>, listener: TcpListener) {
     );
 }
 
-/// The access token an `XferDesc`'s `rkeys` carry: `[advertisement id, secret]`.
-pub fn token_from_keys(keys: &[u64]) -> Option<Token> {
-    match keys {
-        [id, secret, ..] => Some(Token {
-            id: *id,
-            secret: *secret,
-        }),
-        _ => None,
-    }
-}
-
 /// `hostname:port`, or `ip:port` where the host has no name.
 fn default_name(addr: SocketAddr) -> String {
     let host = std::fs::read_to_string("/proc/sys/kernel/hostname")

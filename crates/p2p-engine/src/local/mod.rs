@@ -46,7 +46,8 @@
 //! on a local connection take this path with no other change.
 
 mod cuda;
-pub mod desc;
+/// The same-host path's byte formats.
+pub(crate) use tcpx_p2p_wire::same_host as desc;
 mod hub;
 mod os;
 

@@ -24,7 +24,13 @@ pub use crate::wire::NET_HANDLE_LEN;
 
 pub(crate) mod plugin;
 pub(crate) mod socket;
-pub(crate) mod timing;
+
+/// The ncclNet plugin loader (a transport over any ncclNet plugin).
+pub use plugin::PluginNet;
+/// The socket net (multi-stream TCP) and its settings.
+pub use socket::{SocketConfig, SocketNet};
+/// The I/O threads' time accounts (shared with the ncclNet stand-in).
+pub(crate) use tcpx_p2p_timing as timing;
 
 /// What a connection knows of its peer when its data path is chosen.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -3,7 +3,7 @@
 //! trait, keeping the rules TCPX imposes (`reference/ncclnet-and-tcpx.md`):
 //!
 //! - the newest table we understand is used (v8, then v7), each read through
-//!   its own layout ([`sys`]) and adapted onto one internal table (`table`;
+//!   its own layout (`sys`, the `ncclnet-abi` crate) and adapted onto one internal table (`table`;
 //!   one module per version); the library is loaded once per path and never
 //!   unloaded (plugins keep threads);
 //! - connect and accept are resumable (`Ok(None)` while the plugin hands back
@@ -27,7 +27,8 @@
 //! `unsafe` is allowed here; each block says why it holds.
 #![allow(unsafe_code)]
 
-pub mod sys;
+/// The ncclNet ABI mirror, shared with the stand-in plugin.
+pub(crate) use ncclnet_abi as sys;
 mod table;
 mod v7;
 mod v8;

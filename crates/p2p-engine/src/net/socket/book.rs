@@ -160,7 +160,8 @@ pub(crate) fn check_part(
 /// the first 48 bytes are a part header, the rest the lengths of the
 /// posted receive's segments (one byte each, in KiB). Panics if a part
 /// that passes the checks would land outside the posted memory.
-pub(crate) fn fuzz_part_header(data: &[u8]) {
+#[cfg(any(test, feature = "fuzzing"))]
+pub fn fuzz_part_header(data: &[u8]) {
     use crate::memory::MemKind;
     use crate::net::MemRef;
     let Some((head, rest)) = data.split_first_chunk::<{ super::wire::HDR_LEN }>() else {

@@ -58,7 +58,8 @@ mod tx;
 pub(crate) mod wire;
 
 #[doc(hidden)]
-pub(crate) use book::fuzz_part_header;
+#[cfg(feature = "fuzzing")]
+pub use book::fuzz_part_header;
 use recv::SocketRecv;
 use send::SocketSend;
 use sockio::tune;

@@ -12,7 +12,6 @@
 //!   the same with `memcpy`.
 //!
 //! Raw device and host memory: `unsafe` is allowed here, each block says why.
-#![allow(unsafe_code)]
 
 use std::collections::HashMap;
 use std::ffi::{c_void, CString};
@@ -23,18 +22,12 @@ use cudarc::driver::sys;
 use parking_lot::Mutex;
 
 use super::{check, drv, Device, DeviceBuf, Event, PinnedBuf, Stream};
-use crate::error::CudaError;
+use crate::CudaError;
 
 /// One fragment of an UNPACK receive: `len` bytes from
-/// `bounce_buf + src_off` to `dst + dst_off` (the ncclNet ABI's `loadMeta`;
-/// its layout is checked beside the rest of the ABI mirror).
-#[repr(C, align(16))]
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct LoadMeta {
-    pub src_off: u32,
-    pub len: u32,
-    pub dst_off: u64,
-}
+/// `bounce_buf + src_off` to `dst + dst_off` (the ncclNet ABI's `loadMeta`,
+/// defined and layout-checked with the rest of the ABI mirror).
+pub use ncclnet_abi::LoadMeta;
 
 /// A fragment that does not fit where it must go.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -3,8 +3,7 @@
 //! the handshake on the Unix socket, and the control messages after it.
 //! Decoders never panic and reject trailing bytes.
 
-use crate::error::WireError;
-use crate::wire::{Reader, Token};
+use crate::{Reader, Token, WireError};
 
 /// `"TXIP"`, little-endian: the first four bytes of an IPC descriptor.
 pub const IPC_MAGIC: u32 = 0x5049_5854;

@@ -1,11 +1,11 @@
 //! The ncclNet plugin ABI, v7 and v8, as `#[repr(C)]` definitions: the one
-//! copy both our loader ([`super`]) and the stand-in plugin
-//! (`crates/nccl-net-emu`) are built from. Facts from
+//! copy both the engine's plugin loader (`tcpx-p2p`, `net::plugin`) and the
+//! stand-in plugin (`crates/nccl-net-emu`) are built from. It depends on
+//! nothing, so the stand-in does not depend on the engine. Facts from
 //! `reference/ncclnet-and-tcpx.md`; every layout is checked by the tests at
 //! the bottom (x86_64 / aarch64 Linux: LP64).
 //!
 //! Nothing here does anything: only types and constants.
-#![allow(unsafe_code)]
 
 use std::ffi::{c_char, c_int, c_ulong, c_void};
 
@@ -107,8 +107,16 @@ pub struct NcclNetDeviceHandleV7 {
     pub needs_proxy_progress: c_int,
 }
 
-/// `loadMeta`: defined with the unpack code that reads it.
-pub use crate::gpu::unpack::LoadMeta;
+/// `loadMeta`: one fragment of an UNPACK receive, `len` bytes from
+/// `bounce_buf + src_off` to `dst + dst_off` (read by the engine's unpack
+/// code, `tcpx-p2p-gpu`'s `unpack`).
+#[repr(C, align(16))]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LoadMeta {
+    pub src_off: u32,
+    pub len: u32,
+    pub dst_off: u64,
+}
 
 /// `netUnpackMeta`: 16 queue slots of up to 2048 fragments, and a count per
 /// slot. Lives in memory both host and device can read.

@@ -1,8 +1,11 @@
-//! CUDA through `cudarc` with dynamic loading: the library builds and runs on
-//! machines without CUDA, where [`available`] is false and only host memory
-//! is used. This module is one of the raw-memory/FFI edges where `unsafe` is
-//! allowed; each block says why it holds.
-#![allow(unsafe_code)]
+//! The GPU helpers of tcpx-p2p, shared by the engine and the ncclNet
+//! stand-in (`crates/nccl-net-emu`), which does not depend on the engine:
+//! CUDA through `cudarc` with dynamic loading, so that everything builds and
+//! runs on machines without CUDA, where [`available`] is false and only host
+//! memory is used; the unpack kernel ([`unpack`]); the pinned staging ring
+//! ([`staging`]); and the switches read from the environment
+//! ([`GpuSwitches`]). This crate is one of the raw-memory/FFI edges where
+//! `unsafe` is allowed; each block says why it holds.
 
 use std::collections::HashMap;
 use std::ffi::c_void;
@@ -12,11 +15,51 @@ use cudarc::driver::result as cu;
 use cudarc::driver::sys;
 use parking_lot::Mutex;
 
-use crate::config::GpuSwitches;
-use crate::error::CudaError;
-
-pub(crate) mod staging;
+pub mod staging;
 pub mod unpack;
+
+/// A failure of the local CUDA driver, or CUDA missing where it is needed.
+#[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
+pub enum CudaError {
+    #[error("CUDA is not available on this machine (no libcuda found)")]
+    Unavailable,
+    #[error("{call}: {msg}")]
+    Driver { call: &'static str, msg: String },
+    #[error("NVRTC: {0}")]
+    Nvrtc(String),
+}
+
+/// CUDA switches for the whole process, read once from the environment:
+/// the GPU code consults them wherever it runs (the engine, or the ncclNet
+/// stand-in inside NCCL), so they are not per endpoint.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GpuSwitches {
+    /// `TCPX_P2P_DISABLE_CUDA=1`: act as if no GPU were present.
+    pub disable_cuda: bool,
+    /// `TCPX_P2P_COPY_BATCH=0`: one driver call per copy instead of the
+    /// driver's batch copy.
+    pub copy_batch: bool,
+    /// `TCPX_P2P_COPY_KERNEL=0`: scattered staged copies through the copy
+    /// engines only, never the copy kernel.
+    pub copy_kernel: bool,
+}
+
+impl GpuSwitches {
+    /// The switches of this process (the environment is read at the first
+    /// call).
+    pub fn get() -> GpuSwitches {
+        static S: std::sync::OnceLock<GpuSwitches> = std::sync::OnceLock::new();
+        *S.get_or_init(|| {
+            let is = |k: &str, v: &str| std::env::var(k).is_ok_and(|x| x == v);
+            GpuSwitches {
+                disable_cuda: is("TCPX_P2P_DISABLE_CUDA", "1"),
+                copy_batch: !is("TCPX_P2P_COPY_BATCH", "0"),
+                copy_kernel: !is("TCPX_P2P_COPY_KERNEL", "0"),
+            }
+        })
+    }
+}
 
 fn drv(call: &'static str, r: Result<(), cu::DriverError>) -> Result<(), CudaError> {
     r.map_err(|e| CudaError::Driver {
@@ -118,7 +161,7 @@ impl Device {
 /// Makes GPU `ordinal`'s context current on the calling thread (work that
 /// moves between threads, e.g. a stream's on the I/O workers, calls it at
 /// the start of each stretch).
-pub(crate) fn bind_here(ordinal: i32) -> Result<(), CudaError> {
+pub fn bind_here(ordinal: i32) -> Result<(), CudaError> {
     Device::get(ordinal)?.bind()
 }
 
@@ -646,7 +689,7 @@ mod tests {
     /// from queueing it to knowing it landed, by way of queueing and of
     /// waiting, with the pinned side just written by the CPU or not.
     /// GPU only:
-    /// `cargo test --release -p tcpx-p2p gpu::tests::copy_latency -- --ignored --nocapture`
+    /// `cargo test --release -p tcpx-p2p-gpu tests::copy_latency -- --ignored --nocapture`
     #[test]
     #[ignore]
     fn copy_latency() {
@@ -833,7 +876,7 @@ mod tests {
     /// thread pays per window: the reason the kernel is used for scattered
     /// windows, see `unpack::CopyKernel`). Only the copying is timed.
     /// GPU only:
-    /// `cargo test --release -p tcpx-p2p gpu::tests::copy_rates -- --ignored --nocapture`
+    /// `cargo test --release -p tcpx-p2p-gpu tests::copy_rates -- --ignored --nocapture`
     #[test]
     #[ignore]
     fn copy_rates() {
@@ -863,7 +906,7 @@ mod tests {
     /// and both at once, for scattered 32 KiB blocks through the copy
     /// kernel and through batch calls, and for contiguous 1 MiB windows.
     /// GB/s of each direction. GPU only:
-    /// `cargo test --release -p tcpx-p2p gpu::tests::copy_both_ways -- --ignored --nocapture`
+    /// `cargo test --release -p tcpx-p2p-gpu tests::copy_both_ways -- --ignored --nocapture`
     #[test]
     #[ignore]
     fn copy_both_ways() {
@@ -894,7 +937,7 @@ mod tests {
     /// and without the H2D threads.
     /// GB/s of each kind, summed over its threads. GPU only (two GPUs for
     /// the second and third rows):
-    /// `cargo test --release -p tcpx-p2p gpu::tests::copy_contention -- --ignored --nocapture`
+    /// `cargo test --release -p tcpx-p2p-gpu tests::copy_contention -- --ignored --nocapture`
     #[test]
     #[ignore]
     fn copy_contention() {
@@ -902,12 +945,12 @@ mod tests {
         if gpu0().is_none() {
             return;
         }
-        // Window and slots per thread (`COPY_CONTENTION_WIN`, `..._DEPTH`
+        // Window bytes and slots per thread (`COPY_CONTENTION_WIN`, `..._DEPTH`
         // to try other footprints).
         let env = |k: &str, d: usize| {
             std::env::var(k)
                 .ok()
-                .and_then(|v| crate::config::parse_size(&v))
+                .and_then(|v| v.trim().parse::<usize>().ok())
                 .unwrap_or(d)
         };
         let (win, depth) = (

@@ -1,8 +1,10 @@
-//! Where an I/O thread's time goes. A thread opens its account with
+//! Where an I/O thread's time goes, for the engine's socket net and the
+//! ncclNet stand-in alike (which keeps its accounts the same way without
+//! depending on the engine). A thread opens its account with
 //! [`start`]; [`mark`] charges the time since the previous mark to what
 //! the thread was doing; the account is logged (`debug`) when the thread
 //! ends. Off -- one thread-local lookup per mark -- unless `debug` logging
-//! is on for this module (`TCPX_P2P_LOG=debug`).
+//! is on for this crate (`TCPX_P2P_LOG=debug`).
 
 use std::cell::RefCell;
 use std::fmt::Write as _;

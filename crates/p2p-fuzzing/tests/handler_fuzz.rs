@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use rand::{Rng, SeedableRng};
-use tcpx_p2p::internal::{control_handler, notif_queue, rma_recvs, Seen};
+use tcpx_p2p_fuzzing::{control_handler, notif_queue, rma_recvs, Seen};
 
 /// No single allocation may be larger: nothing is sized from a claim.
 const MAX_ALLOC: usize = 64 << 20;

@@ -11,10 +11,9 @@
 //! no tokens.
 //!
 //! Raw pinned memory and CUDA copies: `unsafe` is allowed here.
-#![allow(unsafe_code)]
 
 use super::{push_copy, CopyOp, Device, Event, PinnedBuf, Stream};
-use crate::error::CudaError;
+use crate::CudaError;
 
 /// A window of at least this many copies goes through the copy kernel (one
 /// launch) rather than the copy engines (one transfer, and the driver's
@@ -30,7 +29,7 @@ type Slot = (PinnedBuf, Event, bool);
 
 /// Pinned slots and a CUDA stream on one GPU; `T` is what a receive side
 /// parks on a slot until its copies land.
-pub(crate) struct Ring<T> {
+pub struct Ring<T> {
     device: i32,
     stream: Stream,
     slots: Vec<Slot>,
@@ -50,7 +49,7 @@ pub(crate) struct Ring<T> {
     /// copy engines do every copy).
     kernels: Option<Vec<super::unpack::CopyKernel>>,
     /// Whether the copy kernel may be used at all
-    /// ([`crate::config::GpuSwitches::copy_kernel`]).
+    /// ([`crate::GpuSwitches::copy_kernel`]).
     kernel_allowed: bool,
     /// Slots in memory mapped here and registered with CUDA (the kernel
     /// is used only on the driver's own pinned memory).
@@ -60,7 +59,7 @@ pub(crate) struct Ring<T> {
 impl<T> Ring<T> {
     /// `depth` slots of `slice` bytes on GPU `device`, allocated by the
     /// driver or (`mapped`) mapped here and registered with CUDA.
-    pub(crate) fn new(
+    pub fn new(
         device: i32,
         slice: usize,
         depth: usize,
@@ -93,36 +92,36 @@ impl<T> Ring<T> {
         })
     }
 
-    pub(crate) fn device(&self) -> i32 {
+    pub fn device(&self) -> i32 {
         self.device
     }
 
-    pub(crate) fn depth(&self) -> usize {
+    pub fn depth(&self) -> usize {
         self.slots.len()
     }
 
-    pub(crate) fn slice(&self) -> usize {
+    pub fn slice(&self) -> usize {
         self.slots[0].0.len()
     }
 
     /// Slot `k`'s host address.
-    pub(crate) fn slot_addr(&self, k: usize) -> u64 {
+    pub fn slot_addr(&self, k: usize) -> u64 {
         self.slots[k].0.as_ptr() as u64
     }
 
     /// The first `len` bytes of slot `k`.
-    pub(crate) fn slot_bytes(&self, k: usize, len: usize) -> &[u8] {
+    pub fn slot_bytes(&self, k: usize, len: usize) -> &[u8] {
         self.slots[k].0.as_slice(len)
     }
 
     /// The first `len` bytes of slot `k`, to read into.
-    pub(crate) fn slot_bytes_mut(&mut self, k: usize, len: usize) -> &mut [u8] {
+    pub fn slot_bytes_mut(&mut self, k: usize, len: usize) -> &mut [u8] {
         self.slots[k].0.as_mut_slice(len)
     }
 
     /// Whether slot `k`'s copies are queued and have not landed yet (a
     /// query that fails counts as landed).
-    pub(crate) fn still_copying(&self, k: usize) -> bool {
+    pub fn still_copying(&self, k: usize) -> bool {
         self.slots[k].2 && !self.slots[k].1.is_done().unwrap_or(true)
     }
 
@@ -136,7 +135,7 @@ impl<T> Ring<T> {
     /// Each range must be device memory or this ring's pinned memory,
     /// untouched until slot `k`'s next event completes; slot `k`'s previous
     /// event has completed.
-    pub(crate) unsafe fn queue_copies(
+    pub unsafe fn queue_copies(
         &mut self,
         k: usize,
         ops: &[CopyOp],
@@ -178,14 +177,14 @@ impl<T> Ring<T> {
     }
 
     /// Records slot `k`'s event behind the copies queued so far.
-    pub(crate) fn seal(&mut self, k: usize) -> Result<(), CudaError> {
+    pub fn seal(&mut self, k: usize) -> Result<(), CudaError> {
         self.slots[k].1.record(&self.stream)?;
         self.slots[k].2 = true;
         Ok(())
     }
 
     /// Waits for slot `k`'s copies, if any are queued.
-    pub(crate) fn wait(&mut self, k: usize) -> Result<(), CudaError> {
+    pub fn wait(&mut self, k: usize) -> Result<(), CudaError> {
         if self.slots[k].2 {
             self.slots[k].1.synchronize()?;
             self.slots[k].2 = false;
@@ -197,7 +196,7 @@ impl<T> Ring<T> {
     /// one slot) back to back into slot 0 and waits once for all of them;
     /// returns the staged bytes. `mark` is called between the steps (time
     /// accounting): after the copies are queued and after they landed.
-    pub(crate) fn stage_out(
+    pub fn stage_out(
         &self,
         parts: impl IntoIterator<Item = (u64, usize)>,
         mut mark: impl FnMut(StageStep),
@@ -224,12 +223,12 @@ impl<T> Ring<T> {
     // ----------------------------------------------------- receive side
 
     /// Whether tokens wait on copies that have not been waited for.
-    pub(crate) fn has_landing(&self) -> bool {
+    pub fn has_landing(&self) -> bool {
         self.landing.iter().any(|l| !l.is_empty())
     }
 
     /// The next `len` bytes of the slot being filled, to read into.
-    pub(crate) fn fill_buf(&mut self, len: usize) -> &mut [u8] {
+    pub fn fill_buf(&mut self, len: usize) -> &mut [u8] {
         let (k, at, slice) = (self.fill_slot, self.fill_used, self.slice());
         &mut self.slots[k].0.as_mut_slice(slice)[at..at + len]
     }
@@ -238,12 +237,7 @@ impl<T> Ring<T> {
     /// copies to `dst` (device ranges `(address, length)`, in order) are
     /// batched with the slot's other pending copies, and `token` is handed
     /// back once they have landed.
-    pub(crate) fn fill(
-        &mut self,
-        dst: impl IntoIterator<Item = (u64, usize)>,
-        len: usize,
-        token: T,
-    ) {
+    pub fn fill(&mut self, dst: impl IntoIterator<Item = (u64, usize)>, len: usize, token: T) {
         let k = self.fill_slot;
         let mut src = self.slot_addr(k) + self.fill_used as u64;
         for (addr, n) in dst {
@@ -263,7 +257,7 @@ impl<T> Ring<T> {
 
     /// Parks `token` behind the copies queued on the slot being filled;
     /// returns it at once when those copies have landed already.
-    pub(crate) fn park(&mut self, token: T) -> Option<T> {
+    pub fn park(&mut self, token: T) -> Option<T> {
         if self.slots[self.fill_slot].2 {
             self.landing[self.fill_slot].push(token);
             None
@@ -299,7 +293,7 @@ impl<T> Ring<T> {
     /// Hands back (into `out`) the tokens behind the oldest slots whose
     /// copies have landed, without waiting (one stream: they land in order,
     /// so it stops at the first that has not).
-    pub(crate) fn reap(&mut self, out: &mut Vec<T>) -> Result<(), CudaError> {
+    pub fn reap(&mut self, out: &mut Vec<T>) -> Result<(), CudaError> {
         let depth = self.depth();
         for step in 1..=depth {
             let j = (self.fill_slot + step) % depth;
@@ -319,7 +313,7 @@ impl<T> Ring<T> {
     /// while they fit and it is not sealed, else the next one (its copies
     /// waited for, the tokens behind them handed back into `out`), the
     /// filled one sealed first.
-    pub(crate) fn next_slot(&mut self, need: usize, out: &mut Vec<T>) -> Result<usize, CudaError> {
+    pub fn next_slot(&mut self, need: usize, out: &mut Vec<T>) -> Result<usize, CudaError> {
         let k = self.fill_slot;
         if self.fill_used > 0 && self.fill_used + need > self.slice() {
             self.issue_pending()?;
@@ -336,7 +330,7 @@ impl<T> Ring<T> {
 
     /// Waits for every queued copy and hands back every token (into
     /// `out`).
-    pub(crate) fn flush(&mut self, out: &mut Vec<T>) -> Result<(), CudaError> {
+    pub fn flush(&mut self, out: &mut Vec<T>) -> Result<(), CudaError> {
         if !self.has_landing() && self.pending.is_empty() && !self.slots.iter().any(|s| s.2) {
             return Ok(());
         }
@@ -358,7 +352,7 @@ impl<T> Ring<T> {
 
 /// The steps of [`Ring::stage_out`], for the caller's time accounts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum StageStep {
+pub enum StageStep {
     /// Before the copies are queued.
     Start,
     /// The copies are queued (driver work done).

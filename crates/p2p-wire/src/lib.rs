@@ -1,11 +1,24 @@
-//! Every byte format that crosses a process boundary, as pure functions over
-//! one checked reader: endpoint metadata, the 64-byte advertised-region
-//! descriptor, serialized descriptor lists, the handshake and the control
-//! messages. Decoders never panic and reject trailing bytes.
+//! Every byte format of tcpx-p2p that crosses a process boundary, as pure
+//! functions over one checked reader: endpoint metadata, the 64-byte
+//! advertised-region descriptor, serialized descriptor lists, the handshake
+//! and the control messages, the control connection's framing ([`frame`]),
+//! the handshake's proofs ([`auth`]) and the same-host path's formats
+//! ([`same_host`]). Decoders never panic and reject trailing bytes.
+//!
+//! The engine (`tcpx-p2p`), its bindings, its fuzz targets and test peers
+//! that speak the protocol all use this crate; it knows nothing of sockets
+//! beyond reading and writing one frame.
+#![deny(unsafe_code)]
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
-use crate::error::WireError;
+pub mod auth;
+mod error;
+pub mod frame;
+pub mod same_host;
+
+pub use error::WireError;
+pub use frame::{read_frame, write_frame};
 
 /// A cursor over borrowed bytes where every take is checked.
 pub struct Reader<'a> {
@@ -171,6 +184,20 @@ pub struct FifoItem {
 pub struct Token {
     pub id: u64,
     pub secret: u64,
+}
+
+impl Token {
+    /// The token an `XferDesc`'s `rkeys` carry: `[advertisement id,
+    /// secret]` (more keys are ignored; fewer than two name none).
+    pub fn from_keys(keys: &[u64]) -> Option<Token> {
+        match keys {
+            [id, secret, ..] => Some(Token {
+                id: *id,
+                secret: *secret,
+            }),
+            _ => None,
+        }
+    }
 }
 
 pub const FIFO_ITEM_LEN: usize = 64;
