@@ -111,6 +111,26 @@ impl Home {
         }
     }
 
+    /// The task's state and its pool's, for a warning that it did not end.
+    pub(crate) fn describe(&self) -> String {
+        let st = match &*self.state.lock() {
+            State::Queued => "queued",
+            State::Running { .. } => "running",
+            State::Idle(_) => "idle",
+            State::Polling => "waiting for its socket",
+            State::Done => "done",
+        };
+        match self.pool.upgrade() {
+            Some(p) => format!(
+                "{st}; pool: {} workers, {} idle, {} jobs queued",
+                p.threads.load(Ordering::SeqCst),
+                p.idle.load(Ordering::SeqCst),
+                p.jobs.len()
+            ),
+            None => format!("{st}; its pool is gone"),
+        }
+    }
+
     /// Whether the task is running on the calling thread (it must not wait
     /// for itself).
     pub(crate) fn runs_here(&self) -> bool {
@@ -176,8 +196,9 @@ struct Inner {
     stopping: AtomicBool,
     /// A worker with no task for this long leaves.
     keep_idle: Duration,
-    /// Most workers kept waiting for work; more leave at once. Also the
-    /// workers made on demand at once; beyond it, only for work that waits.
+    /// Most workers kept waiting for work; more leave at once. Workers
+    /// are made on demand at once up to four times this; beyond, only for
+    /// work that waits.
     max_idle: usize,
     /// Jobs taken by workers so far (the poller's sign of progress).
     taken: AtomicU64,
@@ -307,12 +328,14 @@ impl Inner {
         if self.queue.send(job).is_err() {
             return; // cannot happen: `jobs` lives as long as `queue`
         }
-        if self.idle.load(Ordering::SeqCst) == 0 {
-            if self.threads.load(Ordering::SeqCst) < self.max_idle {
+        // More jobs waiting than workers waiting for them (a burst: a
+        // message's parts on several streams): add a worker at once, up to
+        // four per core; beyond that the poller adds them if the queue
+        // stalls.
+        if self.jobs.len() > self.idle.load(Ordering::SeqCst) {
+            if self.threads.load(Ordering::SeqCst) < 4 * self.max_idle {
                 self.spawn_worker();
             } else {
-                // Every worker is busy: the poller adds one if the queue
-                // does not move (a burst of short tasks needs no more).
                 let _ = self.waker.wake();
             }
         }

@@ -60,9 +60,11 @@ pub(crate) mod wire;
 #[doc(hidden)]
 #[cfg(feature = "fuzzing")]
 pub use book::fuzz_part_header;
+use book::Landing;
 use recv::SocketRecv;
 use send::SocketSend;
 use sockio::tune;
+use stage::StagingPool;
 use wire::{Handle, Hello, HELLO_LEN};
 
 const NET: &str = "socket";
@@ -103,8 +105,9 @@ pub struct SocketConfig {
     pub linger: Duration,
     /// CPUs the I/O threads are pinned to (None: not pinned).
     pub cpus: Option<Arc<[usize]>>,
-    /// The endpoint's GPU: its pinned staging is made when a comm starts,
-    /// not inside the first transfer.
+    /// The endpoint's GPU: the receive streams' shared staging is warmed
+    /// for it when the first receive comm starts, not inside the first
+    /// transfer.
     pub gpu: Option<i32>,
     /// Lend large GPU windows' staging to the socket instead of writing it
     /// (`vmsplice` + `splice`; see [`super::splice`]).
@@ -115,6 +118,14 @@ pub struct SocketConfig {
 pub struct SocketNet {
     cfg: SocketConfig,
     workers: LazyWorkers,
+    /// Pinned staging the receive streams share (see [`stage::StagingPool`]).
+    rx_staging: Arc<StagingPool<Landing>>,
+}
+
+/// Staging rings kept free for the receive streams: one per core.
+fn rx_staging_pool() -> Arc<StagingPool<Landing>> {
+    let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+    Arc::new(StagingPool::new(cores.max(2)))
 }
 
 /// The comms' I/O workers, started with the first comm (a net that only
@@ -139,6 +150,7 @@ impl SocketNet {
         SocketNet {
             cfg,
             workers: LazyWorkers::default(),
+            rx_staging: rx_staging_pool(),
         }
     }
 
@@ -148,6 +160,7 @@ impl SocketNet {
         SocketNet {
             cfg,
             workers: LazyWorkers(Arc::new(parking_lot::Mutex::new(Some(workers)))),
+            rx_staging: rx_staging_pool(),
         }
     }
 
@@ -236,6 +249,7 @@ impl Net for SocketNet {
             streams: vec![None; self.cfg.streams],
             cfg: self.cfg.clone(),
             workers: self.workers.clone(),
+            rx_staging: self.rx_staging.clone(),
         }))
     }
 
@@ -316,6 +330,7 @@ struct SocketListen {
     streams: Vec<Option<Arc<TcpStream>>>,
     cfg: SocketConfig,
     workers: LazyWorkers,
+    rx_staging: Arc<StagingPool<Landing>>,
 }
 
 impl ListenComm for SocketListen {
@@ -358,6 +373,10 @@ impl ListenComm for SocketListen {
             }
         }
         if self.streams.iter().all(Option::is_some) {
+            if let Some(gpu) = self.cfg.gpu {
+                self.rx_staging
+                    .warm(gpu, self.cfg.staging_slice, self.cfg.staging_depth, 2);
+            }
             let socks: Vec<Arc<TcpStream>> =
                 self.streams.iter_mut().filter_map(Option::take).collect();
             Ok(Some(Box::new(SocketRecv::start(
@@ -365,6 +384,7 @@ impl ListenComm for SocketListen {
                 &self.cfg,
                 waker,
                 &self.workers.get(&self.cfg.cpus)?,
+                &self.rx_staging,
             )?)))
         } else {
             Ok(None)
@@ -379,7 +399,6 @@ impl ListenComm for SocketListen {
 struct Lane {
     index: usize,
     spin: Duration,
-    gpu: Option<i32>,
     slice: usize,
     depth: usize,
     /// Send side: lend large GPU windows to the socket.
@@ -391,7 +410,6 @@ impl Lane {
         Lane {
             index,
             spin: cfg.spin,
-            gpu: cfg.gpu,
             slice: cfg.staging_slice,
             depth: cfg.staging_depth,
             splice: cfg.splice,

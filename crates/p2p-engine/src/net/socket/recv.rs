@@ -3,15 +3,17 @@
 
 use std::collections::HashMap;
 use std::net::TcpStream;
+use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
 
-use super::book::{LaneBook, RecvLaneQ, RecvReq, RecvShared};
+use super::book::{Landing, LaneBook, RecvLaneQ, RecvReq, RecvShared};
 use super::rx::RxTask;
 use super::segs::Segs;
+use super::stage::StagingPool;
 use super::{part_count, Lane, SocketConfig, NET};
 use crate::error::NetError;
 use crate::net::{MemRef, MrHandle, RecvComm, ReqId, Waker};
@@ -35,6 +37,7 @@ impl SocketRecv {
         cfg: &SocketConfig,
         waker: Waker,
         workers: &Workers,
+        staging: &Arc<StagingPool<Landing>>,
     ) -> Result<Self, NetError> {
         let shared = Arc::new(RecvShared {
             lanes: (0..socks.len())
@@ -52,10 +55,16 @@ impl SocketRecv {
             .iter()
             .enumerate()
             .map(|(i, s)| {
-                let task = RxTask::new(s.clone(), shared.clone(), Lane::new(i, cfg), cfg.linger);
-                // Its first stretch makes the stream's staging, then it
-                // waits for bytes without a thread.
-                workers.start(Box::new(task))
+                let task = RxTask::new(
+                    s.clone(),
+                    shared.clone(),
+                    Lane::new(i, cfg),
+                    cfg.linger,
+                    staging.clone(),
+                );
+                // It waits for bytes without a thread; its staging is
+                // taken from the pool at its first GPU part.
+                workers.start_readable(Box::new(task), s.as_raw_fd())
             })
             .collect();
         Ok(SocketRecv {
@@ -156,7 +165,7 @@ impl Drop for SocketRecv {
                 continue;
             }
             if !t.wait_done(deadline.saturating_duration_since(Instant::now())) {
-                tracing::warn!("socket net: a receive stream's task did not end within 5 s of its comm's close");
+                tracing::warn!("socket net: a receive stream's task did not end within 5 s of its comm's close ({})", t.describe());
             }
         }
     }

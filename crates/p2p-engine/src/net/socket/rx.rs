@@ -15,7 +15,7 @@ use super::book::{check_part, part_done, Landing, RecvReq, RecvShared};
 use super::reader::StreamReader;
 use super::segs::{uniform_kind, window_copies, windows};
 use super::sockio::{poll_readable, read_err, readable_now, wait_readable};
-use super::stage::Stager;
+use super::stage::{Stager, StagingPool};
 use super::wire::{PartHeader, HDR_LEN};
 use super::{Lane, BATCH_PART, INLINE_MAX, NET, READ_BUF};
 use crate::error::NetError;
@@ -374,8 +374,6 @@ enum Flow {
 pub(super) struct RxTask {
     rx: Rx,
     linger: Duration,
-    /// The first stretch makes the staging, then waits for bytes.
-    started: bool,
 }
 
 impl RxTask {
@@ -384,12 +382,13 @@ impl RxTask {
         shared: Arc<RecvShared>,
         lane: Lane,
         linger: Duration,
+        staging: Arc<StagingPool<Landing>>,
     ) -> Self {
         let peer = s.peer_addr().map(|a| a.to_string()).unwrap_or_default();
         RxTask {
             rx: Rx {
                 r: StreamReader::new(s),
-                stager: Stager::<Landing>::lazy(lane.slice, lane.depth),
+                stager: Stager::pooled(staging, lane.slice, lane.depth),
                 shared,
                 lane,
                 peer,
@@ -398,7 +397,6 @@ impl RxTask {
                 pending: None,
             },
             linger,
-            started: false,
         }
     }
 
@@ -433,16 +431,6 @@ impl RxTask {
 impl Task for RxTask {
     fn run(&mut self) -> Step {
         let fd = self.rx.r.s.as_raw_fd();
-        if !self.started {
-            // Staging for the endpoint's GPU made now, ahead of the first
-            // message (pinned allocations take milliseconds each: measured
-            // on h200-x2, the first size of a run read 4.75 GB/s at 64 KiB
-            // where the next read 14.75).
-            self.started = true;
-            self.rx.stager =
-                Stager::<Landing>::ahead(self.rx.lane.gpu, self.rx.lane.slice, self.rx.lane.depth);
-            return Step::Readable(fd);
-        }
         self.rx.stager.bind_here();
         let _account = timing::start(|| {
             let at = self
@@ -465,6 +453,7 @@ impl Task for RxTask {
                     // worker back.
                     self.rx.lane.spin_for_data(&self.rx.r.s, &self.rx.shared);
                     if !wait_readable(&self.rx.r.s, self.linger) {
+                        self.rx.stager.give_back();
                         return Step::Readable(fd);
                     }
                 }
@@ -477,7 +466,10 @@ impl Task for RxTask {
             match self.rx.step(self.linger) {
                 Ok(Flow::Part) => {}
                 // Woken by the receive's post (or the comm's close).
-                Ok(Flow::AwaitPost) => return Step::Idle,
+                Ok(Flow::AwaitPost) => {
+                    self.rx.stager.give_back();
+                    return Step::Idle;
+                }
                 Ok(Flow::Closing) => return Step::Done,
                 Err(e) => {
                     self.fail(e);

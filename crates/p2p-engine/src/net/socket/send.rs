@@ -89,9 +89,9 @@ impl SocketSend {
                 Lane::new(i, cfg),
                 cfg.linger,
             );
-            // Its first stretch makes the stream's staging ahead of the first
-            // message (pinned allocations take milliseconds), then it idles.
-            tasks.push(workers.start(Box::new(task)));
+            // Idle (no thread) until a part is queued to it; its staging is
+            // made at its first GPU part.
+            tasks.push(workers.start_idle(Box::new(task)));
             txs.push(tx);
         }
         Ok(SocketSend {
@@ -290,7 +290,8 @@ impl Drop for SocketSend {
             }
             if !t.wait_done(deadline.saturating_duration_since(Instant::now())) {
                 tracing::warn!(
-                    "socket net: a send stream's task did not end within 5 s of its comm's close"
+                    "socket net: a send stream's task did not end within 5 s of its comm's close ({})",
+                    t.describe()
                 );
             }
         }

@@ -116,6 +116,9 @@ pub(super) fn credit_err(e: io::Error) -> NetError {
 /// `slice` bytes.
 pub(super) struct Stager<T> {
     pub(super) cur: Option<Staging<T>>,
+    /// Where this stream takes its staging from and gives it back to
+    /// (receive streams: see [`StagingPool`]); None: its own, kept.
+    pool: Option<Arc<StagingPool<T>>>,
     slice: usize,
     depth: usize,
     /// Slots in memory mapped here and registered with CUDA: set when the
@@ -123,6 +126,65 @@ pub(super) struct Stager<T> {
     mapped: bool,
     /// Send side: lending large GPU windows to the socket.
     pub(super) lend: Lend,
+}
+
+/// Staging rings that the receive streams of an endpoint share: a stream
+/// takes one when a GPU part comes and gives it back when it goes quiet
+/// (all its copies landed), so the pinned memory follows the streams busy
+/// at once, not the peers (each stream making its own at connect held
+/// 4 MiB of pinned memory per stream, 128 MiB per peer, and took
+/// milliseconds per stream to make).
+pub(super) struct StagingPool<T> {
+    free: parking_lot::Mutex<Vec<Staging<T>>>,
+    /// Most rings kept free; more are freed.
+    keep: usize,
+    warmed: std::sync::atomic::AtomicBool,
+}
+
+impl<T> StagingPool<T> {
+    pub(super) fn new(keep: usize) -> Self {
+        StagingPool {
+            free: parking_lot::Mutex::new(Vec::new()),
+            keep,
+            warmed: std::sync::atomic::AtomicBool::new(false),
+        }
+    }
+
+    /// Makes `n` rings for GPU `device` once, ahead of the first GPU
+    /// message (pinned allocations take milliseconds each: measured on
+    /// h200-x2, the first size of a run read 4.75 GB/s at 64 KiB where the
+    /// next read 14.75). A failure is left for the first GPU message.
+    pub(super) fn warm(&self, device: i32, slice: usize, depth: usize, n: usize) {
+        if self.warmed.swap(true, std::sync::atomic::Ordering::AcqRel) {
+            return;
+        }
+        for _ in 0..n.min(self.keep) {
+            match Staging::new(device, slice, depth, false) {
+                Ok(st) => self.put(st),
+                Err(e) => {
+                    tracing::debug!(gpu = device, "pinned staging not made ahead: {e}");
+                    return;
+                }
+            }
+        }
+    }
+
+    fn take(&self, device: i32, slice: usize, depth: usize) -> Option<Staging<T>> {
+        let mut free = self.free.lock();
+        let i = free.iter().position(|st| {
+            st.ring.device() == device
+                && st.ring.slice() == slice
+                && st.ring.depth() == depth.max(1)
+        })?;
+        Some(free.swap_remove(i))
+    }
+
+    fn put(&self, st: Staging<T>) {
+        let mut free = self.free.lock();
+        if free.len() < self.keep {
+            free.push(st);
+        }
+    }
 }
 
 /// Whether a send stream lends its staging to the socket
@@ -140,25 +202,12 @@ impl<T> Stager<T> {
     pub(super) fn lazy(slice: usize, depth: usize) -> Self {
         Stager {
             cur: None,
+            pool: None,
             slice,
             depth,
             mapped: false,
             lend: Lend::Off,
         }
-    }
-
-    /// Staging for GPU `gpu` made now (pinned allocations take
-    /// milliseconds each: measured on h200-x2, the first size of a run read
-    /// 4.75 GB/s at 64 KiB where the next read 14.75). A failure is left
-    /// for the first GPU message to report.
-    pub(super) fn ahead(gpu: Option<i32>, slice: usize, depth: usize) -> Self {
-        let mut st = Stager::<T>::lazy(slice, depth);
-        if let Some(dev) = gpu {
-            if let Err(e) = st.get(dev) {
-                tracing::debug!(gpu = dev, "pinned staging not made ahead: {e}");
-            }
-        }
-        st
     }
 
     /// Makes this stream's GPU (if it has staging) current on the calling
@@ -168,6 +217,26 @@ impl<T> Stager<T> {
             if let Err(e) = crate::gpu::bind_here(st.ring.device()) {
                 tracing::debug!(gpu = st.ring.device(), "cannot make the GPU current: {e}");
             }
+        }
+    }
+
+    /// Staging taken from `pool` when first needed and given back with
+    /// [`Stager::give_back`].
+    pub(super) fn pooled(pool: Arc<StagingPool<T>>, slice: usize, depth: usize) -> Self {
+        Stager {
+            pool: Some(pool),
+            ..Stager::lazy(slice, depth)
+        }
+    }
+
+    /// The stream goes quiet: its staging (every copy landed, no token
+    /// left) goes back to its pool for any stream to take.
+    pub(super) fn give_back(&mut self) {
+        if self.landing() {
+            return;
+        }
+        if let (Some(pool), Some(st)) = (&self.pool, self.cur.take()) {
+            pool.put(st);
         }
     }
 
@@ -181,9 +250,21 @@ impl<T> Stager<T> {
             }
             self.cur = None;
         }
+        let pooled = || {
+            self.pool
+                .as_ref()
+                .and_then(|p| p.take(device, self.slice, self.depth))
+        };
         let st = match self.cur.take() {
             Some(st) => st,
-            None => Staging::new(device, self.slice, self.depth, self.mapped)?,
+            None => match pooled() {
+                // Made on another thread: its GPU current on this one.
+                Some(st) => {
+                    crate::gpu::bind_here(device)?;
+                    st
+                }
+                None => Staging::new(device, self.slice, self.depth, self.mapped)?,
+            },
         };
         Ok(self.cur.insert(st))
     }

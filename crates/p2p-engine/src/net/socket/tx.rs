@@ -503,7 +503,9 @@ impl TxTask {
             } else {
                 lane.depth
             };
-            let mut st = Stager::<()>::ahead(lane.gpu, lane.slice, depth);
+            // Made at the stream's first GPU part (not at connect: an idle
+            // peer holds no pinned memory).
+            let mut st = Stager::<()>::lazy(lane.slice, depth);
             if lane.splice {
                 st.lend = Lend::Wanted(s.clone());
             }
@@ -515,15 +517,8 @@ impl TxTask {
 impl Task for TxTask {
     fn run(&mut self) -> Step {
         let Lane { slice, spin, .. } = self.lane;
-        if self.stager.is_none() {
-            // The first stretch makes the staging; the stream idles until a
-            // part is queued (the queue is looked at once, for one that
-            // came meanwhile).
-            self.stager();
-            if self.rx.is_empty() {
-                return Step::Idle;
-            }
-        }
+        // Made at the first stretch (a part queued, or the comm closing).
+        self.stager();
         let TxTask {
             s,
             rx,
