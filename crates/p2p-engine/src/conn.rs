@@ -1301,13 +1301,15 @@ struct OobReader {
 
 impl Task for OobReader {
     fn run(&mut self) -> Step {
-        use crate::net::socket::{readable_now, wait_readable};
+        use crate::net::socket::wait_readable;
         loop {
-            if !readable_now(&self.s) {
+            {
                 if self.last.is_some_and(|t| t.elapsed() < self.spin) {
                     crate::net::socket::poll_readable(&self.s, self.spin);
                 }
-                if !readable_now(&self.s) && !wait_readable(&self.s, self.linger) {
+                // Returns at once when bytes wait (one system call, as the
+                // read's own wait would be).
+                if !wait_readable(&self.s, self.linger) {
                     if self.conn.strong_count() == 0 {
                         return Step::Done;
                     }

@@ -404,10 +404,8 @@ impl RxTask {
     /// buffered or waiting.
     fn quiet(&mut self) -> Result<bool, NetError> {
         self.rx.settle()?;
-        Ok(self.rx.pending.is_none()
-            && self.rx.r.buffered() == 0
-            && !self.rx.stager.landing()
-            && !readable_now(&self.rx.r.s))
+        // (Whether bytes wait in the socket is the wait's own first look.)
+        Ok(self.rx.pending.is_none() && self.rx.r.buffered() == 0 && !self.rx.stager.landing())
     }
 
     /// The comm's first failure, seen by every receive.
