@@ -586,12 +586,11 @@ impl Conn {
         }
         self.fail(Failure::Lost("closed locally".into()));
         let tasks: Vec<_> = self.tasks.lock().drain(..).collect();
-        for t in tasks {
-            // A task of this connection may be the one closing it.
-            if !t.runs_here() && !t.wait_done(self.delivery) {
-                tracing::warn!(conn = self.id, peer = %self.peer, "a task of the connection did not end within {:?} of its close", self.delivery);
-            }
-        }
+        Home::end_all(
+            &tasks,
+            self.delivery,
+            &format!("connection {} to {}", self.id, self.peer),
+        );
     }
 
     /// A send completes once its bytes are out of the caller's buffer; its

@@ -131,6 +131,30 @@ impl Home {
         }
     }
 
+    /// Ends a comm's or connection's tasks: wakes each (an idle one runs
+    /// once more to see its work closed), then waits for each to finish,
+    /// all within `limit`, except the one running on this thread (it is
+    /// the one closing them, and ends once it returns). A task still
+    /// running at the limit is named in a warning (`what`).
+    pub(crate) fn end_all(tasks: &[Arc<Home>], limit: Duration, what: &str) {
+        for t in tasks {
+            t.kick();
+        }
+        let deadline = std::time::Instant::now() + limit;
+        for t in tasks {
+            if t.runs_here() {
+                continue;
+            }
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if !t.wait_done(left) {
+                tracing::warn!(
+                    "{what}: a task did not end within {limit:?} of the close ({})",
+                    t.describe()
+                );
+            }
+        }
+    }
+
     /// Whether the task is running on the calling thread (it must not wait
     /// for itself).
     pub(crate) fn runs_here(&self) -> bool {

@@ -6,7 +6,7 @@ use std::net::TcpStream;
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use parking_lot::{Condvar, Mutex};
 
@@ -154,19 +154,10 @@ impl Drop for SocketRecv {
         }
         // Parked tasks see their stream closed and end; idle ones (waiting
         // for a receive to be posted) are woken to see it.
-        for t in &self.tasks {
-            t.kick();
-        }
-        let deadline = Instant::now() + Duration::from_secs(5);
-        for t in &self.tasks {
-            // The task dropping this comm (a transfer it ended failed the
-            // connection) ends once this returns, seeing the comm closed.
-            if t.runs_here() {
-                continue;
-            }
-            if !t.wait_done(deadline.saturating_duration_since(Instant::now())) {
-                tracing::warn!("socket net: a receive stream's task did not end within 5 s of its comm's close ({})", t.describe());
-            }
-        }
+        Home::end_all(
+            &self.tasks,
+            Duration::from_secs(5),
+            "socket net receive comm",
+        );
     }
 }

@@ -278,22 +278,6 @@ impl Drop for SocketSend {
             let _ = s.shutdown(std::net::Shutdown::Both);
         }
         // Idle tasks run once more to see their queue closed.
-        for t in &self.tasks {
-            t.kick();
-        }
-        let deadline = Instant::now() + Duration::from_secs(5);
-        for t in &self.tasks {
-            // The task dropping this comm (a transfer it ended failed the
-            // connection) ends once this returns, seeing the comm closed.
-            if t.runs_here() {
-                continue;
-            }
-            if !t.wait_done(deadline.saturating_duration_since(Instant::now())) {
-                tracing::warn!(
-                    "socket net: a send stream's task did not end within 5 s of its comm's close ({})",
-                    t.describe()
-                );
-            }
-        }
+        Home::end_all(&self.tasks, Duration::from_secs(5), "socket net send comm");
     }
 }
