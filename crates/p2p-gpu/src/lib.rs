@@ -165,6 +165,38 @@ pub fn bind_here(ordinal: i32) -> Result<(), CudaError> {
     Device::get(ordinal)?.bind()
 }
 
+/// The calling thread's current CUDA context, made current again when
+/// dropped: for work that binds a GPU on a thread it does not own (an
+/// application's thread that posted a receive and lands it).
+pub struct ContextGuard(Option<sys::CUcontext>);
+
+impl ContextGuard {
+    /// Saves the current context (none without CUDA).
+    pub fn save() -> Self {
+        if !available() {
+            return ContextGuard(None);
+        }
+        ContextGuard(
+            cu::ctx::get_current()
+                .ok()
+                .map(|c| c.unwrap_or(std::ptr::null_mut())),
+        )
+    }
+}
+
+impl Drop for ContextGuard {
+    fn drop(&mut self) {
+        if let Some(ctx) = self.0 {
+            // SAFETY: `ctx` was current on this thread when saved (or null,
+            // which unbinds); contexts made here are retained for the life
+            // of the process.
+            if let Err(e) = unsafe { cu::ctx::set_current(ctx) } {
+                tracing::debug!("cannot restore the thread's CUDA context: {e:?}");
+            }
+        }
+    }
+}
+
 /// Finds the index of the GPU with this PCI bus id (case-insensitive, with or
 /// without the domain).
 pub fn device_by_bdf(bdf: &str) -> Option<i32> {

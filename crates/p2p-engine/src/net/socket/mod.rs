@@ -172,6 +172,31 @@ impl SocketNet {
     fn workers(&self) -> Result<Workers, NetError> {
         self.workers.get(&self.cfg.cpus)
     }
+
+    /// A listening comm (its own listener, until every stream is in).
+    fn listen_here(&self) -> Result<SocketListen, NetError> {
+        let l = TcpListener::bind(SocketAddr::new(self.cfg.addr, 0))
+            .map_err(|e| NetError::io(NET, "bind", e))?;
+        l.set_nonblocking(true)
+            .map_err(|e| NetError::io(NET, "listen", e))?;
+        let addr = l.local_addr().map_err(|e| NetError::io(NET, "listen", e))?;
+        let nonce = crate::memory::random_u64();
+        Ok(SocketListen {
+            listener: l,
+            handle: Handle {
+                addr,
+                streams: self.cfg.streams,
+                nonce,
+                min_part: self.cfg.min_part,
+            }
+            .encode(),
+            nonce,
+            streams: vec![None; self.cfg.streams],
+            cfg: self.cfg.clone(),
+            workers: self.workers.clone(),
+            rx_staging: self.rx_staging.clone(),
+        })
+    }
 }
 
 /// Parts are never cut smaller than this (nor than `min_part`, where that
@@ -234,27 +259,7 @@ impl Net for SocketNet {
     }
 
     fn listen(&self, _dev: usize) -> Result<Box<dyn ListenComm>, NetError> {
-        let l = TcpListener::bind(SocketAddr::new(self.cfg.addr, 0))
-            .map_err(|e| NetError::io(NET, "bind", e))?;
-        l.set_nonblocking(true)
-            .map_err(|e| NetError::io(NET, "listen", e))?;
-        let addr = l.local_addr().map_err(|e| NetError::io(NET, "listen", e))?;
-        let nonce = crate::memory::random_u64();
-        Ok(Box::new(SocketListen {
-            listener: l,
-            handle: Handle {
-                addr,
-                streams: self.cfg.streams,
-                nonce,
-                min_part: self.cfg.min_part,
-            }
-            .encode(),
-            nonce,
-            streams: vec![None; self.cfg.streams],
-            cfg: self.cfg.clone(),
-            workers: self.workers.clone(),
-            rx_staging: self.rx_staging.clone(),
-        }))
+        Ok(Box::new(self.listen_here()?))
     }
 
     fn connect(
@@ -343,6 +348,16 @@ impl ListenComm for SocketListen {
     }
 
     fn accept(&mut self, waker: Waker) -> Result<Option<Box<dyn RecvComm>>, NetError> {
+        Ok(self
+            .accept_here(waker)?
+            .map(|r| Box::new(r) as Box<dyn RecvComm>))
+    }
+}
+
+impl SocketListen {
+    /// Takes the streams that have connected; the receive comm once all
+    /// have.
+    fn accept_here(&mut self, waker: Waker) -> Result<Option<SocketRecv>, NetError> {
         loop {
             match self.listener.accept() {
                 Ok((mut s, _)) => {
@@ -383,13 +398,13 @@ impl ListenComm for SocketListen {
             }
             let socks: Vec<Arc<TcpStream>> =
                 self.streams.iter_mut().filter_map(Option::take).collect();
-            Ok(Some(Box::new(SocketRecv::start(
+            Ok(Some(SocketRecv::start(
                 socks,
                 &self.cfg,
                 waker,
                 &self.workers.get(&self.cfg.cpus)?,
                 &self.rx_staging,
-            )?)))
+            )?))
         } else {
             Ok(None)
         }
@@ -447,15 +462,22 @@ pub(crate) fn test_pair(
     tx: SocketConfig,
     rx: SocketConfig,
 ) -> (Box<dyn SendComm>, Box<dyn RecvComm>) {
+    let (s, r) = test_pair_here(tx, rx);
+    (s, Box::new(r))
+}
+
+/// As [`test_pair`], the receive comm as itself.
+#[cfg(test)]
+fn test_pair_here(tx: SocketConfig, rx: SocketConfig) -> (Box<dyn SendComm>, SocketRecv) {
     let waker: Waker = Arc::new(|| {});
-    let mut l = SocketNet::new(rx).listen(0).unwrap();
+    let mut l = SocketNet::new(rx).listen_here().unwrap();
     let s = SocketNet::new(tx)
         .connect(0, &l.handle(), waker.clone())
         .unwrap()
         .unwrap();
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {
-        if let Some(r) = l.accept(waker.clone()).unwrap() {
+        if let Some(r) = l.accept_here(waker.clone()).unwrap() {
             return (s, r);
         }
         assert!(Instant::now() < deadline);

@@ -11,7 +11,7 @@ use std::time::Duration;
 use parking_lot::{Condvar, Mutex};
 
 use super::book::{Landing, LaneBook, RecvLaneQ, RecvReq, RecvShared};
-use super::rx::RxTask;
+use super::rx::{RxHandle, RxTask};
 use super::segs::Segs;
 use super::stage::StagingPool;
 use super::{part_count, Lane, SocketConfig, NET};
@@ -25,6 +25,9 @@ pub(super) struct SocketRecv {
     socks: Vec<Arc<TcpStream>>,
     /// Each stream's receive task.
     tasks: Vec<Arc<Home>>,
+    /// Each stream's state, for landing a small part whose header its task
+    /// read before the receive was posted ([`RxHandle::land_held`]).
+    held: Vec<RxHandle>,
     /// Keeps the I/O workers (and their poller) alive while this comm is.
     _workers: Workers,
     reqs: HashMap<u64, Arc<RecvReq>>,
@@ -51,11 +54,11 @@ impl SocketRecv {
             failed: Mutex::new(None),
             waker,
         });
-        let tasks = socks
+        let (tasks, held) = socks
             .iter()
             .enumerate()
             .map(|(i, s)| {
-                let task = RxTask::new(
+                let (task, held) = RxTask::new(
                     s.clone(),
                     shared.clone(),
                     Lane::new(i, cfg),
@@ -64,18 +67,28 @@ impl SocketRecv {
                 );
                 // It waits for bytes without a thread; its staging is
                 // taken from the pool at its first GPU part.
-                workers.start_readable(Box::new(task), s.as_raw_fd())
+                (workers.start_readable(Box::new(task), s.as_raw_fd()), held)
             })
-            .collect();
+            .unzip();
         Ok(SocketRecv {
             shared,
             min_part: cfg.min_part,
             socks,
             tasks,
+            held,
             _workers: workers.clone(),
             reqs: HashMap::new(),
             next_seq: 0,
         })
+    }
+}
+
+#[cfg(test)]
+impl SocketRecv {
+    /// Whether message `seq`'s first stream holds its header, read before
+    /// the receive was posted, with all its bytes arrived.
+    pub(super) fn holds(&self, seq: u64) -> bool {
+        self.held[seq as usize % self.held.len()].holds(seq)
     }
 }
 
@@ -113,10 +126,16 @@ impl RecvComm for SocketRecv {
             let q = &self.shared.lanes[k];
             q.book.lock().insert(seq, req.clone(), i);
             q.cv.notify_all();
-            // A stream that read this message's header first waits idle.
-            self.tasks[k].kick();
         }
         self.shared.posted.store(seq + 1, Ordering::Release);
+        for i in 0..lanes {
+            let k = (seq as usize + i) % n;
+            // A stream that read this message's header first waits idle:
+            // a small part whose bytes are here is landed by this thread,
+            // and the task is kicked to go on reading (or to land it).
+            self.held[k].land_held(seq);
+            self.tasks[k].kick();
+        }
         self.reqs.insert(seq, req);
         Ok(Some(ReqId(seq)))
     }

@@ -60,11 +60,20 @@ pub(super) fn write_all_slices(s: &TcpStream, parts: &[&[u8]]) -> io::Result<()>
 
 /// Whether the socket has bytes waiting to be read.
 pub(crate) fn readable_now(s: &TcpStream) -> bool {
+    unread(s) > 0
+}
+
+/// How many bytes wait in the socket to be read (0 if it cannot tell).
+pub(super) fn unread(s: &TcpStream) -> usize {
     use std::os::fd::AsRawFd;
     let mut n: libc::c_int = 0;
     // SAFETY: FIONREAD writes one int through the pointer given.
     let r = unsafe { libc::ioctl(s.as_raw_fd(), libc::FIONREAD, &mut n) };
-    r == 0 && n > 0
+    if r == 0 {
+        usize::try_from(n).unwrap_or(0)
+    } else {
+        0
+    }
 }
 
 /// Spins until `s` has bytes to read or `spin` has passed (at once when

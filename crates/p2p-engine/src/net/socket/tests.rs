@@ -7,7 +7,9 @@ use std::time::{Duration, Instant};
 
 use super::segs::Segs;
 use super::wire::{Handle, Hello, PartHeader};
-use super::{split_parts, test_config as cfg, test_pair as pair_of, SocketConfig, SocketNet};
+use super::{
+    split_parts, test_config as cfg, test_pair as pair_of, test_pair_here, SocketConfig, SocketNet,
+};
 use crate::error::NetError;
 use crate::memory::MemKind;
 use crate::net::{MemRef, MrHandle, Net, RecvComm, ReqId, SendComm, Waker};
@@ -203,6 +205,63 @@ fn messages_match_in_order_and_arrive_whole() {
     for (i, q) in rreqs.into_iter().enumerate() {
         assert_eq!(wait(|| r.test(q)), sizes[i]);
         assert_eq!(&dsts[i][..sizes[i]], &srcs[i][..]);
+    }
+}
+
+#[test]
+fn small_messages_sent_ahead_of_their_receives_land_on_the_posting_thread() {
+    // A sender that runs ahead of blocking receives: each small message's
+    // header is read by its stream's task, which goes idle keeping it; the
+    // receive's post lands it on the posting thread, so it is complete
+    // when `irecv` returns -- no I/O worker is woken for it. A large
+    // message (parts above the inline size) is still landed by its
+    // streams' tasks.
+    let (mut s, mut r) = test_pair_here(cfg(4), cfg(4));
+    let sizes = [4096usize, 1, 0, 3000, 4096, 1 << 20, 777, 4096, 2048, 4096];
+    let srcs: Vec<Vec<u8>> = sizes
+        .iter()
+        .enumerate()
+        .map(|(k, &n)| (0..n).map(|i| (i * 13 + k * 7 + 1) as u8).collect())
+        .collect();
+    let sreqs: Vec<ReqId> = srcs
+        .iter()
+        .map(|src| {
+            s.isend(host(src.as_ptr() as u64, src.len()), MrHandle(0))
+                .unwrap()
+                .unwrap()
+        })
+        .collect();
+    for (q, &n) in sreqs.into_iter().zip(&sizes) {
+        assert_eq!(wait(|| s.test(q)), n);
+    }
+    for (seq, (src, &n)) in srcs.iter().zip(&sizes).enumerate() {
+        let mut dst = vec![0u8; n + 8];
+        let small = n <= 4096;
+        if small {
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while !r.holds(seq as u64) {
+                assert!(
+                    Instant::now() < deadline,
+                    "message {seq}'s header never held"
+                );
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
+        let q = r
+            .irecv(host(dst.as_mut_ptr() as u64, dst.len()), MrHandle(0))
+            .unwrap()
+            .unwrap();
+        let got = if small {
+            r.test(q).unwrap().expect("landed by the posting thread")
+        } else {
+            wait(|| r.test(q))
+        };
+        assert_eq!(got, n, "message {seq}");
+        assert!(dst[..n] == src[..], "message {seq}: bytes differ");
+        assert!(
+            dst[n..].iter().all(|&b| b == 0),
+            "message {seq}: bytes past it"
+        );
     }
 }
 
