@@ -15,6 +15,7 @@ use tcpx_p2p::{Config, Endpoint};
 use tcpx_p2p::{FifoItem, Token};
 
 mod common;
+use common::budget::Budget;
 use common::{buf, pattern};
 
 fn checksum(v: &[u8]) -> u64 {
@@ -67,28 +68,13 @@ fn cancels_at_random_moments_leave_whole_transfers_or_none() {
         .connect(&addr.ip().to_string(), addr.port(), None)
         .unwrap();
     let cb = b.accept(Some(Duration::from_secs(10))).unwrap().conn;
-    let secs = std::env::var("TCPX_P2P_FUZZ_SECS")
-        .ok()
-        .and_then(|v| v.parse::<u64>().ok());
-    let iters = std::env::var("TCPX_P2P_FUZZ_ITERS")
-        .ok()
-        .and_then(|v| v.parse::<u64>().ok())
-        .unwrap_or(120);
-    let seed = std::env::var("TCPX_P2P_FUZZ_SEED")
-        .ok()
-        .and_then(|v| v.parse::<u64>().ok())
-        .unwrap_or(29);
+    let mut budget = Budget::from_env(120, 29);
+    let seed = budget.seed;
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-    let start = Instant::now();
     let mut kept: Vec<Kept> = Vec::new();
-    let (mut ops, mut whole, mut none, mut cancelled) = (0u64, 0u64, 0u64, 0u64);
-    loop {
-        match secs {
-            Some(s) if start.elapsed() >= Duration::from_secs(s) => break,
-            None if ops >= iters => break,
-            _ => {}
-        }
-        ops += 1;
+    let (mut whole, mut none, mut cancelled) = (0u64, 0u64, 0u64);
+    while budget.next() {
+        let ops = budget.done;
         let n = [100usize, 4096, 40 << 10, 300 << 10][rng.random_range(0..4)];
         let read = rng.random_bool(0.5);
         let forged = rng.random_ratio(1, 5);
@@ -184,8 +170,9 @@ fn cancels_at_random_moments_leave_whole_transfers_or_none() {
     assert_eq!(back, src, "the round trip after the cancels");
     check_kept(&a, &b, &mut kept);
     println!(
-        "cancel harness (seed {seed}): {ops} operations in {:.0} s: {whole} ended with all their bytes, {none} with none ({cancelled} of them cancelled, the rest refused)",
-        start.elapsed().as_secs_f64()
+        "cancel harness (seed {seed}): {} operations in {:.0} s: {whole} ended with all their bytes, {none} with none ({cancelled} of them cancelled, the rest refused)",
+        budget.done,
+        budget.secs()
     );
     assert!(whole > 0 && none > cancelled, "both outcomes reached");
 }

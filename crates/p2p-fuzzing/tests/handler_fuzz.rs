@@ -7,10 +7,14 @@
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::{Duration, Instant};
 
 use rand::{Rng, SeedableRng};
 use tcpx_p2p_fuzzing::{control_handler, notif_queue, rma_recvs, Seen};
+
+// The run budget the engine's fuzzing tests read too.
+#[path = "../../p2p-engine/tests/common/budget.rs"]
+mod budget;
+use budget::Budget;
 
 /// No single allocation may be larger: nothing is sized from a claim.
 const MAX_ALLOC: usize = 64 << 20;
@@ -47,8 +51,9 @@ fn add(t: &mut Seen, s: Seen) {
     t.protocol_errors += s.protocol_errors;
 }
 
-/// Seeded random inputs of up to `max_len` bytes, then the corpus of
-/// `target`, through `run`: returns (corpus inputs, random inputs, seconds).
+/// The corpus of `target`, then seeded random inputs of up to `max_len`
+/// bytes (as many as the [`Budget`] allows), through `run`: returns
+/// (corpus inputs, random inputs, seconds).
 fn drive(target: &str, max_len: usize, mut run: impl FnMut(&[u8])) -> (u64, u64, f64) {
     let mut corpus_inputs = 0u64;
     let corpus = format!("{}/../../fuzz/corpus/{target}", env!("CARGO_MANIFEST_DIR"));
@@ -60,32 +65,14 @@ fn drive(target: &str, max_len: usize, mut run: impl FnMut(&[u8])) -> (u64, u64,
             }
         }
     }
-    let secs = std::env::var("TCPX_P2P_FUZZ_SECS")
-        .ok()
-        .and_then(|v| v.parse::<u64>().ok());
-    let iters = std::env::var("TCPX_P2P_FUZZ_ITERS")
-        .ok()
-        .and_then(|v| v.parse::<u64>().ok())
-        .unwrap_or(2000);
-    let seed = std::env::var("TCPX_P2P_FUZZ_SEED")
-        .ok()
-        .and_then(|v| v.parse::<u64>().ok())
-        .unwrap_or(18);
-    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-    let start = Instant::now();
-    let mut random = 0u64;
-    loop {
-        match secs {
-            Some(s) if start.elapsed() >= Duration::from_secs(s) => break,
-            None if random >= iters => break,
-            _ => {}
-        }
+    let mut budget = Budget::from_env(2000, 18);
+    let mut rng = rand::rngs::StdRng::seed_from_u64(budget.seed);
+    while budget.next() {
         let n = rng.random_range(0..max_len);
         let data: Vec<u8> = (0..n).map(|_| rng.random()).collect();
         run(&data);
-        random += 1;
     }
-    (corpus_inputs, random, start.elapsed().as_secs_f64())
+    (corpus_inputs, budget.done, budget.secs())
 }
 
 #[test]
@@ -130,51 +117,13 @@ fn notification_queue_bounds_each_peer_and_serves_the_others() {
 #[test]
 fn control_handler_survives_random_programs_and_the_corpus() {
     let mut total = Seen::default();
-    let mut inputs = 0u64;
-    let corpus = concat!(env!("CARGO_MANIFEST_DIR"), "/../../fuzz/corpus/handler");
-    if let Ok(dir) = std::fs::read_dir(corpus) {
-        for e in dir.flatten() {
-            if let Ok(data) = std::fs::read(e.path()) {
-                add(&mut total, control_handler(&data));
-                inputs += 1;
-            }
-        }
-    }
-    let corpus_inputs = inputs;
-    let secs = std::env::var("TCPX_P2P_FUZZ_SECS")
-        .ok()
-        .and_then(|v| v.parse::<u64>().ok());
-    let iters = std::env::var("TCPX_P2P_FUZZ_ITERS")
-        .ok()
-        .and_then(|v| v.parse::<u64>().ok())
-        .unwrap_or(2000);
-    let seed = std::env::var("TCPX_P2P_FUZZ_SEED")
-        .ok()
-        .and_then(|v| v.parse::<u64>().ok())
-        .unwrap_or(18);
-    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-    let start = Instant::now();
-    let mut random = 0u64;
-    loop {
-        match secs {
-            Some(s) if start.elapsed() >= Duration::from_secs(s) => break,
-            None if random >= iters => break,
-            _ => {}
-        }
-        let n = rng.random_range(0..2048);
-        let data: Vec<u8> = (0..n).map(|_| rng.random()).collect();
-        add(&mut total, control_handler(&data));
-        random += 1;
-    }
+    let (corpus_inputs, random, secs) =
+        drive("handler", 2048, |d| add(&mut total, control_handler(d)));
     let largest = LARGEST.load(Ordering::Relaxed);
     println!(
-        "handler harness: {corpus_inputs} corpus + {random} random inputs (seed {seed}) in {:.0} s: \
+        "handler harness: {corpus_inputs} corpus + {random} random inputs in {secs:.0} s: \
          {} steps, {} accepted, {} refused, {} protocol errors; largest allocation {largest} bytes",
-        start.elapsed().as_secs_f64(),
-        total.steps,
-        total.accepted,
-        total.refused,
-        total.protocol_errors
+        total.steps, total.accepted, total.refused, total.protocol_errors
     );
     assert!(
         total.accepted > 0 && total.refused > 0 && total.protocol_errors > 0,

@@ -3,6 +3,8 @@
 
 use std::path::PathBuf;
 
+pub mod budget;
+
 use tcpx_p2p::{Buf, Endpoint};
 
 /// `n` deterministic bytes, different for each seed.
