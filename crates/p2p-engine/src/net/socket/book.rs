@@ -17,44 +17,45 @@ pub(super) struct RecvReq {
     pub(super) parts_done: AtomicUsize,
     /// (total bytes, parts) once the first header has been seen.
     pub(super) shape: Mutex<Option<(usize, usize)>>,
+    /// Parts whose headers passed the checks, one bit each: a part is
+    /// accepted once ([`claim_part`]).
+    pub(super) claimed: AtomicU64,
     pub(super) done: AtomicBool,
-    /// Streams the receive was entered on: those of the parts a message
-    /// of its full size would have (a shorter message may have fewer).
-    pub(super) lanes: usize,
 }
 
-/// The receives that still expect a part on one stream. Each stream's
-/// thread looks only at its own book, so receive threads never contend
-/// with each other, and the poster wakes only the streams it concerns.
+/// The receives posted and still expecting a part, keyed by message
+/// sequence number. One per comm: a part may ride any of the streams open
+/// when it was sent (their number grows with the traffic, see
+/// [`super::streams`]), so every stream's task looks here.
 #[derive(Default)]
-pub(super) struct LaneBook {
-    /// seq → the receive and which of its parts rides this stream.
-    pub(super) due: HashMap<u64, (Arc<RecvReq>, usize)>,
-    /// Entries whose part is the message's first (whose wait is latency).
-    pub(super) firsts: usize,
+pub(super) struct Book {
+    pub(super) due: HashMap<u64, Arc<RecvReq>>,
 }
 
-impl LaneBook {
-    pub(super) fn insert(&mut self, seq: u64, req: Arc<RecvReq>, part: usize) {
-        self.firsts += usize::from(part == 0);
-        self.due.insert(seq, (req, part));
+impl Book {
+    /// Whether message `seq` whose first part is still due is expected on
+    /// stream `index` of `streams` (the sender deals part i of message
+    /// `seq` to stream (seq + i) mod its stream count; the receiver's count
+    /// is the same once every stream is in).
+    pub(super) fn first_due_on(&self, index: usize, streams: usize) -> bool {
+        let n = streams.max(1) as u64;
+        self.due.iter().any(|(&seq, r)| {
+            seq % n == index as u64 && r.claimed.load(Ordering::Acquire) & 1 == 0
+        })
     }
-
-    pub(super) fn take(&mut self, seq: u64) -> Option<Arc<RecvReq>> {
-        let (req, part) = self.due.remove(&seq)?;
-        self.firsts -= usize::from(part == 0);
-        Some(req)
-    }
-}
-
-pub(super) struct RecvLaneQ {
-    pub(super) book: Mutex<LaneBook>,
-    pub(super) cv: Condvar,
 }
 
 pub(super) struct RecvShared {
-    pub(super) lanes: Vec<RecvLaneQ>,
-    /// Receives `0..posted` have been entered on their streams' books.
+    pub(super) book: Mutex<Book>,
+    /// Signalled when a receive is entered in the book (and at close).
+    pub(super) cv: Condvar,
+    /// Receive streams accepted so far (the spinning rule's guess of the
+    /// sender's count).
+    pub(super) streams: AtomicUsize,
+    /// How the peer cuts messages: the listen handle's streams and
+    /// smallest part (see [`claim_part`]).
+    pub(super) split: (usize, usize),
+    /// Receives `0..posted` have been entered in the book.
     pub(super) posted: AtomicU64,
     pub(super) closing: AtomicBool,
     pub(super) failed: Mutex<Option<NetError>>,
@@ -64,9 +65,7 @@ pub(super) struct RecvShared {
 impl RecvShared {
     /// Wakes every stream's thread (closing, failing).
     pub(super) fn notify_all(&self) {
-        for q in &self.lanes {
-            q.cv.notify_all();
-        }
+        self.cv.notify_all();
     }
 }
 
@@ -82,21 +81,48 @@ pub(super) fn part_done(shared: &RecvShared, l: Landing) {
     if l.req.parts_done.fetch_add(1, Ordering::AcqRel) + 1 == l.nparts {
         tracing::trace!(seq = l.seq, "lat: rx done");
         l.req.done.store(true, Ordering::Release);
-        // A message shorter than its receive has fewer parts than the
-        // streams the receive was entered on: drop those entries.
-        let n = shared.lanes.len();
-        for i in l.nparts..l.req.lanes {
-            shared.lanes[(l.seq as usize + i) % n]
-                .book
-                .lock()
-                .take(l.seq);
-        }
         (shared.waker)();
     }
 }
 
+/// Accepts part `h` (already through [`check_part`]) of the receive
+/// `req`: its (offset, length) must be one of the parts the sender's rule
+/// ([`super::split_grid`], with the listen handle's `streams` and
+/// `min_part`) cuts a message of its total into, its part count that
+/// rule's, and no part is accepted twice -- so a peer can neither complete
+/// a receive early by sending a part twice (on two streams) nor land bytes
+/// other than the message's. Returns whether it was the message's last
+/// part to be accepted (its book entry may go).
+pub(crate) fn claim_part(
+    h: &PartHeader,
+    claimed: &AtomicU64,
+    streams: usize,
+    min_part: usize,
+) -> Result<bool, PartFault> {
+    let total = usize::try_from(h.total).unwrap_or(usize::MAX);
+    let (per, count) = super::split_grid(total, streams, min_part);
+    let not_a_part = PartFault::NotAPart {
+        seq: h.seq,
+        off: h.off,
+        len: h.len,
+    };
+    if count as u64 > MAX_PARTS || h.nparts != count as u64 || h.off % per as u64 != 0 {
+        return Err(not_a_part);
+    }
+    let i = h.off / per as u64;
+    if i >= count as u64 || h.len != (per as u64).min(h.total - h.off) {
+        return Err(not_a_part);
+    }
+    let bit = 1u64 << i;
+    let before = claimed.fetch_or(bit, Ordering::AcqRel);
+    if before & bit != 0 {
+        return Err(PartFault::Duplicate { seq: h.seq, part: i });
+    }
+    Ok((before | bit).count_ones() as u64 == h.nparts)
+}
+
 /// Most parts a message may be cut into (the most streams a comm has).
-const MAX_PARTS: u64 = 64;
+pub(super) const MAX_PARTS: u64 = 64;
 
 /// Why a part header does not fit the receive it matched (the peer broke
 /// the protocol).
@@ -116,6 +142,10 @@ pub(crate) enum PartFault {
     Shape { seq: u64, segs: usize },
     #[error("inconsistent part headers for message {seq}")]
     Inconsistent { seq: u64 },
+    #[error("message {seq}: bytes {off}+{len} are not one of the parts its sender's rule cuts it into")]
+    NotAPart { seq: u64, off: u64, len: u64 },
+    #[error("message {seq}: part {part} arrived twice")]
+    Duplicate { seq: u64, part: u64 },
 }
 
 /// Checks part header `h` against the receive it matched, posted into

@@ -27,8 +27,8 @@
 //! in them, each block with its reason.
 #![allow(unsafe_code)]
 
-use std::io::{self, Read, Write};
-use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
+use std::io;
+use std::net::{IpAddr, SocketAddr, TcpListener};
 use std::sync::Arc;
 use std::time::Duration;
 #[cfg(test)]
@@ -46,6 +46,7 @@ mod rx;
 mod segs;
 mod send;
 mod sockio;
+mod streams;
 
 /// Whether a TCP stream has bytes to read, and a bounded spin until it
 /// has: the control connection's reader uses them too.
@@ -63,9 +64,8 @@ pub use book::fuzz_part_header;
 use book::Landing;
 use recv::SocketRecv;
 use send::SocketSend;
-use sockio::tune;
 use stage::StagingPool;
-use wire::{Handle, Hello, HELLO_LEN};
+use wire::Handle;
 
 const NET: &str = "socket";
 
@@ -182,7 +182,7 @@ impl SocketNet {
         let addr = l.local_addr().map_err(|e| NetError::io(NET, "listen", e))?;
         let nonce = crate::memory::random_u64();
         Ok(SocketListen {
-            listener: l,
+            listener: Some(l),
             handle: Handle {
                 addr,
                 streams: self.cfg.streams,
@@ -191,7 +191,6 @@ impl SocketNet {
             }
             .encode(),
             nonce,
-            streams: vec![None; self.cfg.streams],
             cfg: self.cfg.clone(),
             workers: self.workers.clone(),
             rx_staging: self.rx_staging.clone(),
@@ -224,22 +223,21 @@ fn part_count(len: usize, streams: usize, min_part: usize) -> usize {
     by_size.min(by_root).clamp(1, streams.max(1))
 }
 
+/// How a message of `len` bytes is cut: every part `per` bytes (a
+/// multiple of 4 KiB, so copies stay aligned) but the last, and `count`
+/// parts. The receiver checks each part against it ([`book::claim_part`]).
+pub(crate) fn split_grid(len: usize, streams: usize, min_part: usize) -> (usize, usize) {
+    let nparts = part_count(len, streams, min_part);
+    let per = len.div_ceil(nparts).next_multiple_of(4096).max(1);
+    (per, len.div_ceil(per).max(1))
+}
+
 /// How a message of `len` bytes is cut: `(offset, len)` of each part.
 pub fn split_parts(len: usize, streams: usize, min_part: usize) -> Vec<(usize, usize)> {
-    let nparts = part_count(len, streams, min_part);
-    // Parts are multiples of 4 KiB except the last, so copies stay aligned.
-    let per = len.div_ceil(nparts).next_multiple_of(4096).max(1);
-    let mut v = Vec::with_capacity(nparts);
-    let mut off = 0;
-    while v.len() < nparts {
-        let l = per.min(len - off);
-        v.push((off, l));
-        off += l;
-        if off == len {
-            break;
-        }
-    }
-    v
+    let (per, count) = split_grid(len, streams, min_part);
+    (0..count)
+        .map(|i| (i * per, per.min(len - i * per)))
+        .collect()
 }
 
 impl Net for SocketNet {
@@ -277,25 +275,19 @@ impl Net for SocketNet {
             net: NET,
             reason: format!("bad listen handle: {e}"),
         })?;
-        let mut socks = Vec::with_capacity(streams);
-        for i in 0..streams {
-            let mut s = TcpStream::connect_timeout(&addr, self.cfg.connect_timeout)
-                .map_err(|e| NetError::io(NET, "connect", e))?;
-            tune(&s, self.cfg.sockbuf).map_err(|e| NetError::io(NET, "setsockopt", e))?;
-            let hello = Hello {
-                nonce,
-                stream: i as u64,
-            };
-            s.write_all(&hello.encode())
-                .map_err(|e| NetError::io(NET, "connect", e))?;
-            socks.push(s);
-        }
+        // The listener's count and smallest part: it checks each part
+        // against the cut they make.
         let cfg = SocketConfig {
             min_part,
+            streams,
             ..self.cfg.clone()
         };
+        // One stream now; more as messages want them ([`streams::Grow`]).
+        let first = streams::open_stream(addr, nonce, 0, &cfg)?;
+        let grow = streams::Grow::new(addr, nonce, streams, 1, cfg.clone());
         Ok(Some(Box::new(SocketSend::start(
-            socks,
+            first,
+            grow,
             &cfg,
             waker,
             &self.workers()?,
@@ -333,10 +325,10 @@ impl Net for SocketNet {
 // -------------------------------------------------------------- listening
 
 struct SocketListen {
-    listener: TcpListener,
+    /// Moves into the receive comm, which keeps it for later streams.
+    listener: Option<TcpListener>,
     handle: NetHandle,
     nonce: u64,
-    streams: Vec<Option<Arc<TcpStream>>>,
     cfg: SocketConfig,
     workers: LazyWorkers,
     rx_staging: Arc<StagingPool<Landing>>,
@@ -355,58 +347,43 @@ impl ListenComm for SocketListen {
 }
 
 impl SocketListen {
-    /// Takes the streams that have connected; the receive comm once all
-    /// have.
+    /// The receive comm once a first stream has connected with a good
+    /// hello (the peer opens more as its messages want them; the comm's
+    /// listener admits them).
     fn accept_here(&mut self, waker: Waker) -> Result<Option<SocketRecv>, NetError> {
+        let listener = self.listener.take().ok_or_else(|| NetError::Misuse {
+            net: NET,
+            reason: "accept on a listen comm that has accepted".into(),
+        })?;
         loop {
-            match self.listener.accept() {
+            match listener.accept() {
                 Ok((mut s, _)) => {
-                    s.set_nonblocking(false)
-                        .map_err(|e| NetError::io(NET, "accept", e))?;
-                    s.set_read_timeout(Some(Duration::from_secs(10)))
-                        .map_err(|e| NetError::io(NET, "accept", e))?;
-                    let mut hello = [0u8; HELLO_LEN];
-                    if s.read_exact(&mut hello).is_err() {
-                        continue; // a stray connection: ignore it
-                    }
-                    let Ok(Hello { nonce, stream }) = Hello::decode(&hello) else {
+                    let Some(idx) = streams::check_hello(&mut s, self.nonce, self.cfg.streams, 0)
+                    else {
                         tracing::warn!("socket net: refused a stream with a bad hello");
                         continue;
                     };
-                    let idx = usize::try_from(stream).unwrap_or(usize::MAX);
-                    if nonce != self.nonce
-                        || idx >= self.streams.len()
-                        || self.streams[idx].is_some()
-                    {
-                        tracing::warn!("socket net: refused a stream with a bad hello");
-                        continue;
+                    if let Some(gpu) = self.cfg.gpu {
+                        self.rx_staging
+                            .warm(gpu, self.cfg.staging_slice, self.cfg.staging_depth, 2);
                     }
-                    s.set_read_timeout(None)
-                        .map_err(|e| NetError::io(NET, "accept", e))?;
-                    tune(&s, self.cfg.sockbuf).map_err(|e| NetError::io(NET, "setsockopt", e))?;
-                    self.streams[idx] = Some(Arc::new(s));
+                    return Ok(Some(SocketRecv::start(
+                        (idx, s),
+                        listener,
+                        self.nonce,
+                        &self.cfg,
+                        waker,
+                        &self.workers.get(&self.cfg.cpus)?,
+                        &self.rx_staging,
+                    )?));
                 }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    self.listener = Some(listener);
+                    return Ok(None);
+                }
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(e) => return Err(NetError::io(NET, "accept", e)),
             }
-        }
-        if self.streams.iter().all(Option::is_some) {
-            if let Some(gpu) = self.cfg.gpu {
-                self.rx_staging
-                    .warm(gpu, self.cfg.staging_slice, self.cfg.staging_depth, 2);
-            }
-            let socks: Vec<Arc<TcpStream>> =
-                self.streams.iter_mut().filter_map(Option::take).collect();
-            Ok(Some(SocketRecv::start(
-                socks,
-                &self.cfg,
-                waker,
-                &self.workers.get(&self.cfg.cpus)?,
-                &self.rx_staging,
-            )?))
-        } else {
-            Ok(None)
         }
     }
 }

@@ -1,33 +1,27 @@
-//! Posting receives: each is entered on the books of the streams its
-//! parts ride, where the receive threads ([`super::rx`]) find it.
+//! Posting receives: each is entered in the comm's book, where the
+//! receive streams' tasks ([`super::rx`]) find it.
 
 use std::collections::HashMap;
-use std::net::TcpStream;
-use std::os::fd::AsRawFd;
+use std::net::{TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
 
 use parking_lot::{Condvar, Mutex};
 
-use super::book::{Landing, LaneBook, RecvLaneQ, RecvReq, RecvShared};
-use super::rx::{RxHandle, RxTask};
+use super::book::{Book, Landing, RecvReq, RecvShared};
 use super::segs::Segs;
 use super::stage::StagingPool;
-use super::{part_count, Lane, SocketConfig, NET};
+use super::streams::RxStreams;
+use super::{SocketConfig, NET};
 use crate::error::NetError;
 use crate::net::{MemRef, MrHandle, RecvComm, ReqId, Waker};
-use crate::workers::{Home, Workers};
+use crate::workers::Workers;
 
 pub(super) struct SocketRecv {
     shared: Arc<RecvShared>,
-    min_part: usize,
-    socks: Vec<Arc<TcpStream>>,
-    /// Each stream's receive task.
-    tasks: Vec<Arc<Home>>,
-    /// Each stream's state, for landing a small part whose header its task
-    /// read before the receive was posted ([`RxHandle::land_held`]).
-    held: Vec<RxHandle>,
+    /// The comm's streams, joined by the listener's task as the peer opens
+    /// them ([`super::streams`]).
+    streams: Arc<RxStreams>,
     /// Keeps the I/O workers (and their poller) alive while this comm is.
     _workers: Workers,
     reqs: HashMap<u64, Arc<RecvReq>>,
@@ -35,47 +29,34 @@ pub(super) struct SocketRecv {
 }
 
 impl SocketRecv {
+    /// A receive comm on its first stream (`first`, hello checked, its
+    /// index `index`); `listener` stays open for the streams the peer opens
+    /// later.
     pub(super) fn start(
-        socks: Vec<Arc<TcpStream>>,
+        first: (usize, TcpStream),
+        listener: TcpListener,
+        nonce: u64,
         cfg: &SocketConfig,
         waker: Waker,
         workers: &Workers,
         staging: &Arc<StagingPool<Landing>>,
     ) -> Result<Self, NetError> {
         let shared = Arc::new(RecvShared {
-            lanes: (0..socks.len())
-                .map(|_| RecvLaneQ {
-                    book: Mutex::new(LaneBook::default()),
-                    cv: Condvar::new(),
-                })
-                .collect(),
+            book: Mutex::new(Book::default()),
+            cv: Condvar::new(),
+            streams: AtomicUsize::new(0),
+            split: (cfg.streams, cfg.min_part),
             posted: AtomicU64::new(0),
             closing: AtomicBool::new(false),
             failed: Mutex::new(None),
             waker,
         });
-        let (tasks, held) = socks
-            .iter()
-            .enumerate()
-            .map(|(i, s)| {
-                let (task, held) = RxTask::new(
-                    s.clone(),
-                    shared.clone(),
-                    Lane::new(i, cfg),
-                    cfg.linger,
-                    staging.clone(),
-                );
-                // It waits for bytes without a thread; its staging is
-                // taken from the pool at its first GPU part.
-                (workers.start_readable(Box::new(task), s.as_raw_fd()), held)
-            })
-            .unzip();
+        let streams = RxStreams::new(shared.clone(), cfg, workers, staging.clone());
+        streams.join(first.0, first.1);
+        streams.listen(listener, nonce);
         Ok(SocketRecv {
             shared,
-            min_part: cfg.min_part,
-            socks,
-            tasks,
-            held,
+            streams,
             _workers: workers.clone(),
             reqs: HashMap::new(),
             next_seq: 0,
@@ -85,10 +66,15 @@ impl SocketRecv {
 
 #[cfg(test)]
 impl SocketRecv {
-    /// Whether message `seq`'s first stream holds its header, read before
-    /// the receive was posted, with all its bytes arrived.
+    /// Whether a stream holds message `seq`'s header, read before the
+    /// receive was posted, with all its bytes arrived.
     pub(super) fn holds(&self, seq: u64) -> bool {
-        self.held[seq as usize % self.held.len()].holds(seq)
+        self.streams.holds(seq)
+    }
+
+    /// Receive streams open now.
+    pub(super) fn stream_count(&self) -> usize {
+        self.shared.streams.load(Ordering::Acquire)
     }
 }
 
@@ -111,31 +97,20 @@ impl RecvComm for SocketRecv {
         let segs = Segs::new(segs)?;
         let seq = self.next_seq;
         self.next_seq += 1;
-        let n = self.shared.lanes.len();
-        let lanes = part_count(segs.total, n, self.min_part);
         let req = Arc::new(RecvReq {
             segs,
             parts_done: AtomicUsize::new(0),
             shape: Mutex::new(None),
+            claimed: AtomicU64::new(0),
             done: AtomicBool::new(false),
-            lanes,
         });
-        // Part i of message `seq` rides stream (seq + i) mod S.
-        for i in 0..lanes {
-            let k = (seq as usize + i) % n;
-            let q = &self.shared.lanes[k];
-            q.book.lock().insert(seq, req.clone(), i);
-            q.cv.notify_all();
-        }
+        self.shared.book.lock().due.insert(seq, req.clone());
+        self.shared.cv.notify_all();
         self.shared.posted.store(seq + 1, Ordering::Release);
-        for i in 0..lanes {
-            let k = (seq as usize + i) % n;
-            // A stream that read this message's header first waits idle:
-            // a small part whose bytes are here is landed by this thread,
-            // and the task is kicked to go on reading (or to land it).
-            self.held[k].land_held(seq);
-            self.tasks[k].kick();
-        }
+        // A stream that read this message's header first waits idle: a
+        // small part whose bytes are here is landed by this thread, and
+        // the tasks are kicked to go on reading (or to land it).
+        self.streams.posted(seq);
         self.reqs.insert(seq, req);
         Ok(Some(ReqId(seq)))
     }
@@ -168,15 +143,6 @@ impl Drop for SocketRecv {
     fn drop(&mut self) {
         self.shared.closing.store(true, Ordering::Release);
         self.shared.notify_all();
-        for s in &self.socks {
-            let _ = s.shutdown(std::net::Shutdown::Both);
-        }
-        // Parked tasks see their stream closed and end; idle ones (waiting
-        // for a receive to be posted) are woken to see it.
-        Home::end_all(
-            &self.tasks,
-            Duration::from_secs(5),
-            "socket net receive comm",
-        );
+        self.streams.close();
     }
 }

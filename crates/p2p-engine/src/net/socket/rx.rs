@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
-use super::book::{check_part, part_done, Landing, RecvReq, RecvShared};
+use super::book::{check_part, claim_part, part_done, Landing, RecvReq, RecvShared};
 use super::reader::StreamReader;
 use super::segs::{uniform_kind, window_copies, windows};
 use super::sockio::{poll_readable, read_err, readable_now, unread, wait_readable};
@@ -236,26 +236,24 @@ impl Rx {
         let Rx {
             stager,
             shared,
-            lane,
             done,
             ..
         } = self;
-        let q = &shared.lanes[lane.index];
         let until = Instant::now() + limit;
         loop {
-            let mut book = q.book.lock();
+            let mut book = shared.book.lock();
             if shared.closing.load(Ordering::Acquire) {
                 return Ok(Found::Closing);
             }
-            if let Some(r) = book.take(seq) {
-                return Ok(Found::Recv(r));
+            if let Some(r) = book.due.get(&seq) {
+                return Ok(Found::Recv(r.clone()));
             }
             if seq < shared.posted.load(Ordering::Acquire) {
-                // Its receive is posted, and not expecting this part here
+                // Its receive is posted and has accepted all its parts
                 // (entries are made before `posted` moves past them).
                 drop(book);
                 return Err(self.protocol(format_args!(
-                    "a part of message {seq} that the receive does not expect on this stream (sent twice, or cut other than the receiver's streams and part size say)"
+                    "a part of message {seq} after all its parts were accepted"
                 )));
             }
             if stager.landing() {
@@ -271,7 +269,9 @@ impl Rx {
             if now >= until {
                 return Ok(Found::NotYet);
             }
-            q.cv.wait_for(&mut book, (until - now).min(Duration::from_millis(100)));
+            shared
+                .cv
+                .wait_for(&mut book, (until - now).min(Duration::from_millis(100)));
         }
     }
 
@@ -350,8 +350,22 @@ impl Rx {
         timing::mark(Spent::Waiting);
         let checked = check_part(&h, &req.segs, &mut req.shape.lock());
         checked.map_err(|f| self.protocol(f))?;
+        self.claim(&h, &req)?;
         self.land(h, req)?;
         Ok(Flow::Part)
+    }
+}
+
+impl Rx {
+    /// Accepts checked part `h` of `req` ([`claim_part`]); the receive
+    /// leaves the book once all its parts are accepted.
+    fn claim(&self, h: &PartHeader, req: &Arc<RecvReq>) -> Result<(), NetError> {
+        let (streams, min_part) = self.shared.split;
+        let last = claim_part(h, &req.claimed, streams, min_part).map_err(|f| self.protocol(f))?;
+        if last {
+            self.shared.book.lock().due.remove(&h.seq);
+        }
+        Ok(())
     }
 }
 
@@ -492,6 +506,17 @@ impl RxHandle {
     }
 }
 
+impl RxHandle {
+    /// Whether the task may be waiting for receive `seq` to be posted: it
+    /// is idle keeping that message's header, or running (a kick costs it
+    /// nothing).
+    pub(super) fn awaits(&self, seq: u64) -> bool {
+        self.0
+            .try_lock()
+            .is_none_or(|rx| rx.pending.is_some_and(|h| h.seq == seq))
+    }
+}
+
 #[cfg(test)]
 impl RxHandle {
     /// Whether the task is idle keeping message `seq`'s header, all the
@@ -568,11 +593,10 @@ impl Lane {
         if self.spin.is_zero() {
             return;
         }
-        let q = &shared.lanes[self.index];
         let idle_since = Instant::now();
-        let mut book = q.book.lock();
+        let mut book = shared.book.lock();
         loop {
-            if book.firsts > 0 {
+            if book.first_due_on(self.index, shared.streams.load(Ordering::Acquire)) {
                 break;
             }
             if !book.due.is_empty()
@@ -582,7 +606,7 @@ impl Lane {
             {
                 return;
             }
-            q.cv.wait_for(&mut book, Duration::from_micros(100));
+            shared.cv.wait_for(&mut book, Duration::from_micros(100));
         }
         drop(book);
         poll_readable(s, self.spin);

@@ -16,6 +16,7 @@ use super::segs::{uniform_kind, Segs};
 use super::stage::Stager;
 use super::tx::{host_slices, SendReq, SendShared, TxOp, TxTask};
 use super::wire::{PartHeader, HDR_LEN};
+use super::streams::Grow;
 use super::{split_parts, Lane, SocketConfig, INLINE_MAX, NET};
 use crate::error::NetError;
 use crate::gpu::staging::StageStep;
@@ -60,11 +61,17 @@ pub(super) struct SocketSend {
     lone_gap: Duration,
     /// Ops queued to (and not yet finished by) each stream's I/O thread.
     queued: Vec<Arc<AtomicUsize>>,
+    /// The streams still to come ([`Grow`]).
+    streams: Grow,
+    cfg: SocketConfig,
 }
 
 impl SocketSend {
+    /// A send comm on its first stream; `grow` opens more as messages
+    /// want them.
     pub(super) fn start(
-        socks: Vec<TcpStream>,
+        first: TcpStream,
+        grow: Grow,
         cfg: &SocketConfig,
         waker: Waker,
         workers: &Workers,
@@ -73,31 +80,10 @@ impl SocketSend {
             failed: Mutex::new(None),
             waker,
         });
-        let socks: Vec<Arc<TcpStream>> = socks.into_iter().map(Arc::new).collect();
-        let mut txs = Vec::new();
-        let mut tasks = Vec::new();
-        let mut queued = Vec::new();
-        for (i, s) in socks.iter().enumerate() {
-            let (tx, rx) = crossbeam_channel::unbounded::<TxOp>();
-            let q = Arc::new(AtomicUsize::new(0));
-            queued.push(q.clone());
-            let task = TxTask::new(
-                s.clone(),
-                rx,
-                shared.clone(),
-                q,
-                Lane::new(i, cfg),
-                cfg.linger,
-            );
-            // Idle (no thread) until a part is queued to it; its staging is
-            // made at its first GPU part.
-            tasks.push(workers.start_idle(Box::new(task)));
-            txs.push(tx);
-        }
-        Ok(SocketSend {
-            txs,
-            socks,
-            tasks,
+        let mut me = SocketSend {
+            txs: Vec::new(),
+            socks: Vec::new(),
+            tasks: Vec::new(),
             _workers: workers.clone(),
             shared,
             reqs: HashMap::new(),
@@ -113,8 +99,48 @@ impl SocketSend {
             } else {
                 LONE_GAP_SPIN
             },
-            queued,
-        })
+            queued: Vec::new(),
+            streams: grow,
+            cfg: cfg.clone(),
+        };
+        me.add_stream(first);
+        Ok(me)
+    }
+
+    /// Takes in the next stream (index `txs.len()`): its send task starts
+    /// idle (no thread) until a part is queued to it; its staging is made
+    /// at its first GPU part.
+    fn add_stream(&mut self, s: TcpStream) {
+        let s = Arc::new(s);
+        let (tx, rx) = crossbeam_channel::unbounded::<TxOp>();
+        let q = Arc::new(AtomicUsize::new(0));
+        let task = TxTask::new(
+            s.clone(),
+            rx,
+            self.shared.clone(),
+            q.clone(),
+            Lane::new(self.txs.len(), &self.cfg),
+            self.cfg.linger,
+        );
+        self.tasks.push(self._workers.start_idle(Box::new(task)));
+        self.txs.push(tx);
+        self.socks.push(s);
+        self.queued.push(q);
+    }
+
+    /// Streams open now (tests).
+    #[cfg(test)]
+    pub(super) fn stream_count(&self) -> usize {
+        self.txs.len()
+    }
+
+    /// Waits for the streams being opened and takes them in (tests).
+    #[cfg(test)]
+    pub(super) fn settle_streams(&mut self) {
+        self.streams.settle();
+        for s in self.streams.take_ready() {
+            self.add_stream(s);
+        }
     }
 }
 
@@ -176,7 +202,16 @@ impl SendComm for SocketSend {
         let seq = self.next_seq;
         tracing::trace!(seq, bytes = segs.total, "lat: isend");
         self.next_seq += 1;
-        let parts = split_parts(segs.total, self.txs.len(), self.min_part);
+        // Streams connected since the last message carry this one; a
+        // message cut into more parts than there are streams asks for more
+        // (for later messages: this one is not held up).
+        for s in self.streams.take_ready() {
+            self.add_stream(s);
+        }
+        let parts = split_parts(segs.total, self.cfg.streams, self.min_part);
+        if parts.len() > self.txs.len() {
+            self.streams.want(parts.len());
+        }
         let req = Arc::new(SendReq {
             parts_left: AtomicUsize::new(parts.len()),
             size: segs.total,
@@ -202,8 +237,8 @@ impl SendComm for SocketSend {
                 skip: 0,
                 owned: None,
             };
-            // Part i of message `seq` rides stream (seq + i) mod S, which the
-            // receiver can tell from the sequence number alone.
+            // Part i of message `seq` rides stream (seq + i) mod (streams
+            // open now); the receiver takes parts from any stream.
             let k = (seq as usize + i) % self.txs.len();
             let idle = self.queued[k].load(Ordering::Acquire) == 0;
             let kind = uniform_kind(&op.pieces);

@@ -1,0 +1,350 @@
+//! Streams that follow the traffic: a comm starts with one TCP stream, and
+//! its sender opens more (up to the listen handle's count) when a message
+//! is cut into more parts than it has streams. The sender connects them
+//! in the background ([`Grow`]), and they carry later messages once in;
+//! the receiver keeps the comm's listener open and its task on the I/O
+//! workers admits each new stream whose hello checks out ([`RxStreams`]).
+//! Streams close only with their comm.
+
+use std::io::{self, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use parking_lot::Mutex;
+
+use super::book::{Landing, RecvShared};
+use super::rx::{RxHandle, RxTask};
+use super::sockio::tune;
+use super::stage::StagingPool;
+use super::wire::{Hello, HELLO_LEN};
+use super::{Lane, SocketConfig, NET};
+use crate::error::NetError;
+use crate::workers::{Home, Step, Task, Workers};
+
+/// How long an accepted stream may take to send its hello (a stream that
+/// connected sends it at once).
+const HELLO_WAIT: Duration = Duration::from_secs(1);
+
+/// Streams refused per comm (per allowed stream) before its listener
+/// closes: a peer that keeps sending bad hellos gets no more turns.
+const REFUSALS_PER_STREAM: usize = 2;
+
+/// Connects stream `index` of the comm listening at `addr` and says its
+/// hello.
+pub(super) fn open_stream(
+    addr: SocketAddr,
+    nonce: u64,
+    index: usize,
+    cfg: &SocketConfig,
+) -> Result<TcpStream, NetError> {
+    let mut s = TcpStream::connect_timeout(&addr, cfg.connect_timeout)
+        .map_err(|e| NetError::io(NET, "connect", e))?;
+    tune(&s, cfg.sockbuf).map_err(|e| NetError::io(NET, "setsockopt", e))?;
+    let hello = Hello {
+        nonce,
+        stream: index as u64,
+    };
+    s.write_all(&hello.encode())
+        .map_err(|e| NetError::io(NET, "connect", e))?;
+    Ok(s)
+}
+
+/// Reads and checks an accepted stream's hello (waiting at most
+/// [`HELLO_WAIT`]): its stream index if the nonce is the comm's and the
+/// index one of `allowed` not `taken` (a bit per index).
+pub(super) fn check_hello(
+    s: &mut TcpStream,
+    nonce: u64,
+    allowed: usize,
+    taken: u64,
+) -> Option<usize> {
+    s.set_nonblocking(false).ok()?;
+    s.set_read_timeout(Some(HELLO_WAIT)).ok()?;
+    let mut hello = [0u8; HELLO_LEN];
+    s.read_exact(&mut hello).ok()?;
+    let h = Hello::decode(&hello).ok()?;
+    let idx = usize::try_from(h.stream).ok()?;
+    if h.nonce != nonce || idx >= allowed.min(64) || taken & (1 << idx) != 0 {
+        return None;
+    }
+    s.set_read_timeout(None).ok()?;
+    Some(idx)
+}
+
+/// The sender's streams still to come: connected in the background, one
+/// batch at a time, in index order, and taken in by the posting thread
+/// before its next message.
+pub(super) struct Grow {
+    addr: SocketAddr,
+    nonce: u64,
+    /// Most streams the comm may have (the listen handle's count).
+    max: usize,
+    cfg: SocketConfig,
+    /// Indices handed to connectors so far.
+    asked: usize,
+    /// Connected streams not taken in yet, in index order.
+    ready: Arc<Mutex<Vec<TcpStream>>>,
+    /// A connector is running.
+    busy: Arc<AtomicBool>,
+    /// A connect failed: the comm keeps the streams it has.
+    failed: Arc<AtomicBool>,
+}
+
+impl Grow {
+    /// `have` streams are open (indices `0..have`).
+    pub(super) fn new(
+        addr: SocketAddr,
+        nonce: u64,
+        max: usize,
+        have: usize,
+        cfg: SocketConfig,
+    ) -> Self {
+        Grow {
+            addr,
+            nonce,
+            max,
+            cfg,
+            asked: have,
+            ready: Arc::default(),
+            busy: Arc::default(),
+            failed: Arc::default(),
+        }
+    }
+
+    /// Streams connected since the last call, in index order.
+    pub(super) fn take_ready(&mut self) -> Vec<TcpStream> {
+        if self.asked == 0 || self.ready.lock().is_empty() {
+            return Vec::new();
+        }
+        std::mem::take(&mut *self.ready.lock())
+    }
+
+    /// A message wants `parts` streams: starts connecting the missing ones
+    /// (never more than the handle allows, one connector at a time, none
+    /// after a failure). The posting thread does not wait for them.
+    pub(super) fn want(&mut self, parts: usize) {
+        let target = parts.min(self.max);
+        if target <= self.asked
+            || self.failed.load(Ordering::Acquire)
+            || self.busy.swap(true, Ordering::AcqRel)
+        {
+            return;
+        }
+        let (from, addr, nonce, cfg) = (self.asked, self.addr, self.nonce, self.cfg.clone());
+        let (ready, busy, failed) = (self.ready.clone(), self.busy.clone(), self.failed.clone());
+        self.asked = target;
+        let spawned = std::thread::Builder::new()
+            .name("tcpx-connect".into())
+            .spawn(move || {
+                for i in from..target {
+                    match open_stream(addr, nonce, i, &cfg) {
+                        Ok(s) => ready.lock().push(s),
+                        Err(e) => {
+                            tracing::debug!("socket net: opening stream {i} failed: {e}");
+                            failed.store(true, Ordering::Release);
+                            break;
+                        }
+                    }
+                }
+                busy.store(false, Ordering::Release);
+            });
+        if spawned.is_err() {
+            self.failed.store(true, Ordering::Release);
+            self.busy.store(false, Ordering::Release);
+        }
+    }
+
+    /// Waits (tests) until no connector runs.
+    #[cfg(test)]
+    pub(super) fn settle(&self) {
+        while self.busy.load(Ordering::Acquire) {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+}
+
+/// A receive comm's streams and the listener that admits more.
+pub(super) struct RxStreams {
+    shared: Arc<RecvShared>,
+    cfg: SocketConfig,
+    workers: Workers,
+    staging: Arc<StagingPool<Landing>>,
+    inner: Mutex<RxInner>,
+}
+
+#[derive(Default)]
+struct RxInner {
+    socks: Vec<Arc<TcpStream>>,
+    /// Each stream's receive task.
+    tasks: Vec<Arc<Home>>,
+    /// Each stream's state, for landing a small part whose header its task
+    /// read before the receive was posted ([`RxHandle::land_held`]).
+    held: Vec<RxHandle>,
+    /// Stream indices in, a bit each.
+    taken: u64,
+    /// Streams refused (bad hello, or more than allowed).
+    refused: usize,
+    listener: Option<Arc<TcpListener>>,
+    listen_task: Option<Arc<Home>>,
+}
+
+impl RxStreams {
+    pub(super) fn new(
+        shared: Arc<RecvShared>,
+        cfg: &SocketConfig,
+        workers: &Workers,
+        staging: Arc<StagingPool<Landing>>,
+    ) -> Arc<Self> {
+        Arc::new(RxStreams {
+            shared,
+            cfg: cfg.clone(),
+            workers: workers.clone(),
+            staging,
+            inner: Mutex::default(),
+        })
+    }
+
+    /// Takes in stream `index` (hello checked): its task starts on the
+    /// I/O workers, waiting for bytes without a thread. False if the comm
+    /// is closing (the stream is dropped).
+    pub(super) fn join(&self, index: usize, s: TcpStream) -> bool {
+        let mut inner = self.inner.lock();
+        if self.shared.closing.load(Ordering::Acquire) || inner.taken & (1 << index) != 0 {
+            return false;
+        }
+        if tune(&s, self.cfg.sockbuf).is_err() {
+            return false;
+        }
+        let s = Arc::new(s);
+        let (task, held) = RxTask::new(
+            s.clone(),
+            self.shared.clone(),
+            Lane::new(index, &self.cfg),
+            self.cfg.linger,
+            self.staging.clone(),
+        );
+        inner
+            .tasks
+            .push(self.workers.start_readable(Box::new(task), s.as_raw_fd()));
+        inner.held.push(held);
+        inner.socks.push(s);
+        inner.taken |= 1 << index;
+        self.shared.streams.fetch_add(1, Ordering::AcqRel);
+        true
+    }
+
+    /// Keeps `listener` open for the streams the peer opens later; its
+    /// task admits them.
+    pub(super) fn listen(self: &Arc<Self>, listener: TcpListener, nonce: u64) {
+        let l = Arc::new(listener);
+        let fd = l.as_raw_fd();
+        let task = AcceptTask {
+            streams: Arc::downgrade(self),
+            listener: l.clone(),
+            nonce,
+        };
+        let mut inner = self.inner.lock();
+        inner.listener = Some(l);
+        inner.listen_task = Some(self.workers.start_readable(Box::new(task), fd));
+    }
+
+    /// Receive `seq` was entered in the book: a stream holding its header
+    /// may land it on this thread, and the streams waiting for it go on.
+    pub(super) fn posted(&self, seq: u64) {
+        let inner = self.inner.lock();
+        for (h, t) in inner.held.iter().zip(&inner.tasks) {
+            if h.land_held(seq) || h.awaits(seq) {
+                t.kick();
+            }
+        }
+    }
+
+    /// Whether a stream holds message `seq`'s header (tests).
+    #[cfg(test)]
+    pub(super) fn holds(&self, seq: u64) -> bool {
+        self.inner.lock().held.iter().any(|h| h.holds(seq))
+    }
+
+    /// Closes every stream and the listener, and ends their tasks (the
+    /// comm's `closing` is set first).
+    pub(super) fn close(&self) {
+        let tasks: Vec<Arc<Home>> = {
+            let mut inner = self.inner.lock();
+            for s in &inner.socks {
+                let _ = s.shutdown(std::net::Shutdown::Both);
+            }
+            if let Some(l) = inner.listener.take() {
+                // Wakes its task (the listener turns readable).
+                let _ = socket2::SockRef::from(&*l).shutdown(std::net::Shutdown::Both);
+            }
+            let mut t = std::mem::take(&mut inner.tasks);
+            t.extend(inner.listen_task.take());
+            t
+        };
+        // Parked tasks see their stream closed and end; idle ones (waiting
+        // for a receive to be posted) are woken to see it.
+        Home::end_all(&tasks, Duration::from_secs(5), "socket net receive comm");
+    }
+
+    /// Whether another stream may come: false once every index is in or
+    /// the peer has had its refusals (the listener then closes).
+    fn admit(&self, mut s: TcpStream, nonce: u64) -> bool {
+        let allowed = self.cfg.streams;
+        let taken = self.inner.lock().taken;
+        let joined = match check_hello(&mut s, nonce, allowed, taken) {
+            Some(idx) => self.join(idx, s),
+            None => false,
+        };
+        let mut inner = self.inner.lock();
+        if !joined {
+            tracing::warn!("socket net: refused a stream with a bad hello");
+            inner.refused += 1;
+        }
+        let full = inner.taken.count_ones() as usize >= allowed.min(64);
+        let open = !full && inner.refused < REFUSALS_PER_STREAM * allowed;
+        if !open {
+            // No more streams: the listener's descriptor goes.
+            inner.listener = None;
+        }
+        open
+    }
+}
+
+/// The receive comm's listener on the I/O workers: admits the streams the
+/// peer opens after the first, waiting for connections without a thread.
+struct AcceptTask {
+    streams: Weak<RxStreams>,
+    listener: Arc<TcpListener>,
+    nonce: u64,
+}
+
+impl Task for AcceptTask {
+    fn run(&mut self) -> Step {
+        loop {
+            let Some(streams) = self.streams.upgrade() else {
+                return Step::Done;
+            };
+            if streams.shared.closing.load(Ordering::Acquire) {
+                return Step::Done;
+            }
+            match self.listener.accept() {
+                Ok((s, _)) => {
+                    if !streams.admit(s, self.nonce) {
+                        return Step::Done;
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    return Step::Readable(self.listener.as_raw_fd());
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => {
+                    tracing::debug!("socket net: accepting streams ended: {e}");
+                    return Step::Done;
+                }
+            }
+        }
+    }
+}
