@@ -39,9 +39,9 @@ impl Book {
     /// is the same once every stream is in).
     pub(super) fn first_due_on(&self, index: usize, streams: usize) -> bool {
         let n = streams.max(1) as u64;
-        self.due.iter().any(|(&seq, r)| {
-            seq % n == index as u64 && r.claimed.load(Ordering::Acquire) & 1 == 0
-        })
+        self.due
+            .iter()
+            .any(|(&seq, r)| seq % n == index as u64 && r.claimed.load(Ordering::Acquire) & 1 == 0)
     }
 }
 
@@ -116,7 +116,10 @@ pub(crate) fn claim_part(
     let bit = 1u64 << i;
     let before = claimed.fetch_or(bit, Ordering::AcqRel);
     if before & bit != 0 {
-        return Err(PartFault::Duplicate { seq: h.seq, part: i });
+        return Err(PartFault::Duplicate {
+            seq: h.seq,
+            part: i,
+        });
     }
     Ok((before | bit).count_ones() as u64 == h.nparts)
 }
@@ -142,7 +145,9 @@ pub(crate) enum PartFault {
     Shape { seq: u64, segs: usize },
     #[error("inconsistent part headers for message {seq}")]
     Inconsistent { seq: u64 },
-    #[error("message {seq}: bytes {off}+{len} are not one of the parts its sender's rule cuts it into")]
+    #[error(
+        "message {seq}: bytes {off}+{len} are not one of the parts its sender's rule cuts it into"
+    )]
     NotAPart { seq: u64, off: u64, len: u64 },
     #[error("message {seq}: part {part} arrived twice")]
     Duplicate { seq: u64, part: u64 },

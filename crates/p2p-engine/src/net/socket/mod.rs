@@ -173,6 +173,30 @@ impl SocketNet {
         self.workers.get(&self.cfg.cpus)
     }
 
+    /// A send comm to the listener `handle` names.
+    fn connect_here(&self, handle: &NetHandle, waker: Waker) -> Result<SocketSend, NetError> {
+        let Handle {
+            addr,
+            streams,
+            nonce,
+            min_part,
+        } = Handle::decode(handle).map_err(|e| NetError::Protocol {
+            net: NET,
+            reason: format!("bad listen handle: {e}"),
+        })?;
+        // The listener's count and smallest part: it checks each part
+        // against the cut they make.
+        let cfg = SocketConfig {
+            min_part,
+            streams,
+            ..self.cfg.clone()
+        };
+        // One stream now; more as messages want them ([`streams::Grow`]).
+        let first = streams::open_stream(addr, nonce, 0, &cfg)?;
+        let grow = streams::Grow::new(addr, nonce, streams, 1, cfg.clone());
+        SocketSend::start(first, grow, &cfg, waker, &self.workers()?)
+    }
+
     /// A listening comm (its own listener, until every stream is in).
     fn listen_here(&self) -> Result<SocketListen, NetError> {
         let l = TcpListener::bind(SocketAddr::new(self.cfg.addr, 0))
@@ -266,32 +290,7 @@ impl Net for SocketNet {
         handle: &NetHandle,
         waker: Waker,
     ) -> Result<Option<Box<dyn SendComm>>, NetError> {
-        let Handle {
-            addr,
-            streams,
-            nonce,
-            min_part,
-        } = Handle::decode(handle).map_err(|e| NetError::Protocol {
-            net: NET,
-            reason: format!("bad listen handle: {e}"),
-        })?;
-        // The listener's count and smallest part: it checks each part
-        // against the cut they make.
-        let cfg = SocketConfig {
-            min_part,
-            streams,
-            ..self.cfg.clone()
-        };
-        // One stream now; more as messages want them ([`streams::Grow`]).
-        let first = streams::open_stream(addr, nonce, 0, &cfg)?;
-        let grow = streams::Grow::new(addr, nonce, streams, 1, cfg.clone());
-        Ok(Some(Box::new(SocketSend::start(
-            first,
-            grow,
-            &cfg,
-            waker,
-            &self.workers()?,
-        )?)))
+        Ok(Some(Box::new(self.connect_here(handle, waker)?)))
     }
 
     fn needs_polling(&self) -> bool {
@@ -364,8 +363,12 @@ impl SocketListen {
                         continue;
                     };
                     if let Some(gpu) = self.cfg.gpu {
-                        self.rx_staging
-                            .warm(gpu, self.cfg.staging_slice, self.cfg.staging_depth, 2);
+                        self.rx_staging.warm(
+                            gpu,
+                            self.cfg.staging_slice,
+                            self.cfg.staging_depth,
+                            2,
+                        );
                     }
                     return Ok(Some(SocketRecv::start(
                         (idx, s),

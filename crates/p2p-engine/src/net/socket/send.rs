@@ -14,9 +14,9 @@ use parking_lot::Mutex;
 
 use super::segs::{uniform_kind, Segs};
 use super::stage::Stager;
+use super::streams::Grow;
 use super::tx::{host_slices, SendReq, SendShared, TxOp, TxTask};
 use super::wire::{PartHeader, HDR_LEN};
-use super::streams::Grow;
 use super::{split_parts, Lane, SocketConfig, INLINE_MAX, NET};
 use crate::error::NetError;
 use crate::gpu::staging::StageStep;

@@ -12,7 +12,7 @@ use super::{
 };
 use crate::error::NetError;
 use crate::memory::MemKind;
-use crate::net::{MemRef, MrHandle, Net, RecvComm, ReqId, SendComm, Waker};
+use crate::net::{MemRef, MrHandle, RecvComm, ReqId, SendComm, Waker};
 #[cfg(test)]
 #[test]
 fn split_covers_every_byte_once() {
@@ -312,55 +312,226 @@ fn peers_with_other_part_sizes_agree_on_streams() {
     }
 }
 
-#[test]
-fn part_on_a_stream_its_receive_does_not_expect_fails_the_receive() {
-    // A peer that writes a one-part message on the wrong stream: the
-    // receive fails with the reason instead of waiting for ever.
-    let net = SocketNet::new(cfg(2));
-    let waker: Waker = Arc::new(|| {});
-    let mut l = net.listen(0).unwrap();
-    let handle = Handle::decode(&l.handle()).unwrap();
-    let mut socks = Vec::new();
-    for i in 0..handle.streams {
-        let mut s = TcpStream::connect(handle.addr).unwrap();
-        let hello = Hello {
-            nonce: handle.nonce,
-            stream: i as u64,
-        };
-        s.write_all(&hello.encode()).unwrap();
-        socks.push(s);
-    }
-    let mut r = loop {
-        if let Some(r) = l.accept(waker.clone()).unwrap() {
-            break r;
+/// A listening comm on `streams` streams and the raw streams a test peer
+/// opens to it (each with the hello `(nonce, index)` given), the receive
+/// comm accepted once the first is in.
+fn raw_peer(streams: usize) -> (super::SocketListen, Handle) {
+    let l = SocketNet::new(cfg(streams)).listen_here().unwrap();
+    let handle = Handle::decode(&super::ListenComm::handle(&l)).unwrap();
+    (l, handle)
+}
+
+fn raw_stream(addr: std::net::SocketAddr, nonce: u64, index: u64) -> TcpStream {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.write_all(
+        &Hello {
+            nonce,
+            stream: index,
         }
+        .encode(),
+    )
+    .unwrap();
+    s
+}
+
+fn accept(l: &mut super::SocketListen) -> super::recv::SocketRecv {
+    let waker: Waker = Arc::new(|| {});
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        if let Some(r) = l.accept_here(waker.clone()).unwrap() {
+            return r;
+        }
+        assert!(Instant::now() < deadline, "no stream came");
         std::thread::sleep(Duration::from_millis(1));
-    };
-    let mut dst = vec![0u8; 100];
-    let m = host(dst.as_mut_ptr() as u64, 100);
-    let q = r.irecv(m, MrHandle(0)).unwrap().unwrap();
-    // Message 0 has one part, which rides stream 0; send it on stream 1.
-    let hdr = PartHeader {
-        seq: 0,
-        off: 0,
-        len: 100,
-        total: 100,
-        nparts: 1,
+    }
+}
+
+/// Waits until `f` holds (5 s at most).
+fn until(mut f: impl FnMut() -> bool, what: &str) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !f() {
+        assert!(Instant::now() < deadline, "{what}");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// The header of part `(off, len)` of a `total`-byte message `seq` cut
+/// as the sender's rule cuts it for `streams` streams and 4 KiB parts.
+fn part_header(
+    seq: u64,
+    off: usize,
+    len: usize,
+    total: usize,
+    streams: usize,
+    m: MemRef,
+) -> PartHeader {
+    PartHeader {
+        seq,
+        off: off as u64,
+        len: len as u64,
+        total: total as u64,
+        nparts: split_parts(total, streams, 4096).len() as u64,
         shape: Segs::new(&[m]).unwrap().shape,
         spliced: false,
-    };
-    socks[1].write_all(&hdr.encode()).unwrap();
-    socks[1].write_all(&[7u8; 100]).unwrap();
+    }
+}
+
+#[test]
+fn a_comm_grows_from_one_stream_to_its_count_and_delivers_every_byte() {
+    let waker: Waker = Arc::new(|| {});
+    let mut l = SocketNet::new(cfg(4)).listen_here().unwrap();
+    let mut s = SocketNet::new(cfg(4))
+        .connect_here(&super::ListenComm::handle(&l), waker)
+        .unwrap();
+    let mut r = accept(&mut l);
+    assert_eq!((s.stream_count(), r.stream_count()), (1, 1));
+    // A small message needs one stream: none is opened.
+    let one =
+        |s: &mut super::send::SocketSend, r: &mut super::recv::SocketRecv, len: usize, fill: u8| {
+            let src: Vec<u8> = (0..len)
+                .map(|i| (i as u8).wrapping_mul(31) ^ fill)
+                .collect();
+            let mut dst = vec![0u8; len];
+            let q = r
+                .irecv(host(dst.as_mut_ptr() as u64, len), MrHandle(0))
+                .unwrap()
+                .unwrap();
+            let p = s
+                .isend(host(src.as_ptr() as u64, len), MrHandle(0))
+                .unwrap()
+                .unwrap();
+            assert_eq!(wait(|| s.test(p)), len);
+            assert_eq!(wait(|| r.test(q)), len);
+            assert_eq!(dst, src, "{len} bytes, fill {fill}");
+        };
+    one(&mut s, &mut r, 1000, 1);
+    s.settle_streams();
+    assert_eq!(s.stream_count(), 1, "a one-part message opens no stream");
+    // A message of 4 parts rides the one stream and asks for three more.
+    one(&mut s, &mut r, 1 << 20, 2);
+    s.settle_streams();
+    assert_eq!(s.stream_count(), 4);
+    until(
+        || r.stream_count() == 4,
+        "the receiver admits the new streams",
+    );
+    // Later messages spread over all of them, every byte in place.
+    for i in 0..20u8 {
+        one(
+            &mut s,
+            &mut r,
+            [1 << 20, 300_000, 4096, 77][usize::from(i) % 4],
+            i,
+        );
+    }
+    assert_eq!((s.stream_count(), r.stream_count()), (4, 4));
+}
+
+#[test]
+fn hostile_streams_are_refused_without_harming_the_comm() {
+    let (mut l, h) = raw_peer(2);
+    let mut s0 = raw_stream(h.addr, h.nonce, 0);
+    let mut r = accept(&mut l);
+    // A wrong nonce, a second stream 0, an index past the count: refused
+    // (the listener closes them); then the real stream 1 is admitted.
+    let mut bad = [
+        raw_stream(h.addr, h.nonce ^ 1, 1),
+        raw_stream(h.addr, h.nonce, 0),
+        raw_stream(h.addr, h.nonce, 2),
+    ];
+    for b in &mut bad {
+        b.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let mut byte = [0u8; 1];
+        let n = std::io::Read::read(b, &mut byte).unwrap_or(0);
+        assert_eq!(n, 0, "a refused stream is closed");
+    }
+    assert_eq!(r.stream_count(), 1);
+    let mut s1 = raw_stream(h.addr, h.nonce, 1);
+    until(|| r.stream_count() == 2, "stream 1 is admitted");
+    // Every stream is in: the listener (and its descriptor) is gone.
+    until(
+        || TcpStream::connect(h.addr).is_err(),
+        "the listener closes once the comm has all its streams",
+    );
+    // A two-part message, one part on each stream, lands whole.
+    let len = 8192;
+    let src: Vec<u8> = (0..len).map(|i| (i * 7) as u8).collect();
+    let mut dst = vec![0u8; len];
+    let m = host(dst.as_mut_ptr() as u64, len);
+    let q = r.irecv(m, MrHandle(0)).unwrap().unwrap();
+    for (k, (off, plen)) in split_parts(len, 2, 4096).into_iter().enumerate() {
+        let sock = if k == 0 { &mut s0 } else { &mut s1 };
+        sock.write_all(&part_header(0, off, plen, len, 2, m).encode())
+            .unwrap();
+        sock.write_all(&src[off..off + plen]).unwrap();
+    }
+    assert_eq!(wait(|| r.test(q)), len);
+    assert_eq!(dst, src);
+}
+
+#[test]
+fn a_part_sent_twice_on_two_streams_fails_the_receive() {
+    // A peer that sends the first part of a two-part message on both
+    // streams: the second copy is refused, and the receive, which still
+    // lacks its second part, fails instead of completing.
+    let (mut l, h) = raw_peer(2);
+    let mut socks = vec![raw_stream(h.addr, h.nonce, 0)];
+    let mut r = accept(&mut l);
+    socks.push(raw_stream(h.addr, h.nonce, 1));
+    until(|| r.stream_count() == 2, "stream 1 is admitted");
+    let len = 8192;
+    let mut dst = vec![0u8; len];
+    let m = host(dst.as_mut_ptr() as u64, len);
+    let q = r.irecv(m, MrHandle(0)).unwrap().unwrap();
+    let (off, plen) = split_parts(len, 2, 4096)[0];
+    for s in &mut socks {
+        s.write_all(&part_header(0, off, plen, len, 2, m).encode())
+            .unwrap();
+        s.write_all(&vec![7u8; plen]).unwrap();
+    }
     let deadline = Instant::now() + Duration::from_secs(5);
     let err = loop {
         match r.test(q) {
             Err(e) => break e.to_string(),
-            Ok(Some(_)) => panic!("a part on the wrong stream must not complete"),
+            Ok(Some(_)) => panic!("a part sent twice must not complete the receive"),
             Ok(None) => assert!(Instant::now() < deadline, "the receive waited for ever"),
         }
         std::thread::sleep(Duration::from_millis(1));
     };
-    assert!(err.contains("does not expect"), "{err}");
+    assert!(err.contains("twice"), "{err}");
+    assert!(
+        dst[plen..].iter().all(|&b| b == 0),
+        "the second part's bytes untouched"
+    );
+}
+
+#[test]
+fn a_part_off_the_senders_cut_fails_the_receive() {
+    // In bounds, but not one of the parts the sender's rule makes.
+    let (mut l, h) = raw_peer(2);
+    let mut s0 = raw_stream(h.addr, h.nonce, 0);
+    let mut r = accept(&mut l);
+    let len = 8192;
+    let mut dst = vec![0u8; len];
+    let m = host(dst.as_mut_ptr() as u64, len);
+    let q = r.irecv(m, MrHandle(0)).unwrap().unwrap();
+    let hdr = PartHeader {
+        off: 100,
+        len: 100,
+        ..part_header(0, 0, 4096, len, 2, m)
+    };
+    s0.write_all(&hdr.encode()).unwrap();
+    s0.write_all(&[7u8; 100]).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let err = loop {
+        match r.test(q) {
+            Err(e) => break e.to_string(),
+            Ok(Some(_)) => panic!("a part off the cut must not complete"),
+            Ok(None) => assert!(Instant::now() < deadline, "the receive waited for ever"),
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    };
+    assert!(err.contains("not one of the parts"), "{err}");
     assert!(dst.iter().all(|&b| b == 0), "nothing written");
 }
 
