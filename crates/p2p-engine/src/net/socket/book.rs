@@ -239,6 +239,24 @@ pub fn fuzz_part_header(data: &[u8]) {
         if check_part(&h, &segs, &mut seen).is_err() {
             continue;
         }
+        // A part is accepted only if it is one of the sender's cut (for
+        // 1..=8 streams and 4 KiB parts), and only once.
+        let streams = 1 + (h.seq % 8) as usize;
+        let claimed = AtomicU64::new(0);
+        if claim_part(&h, &claimed, streams, 4096).is_ok() {
+            let cut = super::split_parts(h.total as usize, streams, 4096);
+            assert!(
+                cut.contains(&(h.off as usize, h.len as usize)),
+                "an accepted part is one of the cut"
+            );
+            assert!(
+                matches!(
+                    claim_part(&h, &claimed, streams, 4096),
+                    Err(PartFault::Duplicate { .. })
+                ),
+                "a part is accepted once"
+            );
+        }
         let pieces = segs.pieces(h.off as usize, h.len as usize);
         let landed: usize = pieces.iter().map(|m| m.len).sum();
         assert_eq!(landed, h.len as usize, "a checked part lands whole");
@@ -323,6 +341,51 @@ mod tests {
             check_part(&later, &segs, &mut seen),
             Err(PartFault::Inconsistent { seq: 3 })
         );
+    }
+
+    #[test]
+    fn each_part_of_the_cut_is_accepted_once_and_nothing_else() {
+        for &(total, streams) in &[
+            (0usize, 4usize),
+            (100, 8),
+            (1 << 20, 4),
+            (10_000_000, 8),
+            (12_289, 4),
+        ] {
+            let cut = crate::net::socket::split_parts(total, streams, 4096);
+            let claimed = AtomicU64::new(0);
+            let head = |off: usize, len: usize| PartHeader {
+                seq: 1,
+                off: off as u64,
+                len: len as u64,
+                total: total as u64,
+                nparts: cut.len() as u64,
+                shape: 0,
+                spliced: false,
+            };
+            for (i, &(off, len)) in cut.iter().enumerate() {
+                // Off the cut: shifted, shortened, another part count.
+                if len > 1 {
+                    assert!(claim_part(&head(off + 1, len - 1), &claimed, streams, 4096).is_err());
+                    assert!(claim_part(&head(off, len - 1), &claimed, streams, 4096).is_err());
+                }
+                let other = PartHeader {
+                    nparts: cut.len() as u64 + 1,
+                    ..head(off, len)
+                };
+                assert!(claim_part(&other, &claimed, streams, 4096).is_err());
+                let last = claim_part(&head(off, len), &claimed, streams, 4096).unwrap();
+                assert_eq!(last, i + 1 == cut.len(), "{total}: part {i}");
+                assert!(matches!(
+                    claim_part(&head(off, len), &claimed, streams, 4096),
+                    Err(PartFault::Duplicate { .. })
+                ));
+            }
+            assert_eq!(
+                claimed.load(Ordering::Acquire).count_ones() as usize,
+                cut.len()
+            );
+        }
     }
 
     #[test]
