@@ -106,7 +106,7 @@ pub(crate) fn claim_part(
         off: h.off,
         len: h.len,
     };
-    if count as u64 > MAX_PARTS || h.nparts != count as u64 || h.off % per as u64 != 0 {
+    if count as u64 > MAX_PARTS || h.nparts != count as u64 || !h.off.is_multiple_of(per as u64) {
         return Err(not_a_part);
     }
     let i = h.off / per as u64;
