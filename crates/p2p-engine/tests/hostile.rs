@@ -87,7 +87,22 @@ fn world(a_cfg: Config, b_cfg: Config) -> World {
         .connect(&addr.ip().to_string(), addr.port(), None)
         .unwrap();
     let cb = b.accept(Some(Duration::from_secs(10))).unwrap().conn;
-    World { a, b, ca, cb }
+    let w = World { a, b, ca, cb };
+    // The socket net opens a comm's further streams as its messages want
+    // them (and keeps them): a first transfer grows them here, so that the
+    // descriptors a test compares are the hostile peer's.
+    legit_transfer(&w, 0);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let mut last = counts();
+    while Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(200));
+        let now = counts();
+        if now == last {
+            break;
+        }
+        last = now;
+    }
+    w
 }
 
 /// The legitimate peer writes into an advertised range of the target and
