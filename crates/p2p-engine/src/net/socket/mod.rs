@@ -1,7 +1,8 @@
-//! Our own TCP transport. Each comm is several TCP streams, each driven by
-//! a task on the endpoint's I/O workers ([`crate::workers`]) with blocking
-//! I/O while it has work, and holding no thread while it has none. A message is cut into parts dealt
-//! round-robin across the streams; every part carries a small header
+//! Our own TCP transport. Each comm is up to `streams` TCP streams, opened
+//! as its messages want them (`streams`), each driven by a task on the
+//! endpoint's I/O workers ([`crate::workers`]) with blocking I/O while it
+//! has work, and holding no thread while it has none. A message is cut
+//! into parts dealt round-robin across the streams open; every part carries a small header
 //! ([`wire::PartHeader`]: message sequence number, offset, length, total,
 //! part count) so the receiver places it without knowing the split. GPU
 //! memory is staged through pinned host slices ([`crate::gpu::staging`]),
@@ -16,9 +17,11 @@
 //! - `segs`: a message's memory in segments, and its staging windows;
 //! - `stage`: an I/O thread's staging (made per GPU, lent to the socket);
 //! - `send` / `tx`: posting sends, and the send threads that write parts;
-//! - `recv` / `book` / `rx`: posting receives, the receives each stream
-//!   expects (and the checks a header passes before a byte lands), and the
-//!   receive threads (read header → match → land);
+//! - `recv` / `book` / `rx`: posting receives, the comm's book of posted
+//!   receives (and the checks a header passes before a byte lands), and
+//!   the receive threads (read header → match → land);
+//! - `streams`: opening further streams (sender) and admitting them
+//!   (receiver);
 //! - `reader`, `sockio`, [`splice`]: buffered reads, system-call helpers,
 //!   and lending pinned pages to the socket.
 //!
