@@ -393,8 +393,17 @@ impl SocketListen {
         }
         if self.streams.iter().all(Option::is_some) {
             if let Some(gpu) = self.cfg.gpu {
-                self.rx_staging
-                    .warm(gpu, self.cfg.staging_slice, self.cfg.staging_depth, 2);
+                // A ring per stream, once per endpoint: a stream that
+                // lands a GPU part keeps its ring while it lingers, so a
+                // connection's first messages (one per stream) took a new
+                // ring each -- 3-5 ms apiece on H100, stalling every CUDA
+                // call of the process -- with only two made ahead.
+                self.rx_staging.warm(
+                    gpu,
+                    self.cfg.staging_slice,
+                    self.cfg.staging_depth,
+                    self.streams.len().max(2),
+                );
             }
             let socks: Vec<Arc<TcpStream>> =
                 self.streams.iter_mut().filter_map(Option::take).collect();
