@@ -14,7 +14,7 @@ use parking_lot::Mutex;
 
 use super::segs::{uniform_kind, Segs};
 use super::stage::Stager;
-use super::tx::{host_slices, SendReq, SendShared, TxOp, TxTask};
+use super::tx::{host_slices, SendReq, SendShared, StagingState, TxOp, TxTask};
 use super::wire::{PartHeader, HDR_LEN};
 use super::{split_parts, Lane, SocketConfig, INLINE_MAX, NET};
 use crate::error::NetError;
@@ -60,6 +60,8 @@ pub(super) struct SocketSend {
     lone_gap: Duration,
     /// Ops queued to (and not yet finished by) each stream's I/O thread.
     queued: Vec<Arc<AtomicUsize>>,
+    /// Whether each stream's staging is made (see [`StagingState`]).
+    staging: Vec<Arc<StagingState>>,
 }
 
 impl SocketSend {
@@ -77,10 +79,13 @@ impl SocketSend {
         let mut txs = Vec::new();
         let mut tasks = Vec::new();
         let mut queued = Vec::new();
+        let mut staging = Vec::new();
         for (i, s) in socks.iter().enumerate() {
             let (tx, rx) = crossbeam_channel::unbounded::<TxOp>();
             let q = Arc::new(AtomicUsize::new(0));
             queued.push(q.clone());
+            let st = Arc::new(StagingState::default());
+            staging.push(st.clone());
             let task = TxTask::new(
                 s.clone(),
                 rx,
@@ -88,6 +93,7 @@ impl SocketSend {
                 q,
                 Lane::new(i, cfg),
                 cfg.linger,
+                st,
             );
             // Idle (no thread) until a part is queued to it; its staging is
             // made at its first GPU part.
@@ -114,6 +120,7 @@ impl SocketSend {
                 LONE_GAP_SPIN
             },
             queued,
+            staging,
         })
     }
 }
@@ -208,7 +215,13 @@ impl SendComm for SocketSend {
             let idle = self.queued[k].load(Ordering::Acquire) == 0;
             let kind = uniform_kind(&op.pieces);
             if let Some(MemKind::Cuda(dev)) = kind {
-                if len <= INLINE_MAX && lone && idle {
+                // A burst's part is written here too while its stream has
+                // no staging yet; the stream's task makes it meanwhile.
+                let unstaged = !lone && idle && !self.staging[k].made();
+                if unstaged && self.staging[k].ask(dev) {
+                    self.tasks[k].kick();
+                }
+                if len <= INLINE_MAX && idle && (lone || unstaged) {
                     match self.send_gpu_inline(k, dev, op)? {
                         None => {
                             tracing::trace!(seq, "lat: sent inline");

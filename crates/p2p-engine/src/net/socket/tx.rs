@@ -5,7 +5,7 @@
 //! copies of the next windows running while this one is written.
 
 use std::net::TcpStream;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicI32, AtomicU8, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -49,6 +49,49 @@ pub(super) struct TxOp {
 pub(super) struct SendShared {
     pub(super) failed: Mutex<Option<NetError>>,
     pub(super) waker: Waker,
+}
+
+/// Whether a send stream's pinned staging is made: the posting thread
+/// writes a burst's small GPU parts itself while it is not, and asks the
+/// stream's task to make it meanwhile (making it took 4-5 ms on H100, a
+/// stall of every part queued behind the first).
+#[derive(Default)]
+pub(super) struct StagingState {
+    /// [`NONE`], [`ASKED`] or [`MADE`].
+    state: AtomicU8,
+    /// The GPU it is asked for.
+    dev: AtomicI32,
+}
+
+const NONE: u8 = 0;
+const ASKED: u8 = 1;
+const MADE: u8 = 2;
+
+impl StagingState {
+    /// Whether the staging is made yet.
+    pub(super) fn made(&self) -> bool {
+        self.state.load(Ordering::Acquire) == MADE
+    }
+
+    /// Asks for the staging on GPU `dev` (if not asked yet): true if this
+    /// call asked, and the task is to be kicked.
+    pub(super) fn ask(&self, dev: i32) -> bool {
+        self.dev.store(dev, Ordering::Release);
+        self.state
+            .compare_exchange(NONE, ASKED, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+    }
+
+    /// The GPU the staging was asked for and is not made for yet.
+    fn asked(&self) -> Option<i32> {
+        (self.state.load(Ordering::Acquire) == ASKED).then(|| self.dev.load(Ordering::Acquire))
+    }
+
+    fn set_made(&self) {
+        if !self.made() {
+            self.state.store(MADE, Ordering::Release);
+        }
+    }
 }
 
 /// Host memory as bytes.
@@ -466,6 +509,9 @@ pub(super) struct TxTask {
     stager: Option<Stager<()>>,
     /// An op taken from the queue that did not join the batch before it.
     held: Option<TxOp>,
+    /// Whether its staging is made, and whether the posting thread asks
+    /// for it.
+    staging: Arc<StagingState>,
 }
 
 impl TxTask {
@@ -476,6 +522,7 @@ impl TxTask {
         queued: Arc<AtomicUsize>,
         lane: Lane,
         linger: Duration,
+        staging: Arc<StagingState>,
     ) -> Self {
         TxTask {
             s,
@@ -486,6 +533,7 @@ impl TxTask {
             linger,
             stager: None,
             held: None,
+            staging,
         }
     }
 
@@ -528,11 +576,17 @@ impl Task for TxTask {
             linger,
             stager,
             held,
+            staging,
         } = self;
         let Some(stager) = stager.as_mut() else {
             return Step::Done; // made just above
         };
         stager.bind_here();
+        if let Some(dev) = staging.asked() {
+            if let Err(e) = stager.lending(dev) {
+                tracing::debug!(gpu = dev, "send staging not made ahead: {e}");
+            }
+        }
         let _account = timing::start(|| {
             let peer = s.peer_addr().map(|a| a.to_string()).unwrap_or_default();
             format!("tx stream {} to {peer}", lane.index)
@@ -542,6 +596,9 @@ impl Task for TxTask {
             finish_op(s, shared, op, r)
         };
         loop {
+            if stager.cur.is_some() {
+                staging.set_made();
+            }
             timing::mark(Spent::Other);
             let op = match held.take() {
                 Some(op) => op,
