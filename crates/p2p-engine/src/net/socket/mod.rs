@@ -120,6 +120,8 @@ pub struct SocketNet {
     workers: LazyWorkers,
     /// Pinned staging the receive streams share (see [`stage::StagingPool`]).
     rx_staging: Arc<StagingPool<Landing>>,
+    /// Pinned staging the send streams share.
+    tx_staging: Arc<StagingPool<()>>,
 }
 
 /// Staging rings kept free for the receive streams: four per core (at
@@ -127,7 +129,7 @@ pub struct SocketNet {
 /// sending 16 MiB each into one H100 at once made and freed rings on every
 /// message, and freeing pinned memory waits for the GPU: 1.2 GB/s in all,
 /// against 9.2 for one peer alone).
-fn rx_staging_pool() -> Arc<StagingPool<Landing>> {
+fn staging_pool<T>() -> Arc<StagingPool<T>> {
     let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
     Arc::new(StagingPool::new(4 * cores.max(2)))
 }
@@ -154,7 +156,8 @@ impl SocketNet {
         SocketNet {
             cfg,
             workers: LazyWorkers::default(),
-            rx_staging: rx_staging_pool(),
+            rx_staging: staging_pool(),
+            tx_staging: staging_pool(),
         }
     }
 
@@ -164,7 +167,8 @@ impl SocketNet {
         SocketNet {
             cfg,
             workers: LazyWorkers(Arc::new(parking_lot::Mutex::new(Some(workers)))),
-            rx_staging: rx_staging_pool(),
+            rx_staging: staging_pool(),
+            tx_staging: staging_pool(),
         }
     }
 
@@ -294,11 +298,17 @@ impl Net for SocketNet {
             min_part,
             ..self.cfg.clone()
         };
+        if let Some(gpu) = self.cfg.gpu {
+            // Lending streams keep twice the slots (see `TxTask::stager`).
+            let depth = self.cfg.staging_depth * if self.cfg.splice { 2 } else { 1 };
+            self.tx_staging.warm(gpu, self.cfg.staging_slice, depth, 2);
+        }
         Ok(Some(Box::new(SocketSend::start(
             socks,
             &cfg,
             waker,
             &self.workers()?,
+            &self.tx_staging,
         )?)))
     }
 

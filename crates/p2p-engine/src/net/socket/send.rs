@@ -13,8 +13,8 @@ use crossbeam_channel::Sender;
 use parking_lot::Mutex;
 
 use super::segs::{uniform_kind, Segs};
-use super::stage::Stager;
-use super::tx::{host_slices, SendReq, SendShared, StagingState, TxOp, TxTask};
+use super::stage::{Stager, StagingPool};
+use super::tx::{host_slices, SendReq, SendShared, TxOp, TxTask};
 use super::wire::{PartHeader, HDR_LEN};
 use super::{split_parts, Lane, SocketConfig, INLINE_MAX, NET};
 use crate::error::NetError;
@@ -60,8 +60,6 @@ pub(super) struct SocketSend {
     lone_gap: Duration,
     /// Ops queued to (and not yet finished by) each stream's I/O thread.
     queued: Vec<Arc<AtomicUsize>>,
-    /// Whether each stream's staging is made (see [`StagingState`]).
-    staging: Vec<Arc<StagingState>>,
 }
 
 impl SocketSend {
@@ -70,6 +68,7 @@ impl SocketSend {
         cfg: &SocketConfig,
         waker: Waker,
         workers: &Workers,
+        staging: &Arc<StagingPool<()>>,
     ) -> Result<Self, NetError> {
         let shared = Arc::new(SendShared {
             failed: Mutex::new(None),
@@ -79,13 +78,10 @@ impl SocketSend {
         let mut txs = Vec::new();
         let mut tasks = Vec::new();
         let mut queued = Vec::new();
-        let mut staging = Vec::new();
         for (i, s) in socks.iter().enumerate() {
             let (tx, rx) = crossbeam_channel::unbounded::<TxOp>();
             let q = Arc::new(AtomicUsize::new(0));
             queued.push(q.clone());
-            let st = Arc::new(StagingState::default());
-            staging.push(st.clone());
             let task = TxTask::new(
                 s.clone(),
                 rx,
@@ -93,7 +89,7 @@ impl SocketSend {
                 q,
                 Lane::new(i, cfg),
                 cfg.linger,
-                st,
+                staging.clone(),
             );
             // Idle (no thread) until a part is queued to it; its staging is
             // made at its first GPU part.
@@ -120,7 +116,6 @@ impl SocketSend {
                 LONE_GAP_SPIN
             },
             queued,
-            staging,
         })
     }
 }
@@ -215,13 +210,7 @@ impl SendComm for SocketSend {
             let idle = self.queued[k].load(Ordering::Acquire) == 0;
             let kind = uniform_kind(&op.pieces);
             if let Some(MemKind::Cuda(dev)) = kind {
-                // A burst's part is written here too while its stream has
-                // no staging yet; the stream's task makes it meanwhile.
-                let unstaged = !lone && idle && !self.staging[k].made();
-                if unstaged && self.staging[k].ask(dev) {
-                    self.tasks[k].kick();
-                }
-                if len <= INLINE_MAX && idle && (lone || unstaged) {
+                if len <= INLINE_MAX && lone && idle {
                     match self.send_gpu_inline(k, dev, op)? {
                         None => {
                             tracing::trace!(seq, "lat: sent inline");

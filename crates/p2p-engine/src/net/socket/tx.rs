@@ -5,7 +5,7 @@
 //! copies of the next windows running while this one is written.
 
 use std::net::TcpStream;
-use std::sync::atomic::{AtomicI32, AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -15,7 +15,7 @@ use parking_lot::Mutex;
 use super::segs::{small_gpu_part, uniform_kind, window_copies, windows, Window};
 use super::sockio::{write_all_slices, write_err};
 use super::splice::Splicer;
-use super::stage::{Lend, Stager, Staging};
+use super::stage::{Lend, Stager, Staging, StagingPool};
 use super::wire::{PartHeader, HDR_LEN};
 use super::{Lane, BATCH_BYTES, BATCH_OPS, BATCH_PART, NET};
 use crate::error::NetError;
@@ -49,49 +49,6 @@ pub(super) struct TxOp {
 pub(super) struct SendShared {
     pub(super) failed: Mutex<Option<NetError>>,
     pub(super) waker: Waker,
-}
-
-/// Whether a send stream's pinned staging is made: the posting thread
-/// writes a burst's small GPU parts itself while it is not, and asks the
-/// stream's task to make it meanwhile (making it took 4-5 ms on H100, a
-/// stall of every part queued behind the first).
-#[derive(Default)]
-pub(super) struct StagingState {
-    /// [`NONE`], [`ASKED`] or [`MADE`].
-    state: AtomicU8,
-    /// The GPU it is asked for.
-    dev: AtomicI32,
-}
-
-const NONE: u8 = 0;
-const ASKED: u8 = 1;
-const MADE: u8 = 2;
-
-impl StagingState {
-    /// Whether the staging is made yet.
-    pub(super) fn made(&self) -> bool {
-        self.state.load(Ordering::Acquire) == MADE
-    }
-
-    /// Asks for the staging on GPU `dev` (if not asked yet): true if this
-    /// call asked, and the task is to be kicked.
-    pub(super) fn ask(&self, dev: i32) -> bool {
-        self.dev.store(dev, Ordering::Release);
-        self.state
-            .compare_exchange(NONE, ASKED, Ordering::AcqRel, Ordering::Acquire)
-            .is_ok()
-    }
-
-    /// The GPU the staging was asked for and is not made for yet.
-    fn asked(&self) -> Option<i32> {
-        (self.state.load(Ordering::Acquire) == ASKED).then(|| self.dev.load(Ordering::Acquire))
-    }
-
-    fn set_made(&self) {
-        if !self.made() {
-            self.state.store(MADE, Ordering::Release);
-        }
-    }
 }
 
 /// Host memory as bytes.
@@ -426,7 +383,7 @@ enum Next {
 }
 
 /// The next op: spun for up to `spin`, then waited for up to `linger`.
-fn next_op(rx: &Receiver<TxOp>, spin: Duration, linger: Duration) -> Next {
+fn next_op(rx: &Receiver<TxOp>, spin: Duration, linger: Duration, stager: &mut Stager<()>) -> Next {
     let start = Instant::now();
     loop {
         match rx.try_recv() {
@@ -436,11 +393,15 @@ fn next_op(rx: &Receiver<TxOp>, spin: Duration, linger: Duration) -> Next {
                 std::hint::spin_loop()
             }
             Err(crossbeam_channel::TryRecvError::Empty) => {
+                // The staging goes back to the endpoint's pool while the
+                // stream waits (a ring made anew costs milliseconds, and
+                // stalls every CUDA call of the process meanwhile).
+                stager.give_back();
                 return match rx.recv_timeout(linger) {
                     Ok(op) => Next::Op(op),
                     Err(crossbeam_channel::RecvTimeoutError::Timeout) => Next::Quiet,
                     Err(crossbeam_channel::RecvTimeoutError::Disconnected) => Next::Closed,
-                }
+                };
             }
         }
     }
@@ -509,9 +470,9 @@ pub(super) struct TxTask {
     stager: Option<Stager<()>>,
     /// An op taken from the queue that did not join the batch before it.
     held: Option<TxOp>,
-    /// Whether its staging is made, and whether the posting thread asks
-    /// for it.
-    staging: Arc<StagingState>,
+    /// The endpoint's send staging, taken at a GPU part and given back
+    /// when the stream waits.
+    pool: Arc<StagingPool<()>>,
 }
 
 impl TxTask {
@@ -522,7 +483,7 @@ impl TxTask {
         queued: Arc<AtomicUsize>,
         lane: Lane,
         linger: Duration,
-        staging: Arc<StagingState>,
+        pool: Arc<StagingPool<()>>,
     ) -> Self {
         TxTask {
             s,
@@ -533,13 +494,14 @@ impl TxTask {
             linger,
             stager: None,
             held: None,
-            staging,
+            pool,
         }
     }
 
     fn stager(&mut self) -> &mut Stager<()> {
         let lane = self.lane;
         let s = &self.s;
+        let pool = &self.pool;
         self.stager.get_or_insert_with(|| {
             // A lent slot comes back a receiver's read later than a written
             // one: a lending stream keeps twice the slots. Measured on
@@ -551,9 +513,9 @@ impl TxTask {
             } else {
                 lane.depth
             };
-            // Made at the stream's first GPU part (not at connect: an idle
-            // peer holds no pinned memory).
-            let mut st = Stager::<()>::lazy(lane.slice, depth);
+            // Taken at the stream's first GPU part (not at connect: an
+            // idle peer holds no pinned memory), from the endpoint's pool.
+            let mut st = Stager::pooled(pool.clone(), lane.slice, depth);
             if lane.splice {
                 st.lend = Lend::Wanted(s.clone());
             }
@@ -576,17 +538,12 @@ impl Task for TxTask {
             linger,
             stager,
             held,
-            staging,
+            ..
         } = self;
         let Some(stager) = stager.as_mut() else {
             return Step::Done; // made just above
         };
         stager.bind_here();
-        if let Some(dev) = staging.asked() {
-            if let Err(e) = stager.lending(dev) {
-                tracing::debug!(gpu = dev, "send staging not made ahead: {e}");
-            }
-        }
         let _account = timing::start(|| {
             let peer = s.peer_addr().map(|a| a.to_string()).unwrap_or_default();
             format!("tx stream {} to {peer}", lane.index)
@@ -596,13 +553,10 @@ impl Task for TxTask {
             finish_op(s, shared, op, r)
         };
         loop {
-            if stager.cur.is_some() {
-                staging.set_made();
-            }
             timing::mark(Spent::Other);
             let op = match held.take() {
                 Some(op) => op,
-                None => match next_op(rx, spin, *linger) {
+                None => match next_op(rx, spin, *linger, stager) {
                     Next::Op(op) => op,
                     Next::Quiet => return Step::Idle,
                     Next::Closed => return Step::Done,
