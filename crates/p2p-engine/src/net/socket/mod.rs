@@ -299,9 +299,12 @@ impl Net for SocketNet {
             ..self.cfg.clone()
         };
         if let Some(gpu) = self.cfg.gpu {
-            // Lending streams keep twice the slots (see `TxTask::stager`).
+            // A ring per stream, once per endpoint (what the first bulk
+            // transfer takes; as the receive side's). Lending streams keep
+            // twice the slots (see `TxTask::stager`).
             let depth = self.cfg.staging_depth * if self.cfg.splice { 2 } else { 1 };
-            self.tx_staging.warm(gpu, self.cfg.staging_slice, depth, 2);
+            self.tx_staging
+                .warm(gpu, self.cfg.staging_slice, depth, streams.max(2));
         }
         Ok(Some(Box::new(SocketSend::start(
             socks,
@@ -403,11 +406,10 @@ impl SocketListen {
         }
         if self.streams.iter().all(Option::is_some) {
             if let Some(gpu) = self.cfg.gpu {
-                // A ring per stream, once per endpoint: a stream that
-                // lands a GPU part keeps its ring while it lingers, so a
-                // connection's first messages (one per stream) took a new
-                // ring each -- 3-5 ms apiece on H100, stalling every CUDA
-                // call of the process -- with only two made ahead.
+                // A ring per stream, once per endpoint: with only two
+                // made ahead, a connection's first messages (one per
+                // stream, landing at once) took a new ring each -- 3-5 ms
+                // apiece on H100, stalling every CUDA call of the process.
                 self.rx_staging.warm(
                     gpu,
                     self.cfg.staging_slice,
