@@ -46,7 +46,8 @@
 #   uccl     UCCL's own tests, import changed only; needs UCCL_TESTS (a
 #            folder of their p2p/tests files, or several joined by ':') (~4)
 #   uccl_bench UCCL's benchmark_uccl.py, import changed only, sync and
-#            async; needs UCCL_BENCH (the file) and 2 GPUs            (~2)
+#            async, with its default sizes and iterations and with 4 sizes
+#            x 50 iterations; needs UCCL_BENCH (the file) and 2 GPUs  (~3)
 #   sendrecv blocking send / recv in UCCL's benchmark loop
 #            (benchmarks/sendrecv_loop.py), 64 KiB … 256 MiB          (~2)
 #   trace    where one blocking GPU transfer's time goes: send 4K / 64K / 1M
@@ -186,19 +187,26 @@ step() { # step NAME: one step for the build whose environment is set
       [ -n "${UCCL_BENCH:-}" ] || { echo "uccl_bench: UCCL_BENCH not set, skipped" >> "$S"; return; }
       [ "$NGPU" -ge 2 ] || { echo "uccl_bench: needs 2 GPUs, skipped" >> "$S"; return; }
       sed 's/^\(\s*\)from uccl import p2p/\1from tcpx_p2p import p2p/' "$UCCL_BENCH" > "$O/benchmark_uccl.py"
-      local api flag pids port r rcs p
+      # Each API twice: as UCCL's users run it (its default sizes, 256 B
+      # to 100 MB, 10 iterations after one warm-up: a fresh connection's
+      # first messages count), and four sizes at 50 iterations.
+      local api flag pids port r rcs p args tag
       for api in sync async; do
-        flag=""; [ $api = async ] && flag=--async-api
-        pids=() port=$((29500 + RANDOM % 500))
-        for r in 0 1; do
-          MASTER_ADDR=127.0.0.1 MASTER_PORT=$port RANK=$r WORLD_SIZE=2 LOCAL_RANK=$r \
-            timeout 200 python3 "$O/benchmark_uccl.py" --local-gpu-idx $r --iters 50 \
-            --sizes 65536,1048576,16777216,268435456 $flag > "$O/${P}uccl_bench_${api}_rank$r.txt" 2>&1 &
-          pids+=($!)
-          [ $r = 0 ] && sleep 0.1
+        for args in "" "--iters 50 --sizes 65536,1048576,16777216,268435456"; do
+          flag=""; [ $api = async ] && flag=--async-api
+          tag=${P}uccl_bench_${api}; [ -z "$args" ] && tag=${tag}_defaults
+          pids=() port=$((29500 + RANDOM % 500))
+          for r in 0 1; do
+            # shellcheck disable=SC2086  # $args is a list of options
+            MASTER_ADDR=127.0.0.1 MASTER_PORT=$port RANK=$r WORLD_SIZE=2 LOCAL_RANK=$r \
+              timeout 200 python3 "$O/benchmark_uccl.py" --local-gpu-idx $r $args \
+              $flag > "$O/${tag}_rank$r.txt" 2>&1 &
+            pids+=($!)
+            [ $r = 0 ] && sleep 0.1
+          done
+          rcs=""; for p in "${pids[@]}"; do wait "$p"; rcs+=" $?"; done
+          { echo; echo "== $tag (exit codes:$rcs) ${args:-its default sizes and iterations}"; grep -E "GB/s|Gbps|us|error|Error" "$O/${tag}_rank0.txt" | tail -12; } >> "$S"
         done
-        rcs=""; for p in "${pids[@]}"; do wait "$p"; rcs+=" $?"; done
-        { echo; echo "== ${P}uccl_bench $api (exit codes:$rcs)"; grep -E "GB/s|Gbps|us|error|Error" "$O/${P}uccl_bench_${api}_rank0.txt" | tail -12; } >> "$S"
       done
       pack ;;
     sendrecv)

@@ -492,6 +492,7 @@ def test_register_memory_and_transfer(local, peers, device):
         import torch
 
         t = torch.zeros(n // 4, dtype=torch.float32, device="cuda:0")
+        torch.cuda.synchronize()  # the zeroing must not run after the read lands
         tensors = [t]
         lb = None
     else:

@@ -51,7 +51,9 @@ def tensor(nbytes, seed=None):
         t = torch.zeros(nbytes, dtype=torch.uint8, device="cuda:0")
         if seed is not None:
             t.copy_(torch.frombuffer(bytearray(pattern(nbytes, seed)), dtype=torch.uint8))
-            torch.cuda.synchronize()
+        # The fill runs on PyTorch's stream; the engine's copies do not wait
+        # for it: a receive that lands before the zeroing runs is zeroed.
+        torch.cuda.synchronize()
         return t
     t = torch.zeros(nbytes, dtype=torch.uint8) if torch is not None else HostTensor(nbytes)
     if seed is not None:

@@ -123,6 +123,8 @@ pub struct SocketNet {
     workers: LazyWorkers,
     /// Pinned staging the receive streams share (see [`stage::StagingPool`]).
     rx_staging: Arc<StagingPool<Landing>>,
+    /// Pinned staging the send streams share.
+    tx_staging: Arc<StagingPool<()>>,
 }
 
 /// Staging rings kept free for the receive streams: four per core (at
@@ -130,7 +132,7 @@ pub struct SocketNet {
 /// sending 16 MiB each into one H100 at once made and freed rings on every
 /// message, and freeing pinned memory waits for the GPU: 1.2 GB/s in all,
 /// against 9.2 for one peer alone).
-fn rx_staging_pool() -> Arc<StagingPool<Landing>> {
+fn staging_pool<T>() -> Arc<StagingPool<T>> {
     let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
     Arc::new(StagingPool::new(4 * cores.max(2)))
 }
@@ -157,7 +159,8 @@ impl SocketNet {
         SocketNet {
             cfg,
             workers: LazyWorkers::default(),
-            rx_staging: rx_staging_pool(),
+            rx_staging: staging_pool(),
+            tx_staging: staging_pool(),
         }
     }
 
@@ -167,7 +170,8 @@ impl SocketNet {
         SocketNet {
             cfg,
             workers: LazyWorkers(Arc::new(parking_lot::Mutex::new(Some(workers)))),
-            rx_staging: rx_staging_pool(),
+            rx_staging: staging_pool(),
+            tx_staging: staging_pool(),
         }
     }
 
@@ -197,7 +201,15 @@ impl SocketNet {
         // One stream now; more as messages want them ([`streams::Grow`]).
         let first = streams::open_stream(addr, nonce, 0, &cfg)?;
         let grow = streams::Grow::new(addr, nonce, streams, 1, cfg.clone());
-        SocketSend::start(first, grow, &cfg, waker, &self.workers()?)
+        if let Some(gpu) = self.cfg.gpu {
+            // A ring per stream, once per endpoint (what the first bulk
+            // transfer takes; as the receive side's). Lending streams keep
+            // twice the slots (see `TxTask::stager`).
+            let depth = self.cfg.staging_depth * if self.cfg.splice { 2 } else { 1 };
+            self.tx_staging
+                .warm(gpu, self.cfg.staging_slice, depth, streams.max(2));
+        }
+        SocketSend::start(first, grow, &cfg, waker, &self.workers()?, &self.tx_staging)
     }
 
     /// A listening comm (its own listener, until every stream is in).
@@ -366,11 +378,17 @@ impl SocketListen {
                         continue;
                     };
                     if let Some(gpu) = self.cfg.gpu {
+                        // A ring per stream the comm may have, once per
+                        // endpoint: with only two made ahead, a
+                        // connection's first messages (one per stream,
+                        // landing at once) took a new ring each -- 3-5 ms
+                        // apiece on H100, stalling every CUDA call of the
+                        // process.
                         self.rx_staging.warm(
                             gpu,
                             self.cfg.staging_slice,
                             self.cfg.staging_depth,
-                            2,
+                            self.cfg.streams.max(2),
                         );
                     }
                     return Ok(Some(SocketRecv::start(

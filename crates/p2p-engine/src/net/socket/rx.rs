@@ -549,9 +549,13 @@ impl Task for RxTask {
                     // Spin or wait as a thread of its own would (see
                     // `spin_for_data`), then linger before giving the
                     // worker back.
+                    // Its staging goes back to the pool while it waits
+                    // (every copy has landed): a stream that waits holds
+                    // none, so a few rings serve many streams in turn (a
+                    // ring made anew cost 3-5 ms on H100).
+                    rx.stager.give_back();
                     rx.lane.spin_for_data(&rx.r.s, &rx.shared);
                     if !wait_readable(&rx.r.s, self.linger) {
-                        rx.stager.give_back();
                         return Step::Readable(fd);
                     }
                 }

@@ -13,7 +13,7 @@ use crossbeam_channel::Sender;
 use parking_lot::Mutex;
 
 use super::segs::{uniform_kind, Segs};
-use super::stage::Stager;
+use super::stage::{Stager, StagingPool};
 use super::streams::Grow;
 use super::tx::{host_slices, SendReq, SendShared, TxOp, TxTask};
 use super::wire::{PartHeader, HDR_LEN};
@@ -64,6 +64,8 @@ pub(super) struct SocketSend {
     /// The streams still to come ([`Grow`]).
     streams: Grow,
     cfg: SocketConfig,
+    /// Pinned staging the send streams share.
+    staging: Arc<StagingPool<()>>,
 }
 
 impl SocketSend {
@@ -75,6 +77,7 @@ impl SocketSend {
         cfg: &SocketConfig,
         waker: Waker,
         workers: &Workers,
+        staging: &Arc<StagingPool<()>>,
     ) -> Result<Self, NetError> {
         let shared = Arc::new(SendShared {
             failed: Mutex::new(None),
@@ -102,6 +105,7 @@ impl SocketSend {
             queued: Vec::new(),
             streams: grow,
             cfg: cfg.clone(),
+            staging: staging.clone(),
         };
         me.add_stream(first);
         Ok(me)
@@ -121,6 +125,7 @@ impl SocketSend {
             q.clone(),
             Lane::new(self.txs.len(), &self.cfg),
             self.cfg.linger,
+            self.staging.clone(),
         );
         self.tasks.push(self._workers.start_idle(Box::new(task)));
         self.txs.push(tx);

@@ -32,6 +32,8 @@ pub(super) struct PipeStats {
 /// the socket.
 pub(super) struct Staging<T> {
     pub(super) ring: Ring<T>,
+    /// Its slots are mapped here and registered with CUDA.
+    mapped: bool,
     /// Send side, slots lent to the socket: per slot, the lent count at the
     /// end of its last window (the credit it waits for before it is
     /// written again; see [`super::splice`]).
@@ -65,6 +67,7 @@ impl<T> Staging<T> {
         let kernel = crate::config::GpuSwitches::get().copy_kernel;
         Ok(Staging {
             ring: Ring::new(device, slice, depth, mapped, kernel)?,
+            mapped,
             lent: vec![0; depth.max(1)],
             stats: PipeStats {
                 on: tracing::enabled!(tracing::Level::DEBUG),
@@ -116,8 +119,8 @@ pub(super) fn credit_err(e: io::Error) -> NetError {
 /// `slice` bytes.
 pub(super) struct Stager<T> {
     pub(super) cur: Option<Staging<T>>,
-    /// Where this stream takes its staging from and gives it back to
-    /// (receive streams: see [`StagingPool`]); None: its own, kept.
+    /// Where this stream takes its staging from and gives it back to (see
+    /// [`StagingPool`]); None: its own, kept.
     pool: Option<Arc<StagingPool<T>>>,
     slice: usize,
     depth: usize,
@@ -128,9 +131,10 @@ pub(super) struct Stager<T> {
     pub(super) lend: Lend,
 }
 
-/// Staging rings that the receive streams of an endpoint share: a stream
-/// takes one when a GPU part comes and gives it back when it goes quiet
-/// (all its copies landed), so the pinned memory follows the streams busy
+/// Staging rings that the receive streams (or the send streams) of an
+/// endpoint share: a stream takes one when a GPU part comes and gives it
+/// back when it waits for work (all its copies landed, all its lent slots
+/// read by the peer), so the pinned memory follows the streams busy
 /// at once, not the peers (each stream making its own at connect held
 /// 4 MiB of pinned memory per stream, 128 MiB per peer, and took
 /// milliseconds per stream to make).
@@ -169,12 +173,13 @@ impl<T> StagingPool<T> {
         }
     }
 
-    fn take(&self, device: i32, slice: usize, depth: usize) -> Option<Staging<T>> {
+    fn take(&self, device: i32, slice: usize, depth: usize, mapped: bool) -> Option<Staging<T>> {
         let mut free = self.free.lock();
         let i = free.iter().position(|st| {
             st.ring.device() == device
                 && st.ring.slice() == slice
                 && st.ring.depth() == depth.max(1)
+                && st.mapped == mapped
         })?;
         Some(free.swap_remove(i))
     }
@@ -235,7 +240,20 @@ impl<T> Stager<T> {
         if self.landing() {
             return;
         }
-        if let (Some(pool), Some(st)) = (&self.pool, self.cur.take()) {
+        let (Some(pool), Some(st)) = (&self.pool, self.cur.as_mut()) else {
+            return;
+        };
+        if let Lend::On(sp) = &mut self.lend {
+            // Slots lent to this stream's socket are its until the peer
+            // has read them: kept until every one is credited.
+            let owed = st.lent.iter().copied().max().unwrap_or(0);
+            if owed > sp.credited() && (sp.poll_credits().is_err() || owed > sp.credited()) {
+                return;
+            }
+        }
+        // Lent counts are this stream's socket's: none is owed any more.
+        st.lent.iter_mut().for_each(|l| *l = 0);
+        if let Some(st) = self.cur.take() {
             pool.put(st);
         }
     }
@@ -253,7 +271,7 @@ impl<T> Stager<T> {
         let pooled = || {
             self.pool
                 .as_ref()
-                .and_then(|p| p.take(device, self.slice, self.depth))
+                .and_then(|p| p.take(device, self.slice, self.depth, self.mapped))
         };
         let st = match self.cur.take() {
             Some(st) => st,

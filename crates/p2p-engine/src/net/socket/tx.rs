@@ -15,7 +15,7 @@ use parking_lot::Mutex;
 use super::segs::{small_gpu_part, uniform_kind, window_copies, windows, Window};
 use super::sockio::{write_all_slices, write_err};
 use super::splice::Splicer;
-use super::stage::{Lend, Stager, Staging};
+use super::stage::{Lend, Stager, Staging, StagingPool};
 use super::wire::{PartHeader, HDR_LEN};
 use super::{Lane, BATCH_BYTES, BATCH_OPS, BATCH_PART, NET};
 use crate::error::NetError;
@@ -383,7 +383,7 @@ enum Next {
 }
 
 /// The next op: spun for up to `spin`, then waited for up to `linger`.
-fn next_op(rx: &Receiver<TxOp>, spin: Duration, linger: Duration) -> Next {
+fn next_op(rx: &Receiver<TxOp>, spin: Duration, linger: Duration, stager: &mut Stager<()>) -> Next {
     let start = Instant::now();
     loop {
         match rx.try_recv() {
@@ -393,11 +393,15 @@ fn next_op(rx: &Receiver<TxOp>, spin: Duration, linger: Duration) -> Next {
                 std::hint::spin_loop()
             }
             Err(crossbeam_channel::TryRecvError::Empty) => {
+                // The staging goes back to the endpoint's pool while the
+                // stream waits (a ring made anew costs milliseconds, and
+                // stalls every CUDA call of the process meanwhile).
+                stager.give_back();
                 return match rx.recv_timeout(linger) {
                     Ok(op) => Next::Op(op),
                     Err(crossbeam_channel::RecvTimeoutError::Timeout) => Next::Quiet,
                     Err(crossbeam_channel::RecvTimeoutError::Disconnected) => Next::Closed,
-                }
+                };
             }
         }
     }
@@ -466,6 +470,9 @@ pub(super) struct TxTask {
     stager: Option<Stager<()>>,
     /// An op taken from the queue that did not join the batch before it.
     held: Option<TxOp>,
+    /// The endpoint's send staging, taken at a GPU part and given back
+    /// when the stream waits.
+    pool: Arc<StagingPool<()>>,
 }
 
 impl TxTask {
@@ -476,6 +483,7 @@ impl TxTask {
         queued: Arc<AtomicUsize>,
         lane: Lane,
         linger: Duration,
+        pool: Arc<StagingPool<()>>,
     ) -> Self {
         TxTask {
             s,
@@ -486,12 +494,14 @@ impl TxTask {
             linger,
             stager: None,
             held: None,
+            pool,
         }
     }
 
     fn stager(&mut self) -> &mut Stager<()> {
         let lane = self.lane;
         let s = &self.s;
+        let pool = &self.pool;
         self.stager.get_or_insert_with(|| {
             // A lent slot comes back a receiver's read later than a written
             // one: a lending stream keeps twice the slots. Measured on
@@ -503,9 +513,9 @@ impl TxTask {
             } else {
                 lane.depth
             };
-            // Made at the stream's first GPU part (not at connect: an idle
-            // peer holds no pinned memory).
-            let mut st = Stager::<()>::lazy(lane.slice, depth);
+            // Taken at the stream's first GPU part (not at connect: an
+            // idle peer holds no pinned memory), from the endpoint's pool.
+            let mut st = Stager::pooled(pool.clone(), lane.slice, depth);
             if lane.splice {
                 st.lend = Lend::Wanted(s.clone());
             }
@@ -528,6 +538,7 @@ impl Task for TxTask {
             linger,
             stager,
             held,
+            ..
         } = self;
         let Some(stager) = stager.as_mut() else {
             return Step::Done; // made just above
@@ -545,7 +556,7 @@ impl Task for TxTask {
             timing::mark(Spent::Other);
             let op = match held.take() {
                 Some(op) => op,
-                None => match next_op(rx, spin, *linger) {
+                None => match next_op(rx, spin, *linger, stager) {
                     Next::Op(op) => op,
                     Next::Quiet => return Step::Idle,
                     Next::Closed => return Step::Done,
