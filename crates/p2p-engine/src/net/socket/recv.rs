@@ -52,7 +52,7 @@ impl SocketRecv {
             waker,
         });
         let streams = RxStreams::new(shared.clone(), cfg, workers, staging.clone());
-        streams.join(first.0, first.1);
+        streams.join(first.0, Arc::new(first.1));
         streams.listen(listener, nonce);
         Ok(SocketRecv {
             shared,

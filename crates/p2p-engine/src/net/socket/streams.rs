@@ -24,9 +24,11 @@ use super::{Lane, SocketConfig, NET};
 use crate::error::NetError;
 use crate::workers::{Home, Step, Task, Workers};
 
-/// How long an accepted stream may take to send its hello (a stream that
-/// connected sends it at once).
-const HELLO_WAIT: Duration = Duration::from_secs(1);
+/// How long a comm's first stream may take to send its hello (a stream
+/// that connected sends it at once); later streams' hellos are awaited
+/// without a thread ([`HelloTask`]), as many at once as streams are
+/// missing.
+const HELLO_WAIT: Duration = Duration::from_secs(10);
 
 /// Streams refused per comm (per allowed stream) before its listener
 /// closes: a peer that keeps sending bad hellos gets no more turns.
@@ -186,6 +188,8 @@ struct RxInner {
     refused: usize,
     listener: Option<Arc<TcpListener>>,
     listen_task: Option<Arc<Home>>,
+    /// Accepted connections whose hello has not come yet.
+    pending: Vec<(Arc<TcpStream>, Arc<Home>)>,
 }
 
 impl RxStreams {
@@ -207,15 +211,14 @@ impl RxStreams {
     /// Takes in stream `index` (hello checked): its task starts on the
     /// I/O workers, waiting for bytes without a thread. False if the comm
     /// is closing (the stream is dropped).
-    pub(super) fn join(&self, index: usize, s: TcpStream) -> bool {
+    pub(super) fn join(&self, index: usize, s: Arc<TcpStream>) -> bool {
         let mut inner = self.inner.lock();
         if self.shared.closing.load(Ordering::Acquire) || inner.taken & (1 << index) != 0 {
             return false;
         }
-        if tune(&s, self.cfg.sockbuf).is_err() {
+        if tune(&s, self.cfg.sockbuf).is_err() || s.set_nonblocking(false).is_err() {
             return false;
         }
-        let s = Arc::new(s);
         let (task, held) = RxTask::new(
             s.clone(),
             self.shared.clone(),
@@ -279,6 +282,10 @@ impl RxStreams {
             }
             let mut t = std::mem::take(&mut inner.tasks);
             t.extend(inner.listen_task.take());
+            for (s, home) in std::mem::take(&mut inner.pending) {
+                let _ = s.shutdown(std::net::Shutdown::Both);
+                t.push(home);
+            }
             t
         };
         // Parked tasks see their stream closed and end; idle ones (waiting
@@ -286,27 +293,109 @@ impl RxStreams {
         Home::end_all(&tasks, Duration::from_secs(5), "socket net receive comm");
     }
 
-    /// Whether another stream may come: false once every index is in or
-    /// the peer has had its refusals (the listener then closes).
-    fn admit(&self, mut s: TcpStream, nonce: u64) -> bool {
-        let allowed = self.cfg.streams;
-        let taken = self.inner.lock().taken;
-        let joined = match check_hello(&mut s, nonce, allowed, taken) {
-            Some(idx) => self.join(idx, s),
-            None => false,
+    /// Takes a connection the listener accepted: its hello is awaited by a
+    /// task of its own on the I/O workers ([`HelloTask`]), never by a
+    /// worker blocked on it. At most as many hellos wait as streams are
+    /// missing; more connections are refused. Returns whether the
+    /// listener stays open: false once every index is in or the peer has
+    /// had its refusals.
+    fn admit(self: &Arc<Self>, s: TcpStream, nonce: u64) -> bool {
+        let allowed = self.cfg.streams.min(64);
+        let mut inner = self.inner.lock();
+        let missing = allowed.saturating_sub(inner.taken.count_ones() as usize);
+        if inner.pending.len() >= missing || s.set_nonblocking(true).is_err() {
+            tracing::warn!("socket net: refused a stream beyond the comm's count");
+            inner.refused += 1;
+        } else {
+            let s = Arc::new(s);
+            let task = HelloTask {
+                streams: Arc::downgrade(self),
+                s: s.clone(),
+                nonce,
+                hello: [0; HELLO_LEN],
+                got: 0,
+            };
+            let home = self.workers.start_readable(Box::new(task), s.as_raw_fd());
+            inner.pending.push((s, home));
+        }
+        self.listening(&mut inner)
+    }
+
+    /// A hello has come (`Some`: its bytes) or the connection ended
+    /// without one (`None`): the stream joins if the hello checks out.
+    fn hello_done(&self, s: &Arc<TcpStream>, hello: Option<[u8; HELLO_LEN]>, nonce: u64) {
+        let taken = {
+            let mut inner = self.inner.lock();
+            inner.pending.retain(|(p, _)| !Arc::ptr_eq(p, s));
+            inner.taken
         };
+        let idx = hello.and_then(|h| {
+            let h = Hello::decode(&h).ok()?;
+            let idx = usize::try_from(h.stream).ok()?;
+            (h.nonce == nonce && idx < self.cfg.streams.min(64) && taken & (1 << idx) == 0)
+                .then_some(idx)
+        });
+        let joined = idx.is_some_and(|i| self.join(i, s.clone()));
         let mut inner = self.inner.lock();
         if !joined {
             tracing::warn!("socket net: refused a stream with a bad hello");
             inner.refused += 1;
         }
-        let full = inner.taken.count_ones() as usize >= allowed.min(64);
+        self.listening(&mut inner);
+    }
+
+    /// Whether the listener stays open; if not, it is shut (its task sees
+    /// it and ends, and the descriptor goes).
+    fn listening(&self, inner: &mut RxInner) -> bool {
+        let allowed = self.cfg.streams.min(64);
+        let full = inner.taken.count_ones() as usize >= allowed;
         let open = !full && inner.refused < REFUSALS_PER_STREAM * allowed;
         if !open {
-            // No more streams: the listener's descriptor goes.
-            inner.listener = None;
+            if let Some(l) = inner.listener.take() {
+                let _ = socket2::SockRef::from(&*l).shutdown(std::net::Shutdown::Both);
+            }
         }
         open
+    }
+}
+
+/// An accepted connection waiting for its hello, on the I/O workers: it
+/// reads what has come each time the socket turns readable.
+struct HelloTask {
+    streams: Weak<RxStreams>,
+    s: Arc<TcpStream>,
+    nonce: u64,
+    hello: [u8; HELLO_LEN],
+    got: usize,
+}
+
+impl Task for HelloTask {
+    fn run(&mut self) -> Step {
+        let Some(streams) = self.streams.upgrade() else {
+            return Step::Done;
+        };
+        loop {
+            if streams.shared.closing.load(Ordering::Acquire) {
+                return Step::Done;
+            }
+            match (&*self.s).read(&mut self.hello[self.got..]) {
+                Ok(0) => break,
+                Ok(n) => {
+                    self.got += n;
+                    if self.got == HELLO_LEN {
+                        streams.hello_done(&self.s, Some(self.hello), self.nonce);
+                        return Step::Done;
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    return Step::Readable(self.s.as_raw_fd());
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(_) => break,
+            }
+        }
+        streams.hello_done(&self.s, None, self.nonce);
+        Step::Done
     }
 }
 

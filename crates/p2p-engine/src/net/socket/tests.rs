@@ -597,3 +597,34 @@ fn peer_drop_fails_pending_receive() {
         std::thread::sleep(Duration::from_millis(1));
     }
 }
+
+#[test]
+fn a_stream_that_never_says_hello_holds_no_worker_and_closes_with_the_comm() {
+    let (mut l, h) = raw_peer(4);
+    let mut s0 = raw_stream(h.addr, h.nonce, 0);
+    let mut r = accept(&mut l);
+    // A silent connection waits for its hello without a worker: streams
+    // behind it are admitted, and messages flow.
+    let mut silent = TcpStream::connect(h.addr).unwrap();
+    let _s1 = raw_stream(h.addr, h.nonce, 1);
+    until(
+        || r.stream_count() == 2,
+        "stream 1 is admitted beside the silent one",
+    );
+    let len = 1000;
+    let mut dst = vec![0u8; len];
+    let m = host(dst.as_mut_ptr() as u64, len);
+    let q = r.irecv(m, MrHandle(0)).unwrap().unwrap();
+    s0.write_all(&part_header(0, 0, len, len, 4, m).encode())
+        .unwrap();
+    s0.write_all(&[5u8; 1000]).unwrap();
+    assert_eq!(wait(|| r.test(q)), len);
+    assert!(dst.iter().all(|&b| b == 5));
+    // The comm closes: so does the connection still owing its hello.
+    drop(r);
+    silent
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    let mut byte = [0u8; 1];
+    assert_eq!(std::io::Read::read(&mut silent, &mut byte).unwrap_or(0), 0);
+}
