@@ -308,13 +308,20 @@ impl RxStreams {
             inner.refused += 1;
         } else {
             let s = Arc::new(s);
-            let task = HelloTask {
+            let mut task = HelloTask {
                 streams: Arc::downgrade(self),
                 s: s.clone(),
                 nonce,
                 hello: [0; HELLO_LEN],
                 got: 0,
             };
+            // The hello is usually here already (the peer writes it as
+            // soon as it is connected): taken now, no task is woken for it.
+            if let Some(done) = task.read_hello() {
+                drop(inner);
+                self.hello_done(&s, done, nonce);
+                return self.listening(&mut self.inner.lock());
+            }
             let home = self.workers.start_readable(Box::new(task), s.as_raw_fd());
             inner.pending.push((s, home));
         }
@@ -369,33 +376,43 @@ struct HelloTask {
     got: usize,
 }
 
+impl HelloTask {
+    /// Reads what has come of the hello, without waiting: `None` while
+    /// more is to come, `Some(Some(hello))` once whole, `Some(None)` if the
+    /// connection ended (or failed) before it.
+    fn read_hello(&mut self) -> Option<Option<[u8; HELLO_LEN]>> {
+        loop {
+            match (&*self.s).read(&mut self.hello[self.got..]) {
+                Ok(0) => return Some(None),
+                Ok(n) => {
+                    self.got += n;
+                    if self.got == HELLO_LEN {
+                        return Some(Some(self.hello));
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return None,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(_) => return Some(None),
+            }
+        }
+    }
+}
+
 impl Task for HelloTask {
     fn run(&mut self) -> Step {
         let Some(streams) = self.streams.upgrade() else {
             return Step::Done;
         };
-        loop {
-            if streams.shared.closing.load(Ordering::Acquire) {
-                return Step::Done;
-            }
-            match (&*self.s).read(&mut self.hello[self.got..]) {
-                Ok(0) => break,
-                Ok(n) => {
-                    self.got += n;
-                    if self.got == HELLO_LEN {
-                        streams.hello_done(&self.s, Some(self.hello), self.nonce);
-                        return Step::Done;
-                    }
-                }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                    return Step::Readable(self.s.as_raw_fd());
-                }
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(_) => break,
+        if streams.shared.closing.load(Ordering::Acquire) {
+            return Step::Done;
+        }
+        match self.read_hello() {
+            None => Step::Readable(self.s.as_raw_fd()),
+            Some(done) => {
+                streams.hello_done(&self.s, done, self.nonce);
+                Step::Done
             }
         }
-        streams.hello_done(&self.s, None, self.nonce);
-        Step::Done
     }
 }
 
