@@ -484,6 +484,65 @@ mod tests {
     }
 
     #[test]
+    fn a_resolver_checks_every_item_even_under_a_remembered_token() {
+        let reg = Registry::new();
+        let buf = vec![0u8; 1 << 16];
+        let base = buf.as_ptr() as u64;
+        let r = reg.register(base, buf.len()).unwrap();
+        let t = reg.advertise(r.id, base + 4096, 8192, Some(7)).unwrap();
+        let other = reg.advertise(r.id, base, 1 << 16, Some(8)).unwrap();
+        let mut res = reg.resolver(7);
+        // Many items under one token, then one past its end, one before
+        // its start, one overflowing: each judged on its own.
+        for i in 0..64 {
+            let got = res.resolve(t, base + 4096 + i * 128, 128).unwrap();
+            assert_eq!(got.id, r.id);
+        }
+        assert!(res.resolve(t, base + 4096 + 8192 - 64, 128).is_err());
+        assert!(res.resolve(t, base + 4095, 1).is_err());
+        assert!(res.resolve(t, base + 4096, u64::MAX).is_err());
+        // The same id with another secret, and a token of another
+        // connection, are refused even right after a good item.
+        let forged = Token {
+            id: t.id,
+            secret: t.secret ^ 1,
+        };
+        assert!(res.resolve(t, base + 4096, 1).is_ok());
+        assert!(res.resolve(forged, base + 4096, 1).is_err());
+        assert!(res.resolve(t, base + 4096, 1).is_ok());
+        assert!(res.resolve(other, base, 1).is_err(), "advertised to conn 8");
+        assert!(reg.resolver(8).resolve(other, base, 1 << 16).is_ok());
+        // Gone once deregistered: a new request's resolver finds nothing.
+        let id = r.id;
+        drop(r);
+        drop(res);
+        reg.deregister(id, Duration::from_millis(10)).unwrap();
+        assert!(reg.resolver(7).resolve(t, base + 4096, 1).is_err());
+    }
+
+    #[test]
+    fn a_checker_checks_every_buffer_even_in_a_remembered_region() {
+        let reg = Registry::new();
+        let (a, b) = (vec![0u8; 4096], vec![0u8; 4096]);
+        let (pa, pb) = (a.as_ptr() as u64, b.as_ptr() as u64);
+        let (ra, rb) = (
+            reg.register(pa, 4096).unwrap(),
+            reg.register(pb, 4096).unwrap(),
+        );
+        let mut c = reg.checker();
+        for i in 0..32 {
+            assert_eq!(c.check(ra.id, pa + i * 128, 128).unwrap().id, ra.id);
+        }
+        assert!(c.check(ra.id, pa + 4000, 128).is_err());
+        assert!(c.check(ra.id, 0, 1).is_err());
+        // A buffer of one region under the other's id: refused.
+        assert!(c.check(ra.id, pb, 1).is_err());
+        assert_eq!(c.check(rb.id, pb, 4096).unwrap().id, rb.id);
+        assert!(c.check(rb.id, pa, 1).is_err());
+        assert!(c.check(999, pa, 1).is_err());
+    }
+
+    #[test]
     fn unmapped_host_memory_is_refused_at_reg() {
         let reg = Registry::new();
         let buf = vec![0u8; 1 << 16];
