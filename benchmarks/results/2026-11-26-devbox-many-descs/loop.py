@@ -1,6 +1,6 @@
 """Many-descriptor NIXL transfers in a loop (host memory, TCPX_P2P): per
 iteration, the time agent.transfer takes to return (post) and to DONE."""
-import multiprocessing as mp, os, random, statistics, sys, time
+import datetime, multiprocessing as mp, os, random, statistics, sys, time
 import numpy as np
 import tcpx_p2p
 os.environ["NIXL_PLUGIN_DIR"] = tcpx_p2p.nixl_plugin_dir()
@@ -50,6 +50,8 @@ def main():
     p.send("go")
     c0 = os.times()
     for i in range(iters):
+        if os.environ.get("LOOP_MARK"):  # a clock mark for first_bytes.py
+            print(f"MARK {datetime.datetime.now(datetime.timezone.utc).strftime('%Y-%m-%dT%H:%M:%S.%f')}", file=sys.stderr, flush=True)
         t0 = time.perf_counter()
         st = a.transfer(h)
         t1 = time.perf_counter()
