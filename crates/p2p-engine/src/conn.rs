@@ -901,7 +901,7 @@ impl Conn {
         parts: usize,
         weight: usize,
     ) -> Arc<Transfer> {
-        let regions = distinct_regions(&local);
+        let regions = distinct_regions(local);
         let inner = Transfer::new(0, self.id, parts, regions);
         let weak = Arc::downgrade(self);
         inner.on_end(move |_| {
