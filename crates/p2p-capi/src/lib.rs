@@ -654,10 +654,13 @@ fn rma(
         last = Some((p.desc, d));
         remotes.push((d, p.remote_offset));
     }
-    let mrs: Vec<u64> = bufs.iter().map(|b| b.mr).collect();
     *o = ep
         .rma_async(conn, read, &bufs, &remotes, notif)
-        .map_err(|e| on_ids(ep, Some(conn), &mrs, e))?;
+        .map_err(|e| {
+            // Only on failure: a KV list has 100,000+ pieces.
+            let mrs: Vec<u64> = bufs.iter().map(|b| b.mr).collect();
+            on_ids(ep, Some(conn), &mrs, e)
+        })?;
     Ok(Status::Ok)
 }
 

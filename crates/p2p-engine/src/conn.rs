@@ -691,7 +691,7 @@ impl Conn {
     ) -> Result<Arc<Transfer>> {
         self.check_alive()?;
         tracing::trace!(xfer = xfer_id, send, "lat: post");
-        let regions: Vec<_> = items.iter().map(|(_, r)| r.clone()).collect();
+        let regions = distinct_regions(&items);
         let plan = self.plan(items.iter().map(|(m, _)| m.len));
         // A send completes once its requests have: its bytes are out of
         // the caller's buffer. The receiver's acknowledgements (`MsgDone`)
@@ -772,7 +772,7 @@ impl Conn {
         remote_region: &[u64],
     ) -> Result<Arc<Transfer>> {
         self.check_alive()?;
-        let regions: Vec<_> = local.iter().map(|(_, r)| r.clone()).collect();
+        let regions = distinct_regions(&local);
         let ids: Vec<(MemRef, u64)> = local.iter().map(|(m, r)| (*m, r.id)).collect();
         let runs = rma::plan_runs(&ids, &remote, remote_region);
         let local = rma::merge_runs(local, &runs).map_err(|e| Error::invalid(e.to_string()))?;
@@ -901,7 +901,7 @@ impl Conn {
         parts: usize,
         weight: usize,
     ) -> Arc<Transfer> {
-        let regions = local.iter().map(|(_, r)| r.clone()).collect();
+        let regions = distinct_regions(local);
         let inner = Transfer::new(0, self.id, parts, regions);
         let weak = Arc::downgrade(self);
         inner.on_end(move |_| {
@@ -1349,4 +1349,19 @@ impl Task for OobReader {
             }
         }
     }
+}
+
+/// The regions of `items`, each once per run of items in it (what a
+/// transfer holds until it ends): a list of 131,072 blocks in one region
+/// holds it once, not 131,072 times.
+fn distinct_regions(
+    items: &[(MemRef, Arc<crate::memory::Region>)],
+) -> Vec<Arc<crate::memory::Region>> {
+    let mut out: Vec<Arc<crate::memory::Region>> = Vec::new();
+    for (_, r) in items {
+        if !out.last().is_some_and(|l| Arc::ptr_eq(l, r)) {
+            out.push(r.clone());
+        }
+    }
+    out
 }

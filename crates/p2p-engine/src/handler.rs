@@ -430,13 +430,13 @@ impl Book {
                 items.len()
             ));
         }
+        let mut adverts = cx.registry.resolver(cx.conn);
         let each = items
             .iter()
             .enumerate()
             .map(|(i, it)| {
-                let r = cx
-                    .registry
-                    .resolve(it.token, it.addr, it.len, cx.conn)
+                let r = adverts
+                    .resolve(it.token, it.addr, it.len)
                     .map_err(|e| format!("item {i}: {e}"))?;
                 Ok((
                     MemRef {

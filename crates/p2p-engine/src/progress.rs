@@ -156,6 +156,10 @@ impl CommState {
     fn post(&mut self) -> Result<bool, Failure> {
         let mut any = false;
         let (mut mems, mut mrs) = (Vec::new(), Vec::new());
+        // The last region's handle: a gathered request of a KV list has up
+        // to 1,024 segments, mostly of one region (one map lookup, not one
+        // per segment).
+        let mut last: Option<(u64, MrHandle)> = None;
         while self.inflight.len() < self.window {
             let Some(op) = self.pending.pop_front() else {
                 break;
@@ -174,7 +178,15 @@ impl CommState {
                 mrs.push(m);
             }
             for (mem, r) in &op.segs {
-                mrs.push(self.mr_for(r, mem.kind)?);
+                let m = match last {
+                    Some((id, m)) if id == r.id => m,
+                    _ => {
+                        let m = self.mr_for(r, mem.kind)?;
+                        last = Some((r.id, m));
+                        m
+                    }
+                };
+                mrs.push(m);
                 mems.push(*mem);
             }
             // One segment goes to `isend` / `irecv` (the trait's default).

@@ -56,6 +56,11 @@ pub fn merge_runs(
     items: Vec<(MemRef, Arc<Region>)>,
     runs: &[u32],
 ) -> Result<Vec<(MemRef, Arc<Region>)>, RunError> {
+    if runs.len() == items.len() && runs.iter().all(|&n| n == 1) {
+        // Nothing merges (blocks scattered on one side, as KV blocks are):
+        // the items as they are, not a copy of each.
+        return Ok(items);
+    }
     let mut out: Vec<(MemRef, Arc<Region>)> = Vec::with_capacity(runs.len());
     let mut it = items.into_iter().enumerate();
     for &n in runs {

@@ -398,3 +398,61 @@ fn a_burst_of_small_transfers_never_fills_the_control_backlog() {
     }
     assert_eq!(back, src);
 }
+
+/// One write and one read of 20,000 blocks (several requests under one
+/// transfer), landing in a scrambled order as KV blocks do: every block
+/// where it belongs, both ways. A list with one block outside what the
+/// peer advertised is refused whole, before any part is posted.
+#[test]
+fn many_scattered_blocks_move_as_one_transfer_of_several_requests() {
+    let (a, b, ca, cb) = pair();
+    let (count, bs) = (20_000usize, 64usize);
+    let n = count * bs;
+    let mut target = vec![0u8; n];
+    let tb = buf(&b, &mut target);
+    let desc = b.advertise(cb, tb.mr, tb.ptr, n).unwrap();
+    let remote = tcpx_p2p::RemoteDesc::from(&FifoItem::decode(&desc).unwrap());
+    // Block i goes to slot (i * 7919) % count: a permutation (7919 is prime
+    // and does not divide count), with no two neighbours adjacent there.
+    let slot = |i: usize| (i * 7919) % count;
+    let mut src = pattern(n, 3);
+    let sb = buf(&a, &mut src);
+    let pieces = |base: &tcpx_p2p::Buf| {
+        (0..count)
+            .map(|i| tcpx_p2p::Buf {
+                mr: base.mr,
+                ptr: base.ptr + (i * bs) as u64,
+                len: bs,
+            })
+            .collect::<Vec<_>>()
+    };
+    let offs: Vec<_> = (0..count)
+        .map(|i| (remote, (slot(i) * bs) as u64))
+        .collect();
+
+    let w = a.rma_async(ca, false, &pieces(&sb), &offs, None).unwrap();
+    assert!(a.wait(w, Some(Duration::from_secs(60))).unwrap());
+    for i in 0..count {
+        let at = slot(i) * bs;
+        assert_eq!(
+            &target[at..at + bs],
+            &src[i * bs..(i + 1) * bs],
+            "block {i}"
+        );
+    }
+
+    let mut back = vec![0u8; n];
+    let bb = buf(&a, &mut back);
+    let r = a.rma_async(ca, true, &pieces(&bb), &offs, None).unwrap();
+    assert!(a.wait(r, Some(Duration::from_secs(60))).unwrap());
+    assert_eq!(back, src, "every block read back in its order");
+
+    // The last block one byte past the advertised range: refused at
+    // posting, nothing of the earlier blocks written.
+    target.fill(0);
+    let mut bad = offs.clone();
+    bad[count - 1].1 = (n - bs + 1) as u64;
+    assert!(a.rma_async(ca, false, &pieces(&sb), &bad, None).is_err());
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(target.iter().all(|&x| x == 0), "nothing written");
+}

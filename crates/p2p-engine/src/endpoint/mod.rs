@@ -511,9 +511,10 @@ impl Endpoint {
         if bufs.is_empty() {
             return Err(Error::invalid("no buffers given"));
         }
+        let mut regions = self.inner.registry.checker();
         bufs.iter()
             .map(|b| {
-                let r = self.inner.registry.check(b.mr, b.ptr, b.len)?;
+                let r = regions.check(b.mr, b.ptr, b.len)?;
                 Ok((
                     MemRef {
                         addr: b.ptr,

@@ -83,7 +83,10 @@ fn rx_windows(
             .map_err(read_err)?;
         timing::mark(Spent::Socket);
         timing::bytes(wlen);
-        let ops = window_copies(&pieces, ring.slot_addr(k), false, false);
+        // Pieces next to each other both in the GPU and in the slot are
+        // one copy (a READ of many blocks into one local buffer made a
+        // 4 KiB copy per block).
+        let ops = window_copies(&pieces, ring.slot_addr(k), false, true);
         // SAFETY: the slot holds the window just read and is not touched
         // again until its event completes (its previous one has: the slot
         // was free); the device ranges lie inside the posted buffer.
