@@ -249,7 +249,7 @@ impl Config {
     /// | `TCPX_P2P_NET` | `socket` or `plugin` | `socket` |
     /// | `TCPX_P2P_IFNAME`, `UCCL_SOCKET_IFNAME`, `NCCL_SOCKET_IFNAME` | interface to advertise | first non-loopback up |
     /// | `TCPX_P2P_PORT` | control listener port | 0 (any) |
-    /// | `TCPX_P2P_STREAMS` | TCP streams per socket comm | 8 |
+    /// | `TCPX_P2P_STREAMS` | most TCP streams per socket comm (one at connect, more as traffic needs) | 8 |
     /// | `TCPX_P2P_CHUNK` | request size posted to the net | 8M |
     /// | `TCPX_P2P_MIN_PART` | smallest per-stream piece | 1M ÷ cores (2 to 8): 128K with 8+ cores, 512K with 2 |
     /// | `TCPX_P2P_CHANNELS`, `UCCL_TCPX_NUM_CHANNELS` | channels per connection | 1 (socket), 8 (plugin) |
