@@ -334,7 +334,10 @@ pub const MAGIC: u64 = 0x3150_3250_5850_4354; // "TCPXP2P1"
 /// number of parts growing with the square root of its size (both peers
 /// must cut alike). 8: a read's receives are posted only once the target
 /// accepts it (`ReadAck`), and a refused read gets no empty messages.
-pub const VERSION: u16 = 8;
+/// 9: a socket-net comm connects one stream and opens more as messages
+/// are cut into more parts; any stream may carry any part (an older
+/// receiver would wait for every stream at accept).
+pub const VERSION: u16 = 9;
 /// An ncclNet listen handle is at most this long.
 pub const NET_HANDLE_LEN: usize = 128;
 /// Most channels per set a connection may have.
