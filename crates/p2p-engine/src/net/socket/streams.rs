@@ -54,9 +54,20 @@ pub(super) fn open_stream(
     Ok(s)
 }
 
+/// Most streams a comm may have: the stream indices in are a bit each of
+/// a `u64`.
+const MAX_STREAMS: usize = 64;
+
+/// The stream index a hello names, if its nonce is the comm's and the
+/// index is one of the comm's `allowed` not `taken` yet (a bit per index).
+fn hello_index(hello: &[u8; HELLO_LEN], nonce: u64, allowed: usize, taken: u64) -> Option<usize> {
+    let h = Hello::decode(hello).ok()?;
+    let idx = usize::try_from(h.stream).ok()?;
+    (h.nonce == nonce && idx < allowed.min(MAX_STREAMS) && taken & (1 << idx) == 0).then_some(idx)
+}
+
 /// Reads and checks an accepted stream's hello (waiting at most
-/// [`HELLO_WAIT`]): its stream index if the nonce is the comm's and the
-/// index one of `allowed` not `taken` (a bit per index).
+/// [`HELLO_WAIT`]): its stream index, as [`hello_index`] judges it.
 pub(super) fn check_hello(
     s: &mut TcpStream,
     nonce: u64,
@@ -67,11 +78,7 @@ pub(super) fn check_hello(
     s.set_read_timeout(Some(HELLO_WAIT)).ok()?;
     let mut hello = [0u8; HELLO_LEN];
     s.read_exact(&mut hello).ok()?;
-    let h = Hello::decode(&hello).ok()?;
-    let idx = usize::try_from(h.stream).ok()?;
-    if h.nonce != nonce || idx >= allowed.min(64) || taken & (1 << idx) != 0 {
-        return None;
-    }
+    let idx = hello_index(&hello, nonce, allowed, taken)?;
     s.set_read_timeout(None).ok()?;
     Some(idx)
 }
@@ -300,9 +307,10 @@ impl RxStreams {
     /// listener stays open: false once every index is in or the peer has
     /// had its refusals.
     fn admit(self: &Arc<Self>, s: TcpStream, nonce: u64) -> bool {
-        let allowed = self.cfg.streams.min(64);
         let mut inner = self.inner.lock();
-        let missing = allowed.saturating_sub(inner.taken.count_ones() as usize);
+        let missing = self
+            .allowed()
+            .saturating_sub(inner.taken.count_ones() as usize);
         if inner.pending.len() >= missing || s.set_nonblocking(true).is_err() {
             tracing::warn!("socket net: refused a stream beyond the comm's count");
             inner.refused += 1;
@@ -336,12 +344,7 @@ impl RxStreams {
             inner.pending.retain(|(p, _)| !Arc::ptr_eq(p, s));
             inner.taken
         };
-        let idx = hello.and_then(|h| {
-            let h = Hello::decode(&h).ok()?;
-            let idx = usize::try_from(h.stream).ok()?;
-            (h.nonce == nonce && idx < self.cfg.streams.min(64) && taken & (1 << idx) == 0)
-                .then_some(idx)
-        });
+        let idx = hello.and_then(|h| hello_index(&h, nonce, self.cfg.streams, taken));
         let joined = idx.is_some_and(|i| self.join(i, s.clone()));
         let mut inner = self.inner.lock();
         if !joined {
@@ -351,10 +354,15 @@ impl RxStreams {
         self.listening(&mut inner);
     }
 
+    /// Most streams this comm may have.
+    fn allowed(&self) -> usize {
+        self.cfg.streams.min(MAX_STREAMS)
+    }
+
     /// Whether the listener stays open; if not, it is shut (its task sees
     /// it and ends, and the descriptor goes).
     fn listening(&self, inner: &mut RxInner) -> bool {
-        let allowed = self.cfg.streams.min(64);
+        let allowed = self.allowed();
         let full = inner.taken.count_ones() as usize >= allowed;
         let open = !full && inner.refused < REFUSALS_PER_STREAM * allowed;
         if !open {
