@@ -357,9 +357,7 @@ impl Rx {
         self.land(h, req)?;
         Ok(Flow::Part)
     }
-}
 
-impl Rx {
     /// Accepts checked part `h` of `req` ([`claim_part`]); the receive
     /// leaves the book once all its parts are accepted.
     fn claim(&self, h: &PartHeader, req: &Arc<RecvReq>) -> Result<(), NetError> {
@@ -369,6 +367,36 @@ impl Rx {
             self.shared.book.lock().due.remove(&h.seq);
         }
         Ok(())
+    }
+
+    /// Nothing to read or land: every landed part completed, no bytes
+    /// buffered or waiting.
+    fn quiet(&mut self) -> Result<bool, NetError> {
+        self.settle()?;
+        // (Whether bytes wait in the socket is the wait's own first look.)
+        Ok(self.pending.is_none() && self.r.buffered() == 0 && !self.stager.landing())
+    }
+
+    /// The comm's first failure, seen by every receive.
+    fn fail(&self, e: NetError) {
+        let shared = &self.shared;
+        if !shared.closing.load(Ordering::Acquire) {
+            tracing::debug!("socket net: receive stream from {} failed: {e}", self.peer);
+            // The first failure of the comm is what every receive reports.
+            // (`test` reports it for every receive not yet done.)
+            shared.failed.lock().get_or_insert(e);
+            shared.closing.store(true, Ordering::Release);
+            shared.notify_all();
+            (shared.waker)();
+        }
+    }
+
+    /// The header kept of message `seq`'s part, if that part is small and
+    /// all its bytes have arrived (what the posting thread may land).
+    fn held_part(&self, seq: u64) -> Option<PartHeader> {
+        self.pending
+            .filter(|h| h.seq == seq && postable(h))
+            .filter(|h| self.r.buffered() + unread(&self.r.s) >= h.len as usize)
     }
 }
 
@@ -395,30 +423,6 @@ enum Flow {
 /// receive was posted.
 fn postable(h: &PartHeader) -> bool {
     !h.spliced && h.len as usize <= INLINE_MAX
-}
-
-impl Rx {
-    /// Nothing to read or land: every landed part completed, no bytes
-    /// buffered or waiting.
-    fn quiet(&mut self) -> Result<bool, NetError> {
-        self.settle()?;
-        // (Whether bytes wait in the socket is the wait's own first look.)
-        Ok(self.pending.is_none() && self.r.buffered() == 0 && !self.stager.landing())
-    }
-
-    /// The comm's first failure, seen by every receive.
-    fn fail(&self, e: NetError) {
-        let shared = &self.shared;
-        if !shared.closing.load(Ordering::Acquire) {
-            tracing::debug!("socket net: receive stream from {} failed: {e}", self.peer);
-            // The first failure of the comm is what every receive reports.
-            // (`test` reports it for every receive not yet done.)
-            shared.failed.lock().get_or_insert(e);
-            shared.closing.store(true, Ordering::Release);
-            shared.notify_all();
-            (shared.waker)();
-        }
-    }
 }
 
 /// A receive stream's work on the I/O workers: it reads and lands parts
@@ -477,12 +481,7 @@ impl RxHandle {
         let Some(mut rx) = self.0.try_lock() else {
             return false; // the task is running: it finds the receive
         };
-        let Some(h) = rx.pending.filter(|h| h.seq == seq && postable(h)) else {
-            return false;
-        };
-        if rx.shared.closing.load(Ordering::Acquire)
-            || rx.r.buffered() + unread(&rx.r.s) < h.len as usize
-        {
+        if rx.shared.closing.load(Ordering::Acquire) || rx.held_part(seq).is_none() {
             return false;
         }
         // The application's GPU context is put back after the copy.
@@ -507,9 +506,7 @@ impl RxHandle {
             }
         }
     }
-}
 
-impl RxHandle {
     /// Whether the task may be waiting for receive `seq` to be posted: it
     /// is idle keeping that message's header, or running (a kick costs it
     /// nothing).
@@ -525,11 +522,9 @@ impl RxHandle {
     /// Whether the task is idle keeping message `seq`'s header, all the
     /// part's bytes arrived (what [`RxHandle::land_held`] lands).
     pub(super) fn holds(&self, seq: u64) -> bool {
-        self.0.try_lock().is_some_and(|rx| {
-            rx.pending.is_some_and(|h| {
-                h.seq == seq && rx.r.buffered() + unread(&rx.r.s) >= h.len as usize
-            })
-        })
+        self.0
+            .try_lock()
+            .is_some_and(|rx| rx.held_part(seq).is_some())
     }
 }
 
@@ -549,14 +544,14 @@ impl Task for RxTask {
         loop {
             match rx.quiet() {
                 Ok(true) if !rx.shared.closing.load(Ordering::Acquire) => {
-                    // Spin or wait as a thread of its own would (see
-                    // `spin_for_data`), then linger before giving the
-                    // worker back.
                     // Its staging goes back to the pool while it waits
                     // (every copy has landed): a stream that waits holds
                     // none, so a few rings serve many streams in turn (a
                     // ring made anew cost 3-5 ms on H100).
                     rx.stager.give_back();
+                    // Spin or wait as a thread of its own would (see
+                    // `spin_for_data`), then linger before giving the
+                    // worker back.
                     rx.lane.spin_for_data(&rx.r.s, &rx.shared);
                     if !wait_readable(&rx.r.s, self.linger) {
                         return Step::Readable(fd);
