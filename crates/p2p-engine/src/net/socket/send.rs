@@ -43,12 +43,12 @@ pub(super) struct SocketSend {
     socks: Vec<Arc<TcpStream>>,
     /// Each stream's send task: woken when a part is queued to it.
     tasks: Vec<Arc<Home>>,
-    /// Keeps the I/O workers (and their poller) alive while this comm is.
-    _workers: Workers,
+    /// The I/O workers its streams' tasks run on (kept alive while this
+    /// comm is).
+    workers: Workers,
     shared: Arc<SendShared>,
     reqs: HashMap<u64, Arc<SendReq>>,
     next_seq: u64,
-    min_part: usize,
     /// The posting thread's own pinned slot, for small GPU parts it copies
     /// and writes itself when their stream is idle.
     inline_staging: Stager<()>,
@@ -87,11 +87,10 @@ impl SocketSend {
             txs: Vec::new(),
             socks: Vec::new(),
             tasks: Vec::new(),
-            _workers: workers.clone(),
+            workers: workers.clone(),
             shared,
             reqs: HashMap::new(),
             next_seq: 0,
-            min_part: cfg.min_part,
             // Made by the posting thread at its first lone GPU message, not
             // here: making it binds the GPU's context on the calling
             // (application) thread.
@@ -112,8 +111,8 @@ impl SocketSend {
     }
 
     /// Takes in the next stream (index `txs.len()`): its send task starts
-    /// idle (no thread) until a part is queued to it; its staging is made
-    /// at its first GPU part.
+    /// idle (no thread) until a part is queued to it; it takes staging
+    /// from the endpoint's pool at its first GPU part.
     fn add_stream(&mut self, s: TcpStream) {
         let s = Arc::new(s);
         let (tx, rx) = crossbeam_channel::unbounded::<TxOp>();
@@ -127,10 +126,17 @@ impl SocketSend {
             self.cfg.linger,
             self.staging.clone(),
         );
-        self.tasks.push(self._workers.start_idle(Box::new(task)));
+        self.tasks.push(self.workers.start_idle(Box::new(task)));
         self.txs.push(tx);
         self.socks.push(s);
         self.queued.push(q);
+    }
+
+    /// Takes in the streams connected since the last look.
+    fn take_new_streams(&mut self) {
+        for s in self.streams.take_ready() {
+            self.add_stream(s);
+        }
     }
 
     /// Streams open now (tests).
@@ -143,9 +149,7 @@ impl SocketSend {
     #[cfg(test)]
     pub(super) fn settle_streams(&mut self) {
         self.streams.settle();
-        for s in self.streams.take_ready() {
-            self.add_stream(s);
-        }
+        self.take_new_streams();
     }
 }
 
@@ -210,10 +214,8 @@ impl SendComm for SocketSend {
         // Streams connected since the last message carry this one; a
         // message cut into more parts than there are streams asks for more
         // (for later messages: this one is not held up).
-        for s in self.streams.take_ready() {
-            self.add_stream(s);
-        }
-        let parts = split_parts(segs.total, self.cfg.streams, self.min_part);
+        self.take_new_streams();
+        let parts = split_parts(segs.total, self.cfg.streams, self.cfg.min_part);
         if parts.len() > self.txs.len() {
             self.streams.want(parts.len());
         }

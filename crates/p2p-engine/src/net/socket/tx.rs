@@ -466,13 +466,12 @@ pub(super) struct TxTask {
     queued: Arc<AtomicUsize>,
     lane: Lane,
     linger: Duration,
-    /// Made at the first stretch (on a worker, not the connecting thread).
-    stager: Option<Stager<()>>,
+    /// Its staging: taken from the endpoint's pool at a GPU part (not at
+    /// connect: an idle peer holds no pinned memory) and given back when
+    /// the stream waits.
+    stager: Stager<()>,
     /// An op taken from the queue that did not join the batch before it.
     held: Option<TxOp>,
-    /// The endpoint's send staging, taken at a GPU part and given back
-    /// when the stream waits.
-    pool: Arc<StagingPool<()>>,
 }
 
 impl TxTask {
@@ -485,6 +484,20 @@ impl TxTask {
         linger: Duration,
         pool: Arc<StagingPool<()>>,
     ) -> Self {
+        // A lent slot comes back a receiver's read later than a written
+        // one: a lending stream keeps twice the slots. Measured on h200-x2,
+        // GPU -> GPU, six runs each (`…-splice/`): written 19.82 / 20.20
+        // GB/s at 16 / 256 MiB, lent through 4 slots 22.04 / 21.07, through
+        // 8 21.80 / 22.33.
+        let depth = if lane.splice {
+            lane.depth * 2
+        } else {
+            lane.depth
+        };
+        let mut stager = Stager::pooled(pool, lane.slice, depth);
+        if lane.splice {
+            stager.lend = Lend::Wanted(s.clone());
+        }
         TxTask {
             s,
             rx,
@@ -492,43 +505,15 @@ impl TxTask {
             queued,
             lane,
             linger,
-            stager: None,
+            stager,
             held: None,
-            pool,
         }
-    }
-
-    fn stager(&mut self) -> &mut Stager<()> {
-        let lane = self.lane;
-        let s = &self.s;
-        let pool = &self.pool;
-        self.stager.get_or_insert_with(|| {
-            // A lent slot comes back a receiver's read later than a written
-            // one: a lending stream keeps twice the slots. Measured on
-            // h200-x2, GPU -> GPU, six runs each (`…-splice/`): written
-            // 19.82 / 20.20 GB/s at 16 / 256 MiB, lent through 4 slots
-            // 22.04 / 21.07, through 8 21.80 / 22.33.
-            let depth = if lane.splice {
-                lane.depth * 2
-            } else {
-                lane.depth
-            };
-            // Taken at the stream's first GPU part (not at connect: an
-            // idle peer holds no pinned memory), from the endpoint's pool.
-            let mut st = Stager::pooled(pool.clone(), lane.slice, depth);
-            if lane.splice {
-                st.lend = Lend::Wanted(s.clone());
-            }
-            st
-        })
     }
 }
 
 impl Task for TxTask {
     fn run(&mut self) -> Step {
         let Lane { slice, spin, .. } = self.lane;
-        // Made at the first stretch (a part queued, or the comm closing).
-        self.stager();
         let TxTask {
             s,
             rx,
@@ -538,11 +523,7 @@ impl Task for TxTask {
             linger,
             stager,
             held,
-            ..
         } = self;
-        let Some(stager) = stager.as_mut() else {
-            return Step::Done; // made just above
-        };
         stager.bind_here();
         let _account = timing::start(|| {
             let peer = s.peer_addr().map(|a| a.to_string()).unwrap_or_default();
