@@ -89,6 +89,20 @@ fn host(addr: u64, len: usize) -> MemRef {
     }
 }
 
+/// Posts the send of all of `src` (host memory).
+fn send_all(s: &mut dyn SendComm, src: &[u8]) -> ReqId {
+    s.isend(host(src.as_ptr() as u64, src.len()), MrHandle(0))
+        .unwrap()
+        .unwrap()
+}
+
+/// Posts a receive into all of `dst` (host memory).
+fn recv_into(r: &mut dyn RecvComm, dst: &mut [u8]) -> ReqId {
+    r.irecv(host(dst.as_mut_ptr() as u64, dst.len()), MrHandle(0))
+        .unwrap()
+        .unwrap()
+}
+
 #[test]
 fn gathered_messages_scatter_block_for_block() {
     let (mut s, mut r) = pair(4);
@@ -223,14 +237,7 @@ fn small_messages_sent_ahead_of_their_receives_land_on_the_posting_thread() {
         .enumerate()
         .map(|(k, &n)| (0..n).map(|i| (i * 13 + k * 7 + 1) as u8).collect())
         .collect();
-    let sreqs: Vec<ReqId> = srcs
-        .iter()
-        .map(|src| {
-            s.isend(host(src.as_ptr() as u64, src.len()), MrHandle(0))
-                .unwrap()
-                .unwrap()
-        })
-        .collect();
+    let sreqs: Vec<ReqId> = srcs.iter().map(|src| send_all(s.as_mut(), src)).collect();
     for (q, &n) in sreqs.into_iter().zip(&sizes) {
         assert_eq!(wait(|| s.test(q)), n);
     }
@@ -247,10 +254,7 @@ fn small_messages_sent_ahead_of_their_receives_land_on_the_posting_thread() {
                 std::thread::sleep(Duration::from_millis(1));
             }
         }
-        let q = r
-            .irecv(host(dst.as_mut_ptr() as u64, dst.len()), MrHandle(0))
-            .unwrap()
-            .unwrap();
+        let q = recv_into(&mut r, &mut dst);
         let got = if small {
             r.test(q).unwrap().expect("landed by the posting thread")
         } else {
@@ -267,8 +271,8 @@ fn small_messages_sent_ahead_of_their_receives_land_on_the_posting_thread() {
 
 #[test]
 fn peers_with_other_part_sizes_agree_on_streams() {
-    // The receiver enters each receive on the streams its parts ride,
-    // reckoned with its own smallest part, which the sender adopts.
+    // The receiver checks each part against the cut its own smallest
+    // part makes, which the sender adopts.
     let (mut s, mut r) = pair_of(
         SocketConfig {
             min_part: 1024,
@@ -279,8 +283,8 @@ fn peers_with_other_part_sizes_agree_on_streams() {
             ..cfg(4)
         },
     );
-    // Messages shorter than their receives (fewer parts than the
-    // streams the receive was entered on), and whole ones.
+    // Messages shorter than their receives (fewer parts than a message
+    // of the receive's size would have), and whole ones.
     let sizes = [100_000usize, 1 << 20, 3, 700_000, 2 << 20];
     let srcs: Vec<Vec<u8>> = sizes
         .iter()
@@ -291,19 +295,9 @@ fn peers_with_other_part_sizes_agree_on_streams() {
         .enumerate()
         .map(|(i, &n)| vec![0u8; if i % 2 == 0 { n + 10 } else { 2 << 20 }])
         .collect();
-    let rreqs: Vec<ReqId> = dsts
-        .iter_mut()
-        .map(|d| {
-            r.irecv(host(d.as_mut_ptr() as u64, d.len()), MrHandle(0))
-                .unwrap()
-                .unwrap()
-        })
-        .collect();
+    let rreqs: Vec<ReqId> = dsts.iter_mut().map(|d| recv_into(r.as_mut(), d)).collect();
     for src in &srcs {
-        let q = s
-            .isend(host(src.as_ptr() as u64, src.len()), MrHandle(0))
-            .unwrap()
-            .unwrap();
+        let q = send_all(s.as_mut(), src);
         assert_eq!(wait(|| s.test(q)), src.len());
     }
     for (i, q) in rreqs.into_iter().enumerate() {
@@ -392,14 +386,8 @@ fn a_comm_grows_from_one_stream_to_its_count_and_delivers_every_byte() {
                 .map(|i| (i as u8).wrapping_mul(31) ^ fill)
                 .collect();
             let mut dst = vec![0u8; len];
-            let q = r
-                .irecv(host(dst.as_mut_ptr() as u64, len), MrHandle(0))
-                .unwrap()
-                .unwrap();
-            let p = s
-                .isend(host(src.as_ptr() as u64, len), MrHandle(0))
-                .unwrap()
-                .unwrap();
+            let q = recv_into(r, &mut dst);
+            let p = send_all(s, &src);
             assert_eq!(wait(|| s.test(p)), len);
             assert_eq!(wait(|| r.test(q)), len);
             assert_eq!(dst, src, "{len} bytes, fill {fill}");

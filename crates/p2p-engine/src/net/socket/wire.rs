@@ -110,8 +110,9 @@ impl Hello {
 }
 
 /// The listen handle: magic, address, port, stream count, nonce, and the
-/// listener's smallest part, which the connecting side adopts for the comm
-/// (the receiver enters each receive on the streams its parts ride).
+/// listener's smallest part. The connecting side adopts the count and the
+/// smallest part for the comm: the receiver checks each part against the
+/// cut they make (`book::claim_part`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Handle {
     pub addr: SocketAddr,
