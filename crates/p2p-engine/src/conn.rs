@@ -8,9 +8,9 @@
 //! receives in the same order, a read's once the sender has accepted it
 //! ([`crate::rma_recvs`]).
 
-use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::collections::HashMap;
 use std::net::{SocketAddr, TcpStream};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
 use std::thread::Thread;
 use std::time::{Duration, Instant};
@@ -19,25 +19,17 @@ use crossbeam_channel::Sender;
 use parking_lot::Mutex;
 
 use crate::error::{Error, Result};
-use crate::handler::{Action, Book, Ctx, Limits, ProtocolError};
+use crate::handler::Limits;
 use crate::handshake::{self, Role};
 use crate::memory::Registry;
 use crate::net::{DataPaths, MemRef, Net, PeerInfo, RecvComm, SendComm, Waker};
 use crate::notif::{Notif, NotifQueue};
-use crate::progress::{ChunkOp, Cmd, Engine, Progress, Set};
+use crate::progress::{ChunkOp, Cmd, Engine, Progress};
+use crate::proto::{self, Effect, Payload, Proto, Requested, Serve, Setup, PEER_CLOSED};
 use crate::rma;
-use crate::rma_recvs::RmaRecvs;
 use crate::transfer::{plan_ops, Failure, Gather, OpPlan, Transfer};
 use crate::wire::{self, Control, RmaItem};
 use crate::workers::{Home, Step, Task, Workers};
-
-/// Inline writes stop while our control backlog holds this many bytes
-/// (see [`Conn::inline_room`]).
-const INLINE_BACKLOG: usize = 4 << 20;
-
-/// Inline reads stop while this many await their data: their answers (at
-/// most [`wire::MAX_INLINE`] each) stay within the peer's control backlog.
-const INLINE_READS: usize = 32;
 
 /// Longest a waiting thread sleeps before it looks again by itself.
 const WAIT_SLICE: Duration = Duration::from_millis(10);
@@ -47,8 +39,6 @@ pub(crate) fn now_ms() -> u64 {
     static EPOCH: OnceLock<Instant> = OnceLock::new();
     EPOCH.get_or_init(Instant::now).elapsed().as_millis() as u64
 }
-
-const PEER_CLOSED: &str = "peer closed the connection";
 
 /// The control framing (defined with the byte formats).
 pub(crate) use crate::wire::{read_frame, write_frame};
@@ -122,39 +112,34 @@ pub struct Held {
     pub pieces: usize,
 }
 
-/// Where an inline read's bytes land: our buffers, in order.
-type Landing = Vec<(MemRef, Arc<crate::memory::Region>)>;
-
-/// A write of ours waiting for the target's clear-to-send.
-enum PendingWrite {
-    /// Its chunk ops, sent when cleared.
-    Ops(Vec<ChunkOp>),
-    /// Cancelled by the application: when cleared, this many empty
-    /// messages fill the target's posted receives (which then refuse the
-    /// write), so that both sides stay in step.
-    Cancelled(usize),
+/// A connection's protocol machine and the transfers its ids name: the
+/// one lock of a connection's state (taken before the control
+/// connection's writing end, never after).
+struct State {
+    proto: Proto<Vec<ChunkOp>>,
+    /// User transfers of this connection, by id: completed and failed as
+    /// the machine says, failed together if the connection breaks.
+    live: HashMap<u64, Arc<Transfer>>,
 }
 
-/// Our two-sided receives, numbered in posting order (the order the peer's
-/// messages fill them), and how many of them, counted from the first, have
-/// landed: what `MsgDone` tells the sender.
+/// What is left to do once the state lock is let go: ending a transfer
+/// runs its callbacks, which may come back to the connection.
+enum Later {
+    Complete(Arc<Transfer>),
+    CompleteAll(Arc<Transfer>),
+    Fail(Arc<Transfer>, Failure),
+    Abandon(Vec<ChunkOp>, Failure),
+    Notif { name: String, msg: Vec<u8> },
+}
+
+/// What carrying out a batch of effects left to do after the lock.
 #[derive(Default)]
-struct RecvAcks {
-    next: u64,
-    landed: BTreeSet<u64>,
-    count: u64,
-}
-
-impl RecvAcks {
-    /// Receive `seq` landed: the new count to acknowledge, if it grew.
-    fn landed(&mut self, seq: u64) -> Option<u64> {
-        self.landed.insert(seq);
-        let before = self.count;
-        while self.landed.remove(&self.count) {
-            self.count += 1;
-        }
-        (self.count > before).then_some(self.count)
-    }
+struct Done {
+    later: Vec<Later>,
+    /// Requests were queued for progress.
+    posted: bool,
+    /// A control write failed: the connection is lost.
+    broken: Option<std::io::Error>,
 }
 
 pub struct Conn {
@@ -165,6 +150,8 @@ pub struct Conn {
     pub chunk: usize,
     /// How small items share a request on this connection's net.
     gather: Gather,
+    /// The control connection's writing end: frames are written in the
+    /// order the machine gives them, under the state lock.
     oob: Mutex<crate::oob_out::OobOut>,
     cmds: Sender<Cmd>,
     /// The progress task (on the endpoint's I/O workers): woken for work
@@ -172,20 +159,9 @@ pub struct Conn {
     progress: Arc<OnceLock<Arc<Home>>>,
     engine: Arc<Engine>,
     registry: Arc<Registry>,
-    failed: Mutex<Option<Failure>>,
     closed: AtomicBool,
-    /// When we last heard from / wrote to the peer (ms on [`now_ms`]'s clock).
-    last_rx: AtomicU64,
-    last_tx: AtomicU64,
-    /// User transfers of this connection, failed together if it breaks.
-    live: Mutex<HashMap<u64, Arc<Transfer>>>,
-    /// Writes waiting for the target's clear-to-send.
-    pending_writes: Mutex<HashMap<u64, PendingWrite>>,
-    /// Receives of one-sided data coming to us, waiting for their turn
-    /// (our reads' until the peer accepts them). Taken after `oob`.
-    rma_recvs: Mutex<RmaRecvs<Vec<ChunkOp>>>,
-    /// The one-sided bookkeeping: answers awaited, work held for the peer.
-    book: Mutex<Book>,
+    /// The protocol machine and the live transfers (see [`State`]).
+    state: Mutex<State>,
     /// Threads blocked in [`Conn::wait_on`]: the net's waker wakes them.
     waiters: Arc<Mutex<Vec<Thread>>>,
     /// The connection's tasks on the I/O workers (progress, control
@@ -195,20 +171,10 @@ pub struct Conn {
     notifs: Arc<NotifQueue>,
     /// One-sided transfers up to this size go inline (see [`crate::inline`]).
     inline_max: usize,
-    /// Our inline reads awaiting their `ReadData`: where the bytes land
-    /// (None: cancelled, the bytes are read and dropped).
-    pending_reads: Mutex<HashMap<u64, Option<Landing>>>,
     /// How long an orderly close waits for the peer to acknowledge our
     /// sends (the liveness deadline): a send completes once its bytes are
     /// out of the caller's buffer, and a close delivers what was sent.
     delivery: Duration,
-    /// Our receives' numbering and what we acknowledged.
-    msg_recvs: Mutex<RecvAcks>,
-    /// Our sends not yet acknowledged, by message number, in order. A
-    /// send ends at the first of its net requests ending or the peer's
-    /// `MsgDone` covering it: once the peer has every byte, a connection
-    /// closed before the net reported its requests must not fail it.
-    msg_sends: Mutex<VecDeque<(u64, Weak<Transfer>)>>,
 }
 
 impl Conn {
@@ -372,22 +338,23 @@ impl Conn {
             progress: progress_thread.clone(),
             engine: engine.clone(),
             registry: p.registry.clone(),
-            failed: Mutex::new(None),
             closed: AtomicBool::new(false),
-            last_rx: AtomicU64::new(now_ms()),
-            last_tx: AtomicU64::new(now_ms()),
-            live: Mutex::new(HashMap::new()),
-            pending_writes: Mutex::new(HashMap::new()),
-            rma_recvs: Mutex::new(RmaRecvs::default()),
-            book: Mutex::new(Book::new(p.limits)),
+            state: Mutex::new(State {
+                proto: Proto::new(Setup {
+                    registry: p.registry.clone(),
+                    conn: id,
+                    chunk,
+                    gather: Gather::new(chunk, net.max_segments()),
+                    limits: p.limits,
+                    now: now_ms(),
+                }),
+                live: HashMap::new(),
+            }),
             waiters,
             tasks: Mutex::new(Vec::new()),
             notifs: p.notifs.clone(),
             inline_max: p.inline_max,
-            pending_reads: Mutex::new(HashMap::new()),
             delivery: p.deadline,
-            msg_recvs: Mutex::new(RecvAcks::default()),
-            msg_sends: Mutex::new(VecDeque::new()),
         });
         let ptask = p.workers.start(Box::new(ProgressTask {
             engine,
@@ -421,13 +388,166 @@ impl Conn {
         tracing::debug!(conn = id, %peer, channels, chunk, "connection established");
         Ok(conn)
     }
-
-    fn submit(&self, cmd: Cmd) {
-        self.enqueue(cmd);
-        self.kick();
+    /// Runs `f` on the machine under the state lock and carries out the
+    /// effects it queued: frames written and requests queued for progress
+    /// in the machine's order while the lock is held (neither waits: the
+    /// control backlog and the command queue take them), then, with the
+    /// lock let go, transfers ended and notifications delivered (a
+    /// transfer's end runs callbacks that may come back here), the
+    /// progress engine kicked for what was queued, and the connection
+    /// failed if a control write failed.
+    fn drive<R>(self: &Arc<Self>, f: impl FnOnce(&mut State, &mut Done) -> R) -> R {
+        let mut done = Done::default();
+        let r = {
+            let mut st = self.state.lock();
+            let r = f(&mut st, &mut done);
+            self.carry_out(&mut st, &mut done);
+            r
+        };
+        self.after(done);
+        r
     }
 
-    /// Queues a command in order; safe under the control-connection lock.
+    /// Carries out the machine's queued effects (the state lock held).
+    fn carry_out(self: &Arc<Self>, st: &mut State, done: &mut Done) {
+        let mut wrote = false;
+        while let Some(e) = st.proto.poll() {
+            match e {
+                Effect::Send(m) => {
+                    if done.broken.is_none() {
+                        tracing::trace!("lat: ctl out {}", m.kind());
+                        let mut body = Vec::new();
+                        m.encode(&mut body);
+                        match write_frame(&mut *self.oob.lock(), &body) {
+                            Ok(()) => wrote = true,
+                            Err(e) => done.broken = Some(e),
+                        }
+                    }
+                }
+                Effect::SendWithPayload(m, local) => {
+                    if done.broken.is_none() {
+                        let mut body = Vec::new();
+                        m.encode(&mut body);
+                        let mut oob = self.oob.lock();
+                        match crate::inline::write_with_payload(&mut *oob, &body, &local) {
+                            Ok(()) => wrote = true,
+                            Err(e) => done.broken = Some(e),
+                        }
+                        tracing::trace!("lat: ctl out {} with payload", m.kind());
+                    }
+                }
+                Effect::Post {
+                    set,
+                    send,
+                    requests,
+                } => {
+                    let ops = match requests {
+                        Requested::Ours(ops) => ops,
+                        Requested::Serve(s) => self.serving(s, done),
+                        Requested::Fill(n) => {
+                            let inner = Transfer::new(0, self.id, n, vec![]);
+                            (0..n)
+                                .map(|_| ChunkOp {
+                                    segs: vec![],
+                                    xfer: inner.clone(),
+                                    expect: None,
+                                })
+                                .collect()
+                        }
+                    };
+                    self.enqueue(if send {
+                        Cmd::Send(set, ops)
+                    } else {
+                        Cmd::Recv(set, ops)
+                    });
+                    done.posted = true;
+                }
+                Effect::Complete(x) => {
+                    if let Some(t) = st.live.get(&x) {
+                        done.later.push(Later::Complete(t.clone()));
+                    }
+                }
+                Effect::CompleteAll(x) => {
+                    if let Some(t) = st.live.get(&x) {
+                        done.later.push(Later::CompleteAll(t.clone()));
+                    }
+                }
+                Effect::Fail(x, f) => {
+                    if let Some(t) = st.live.get(&x) {
+                        done.later.push(Later::Fail(t.clone(), f));
+                    }
+                }
+                Effect::Abandon(ops, f) => done.later.push(Later::Abandon(ops, f)),
+                Effect::Notif { name, msg } => done.later.push(Later::Notif { name, msg }),
+            }
+        }
+        if wrote {
+            st.proto.wrote(now_ms());
+        }
+    }
+
+    /// What [`Conn::carry_out`] left for after the lock.
+    fn after(self: &Arc<Self>, done: Done) {
+        for l in done.later {
+            match l {
+                Later::Complete(t) => t.complete_one(),
+                Later::CompleteAll(t) => t.complete_all(),
+                Later::Fail(t, f) => {
+                    t.fail(f);
+                }
+                Later::Abandon(ops, f) => {
+                    for op in ops {
+                        op.xfer.fail(f.clone());
+                    }
+                }
+                Later::Notif { name, msg } => {
+                    let pushed = self.notifs.push(Notif {
+                        from_name: name,
+                        conn: self.id,
+                        msg,
+                    });
+                    if let Err(e) = pushed {
+                        self.fail(Failure::Protocol(e.to_string()));
+                    }
+                }
+            }
+        }
+        if let Some(e) = done.broken {
+            self.fail(format!("control connection write failed: {e}"));
+        }
+        if done.posted {
+            self.kick();
+        }
+    }
+
+    /// The requests that serve a peer's accepted request, under a transfer
+    /// whose end tells the machine. It waits for one more event than its
+    /// requests, given after the state lock is let go, so that it never
+    /// ends (and calls back) while the lock is held.
+    fn serving(self: &Arc<Self>, s: Serve, done: &mut Done) -> Vec<ChunkOp> {
+        let inner = Transfer::new(0, self.id, s.plan.len() + 1, distinct_regions(&s.local));
+        let weak = Arc::downgrade(self);
+        let (xfer, weight, write) = (s.xfer, s.weight, s.write);
+        inner.on_end(move |st| {
+            let outcome = match st {
+                crate::transfer::Status::Done => Ok(()),
+                crate::transfer::Status::Failed(f) => Err(f.clone()),
+                crate::transfer::Status::Pending => return,
+            };
+            if let Some(c) = weak.upgrade() {
+                c.drive(|st, _| st.proto.served_ended(xfer, weight, write, outcome));
+            }
+        });
+        let ops = proto::requests(&s.local, &s.plan, true, |segs, expect| ChunkOp {
+            segs,
+            xfer: inner.clone(),
+            expect,
+        });
+        done.later.push(Later::Complete(inner));
+        ops
+    }
+
+    /// Queues a command in order; safe under the state lock.
     fn enqueue(&self, cmd: Cmd) {
         if self.cmds.send(cmd).is_err() {
             // The progress thread is gone; the connection has failed already
@@ -435,21 +555,12 @@ impl Conn {
         }
     }
 
-    /// Queues the one-sided receives whose turn has come, in order (the lock
-    /// is held while queueing, so that two threads keep that order).
-    fn post_due_recvs(&self) {
-        let mut r = self.rma_recvs.lock();
-        for ops in r.due() {
-            self.enqueue(Cmd::Recv(Set::Rma, ops));
-        }
-    }
-
     /// Posts at once from this thread when the engine is free, and wakes the
     /// progress thread for what remains (on a net with a waker, requests
     /// posted here call for it when they complete: no wake-up, and on a
     /// small machine no core taken, per message). Never call it holding the
-    /// control lock: a round of progress may complete transfers whose
-    /// completion writes a control message.
+    /// state lock: a round of progress may complete transfers whose
+    /// completion comes back to the machine.
     fn kick(&self) {
         if self.poke() {
             if let Some(t) = self.progress.get() {
@@ -502,7 +613,7 @@ impl Conn {
 
     /// The reason this connection is unusable, if it is.
     pub fn failure(&self) -> Option<Failure> {
-        self.failed.lock().clone()
+        self.state.lock().proto.failure().cloned()
     }
 
     fn check_alive(&self) -> Result<()> {
@@ -520,20 +631,19 @@ impl Conn {
     /// its caller calls again, which finishes.
     pub(crate) fn fail(&self, why: impl Into<Failure>) {
         let why: Failure = why.into();
-        let first = {
-            let mut f = self.failed.lock();
-            let first = f.is_none();
-            f.get_or_insert_with(|| why.clone());
-            first
+        let (first, fl) = {
+            let mut st = self.state.lock();
+            let first = st.proto.fail(why.clone());
+            (first, st.proto.failure().cloned().unwrap_or(why))
         };
         if first {
-            let peer_closed = matches!(&why, Failure::Lost(r) if r == PEER_CLOSED);
+            let peer_closed = matches!(&fl, Failure::Lost(r) if r == PEER_CLOSED);
             if self.closed.load(Ordering::Acquire) || peer_closed {
-                tracing::debug!(conn = self.id, peer = %self.peer, "connection closed: {why}");
+                tracing::debug!(conn = self.id, peer = %self.peer, "connection closed: {fl}");
             } else {
-                tracing::warn!(conn = self.id, peer = %self.peer, "connection failed: {why}");
+                tracing::warn!(conn = self.id, peer = %self.peer, "connection failed: {fl}");
             }
-            let _ = self.cmds.send(Cmd::Shutdown(why.clone()));
+            let _ = self.cmds.send(Cmd::Shutdown(fl.clone()));
             if let Some(t) = self.progress.get() {
                 t.wake();
             }
@@ -541,27 +651,26 @@ impl Conn {
             oob.close();
             let _ = oob.stream().shutdown(std::net::Shutdown::Both);
         }
-        let fl = self.failed.lock().clone().unwrap_or(why);
         if !self.engine.stop_now(&fl) {
             return;
         }
-        let live: Vec<_> = self.live.lock().drain().map(|(_, t)| t).collect();
+        let (live, abandoned) = {
+            let mut st = self.state.lock();
+            st.proto.abandon();
+            let mut abandoned = Vec::new();
+            while let Some(e) = st.proto.poll() {
+                if let Effect::Abandon(ops, _) = e {
+                    abandoned.push(ops);
+                }
+            }
+            let live: Vec<_> = st.live.drain().map(|(_, t)| t).collect();
+            (live, abandoned)
+        };
         for t in live {
             t.fail(fl.clone());
         }
-        self.pending_reads.lock().clear();
-        self.msg_sends.lock().clear();
-        let unposted = self.rma_recvs.lock().clear();
-        for op in unposted.into_iter().flatten() {
+        for op in abandoned.into_iter().flatten() {
             op.xfer.fail(fl.clone());
-        }
-        let writes: Vec<_> = self.pending_writes.lock().drain().collect();
-        for (_, w) in writes {
-            if let PendingWrite::Ops(ops) = w {
-                for op in ops {
-                    op.xfer.fail(fl.clone());
-                }
-            }
         }
         self.registry.forget_conn(self.id);
     }
@@ -569,17 +678,14 @@ impl Conn {
     /// Orderly close: waits (up to the deadline) until the peer has
     /// acknowledged every message we sent, tells the peer, fails what is
     /// still in flight, joins threads.
-    pub(crate) fn close(&self) {
+    pub(crate) fn close(self: &Arc<Self>) {
         if self.closed.swap(true, Ordering::AcqRel) {
             return;
         }
         self.deliver_sent();
         if self.failure().is_none() {
-            let mut v = Vec::new();
-            Control::Close.encode(&mut v);
-            let mut oob = self.oob.lock();
-            if write_frame(&mut *oob, &v).is_ok() {
-                drop(oob);
+            self.drive(|st, _| st.proto.close());
+            if self.failure().is_none() {
                 // What is queued (the close among it) goes out first.
                 self.oob.lock().flush_for(Duration::from_secs(1));
             }
@@ -602,12 +708,22 @@ impl Conn {
     fn deliver_sent(&self) {
         let until = Instant::now() + self.delivery;
         let mut pause = Duration::from_micros(50);
-        while self.failure().is_none() && self.book.lock().msgs_unacked() > 0 {
+        loop {
+            let unacked = {
+                let st = self.state.lock();
+                if st.proto.failure().is_some() {
+                    return;
+                }
+                st.proto.msgs_unacked()
+            };
+            if unacked == 0 {
+                return;
+            }
             if Instant::now() >= until {
                 tracing::warn!(
                     conn = self.id,
                     peer = %self.peer,
-                    unacked = self.book.lock().msgs_unacked(),
+                    unacked,
                     "closing with messages the peer has not acknowledged within {:.1} s",
                     self.delivery.as_secs_f64()
                 );
@@ -618,19 +734,28 @@ impl Conn {
         }
     }
 
-    fn track(self: &Arc<Self>, t: &Arc<Transfer>) {
-        self.live.lock().insert(t.id, t.clone());
+    /// Makes `t` one of the connection's live transfers (the state lock
+    /// held): false, and `t` failed after the lock, if the connection has
+    /// failed.
+    fn track(st: &mut State, t: &Arc<Transfer>, done: &mut Done) -> bool {
+        if let Some(f) = st.proto.failure() {
+            done.later.push(Later::Fail(t.clone(), f.clone()));
+            return false;
+        }
+        st.live.insert(t.id, t.clone());
+        true
+    }
+
+    /// Once `t` ends it is no longer live (registered after the state lock
+    /// is let go: a transfer that has already ended runs it at once).
+    fn untrack_at_end(self: &Arc<Self>, t: &Arc<Transfer>) {
         let weak: Weak<Conn> = Arc::downgrade(self);
         let id = t.id;
         t.on_end(move |_| {
             if let Some(c) = weak.upgrade() {
-                c.live.lock().remove(&id);
+                c.state.lock().live.remove(&id);
             }
         });
-        // The connection may have failed while we were registering.
-        if let Some(f) = self.failure() {
-            t.fail(f);
-        }
     }
 
     /// The requests that carry items of these lengths (see [`plan_ops`]).
@@ -639,47 +764,18 @@ impl Conn {
         plan_ops(&lens, self.chunk, self.gather)
     }
 
-    /// The chunk ops of `plan` over `items`. With `exact` false, a
-    /// one-piece message may be shorter than its receive buffer; longer
-    /// and gathered messages must match exactly.
+    /// The chunk ops of `plan` over `items` for our transfer `xfer`.
     fn ops_for(
-        &self,
         xfer: &Arc<Transfer>,
         items: &[(MemRef, Arc<crate::memory::Region>)],
         plan: &[OpPlan],
         exact: bool,
     ) -> Vec<ChunkOp> {
-        plan.iter()
-            .map(|p| match *p {
-                OpPlan::Piece {
-                    item,
-                    off,
-                    len,
-                    pieces,
-                } => {
-                    let (m, r) = &items[item];
-                    let mem = MemRef {
-                        addr: m.addr + off as u64,
-                        len,
-                        kind: m.kind,
-                    };
-                    ChunkOp {
-                        segs: vec![(mem, r.clone())],
-                        xfer: xfer.clone(),
-                        expect: (exact || pieces > 1).then_some(len),
-                    }
-                }
-                OpPlan::Gather { start, end } => {
-                    let segs = items[start..end].to_vec();
-                    let total = segs.iter().map(|(m, _)| m.len).sum();
-                    ChunkOp {
-                        segs,
-                        xfer: xfer.clone(),
-                        expect: Some(total),
-                    }
-                }
-            })
-            .collect()
+        proto::requests(items, plan, exact, |segs, expect| ChunkOp {
+            segs,
+            xfer: xfer.clone(),
+            expect,
+        })
     }
 
     /// Two-sided send or receive of a list of buffers.
@@ -699,25 +795,22 @@ impl Conn {
         // ([`Conn::deliver_sent`]).
         let events = plan.len();
         let xfer = Transfer::new(xfer_id, self.id, events, regions);
-        self.track(&xfer);
-        let ops = self.ops_for(&xfer, &items, &plan, false);
-        // Numbered and queued under one lock, so that the numbers follow the
-        // order in which the engine posts them (and the peer's messages
-        // fill them).
-        if send {
-            let mut book = self.book.lock();
-            let seq = book.msg_posted();
-            self.msg_sends
-                .lock()
-                .push_back((seq, Arc::downgrade(&xfer)));
-            self.enqueue(Cmd::Send(Set::Msg, ops));
-        } else {
-            let seq = {
-                let mut r = self.msg_recvs.lock();
-                r.next += 1;
-                self.enqueue(Cmd::Recv(Set::Msg, ops));
-                r.next - 1
-            };
+        let ops = Self::ops_for(&xfer, &items, &plan, false);
+        // Numbered and queued under the state lock, so that the numbers
+        // follow the order in which the engine posts them (and the peer's
+        // messages fill them).
+        let seq = self.drive(|st, done| {
+            if !Self::track(st, &xfer, done) {
+                None
+            } else if send {
+                st.proto.post_send(xfer_id, ops);
+                None
+            } else {
+                Some(st.proto.post_recv(ops))
+            }
+        });
+        self.untrack_at_end(&xfer);
+        if let Some(seq) = seq {
             let weak = Arc::downgrade(self);
             xfer.on_end(move |s| {
                 if let Some(c) = weak.upgrade() {
@@ -725,38 +818,19 @@ impl Conn {
                 }
             });
         }
-        self.kick();
         Ok(xfer)
     }
 
-    /// Our receive number `seq` ended: acknowledge what has landed, in
-    /// order; a failed receive leaves the message streams out of step.
-    fn recv_ended(&self, seq: u64, s: &crate::transfer::Status) {
-        match s {
-            crate::transfer::Status::Done => {
-                // The lock is held while writing, so that counts go out in
-                // the order they grow.
-                let mut r = self.msg_recvs.lock();
-                if let Some(count) = r.landed(seq) {
-                    if let Err(e) = self.send_control(&Control::MsgDone { count }) {
-                        drop(r);
-                        self.fail(format!("control connection write failed: {e}"));
-                    }
-                }
-            }
-            // The connection itself ended (the peer closed or went away, the
-            // net failed): that is the reason every other transfer on it
-            // reports too, not a protocol breach.
-            crate::transfer::Status::Failed(
-                f @ (Failure::Lost(_)
-                | Failure::TimedOut(_)
-                | Failure::Net(_)
-                | Failure::Protocol(_)),
-            ) => self.fail(f.clone()),
-            crate::transfer::Status::Failed(f) => self.fail(Failure::Protocol(format!(
-                "receive {seq} on this connection failed ({f}); the message streams are out of step"
-            ))),
-            crate::transfer::Status::Pending => {}
+    /// Our receive number `seq` ended: the machine acknowledges what has
+    /// landed, in order, or fails the connection.
+    fn recv_ended(self: &Arc<Self>, seq: u64, s: &crate::transfer::Status) {
+        let outcome = match s {
+            crate::transfer::Status::Done => Ok(()),
+            crate::transfer::Status::Failed(f) => Err(f.clone()),
+            crate::transfer::Status::Pending => return,
+        };
+        if let Err(f) = self.drive(|st, _| st.proto.recv_ended(seq, outcome)) {
+            self.fail(f);
         }
     }
 
@@ -778,309 +852,81 @@ impl Conn {
         let local = rma::merge_runs(local, &runs).map_err(|e| Error::invalid(e.to_string()))?;
         let total = crate::inline::total(&local);
         if total <= self.inline_max && total > 0 && self.inline_room(read) {
-            return Ok(self.post_inline(xfer_id, read, local, remote, runs, regions, total));
+            // A one-sided transfer whose data goes on the control
+            // connection: a write's right after its request, a read's in
+            // the answer. Its one event is the target's `WriteDone`, or the
+            // `ReadData` landing.
+            tracing::trace!(xfer = xfer_id, read, bytes = total, "lat: post inline");
+            let xfer = Transfer::new(xfer_id, self.id, 1, regions);
+            self.drive(|st, done| {
+                if Self::track(st, &xfer, done) {
+                    if read {
+                        st.proto.post_inline_read(xfer_id, local, remote, runs);
+                    } else {
+                        st.proto.post_inline_write(xfer_id, local, remote, runs);
+                    }
+                }
+            });
+            self.untrack_at_end(&xfer);
+            return Ok(xfer);
         }
         let plan = self.plan(local.iter().map(|(m, _)| m.len));
         // +1: the target's WriteDone / ReadAck.
         let xfer = Transfer::new(xfer_id, self.id, plan.len() + 1, regions);
-        self.track(&xfer);
-        // Its one answer is expected before the request can be answered.
-        self.book.lock().expect(xfer_id, read);
-        let mut ops = Some(self.ops_for(&xfer, &local, &plan, true));
-        let msg = if read {
-            Control::ReadReq {
-                xfer: xfer_id,
-                items: remote,
-                runs,
+        let ops = Self::ops_for(&xfer, &local, &plan, true);
+        drop(local);
+        // The request and, for a read, its receives' place in the order of
+        // our requests for data are made under the state lock, in the order
+        // the requests leave.
+        self.drive(|st, done| {
+            if Self::track(st, &xfer, done) {
+                if read {
+                    st.proto.post_read(xfer_id, ops, remote, runs);
+                } else {
+                    st.proto.post_write(xfer_id, ops, remote, runs);
+                }
             }
-        } else {
-            self.pending_writes
-                .lock()
-                .insert(xfer_id, PendingWrite::Ops(ops.take().unwrap_or_default()));
-            Control::WriteReq {
-                xfer: xfer_id,
-                items: remote,
-                runs,
-            }
-        };
-        let mut body = Vec::new();
-        msg.encode(&mut body);
-        tracing::trace!(xfer = xfer_id, "lat: ctl out {}", msg.kind());
-        let mut oob = self.oob.lock();
-        if let Some(ops) = ops {
-            // A read: its receives take their place in the order of our
-            // requests for data, and are posted once the target accepts.
-            self.rma_recvs.lock().asked(xfer_id, ops);
-        }
-        let written = self.write_locked(&mut oob, &body);
-        drop(oob);
-        if let Err(e) = written {
-            self.fail(format!("control connection write failed: {e}"));
-        }
+        });
+        self.untrack_at_end(&xfer);
         Ok(xfer)
     }
 
-    /// A one-sided transfer whose data goes on the control connection:
-    /// a write's right after its request, a read's in the answer. Its one
-    /// event is the target's `WriteDone`, or the `ReadData` landing.
-    /// Whether a small one-sided transfer may go inline now. Its bytes ride
-    /// a control connection, whose backlog is bounded
-    /// ([`crate::oob_out::MAX_BACKLOG`]): a burst of inline writes posted
-    /// faster than the target lands them would fill ours, a burst of
-    /// inline reads the peer's (their answers). While our backlog holds
-    /// [`INLINE_BACKLOG`] bytes, or [`INLINE_READS`] inline reads await
-    /// their data, further ones take the net.
+    /// Whether a small one-sided transfer may go inline now (see
+    /// [`Proto::inline_room`]).
     fn inline_room(&self, read: bool) -> bool {
         if read {
-            self.pending_reads.lock().len() < INLINE_READS
+            self.state.lock().proto.inline_room(true, 0)
         } else {
-            self.oob.lock().backlog() < INLINE_BACKLOG
+            let backlog = self.oob.lock().backlog();
+            self.state.lock().proto.inline_room(false, backlog)
         }
     }
 
-    #[allow(clippy::too_many_arguments)]
-    fn post_inline(
-        self: &Arc<Self>,
-        xfer_id: u64,
-        read: bool,
-        local: Vec<(MemRef, Arc<crate::memory::Region>)>,
-        remote: Vec<RmaItem>,
-        runs: Vec<u32>,
-        regions: Vec<Arc<crate::memory::Region>>,
-        total: usize,
-    ) -> Arc<Transfer> {
-        tracing::trace!(xfer = xfer_id, read, bytes = total, "lat: post inline");
-        let xfer = Transfer::new(xfer_id, self.id, 1, regions);
-        self.track(&xfer);
-        self.book.lock().expect_inline(xfer_id, read, total as u32);
-        let mut body = Vec::new();
-        let written = if read {
-            self.pending_reads.lock().insert(xfer_id, Some(local));
-            Control::ReadInline {
-                xfer: xfer_id,
-                items: remote,
-                runs,
-            }
-            .encode(&mut body);
-            self.write_locked(&mut self.oob.lock(), &body)
-        } else {
-            Control::WriteInline {
-                xfer: xfer_id,
-                items: remote,
-                runs,
-                len: total as u32,
-            }
-            .encode(&mut body);
-            let mut oob = self.oob.lock();
-            let r = crate::inline::write_with_payload(&mut *oob, &body, &local);
-            tracing::trace!(xfer = xfer_id, "lat: inline write out");
-            if r.is_ok() {
-                self.last_tx.store(now_ms(), Ordering::Relaxed);
-            }
-            r
-        };
-        if let Err(e) = written {
-            self.fail(format!("control connection write failed: {e}"));
-        }
-        xfer
-    }
-
-    /// Sends our answer to a peer's message; a failed write loses the
-    /// connection.
-    fn answer(&self, m: &Control) -> std::result::Result<(), Failure> {
-        self.send_control(m)
-            .map_err(|e| Failure::Lost(e.to_string()))
-    }
-
-    /// The transfer that serves a peer's accepted request over `local` in
-    /// `parts` net requests; when it ends, the request's `weight` goes back
-    /// to the book.
-    fn serving(
-        self: &Arc<Self>,
-        local: &[(MemRef, Arc<crate::memory::Region>)],
-        parts: usize,
-        weight: usize,
-    ) -> Arc<Transfer> {
-        let regions = distinct_regions(local);
-        let inner = Transfer::new(0, self.id, parts, regions);
-        let weak = Arc::downgrade(self);
-        inner.on_end(move |_| {
-            if let Some(c) = weak.upgrade() {
-                c.book.lock().served_end(weight);
-            }
-        });
-        inner
-    }
-
-    fn send_control(&self, m: &Control) -> std::io::Result<()> {
-        tracing::trace!("lat: ctl out {}", m.kind());
-        let mut body = Vec::new();
-        m.encode(&mut body);
-        self.write_locked(&mut self.oob.lock(), &body)
-    }
-
-    /// Writes a frame on the control connection (its lock held by the caller).
-    fn write_locked(&self, oob: &mut crate::oob_out::OobOut, body: &[u8]) -> std::io::Result<()> {
-        write_frame(oob, body)?;
-        self.last_tx.store(now_ms(), Ordering::Relaxed);
-        Ok(())
-    }
-
-    /// Liveness, called periodically: sends a keep-alive when we have been
-    /// quiet for `keepalive`, and fails the connection when the peer has
-    /// been silent for `deadline`.
-    pub(crate) fn tick(&self, keepalive: Duration, deadline: Duration) {
-        if self.failure().is_some() {
-            return;
-        }
-        let now = now_ms();
-        let silent = now.saturating_sub(self.last_rx.load(Ordering::Relaxed));
-        if silent > deadline.as_millis() as u64 {
-            self.fail(Failure::TimedOut(format!(
-                "peer unresponsive: nothing heard for {:.1} s (deadline {:.1} s, TCPX_P2P_DEADLINE_MS)",
-                silent as f64 / 1e3,
-                deadline.as_secs_f64()
-            )));
-            return;
-        }
-        if now.saturating_sub(self.last_tx.load(Ordering::Relaxed)) >= keepalive.as_millis() as u64
-        {
-            // Never block the watchdog: if someone is writing, that is traffic too.
-            if let Some(mut oob) = self.oob.try_lock() {
-                let mut body = Vec::new();
-                Control::KeepAlive.encode(&mut body);
-                if let Err(e) = self.write_locked(&mut oob, &body) {
-                    drop(oob);
-                    self.fail(format!("control connection write failed: {e}"));
-                }
-            }
+    /// Liveness, called periodically: the machine sends a keep-alive when
+    /// we have been quiet for `keepalive`, and fails the connection when
+    /// the peer has been silent for `deadline`.
+    pub(crate) fn tick(self: &Arc<Self>, keepalive: Duration, deadline: Duration) {
+        let (k, d) = (keepalive.as_millis() as u64, deadline.as_millis() as u64);
+        if let Err(why) = self.drive(|st, _| st.proto.tick(now_ms(), k, d)) {
+            self.fail(why);
         }
     }
 
-    /// Carries out what [`Book::on_control`] decided about a message.
+    /// Hands a control message from the peer to the machine and reads what
+    /// follows it on `s` as the machine says.
     fn on_control(
         self: &Arc<Self>,
         m: Control,
         s: &mut TcpStream,
+        now: u64,
     ) -> std::result::Result<(), Failure> {
-        let cx = Ctx {
-            registry: &self.registry,
-            conn: self.id,
-            chunk: self.chunk,
-            gather: self.gather,
-        };
-        let action = self.book.lock().on_control(cx, m).map_err(|e| match e {
-            ProtocolError::Closed => Failure::Lost(PEER_CLOSED.into()),
-            e => Failure::Protocol(e.to_string()),
+        let payload = self.drive(|st, _| {
+            st.proto.heard(now);
+            st.proto.on_control(m)
         })?;
-        match action {
-            Action::Nothing => {}
-            Action::RefuseWrite { xfer, reason } => {
-                tracing::warn!(
-                    conn = self.id,
-                    "refused a write from {}: {reason}",
-                    self.peer
-                );
-                self.answer(&Control::Refused { xfer, reason })?;
-            }
-            Action::AcceptWrite {
-                xfer,
-                local,
-                plan,
-                weight,
-            } => {
-                let inner = self.serving(&local, plan.len(), weight);
-                let weak = Arc::downgrade(self);
-                inner.on_end(move |s| {
-                    if let Some(c) = weak.upgrade() {
-                        let m = match s {
-                            crate::transfer::Status::Done => Control::WriteDone { xfer },
-                            crate::transfer::Status::Failed(f) => Control::Refused {
-                                xfer,
-                                reason: f.to_string(),
-                            },
-                            crate::transfer::Status::Pending => return,
-                        };
-                        let _ = c.send_control(&m);
-                    }
-                });
-                let ops = self.ops_for(&inner, &local, &plan, true);
-                let mut body = Vec::new();
-                Control::WriteCts { xfer }.encode(&mut body);
-                tracing::trace!(xfer, "lat: ctl out WriteCts");
-                let mut oob = self.oob.lock();
-                self.rma_recvs.lock().cleared(ops);
-                self.post_due_recvs();
-                let written = self.write_locked(&mut oob, &body);
-                drop(oob);
-                written.map_err(|e| Failure::Lost(e.to_string()))?;
-                self.kick();
-            }
-            Action::AcceptRead {
-                xfer,
-                local,
-                plan,
-                weight,
-            } => {
-                // The reader posted one receive per request of its plan of
-                // the runs' lengths: ours pairs with it request for request.
-                let inner = self.serving(&local, plan.len(), weight);
-                let ops = self.ops_for(&inner, &local, &plan, true);
-                self.answer(&Control::ReadAck { xfer })?;
-                self.submit(Cmd::Send(Set::Rma, ops));
-            }
-            Action::RefuseRead { xfer, reason } => {
-                tracing::warn!(
-                    conn = self.id,
-                    "refused a read from {}: {reason}",
-                    self.peer
-                );
-                // The reader posts its receives only once we accept: a
-                // refusal is one message, whatever the request claimed.
-                self.answer(&Control::Refused { xfer, reason })?;
-            }
-            Action::SendWrite { xfer } => match self.pending_writes.lock().remove(&xfer) {
-                Some(PendingWrite::Ops(ops)) => self.submit(Cmd::Send(Set::Rma, ops)),
-                Some(PendingWrite::Cancelled(n)) => {
-                    // The target posted n receives: fill each with an empty
-                    // message; it refuses the write, which nobody awaits.
-                    let inner = Transfer::new(0, self.id, n, vec![]);
-                    let ops = (0..n)
-                        .map(|_| ChunkOp {
-                            segs: vec![],
-                            xfer: inner.clone(),
-                            expect: None,
-                        })
-                        .collect();
-                    self.submit(Cmd::Send(Set::Rma, ops));
-                }
-                None => {
-                    return Err(Failure::Protocol(format!(
-                        "clear-to-send for unknown write {xfer}"
-                    )))
-                }
-            },
-            Action::Acked { xfer } => {
-                let t = self.live.lock().get(&xfer).cloned();
-                if let Some(t) = t {
-                    t.complete_one();
-                }
-            }
-            Action::ReadAccepted { xfer } => {
-                // Only now may the peer's data land in the read's buffers.
-                if !self.rma_recvs.lock().accepted(xfer) {
-                    return Err(Failure::Protocol(format!(
-                        "acknowledgement of read {xfer}, which awaits none"
-                    )));
-                }
-                self.post_due_recvs();
-                self.kick();
-                let t = self.live.lock().get(&xfer).cloned();
-                if let Some(t) = t {
-                    t.complete_one();
-                }
-            }
-            Action::LandWrite {
+        match payload {
+            Payload::Nothing => {}
+            Payload::Write {
                 xfer,
                 local,
                 len,
@@ -1088,111 +934,34 @@ impl Conn {
             } => {
                 tracing::trace!(xfer, bytes = len, "lat: inline write in");
                 let landed = crate::inline::land(s, &local);
-                self.book.lock().served_end(weight);
                 drop(local);
+                let ok = landed.is_ok();
+                self.drive(|st, _| st.proto.inline_write_landed(xfer, weight, ok));
                 landed.map_err(|e| Failure::Lost(format!("inline write payload: {e}")))?;
-                self.answer(&Control::WriteDone { xfer })?;
             }
-            Action::DropWrite { xfer, reason, len } => {
-                tracing::warn!(
-                    conn = self.id,
-                    "refused an inline write from {}: {reason}",
-                    self.peer
-                );
+            Payload::Drop { len, refusal } => {
                 crate::inline::drain(s, len)
-                    .map_err(|e| Failure::Lost(format!("inline write payload: {e}")))?;
-                self.answer(&Control::Refused { xfer, reason })?;
-            }
-            Action::SendReadData {
-                xfer,
-                local,
-                len,
-                weight,
-            } => {
-                let mut body = Vec::new();
-                Control::ReadData {
-                    xfer,
-                    len: len as u32,
-                }
-                .encode(&mut body);
-                let written = {
-                    let mut oob = self.oob.lock();
-                    crate::inline::write_with_payload(&mut *oob, &body, &local)
-                };
-                self.book.lock().served_end(weight);
-                written.map_err(|e| Failure::Lost(e.to_string()))?;
-                self.last_tx.store(now_ms(), Ordering::Relaxed);
-            }
-            Action::LandRead { xfer, len } => {
-                let local = self.pending_reads.lock().remove(&xfer);
-                match local {
-                    // Cancelled: the length was checked against our request.
-                    Some(None) => crate::inline::drain(s, len)
-                        .map_err(|e| Failure::Lost(format!("inline read payload: {e}")))?,
-                    Some(Some(local)) if crate::inline::total(&local) == len => {
-                        crate::inline::land(s, &local)
-                            .map_err(|e| Failure::Lost(format!("inline read payload: {e}")))?;
-                        tracing::trace!(xfer, "lat: inline read landed");
-                        let t = self.live.lock().get(&xfer).cloned();
-                        if let Some(t) = t {
-                            t.complete_one();
-                        }
-                    }
-                    _ => {
-                        return Err(Failure::Protocol(format!(
-                            "inline data for read {xfer}, which awaits none of that length"
-                        )))
-                    }
+                    .map_err(|e| Failure::Lost(format!("inline payload: {e}")))?;
+                if let Some((xfer, reason)) = refusal {
+                    self.drive(|st, _| st.proto.inline_write_dropped(xfer, reason));
                 }
             }
-            Action::PeerRefused { xfer, reason } => {
-                self.pending_reads.lock().remove(&xfer);
-                self.pending_writes.lock().remove(&xfer);
-                // A refused read's receives were never posted: let them go
-                // (and with them its buffers); those behind them may be due.
-                let unposted = self.rma_recvs.lock().refused(xfer);
-                if unposted.is_some() {
-                    drop(unposted);
-                    self.post_due_recvs();
-                    self.kick();
-                }
-                let t = self.live.lock().get(&xfer).cloned();
-                if let Some(t) = t {
-                    t.fail(Failure::Refused(reason));
-                }
+            Payload::Read { xfer, local } => {
+                crate::inline::land(s, &local)
+                    .map_err(|e| Failure::Lost(format!("inline read payload: {e}")))?;
+                tracing::trace!(xfer, "lat: inline read landed");
+                self.drive(|st, _| st.proto.inline_read_landed(xfer));
             }
-            // The book counted them (a close waits for that count); the
-            // sends they cover have landed, whatever the net says later.
-            Action::MsgsLanded { to, .. } => {
-                let landed: Vec<_> = {
-                    let mut q = self.msg_sends.lock();
-                    let n = q.iter().take_while(|(seq, _)| *seq < to).count();
-                    q.drain(..n).collect()
-                };
-                for (_, t) in landed {
-                    if let Some(t) = t.upgrade() {
-                        t.complete_all();
-                    }
-                }
-            }
-            Action::Notif { name, msg } => self
-                .notifs
-                .push(Notif {
-                    from_name: name,
-                    conn: self.id,
-                    msg,
-                })
-                .map_err(|e| Failure::Protocol(e.to_string()))?,
         }
         Ok(())
     }
 
     /// What this connection holds for its peer (see [`Held`]).
     pub(crate) fn held(&self) -> Held {
-        let (requests, pieces) = self.book.lock().held();
+        let (unposted, requests, pieces) = self.state.lock().proto.held();
         Held {
             ops: self.engine.ops(),
-            unposted: self.rma_recvs.lock().len(),
+            unposted,
             requests,
             pieces,
         }
@@ -1200,26 +969,17 @@ impl Conn {
 
     /// Sends a notification on the control connection (the caller checked
     /// its size against [`wire::MAX_NOTIF`]).
-    pub(crate) fn send_notif(&self, name: &str, msg: &[u8]) -> Result<()> {
+    pub(crate) fn send_notif(self: &Arc<Self>, name: &str, msg: &[u8]) -> Result<()> {
         self.check_alive()?;
-        let m = Control::Notif {
-            name: name.to_string(),
-            msg: msg.to_vec(),
-        };
-        if let Err(e) = self.send_control(&m) {
-            let why = format!("control connection write failed: {e}");
-            self.fail(why.clone());
-            return Err(Error::ConnectionLost {
-                conn: self.id,
-                reason: why,
-            });
-        }
-        Ok(())
+        self.drive(|st, _| st.proto.send_notif(name.to_string(), msg.to_vec()));
+        // A failed write has failed the connection.
+        self.check_alive()
     }
 
     /// Tells the progress thread a region is gone.
     pub(crate) fn drop_region(&self, id: u64) {
-        self.submit(Cmd::DropRegion(id));
+        self.enqueue(Cmd::DropRegion(id));
+        self.kick();
     }
 
     /// Cancels our transfer `t` if none of its data has moved and none will
@@ -1228,29 +988,8 @@ impl Conn {
     /// then ends at once, failed as cancelled, and its buffers are free.
     /// Returns false for anything else (data in flight cannot be called
     /// back: it runs to its end).
-    pub(crate) fn cancel(&self, t: &Transfer) -> bool {
-        let cancelled = {
-            let mut w = self.pending_writes.lock();
-            let n = match w.get(&t.id) {
-                Some(PendingWrite::Ops(ops)) => Some(ops.len()),
-                _ => None,
-            };
-            n.map(|n| w.insert(t.id, PendingWrite::Cancelled(n)))
-                .is_some()
-        } || {
-            let mut r = self.pending_reads.lock();
-            match r.get_mut(&t.id) {
-                Some(l @ Some(_)) => {
-                    *l = None;
-                    true
-                }
-                _ => false,
-            }
-        };
-        if cancelled {
-            t.fail(Failure::Cancelled);
-        }
-        cancelled
+    pub(crate) fn cancel(self: &Arc<Self>, t: &Transfer) -> bool {
+        self.drive(|st, _| st.proto.cancel(t.id))
     }
 }
 
@@ -1320,9 +1059,6 @@ impl Task for OobReader {
             let Some(c) = self.conn.upgrade() else {
                 return Step::Done;
             };
-            if r.is_ok() {
-                c.last_rx.store(now_ms(), Ordering::Relaxed);
-            }
             let res = match r {
                 Err(e) => {
                     if e.kind() == std::io::ErrorKind::UnexpectedEof {
@@ -1339,7 +1075,7 @@ impl Task for OobReader {
                     ))),
                     Ok(m) => {
                         tracing::trace!("lat: ctl in {}", m.kind());
-                        c.on_control(m, &mut self.s)
+                        c.on_control(m, &mut self.s, now_ms())
                     }
                 },
             };

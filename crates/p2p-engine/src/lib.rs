@@ -29,6 +29,7 @@ pub mod net;
 pub mod notif;
 mod oob_out;
 mod progress;
+mod proto;
 mod rma;
 mod rma_recvs;
 pub mod timeout;

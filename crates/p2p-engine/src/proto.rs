@@ -1,0 +1,752 @@
+//! A connection's protocol as one state machine with no I/O and no clock,
+//! in the manner of quinn-proto: [`Proto`] owns every piece of a
+//! connection's protocol state (the [`Book`] of answers awaited and work
+//! held for the peer, our writes waiting for clear-to-send, the order of
+//! our one-sided receives, our inline reads awaiting their data, the
+//! two-sided numbering and acknowledgements, the liveness clocks, the
+//! failure). Inputs are the application's calls (post a send, a receive,
+//! a write, a read, an inline one, a notification; cancel), control
+//! messages from the peer, the ends of the net's work, and timer ticks
+//! given the time; outputs are [`Effect`]s queued in order for the caller
+//! to drain ([`Proto::poll`]): control frames to send, net requests to
+//! post, transfers to complete or fail, notifications to deliver. A
+//! peer's breach of the protocol is returned as the [`Failure`] that ends
+//! the connection.
+//!
+//! [`crate::conn::Conn`] holds it behind one lock and carries out its
+//! effects; the tests in `crates/p2p-fuzzing` wire two of them together in
+//! memory, and fuzz that pair.
+//!
+//! Generic over `O`, what the caller's own net requests are (the engine's
+//! chunk ops; a test's byte ranges): the machine only queues and hands them
+//! back. The requests that serve a peer's accepted request are described
+//! ([`Serve`]) and built by the caller from that description.
+
+use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::sync::Arc;
+
+use crate::handler::{Action, Book, Ctx, Limits, ProtocolError};
+use crate::memory::{Region, Registry};
+use crate::net::MemRef;
+use crate::progress::Set;
+use crate::rma_recvs::RmaRecvs;
+use crate::transfer::{Failure, Gather, OpPlan};
+use crate::wire::{Control, RmaItem};
+
+/// Buffers of ours, in order, with their regions: where an inline
+/// transfer's bytes come from or land, or what a served request covers.
+pub type Landing = Vec<(MemRef, Arc<Region>)>;
+
+/// Inline reads stop while this many await their data: their answers (at
+/// most [`crate::wire::MAX_INLINE`] each) stay within the peer's control
+/// backlog.
+pub const INLINE_READS: usize = 32;
+
+/// Inline writes stop while our control backlog holds this many bytes
+/// (see [`Proto::inline_room`]).
+pub const INLINE_BACKLOG: usize = 4 << 20;
+
+/// The reason a connection reports when its peer closed it in order.
+pub const PEER_CLOSED: &str = "peer closed the connection";
+
+/// A count of net requests (for the empty fillers a cancelled write
+/// needs).
+pub trait Requests {
+    fn count(&self) -> usize;
+}
+
+impl<T> Requests for Vec<T> {
+    fn count(&self) -> usize {
+        self.len()
+    }
+}
+
+/// A peer's accepted one-sided request, served by net requests over our
+/// memory: `plan` over `local`. When they end, tell the machine
+/// ([`Proto::served_ended`]) with `xfer`, `weight` and `write`.
+#[derive(Debug)]
+pub struct Serve {
+    /// The peer's transfer id.
+    pub xfer: u64,
+    pub local: Landing,
+    pub plan: Vec<OpPlan>,
+    /// What the request holds against [`Limits`], given back at its end.
+    pub weight: usize,
+    /// A write (we receive, and answer `WriteDone` at the end) or a read
+    /// (we send; `ReadAck` went before).
+    pub write: bool,
+}
+
+/// Net requests to post, in order, on one set and direction.
+#[derive(Debug)]
+pub enum Requested<O> {
+    /// Requests the caller built when it posted one of its own transfers.
+    Ours(O),
+    /// Requests that serve a peer's accepted request.
+    Serve(Serve),
+    /// This many empty messages: they fill the receives the target posted
+    /// for a write we cancelled before its clear-to-send came (the target
+    /// then refuses it, and both sides stay in step).
+    Fill(usize),
+}
+
+/// What the machine asks of its caller, in the order given.
+#[derive(Debug)]
+pub enum Effect<O> {
+    /// Write this control message.
+    Send(Control),
+    /// Write this control message followed by the bytes of these buffers
+    /// (an inline write, or the answer to an inline read).
+    SendWithPayload(Control, Landing),
+    /// Post these requests on `set`, sends or receives, behind those
+    /// posted before.
+    Post {
+        set: Set,
+        send: bool,
+        requests: Requested<O>,
+    },
+    /// One awaited event of our transfer `xfer` happened (an answer of the
+    /// peer, an inline read's data landed).
+    Complete(u64),
+    /// Our transfer `xfer` has all it waits for: the peer confirmed every
+    /// byte landed (its net requests may still report later).
+    CompleteAll(u64),
+    /// Our transfer `xfer` failed.
+    Fail(u64, Failure),
+    /// These requests of ours will never be posted (the connection ended,
+    /// or the transfer was cancelled): their transfers end with the reason.
+    Abandon(O, Failure),
+    /// A notification from the peer, for the endpoint's queue.
+    Notif { name: String, msg: Vec<u8> },
+}
+
+/// What the reader of the control connection must do with the bytes that
+/// follow a message, before it reads the next one.
+#[derive(Debug)]
+pub enum Payload {
+    /// Nothing follows.
+    Nothing,
+    /// The peer's accepted inline write: read the bytes into `local`, then
+    /// [`Proto::inline_write_landed`].
+    Write {
+        xfer: u64,
+        local: Landing,
+        len: usize,
+        weight: usize,
+    },
+    /// Bytes nobody takes: read and drop `len`; then, for a refused inline
+    /// write of the peer's, [`Proto::inline_write_dropped`] with the refusal.
+    Drop {
+        len: usize,
+        refusal: Option<(u64, String)>,
+    },
+    /// Our inline read's data: read it into `local`, then
+    /// [`Proto::inline_read_landed`].
+    Read { xfer: u64, local: Landing },
+}
+
+/// A write of ours waiting for the target's clear-to-send.
+enum PendingWrite<O> {
+    /// Its requests, posted when cleared.
+    Ours(O),
+    /// Cancelled by the application: this many empty messages fill the
+    /// target's receives when cleared.
+    Cancelled(usize),
+}
+
+/// Our two-sided receives, numbered in posting order (the order the peer's
+/// messages fill them), and how many of them, counted from the first, have
+/// landed: what `MsgDone` tells the sender.
+#[derive(Default)]
+struct RecvAcks {
+    next: u64,
+    landed: BTreeSet<u64>,
+    count: u64,
+}
+
+impl RecvAcks {
+    /// Receive `seq` landed: the new count to acknowledge, if it grew.
+    fn landed(&mut self, seq: u64) -> Option<u64> {
+        self.landed.insert(seq);
+        let before = self.count;
+        while self.landed.remove(&self.count) {
+            self.count += 1;
+        }
+        (self.count > before).then_some(self.count)
+    }
+}
+
+/// What a connection's machine is made with.
+#[derive(Clone)]
+pub struct Setup {
+    /// Our records, against which every request of the peer is resolved.
+    pub registry: Arc<Registry>,
+    /// The connection's id (advertisements made for it).
+    pub conn: u64,
+    /// The agreed chunk, and how small items share a request.
+    pub chunk: usize,
+    pub gather: Gather,
+    /// What the peer may make us hold.
+    pub limits: Limits,
+    /// The time the connection starts (ms, on the caller's clock).
+    pub now: u64,
+}
+
+/// One connection's protocol state (see the module's text).
+pub struct Proto<O> {
+    setup: Setup,
+    book: Book,
+    failed: Option<Failure>,
+    /// Our writes waiting for the target's clear-to-send.
+    pending_writes: HashMap<u64, PendingWrite<O>>,
+    /// Receives of one-sided data coming to us, waiting for their turn.
+    rma_recvs: RmaRecvs<Requested<O>>,
+    /// Our inline reads awaiting their `ReadData`: where the bytes land
+    /// (None: cancelled, the bytes are read and dropped).
+    pending_reads: HashMap<u64, Option<Landing>>,
+    /// Our receives' numbering and what we acknowledged.
+    recvs: RecvAcks,
+    /// Our sends not yet acknowledged: (message number, transfer id), in
+    /// order.
+    sends: VecDeque<(u64, u64)>,
+    /// When we last heard from / wrote to the peer (ms).
+    last_rx: u64,
+    last_tx: u64,
+    out: VecDeque<Effect<O>>,
+}
+
+fn breach(e: ProtocolError) -> Failure {
+    match e {
+        ProtocolError::Closed => Failure::Lost(PEER_CLOSED.into()),
+        e => Failure::Protocol(e.to_string()),
+    }
+}
+
+impl<O: Requests> Proto<O> {
+    pub fn new(setup: Setup) -> Self {
+        Proto {
+            book: Book::new(setup.limits),
+            last_rx: setup.now,
+            last_tx: setup.now,
+            setup,
+            failed: None,
+            pending_writes: HashMap::new(),
+            rma_recvs: RmaRecvs::default(),
+            pending_reads: HashMap::new(),
+            recvs: RecvAcks::default(),
+            sends: VecDeque::new(),
+            out: VecDeque::new(),
+        }
+    }
+
+    /// The next effect to carry out, in order.
+    pub fn poll(&mut self) -> Option<Effect<O>> {
+        self.out.pop_front()
+    }
+
+    /// Why the connection failed, if it has.
+    pub fn failure(&self) -> Option<&Failure> {
+        self.failed.as_ref()
+    }
+
+    /// The connection fails with `why` (the first reason stays). True the
+    /// first time. Nothing is abandoned yet: see [`Proto::abandon`].
+    pub fn fail(&mut self, why: Failure) -> bool {
+        let first = self.failed.is_none();
+        self.failed.get_or_insert(why);
+        first
+    }
+
+    /// The connection has failed and its net work has stopped: everything
+    /// still waiting is let go, our requests with the failure.
+    pub fn abandon(&mut self) {
+        let why = self
+            .failed
+            .clone()
+            .unwrap_or_else(|| Failure::Lost("connection ended".into()));
+        self.pending_reads.clear();
+        self.sends.clear();
+        for r in self.rma_recvs.clear() {
+            if let Requested::Ours(o) = r {
+                self.out.push_back(Effect::Abandon(o, why.clone()));
+            }
+        }
+        for (_, w) in self.pending_writes.drain() {
+            if let PendingWrite::Ours(o) = w {
+                self.out.push_back(Effect::Abandon(o, why.clone()));
+            }
+        }
+    }
+
+    /// Control frames were written at `now` (for the keep-alive).
+    pub fn wrote(&mut self, now: u64) {
+        self.last_tx = now;
+    }
+
+    /// A frame was read from the peer at `now` (for the deadline).
+    pub fn heard(&mut self, now: u64) {
+        self.last_rx = now;
+    }
+
+    /// A timer tick at `now`: a keep-alive when we have written nothing
+    /// for `keepalive` ms; the connection's failure when the peer has been
+    /// silent for more than `deadline` ms.
+    pub fn tick(&mut self, now: u64, keepalive: u64, deadline: u64) -> Result<(), Failure> {
+        if self.failed.is_some() {
+            return Ok(());
+        }
+        let silent = now.saturating_sub(self.last_rx);
+        if silent > deadline {
+            return Err(Failure::TimedOut(format!(
+                "peer unresponsive: nothing heard for {:.1} s (deadline {:.1} s, TCPX_P2P_DEADLINE_MS)",
+                silent as f64 / 1e3,
+                deadline as f64 / 1e3
+            )));
+        }
+        if now.saturating_sub(self.last_tx) >= keepalive {
+            self.out.push_back(Effect::Send(Control::KeepAlive));
+            self.last_tx = now;
+        }
+        Ok(())
+    }
+
+    /// An orderly close: tells the peer.
+    pub fn close(&mut self) {
+        if self.failed.is_none() {
+            self.out.push_back(Effect::Send(Control::Close));
+        }
+    }
+
+    /// Our two-sided messages posted and not yet acknowledged (an orderly
+    /// close waits for none).
+    pub fn msgs_unacked(&self) -> u64 {
+        self.book.msgs_unacked()
+    }
+
+    /// What we hold: one-sided receives of ours waiting for their turn,
+    /// and the peer's accepted requests and their pieces.
+    pub fn held(&self) -> (usize, usize, usize) {
+        let (requests, pieces) = self.book.held();
+        (self.rma_recvs.len(), requests, pieces)
+    }
+
+    /// Whether a small one-sided transfer may go inline now. Its bytes ride
+    /// the control connection, whose backlog is bounded: a burst of inline
+    /// writes posted faster than the target lands them would fill ours
+    /// (`backlog`: the bytes it holds), a burst of inline reads the
+    /// peer's (their answers). Past [`INLINE_BACKLOG`] bytes, or with
+    /// [`INLINE_READS`] inline reads awaiting their data, they take the net.
+    pub fn inline_room(&self, read: bool, backlog: usize) -> bool {
+        if read {
+            self.pending_reads.len() < INLINE_READS
+        } else {
+            backlog < INLINE_BACKLOG
+        }
+    }
+
+    /// Our two-sided send `xfer` over `requests`: numbered in posting
+    /// order (the order the peer's receives take them).
+    pub fn post_send(&mut self, xfer: u64, requests: O) {
+        let seq = self.book.msg_posted();
+        self.sends.push_back((seq, xfer));
+        self.out.push_back(Effect::Post {
+            set: Set::Msg,
+            send: true,
+            requests: Requested::Ours(requests),
+        });
+    }
+
+    /// Our two-sided receive over `requests`: returns its number, to give
+    /// back to [`Proto::recv_ended`] when it ends.
+    pub fn post_recv(&mut self, requests: O) -> u64 {
+        self.recvs.next += 1;
+        self.out.push_back(Effect::Post {
+            set: Set::Msg,
+            send: false,
+            requests: Requested::Ours(requests),
+        });
+        self.recvs.next - 1
+    }
+
+    /// Our receive number `seq` ended (`Ok`: it landed). Acknowledges what
+    /// has landed, in order; a failed receive leaves the message streams
+    /// out of step, and the connection fails.
+    pub fn recv_ended(&mut self, seq: u64, outcome: Result<(), Failure>) -> Result<(), Failure> {
+        match outcome {
+            Ok(()) => {
+                if let Some(count) = self.recvs.landed(seq) {
+                    self.out.push_back(Effect::Send(Control::MsgDone { count }));
+                }
+                Ok(())
+            }
+            // The connection itself ended (the peer closed or went away, the
+            // net failed): that is the reason every other transfer on it
+            // reports too, not a protocol breach.
+            Err(
+                f @ (Failure::Lost(_)
+                | Failure::TimedOut(_)
+                | Failure::Net(_)
+                | Failure::Protocol(_)),
+            ) => Err(f),
+            Err(f) => Err(Failure::Protocol(format!(
+                "receive {seq} on this connection failed ({f}); the message streams are out of step"
+            ))),
+        }
+    }
+
+    /// Our one-sided write `xfer` of `requests` into the peer's `items`
+    /// (gathered into `runs`): asks for clear-to-send.
+    pub fn post_write(&mut self, xfer: u64, requests: O, items: Vec<RmaItem>, runs: Vec<u32>) {
+        self.book.expect(xfer, false);
+        self.pending_writes
+            .insert(xfer, PendingWrite::Ours(requests));
+        self.out
+            .push_back(Effect::Send(Control::WriteReq { xfer, items, runs }));
+    }
+
+    /// Our one-sided read `xfer` of the peer's `items` by the receives
+    /// `requests`: they take their place in the order of our requests for
+    /// data now, and are posted once the peer accepts.
+    pub fn post_read(&mut self, xfer: u64, requests: O, items: Vec<RmaItem>, runs: Vec<u32>) {
+        self.book.expect(xfer, true);
+        self.rma_recvs.asked(xfer, Requested::Ours(requests));
+        self.out
+            .push_back(Effect::Send(Control::ReadReq { xfer, items, runs }));
+    }
+
+    /// Our inline write `xfer` of `local` (at most the inline limit): its
+    /// bytes follow the request.
+    pub fn post_inline_write(
+        &mut self,
+        xfer: u64,
+        local: Landing,
+        items: Vec<RmaItem>,
+        runs: Vec<u32>,
+    ) {
+        let len = crate::inline::total(&local) as u32;
+        self.book.expect_inline(xfer, false, len);
+        self.out.push_back(Effect::SendWithPayload(
+            Control::WriteInline {
+                xfer,
+                items,
+                runs,
+                len,
+            },
+            local,
+        ));
+    }
+
+    /// Our inline read `xfer` into `local` (at most the inline limit).
+    pub fn post_inline_read(
+        &mut self,
+        xfer: u64,
+        local: Landing,
+        items: Vec<RmaItem>,
+        runs: Vec<u32>,
+    ) {
+        let len = crate::inline::total(&local) as u32;
+        self.book.expect_inline(xfer, true, len);
+        self.pending_reads.insert(xfer, Some(local));
+        self.out
+            .push_back(Effect::Send(Control::ReadInline { xfer, items, runs }));
+    }
+
+    /// A notification for the peer.
+    pub fn send_notif(&mut self, name: String, msg: Vec<u8>) {
+        self.out
+            .push_back(Effect::Send(Control::Notif { name, msg }));
+    }
+
+    /// Cancels our transfer `xfer` if none of its data has moved and none
+    /// will touch its buffers: a write still waiting for the target's
+    /// clear-to-send, or an inline read still waiting for its data. It
+    /// then fails as cancelled. False for anything else (data in flight
+    /// cannot be called back).
+    pub fn cancel(&mut self, xfer: u64) -> bool {
+        if let Some(w) = self.pending_writes.get_mut(&xfer) {
+            if let PendingWrite::Ours(o) = w {
+                let n = o.count();
+                if let PendingWrite::Ours(o) = std::mem::replace(w, PendingWrite::Cancelled(n)) {
+                    self.out.push_back(Effect::Abandon(o, Failure::Cancelled));
+                }
+                self.out.push_back(Effect::Fail(xfer, Failure::Cancelled));
+                return true;
+            }
+            return false;
+        }
+        match self.pending_reads.get_mut(&xfer) {
+            Some(l @ Some(_)) => {
+                *l = None;
+                self.out.push_back(Effect::Fail(xfer, Failure::Cancelled));
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Queues the one-sided receives whose turn has come, in order.
+    fn post_due(&mut self) {
+        for requests in self.rma_recvs.due() {
+            self.out.push_back(Effect::Post {
+                set: Set::Rma,
+                send: false,
+                requests,
+            });
+        }
+    }
+
+    /// A control message from the peer. Returns what to do with the bytes
+    /// that follow it, or the failure that ends the connection.
+    pub fn on_control(&mut self, m: Control) -> Result<Payload, Failure> {
+        let s = &self.setup;
+        let cx = Ctx {
+            registry: &s.registry,
+            conn: s.conn,
+            chunk: s.chunk,
+            gather: s.gather,
+        };
+        let conn = s.conn;
+        let action = self.book.on_control(cx, m).map_err(breach)?;
+        match action {
+            Action::Nothing => {}
+            Action::RefuseWrite { xfer, reason } => {
+                tracing::warn!(conn, "refused a write from the peer: {reason}");
+                self.out
+                    .push_back(Effect::Send(Control::Refused { xfer, reason }));
+            }
+            Action::AcceptWrite {
+                xfer,
+                local,
+                plan,
+                weight,
+            } => {
+                // Our receives take their place in the order of our requests
+                // for data, before the clear-to-send goes out.
+                self.rma_recvs.cleared(Requested::Serve(Serve {
+                    xfer,
+                    local,
+                    plan,
+                    weight,
+                    write: true,
+                }));
+                self.post_due();
+                self.out.push_back(Effect::Send(Control::WriteCts { xfer }));
+            }
+            Action::AcceptRead {
+                xfer,
+                local,
+                plan,
+                weight,
+            } => {
+                // The reader posted one receive per request of its plan of
+                // the runs' lengths: ours pairs with it request for request.
+                self.out.push_back(Effect::Send(Control::ReadAck { xfer }));
+                self.out.push_back(Effect::Post {
+                    set: Set::Rma,
+                    send: true,
+                    requests: Requested::Serve(Serve {
+                        xfer,
+                        local,
+                        plan,
+                        weight,
+                        write: false,
+                    }),
+                });
+            }
+            Action::RefuseRead { xfer, reason } => {
+                tracing::warn!(conn, "refused a read from the peer: {reason}");
+                // The reader posts its receives only once we accept: a
+                // refusal is one message, whatever the request claimed.
+                self.out
+                    .push_back(Effect::Send(Control::Refused { xfer, reason }));
+            }
+            Action::SendWrite { xfer } => {
+                let requests = match self.pending_writes.remove(&xfer) {
+                    Some(PendingWrite::Ours(o)) => Requested::Ours(o),
+                    // The target posted n receives: fill each with an empty
+                    // message; it refuses the write, which nobody awaits.
+                    Some(PendingWrite::Cancelled(n)) => Requested::Fill(n),
+                    None => {
+                        return Err(Failure::Protocol(format!(
+                            "clear-to-send for unknown write {xfer}"
+                        )))
+                    }
+                };
+                self.out.push_back(Effect::Post {
+                    set: Set::Rma,
+                    send: true,
+                    requests,
+                });
+            }
+            Action::Acked { xfer } => self.out.push_back(Effect::Complete(xfer)),
+            Action::ReadAccepted { xfer } => {
+                // Only now may the peer's data land in the read's buffers.
+                if !self.rma_recvs.accepted(xfer) {
+                    return Err(Failure::Protocol(format!(
+                        "acknowledgement of read {xfer}, which awaits none"
+                    )));
+                }
+                self.post_due();
+                self.out.push_back(Effect::Complete(xfer));
+            }
+            Action::LandWrite {
+                xfer,
+                local,
+                len,
+                weight,
+            } => {
+                return Ok(Payload::Write {
+                    xfer,
+                    local,
+                    len,
+                    weight,
+                })
+            }
+            Action::DropWrite { xfer, reason, len } => {
+                tracing::warn!(conn, "refused an inline write from the peer: {reason}");
+                return Ok(Payload::Drop {
+                    len,
+                    refusal: Some((xfer, reason)),
+                });
+            }
+            Action::SendReadData {
+                xfer,
+                local,
+                len,
+                weight,
+            } => {
+                // Queued in order behind what went before; what it holds
+                // is given back now (its bytes are copied out as it is
+                // written).
+                self.book.served_end(weight);
+                self.out.push_back(Effect::SendWithPayload(
+                    Control::ReadData {
+                        xfer,
+                        len: len as u32,
+                    },
+                    local,
+                ));
+            }
+            Action::LandRead { xfer, len } => {
+                return match self.pending_reads.remove(&xfer) {
+                    // Cancelled: the length was checked against our request.
+                    Some(None) => Ok(Payload::Drop { len, refusal: None }),
+                    Some(Some(local)) if crate::inline::total(&local) == len => {
+                        Ok(Payload::Read { xfer, local })
+                    }
+                    _ => Err(Failure::Protocol(format!(
+                        "inline data for read {xfer}, which awaits none of that length"
+                    ))),
+                };
+            }
+            Action::PeerRefused { xfer, reason } => {
+                self.pending_reads.remove(&xfer);
+                // A refused write's requests were never posted.
+                if let Some(PendingWrite::Ours(o)) = self.pending_writes.remove(&xfer) {
+                    self.out
+                        .push_back(Effect::Abandon(o, Failure::Refused(reason.clone())));
+                }
+                // A refused read's receives were never posted: let them go
+                // (and with them its buffers); those behind them may be due.
+                if let Some(r) = self.rma_recvs.refused(xfer) {
+                    if let Requested::Ours(o) = r {
+                        self.out
+                            .push_back(Effect::Abandon(o, Failure::Refused(reason.clone())));
+                    }
+                    self.post_due();
+                }
+                self.out
+                    .push_back(Effect::Fail(xfer, Failure::Refused(reason)));
+            }
+            // The book counted them (a close waits for that count); the
+            // sends they cover have landed, whatever the net says later.
+            Action::MsgsLanded { to, .. } => {
+                while self.sends.front().is_some_and(|&(seq, _)| seq < to) {
+                    if let Some((_, xfer)) = self.sends.pop_front() {
+                        self.out.push_back(Effect::CompleteAll(xfer));
+                    }
+                }
+            }
+            Action::Notif { name, msg } => self.out.push_back(Effect::Notif { name, msg }),
+        }
+        Ok(Payload::Nothing)
+    }
+
+    /// The peer's inline write `xfer` has landed (`ok`) or failed to: what
+    /// it held goes back; a landed one is answered `WriteDone`.
+    pub fn inline_write_landed(&mut self, xfer: u64, weight: usize, ok: bool) {
+        self.book.served_end(weight);
+        if ok {
+            self.out
+                .push_back(Effect::Send(Control::WriteDone { xfer }));
+        }
+    }
+
+    /// The payload of the peer's refused inline write was dropped.
+    pub fn inline_write_dropped(&mut self, xfer: u64, reason: String) {
+        self.out
+            .push_back(Effect::Send(Control::Refused { xfer, reason }));
+    }
+
+    /// Our inline read `xfer` has its data.
+    pub fn inline_read_landed(&mut self, xfer: u64) {
+        self.out.push_back(Effect::Complete(xfer));
+    }
+
+    /// The requests serving the peer's request `xfer` ended (`Ok`: every
+    /// one did). What it held goes back; a write is answered.
+    pub fn served_ended(
+        &mut self,
+        xfer: u64,
+        weight: usize,
+        write: bool,
+        outcome: Result<(), Failure>,
+    ) {
+        self.book.served_end(weight);
+        if write {
+            self.out.push_back(Effect::Send(match outcome {
+                Ok(()) => Control::WriteDone { xfer },
+                Err(f) => Control::Refused {
+                    xfer,
+                    reason: f.to_string(),
+                },
+            }));
+        }
+    }
+}
+
+/// The requests of `plan` over `items`, each built by `make` from its
+/// segments and the bytes it must carry exactly (`None`: a one-piece
+/// receive may take a shorter message). With `exact` false, a one-piece
+/// message may be shorter than its receive buffer; longer and gathered
+/// messages must match exactly.
+pub fn requests<T>(
+    items: &[(MemRef, Arc<Region>)],
+    plan: &[OpPlan],
+    exact: bool,
+    mut make: impl FnMut(Vec<(MemRef, Arc<Region>)>, Option<usize>) -> T,
+) -> Vec<T> {
+    plan.iter()
+        .map(|p| match *p {
+            OpPlan::Piece {
+                item,
+                off,
+                len,
+                pieces,
+            } => {
+                let (m, r) = &items[item];
+                let mem = MemRef {
+                    addr: m.addr + off as u64,
+                    len,
+                    kind: m.kind,
+                };
+                make(vec![(mem, r.clone())], (exact || pieces > 1).then_some(len))
+            }
+            OpPlan::Gather { start, end } => {
+                let segs = items[start..end].to_vec();
+                let total = segs.iter().map(|(m, _)| m.len).sum();
+                make(segs, Some(total))
+            }
+        })
+        .collect()
+}
