@@ -129,7 +129,6 @@ enum Later {
     CompleteAll(Arc<Transfer>),
     Fail(Arc<Transfer>, Failure),
     Abandon(Vec<ChunkOp>, Failure),
-    Notif { name: String, msg: Vec<u8> },
 }
 
 /// What carrying out a batch of effects left to do after the lock.
@@ -478,7 +477,6 @@ impl Conn {
                     }
                 }
                 Effect::Abandon(ops, f) => done.later.push(Later::Abandon(ops, f)),
-                Effect::Notif { name, msg } => done.later.push(Later::Notif { name, msg }),
             }
         }
         if wrote {
@@ -498,16 +496,6 @@ impl Conn {
                 Later::Abandon(ops, f) => {
                     for op in ops {
                         op.xfer.fail(f.clone());
-                    }
-                }
-                Later::Notif { name, msg } => {
-                    let pushed = self.notifs.push(Notif {
-                        from_name: name,
-                        conn: self.id,
-                        msg,
-                    });
-                    if let Err(e) = pushed {
-                        self.fail(Failure::Protocol(e.to_string()));
                     }
                 }
             }
@@ -946,6 +934,14 @@ impl Conn {
                     self.drive(|st, _| st.proto.inline_write_dropped(xfer, reason));
                 }
             }
+            Payload::Notif { name, msg } => self
+                .notifs
+                .push(Notif {
+                    from_name: name,
+                    conn: self.id,
+                    msg,
+                })
+                .map_err(|e| Failure::Protocol(e.to_string()))?,
             Payload::Read { xfer, local } => {
                 crate::inline::land(s, &local)
                     .map_err(|e| Failure::Lost(format!("inline read payload: {e}")))?;

@@ -116,8 +116,6 @@ pub enum Effect<O> {
     /// These requests of ours will never be posted (the connection ended,
     /// or the transfer was cancelled): their transfers end with the reason.
     Abandon(O, Failure),
-    /// A notification from the peer, for the endpoint's queue.
-    Notif { name: String, msg: Vec<u8> },
 }
 
 /// What the reader of the control connection must do with the bytes that
@@ -143,6 +141,10 @@ pub enum Payload {
     /// Our inline read's data: read it into `local`, then
     /// [`Proto::inline_read_landed`].
     Read { xfer: u64, local: Landing },
+    /// Nothing follows; deliver this notification from the peer to the
+    /// endpoint's queue (whose refusal ends the connection) before reading
+    /// the next message.
+    Notif { name: String, msg: Vec<u8> },
 }
 
 /// A write of ours waiting for the target's clear-to-send.
@@ -498,6 +500,9 @@ impl<O: Requests> Proto<O> {
     /// A control message from the peer. Returns what to do with the bytes
     /// that follow it, or the failure that ends the connection.
     pub fn on_control(&mut self, m: Control) -> Result<Payload, Failure> {
+        if let Some(f) = &self.failed {
+            return Err(f.clone());
+        }
         let s = &self.setup;
         let cx = Ctx {
             registry: &s.registry,
@@ -667,7 +672,7 @@ impl<O: Requests> Proto<O> {
                     }
                 }
             }
-            Action::Notif { name, msg } => self.out.push_back(Effect::Notif { name, msg }),
+            Action::Notif { name, msg } => return Ok(Payload::Notif { name, msg }),
         }
         Ok(Payload::Nothing)
     }
