@@ -53,7 +53,9 @@ pub use topo::{oob_ip, CpuAffinity};
 /// them: the `tcpx-p2p-wire` crate).
 pub use wire::{DescEntry, FifoItem, Token};
 
-/// The engine's pure state machines and checks, for the fuzz harnesses
+/// The engine's pure state machines and checks (the connection's protocol
+/// machine, `Proto`, among them), for the fuzz harnesses and the
+/// paired tests
 /// (`crates/p2p-fuzzing`, the targets in `fuzz/`) and nothing else:
 /// compiled only with the `fuzzing` feature, never into the library that
 /// applications link. Not a stable interface.
@@ -68,8 +70,12 @@ pub mod fuzzing {
     pub use crate::net::socket::fuzz_part_header;
     pub use crate::net::MemRef;
     pub use crate::notif::queue::NotifQueue;
+    pub use crate::progress::Set;
+    pub use crate::proto::{
+        requests, Effect, Landing, Payload, Proto, Requested, Serve, Setup, INLINE_READS,
+    };
     pub use crate::rma_recvs::RmaRecvs;
-    pub use crate::transfer::{Gather, OpPlan};
+    pub use crate::transfer::{plan_ops, Failure, Gather, OpPlan};
 }
 
 /// Sets up `tracing` output once, with the level from `TCPX_P2P_LOG`

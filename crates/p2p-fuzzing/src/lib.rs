@@ -21,6 +21,7 @@
 mod bytes;
 pub mod control;
 pub mod notif;
+pub mod pair;
 pub mod rma_recvs;
 
 pub use control::{control_handler, Seen, LIMITS};

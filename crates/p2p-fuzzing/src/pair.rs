@@ -1,0 +1,761 @@
+//! Two connection machines ([`Proto`]) wired together in memory: what one
+//! sends, the other receives (encoded, then decoded, as on the wire, with
+//! an inline transfer's bytes after its frame), and the net requests both
+//! post are carried out by a mover that copies bytes between the two
+//! sides' memories, matching the k-th send of a set with the peer's k-th
+//! receive of that set, as the nets do. No sockets, no threads, no clock:
+//! the time is a number the test moves.
+//!
+//! A [`Side`] keeps what the engine's `Conn` keeps around its machine: its
+//! transfers (events left, how each ended), the requests it posted and not yet moved, the
+//! requests serving the peer's accepted requests, the notifications it
+//! received. Tests and the fuzz harness assert on bytes and on those ends.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+
+use tcpx_p2p::fuzzing::{
+    plan_ops, requests, Effect, Failure, Gather, Limits, MemRef, Payload, Proto, Region, Registry,
+    Requested, Set, Setup,
+};
+use tcpx_p2p::MemKind;
+use tcpx_p2p_wire::{Control, RmaItem, Token};
+
+/// The agreed chunk of the pair: small, so that short transfers take
+/// several requests.
+pub const CHUNK: usize = 4096;
+/// Segments a request may gather.
+pub const SEGS: usize = 16;
+
+/// Who a posted request belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Owner {
+    /// One of our transfers.
+    Ours(u64),
+    /// The requests serving a peer's request (a key into `serving`).
+    Serve(u64),
+    /// An empty filler of a cancelled write.
+    Fill,
+}
+
+/// One net request: the memory it reads or fills, in order.
+#[derive(Debug)]
+pub struct Req {
+    owner: Owner,
+    segs: Vec<(u64, usize)>,
+    expect: Option<usize>,
+}
+
+/// How a transfer ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum End {
+    Pending,
+    Done,
+    Failed(Failure),
+}
+
+/// One of our transfers.
+#[derive(Debug)]
+pub struct Xfer {
+    /// Events still awaited.
+    pub left: usize,
+    pub end: End,
+    /// A piece went wrong in a way another event explains.
+    poison: Option<Failure>,
+    /// A two-sided receive's number.
+    recv_seq: Option<u64>,
+}
+
+/// Requests serving one of the peer's accepted requests.
+struct Serving {
+    xfer: u64,
+    weight: usize,
+    write: bool,
+    left: usize,
+    poison: Option<Failure>,
+}
+
+/// A frame on the in-memory control connection, with the bytes after it.
+pub struct Frame {
+    pub body: Vec<u8>,
+    pub payload: Vec<u8>,
+}
+
+/// One end of the pair.
+pub struct Side {
+    pub name: &'static str,
+    pub reg: Arc<Registry>,
+    /// This side's memory, registered as one host region.
+    pub mem: Vec<u8>,
+    base: u64,
+    region: Arc<Region>,
+    pub proto: Proto<Vec<Req>>,
+    /// Requests posted and not yet moved, per set: sends, receives.
+    sends: [VecDeque<Req>; 2],
+    recvs: [VecDeque<Req>; 2],
+    pub xfers: HashMap<u64, Xfer>,
+    serving: HashMap<u64, Serving>,
+    next: u64,
+    /// Notifications received: (name, message).
+    pub notifs: Vec<(String, Vec<u8>)>,
+    /// Why the connection failed, as this side saw it.
+    pub failed: Option<Failure>,
+    /// What this side wrote, not yet read by the peer.
+    pub out: VecDeque<Frame>,
+    gather: Gather,
+    /// One-sided transfers up to this many bytes go inline.
+    pub inline_max: usize,
+}
+
+fn set_index(s: Set) -> usize {
+    match s {
+        Set::Msg => 0,
+        Set::Rma => 1,
+    }
+}
+
+impl Side {
+    /// A side with `mem` bytes of memory, its connection numbered `conn`.
+    pub fn new(name: &'static str, conn: u64, mem: usize, limits: Limits) -> Side {
+        let reg = Arc::new(Registry::new());
+        let mem = vec![0u8; mem];
+        let base = mem.as_ptr() as u64;
+        let region = reg.register(base, mem.len()).expect("register the memory");
+        let gather = Gather::new(CHUNK, SEGS);
+        let proto = Proto::new(Setup {
+            registry: reg.clone(),
+            conn,
+            chunk: CHUNK,
+            gather,
+            limits,
+            now: 0,
+        });
+        Side {
+            name,
+            reg,
+            mem,
+            base,
+            region,
+            proto,
+            sends: Default::default(),
+            recvs: Default::default(),
+            xfers: HashMap::new(),
+            serving: HashMap::new(),
+            next: 1,
+            notifs: Vec::new(),
+            failed: None,
+            out: VecDeque::new(),
+            gather,
+            inline_max: 0,
+        }
+    }
+
+    /// Advertises `len` bytes at `off` for the peer (to this side's
+    /// connection, or any with `conn` None): the item a peer's request
+    /// names.
+    pub fn advertise(&self, off: usize, len: usize, conn: Option<u64>) -> RmaItem {
+        let token = self
+            .reg
+            .advertise(self.region.id, self.base + off as u64, len, conn)
+            .expect("advertise");
+        RmaItem {
+            token,
+            addr: self.base + off as u64,
+            len: len as u64,
+        }
+    }
+
+    /// An item naming memory with a made-up token.
+    pub fn forged(&self, off: usize, len: u64) -> RmaItem {
+        RmaItem {
+            token: Token {
+                id: 999_999,
+                secret: 7,
+            },
+            addr: self.base + off as u64,
+            len,
+        }
+    }
+
+    fn local(&self, ranges: &[(usize, usize)]) -> Vec<(MemRef, Arc<Region>)> {
+        ranges
+            .iter()
+            .map(|&(off, len)| {
+                assert!(off + len <= self.mem.len(), "a range outside the memory");
+                (
+                    MemRef {
+                        addr: self.base + off as u64,
+                        len,
+                        kind: MemKind::Host,
+                    },
+                    self.region.clone(),
+                )
+            })
+            .collect()
+    }
+
+    fn reqs(
+        &self,
+        owner: Owner,
+        local: &[(MemRef, Arc<Region>)],
+        exact: bool,
+    ) -> (Vec<Req>, usize) {
+        let lens: Vec<usize> = local.iter().map(|(m, _)| m.len).collect();
+        let plan = plan_ops(&lens, CHUNK, self.gather);
+        let n = plan.len();
+        let reqs = requests(local, &plan, exact, |segs, expect| Req {
+            owner,
+            segs: segs.iter().map(|(m, _)| (m.addr, m.len)).collect(),
+            expect,
+        });
+        (reqs, n)
+    }
+
+    fn new_xfer(&mut self, events: usize) -> u64 {
+        let id = self.next;
+        self.next += 1;
+        self.xfers.insert(
+            id,
+            Xfer {
+                left: events,
+                end: End::Pending,
+                poison: None,
+                recv_seq: None,
+            },
+        );
+        if events == 0 {
+            self.end(id, End::Done);
+        }
+        id
+    }
+
+    /// Whether the connection still takes calls (as `Conn` checks first).
+    fn alive(&self) -> bool {
+        self.failed.is_none()
+    }
+
+    /// A two-sided send of the memory at `ranges`.
+    pub fn send(&mut self, ranges: &[(usize, usize)]) -> Option<u64> {
+        if !self.alive() {
+            return None;
+        }
+        let local = self.local(ranges);
+        let id = self.next;
+        let (reqs, n) = self.reqs(Owner::Ours(id), &local, false);
+        let id = self.new_xfer(n);
+        self.proto.post_send(id, reqs);
+        self.effects();
+        Some(id)
+    }
+
+    /// A two-sided receive into the memory at `ranges`.
+    pub fn recv(&mut self, ranges: &[(usize, usize)]) -> Option<u64> {
+        if !self.alive() {
+            return None;
+        }
+        let local = self.local(ranges);
+        let id = self.next;
+        let (reqs, n) = self.reqs(Owner::Ours(id), &local, false);
+        let id = self.new_xfer(n);
+        let seq = self.proto.post_recv(reqs);
+        self.effects();
+        let x = self.xfers.get_mut(&id).expect("just made");
+        x.recv_seq = Some(seq);
+        if x.end != End::Pending {
+            let end = x.end.clone();
+            self.recv_ended(seq, end);
+        }
+        Some(id)
+    }
+
+    /// A one-sided write (`read` false) or read between our memory at
+    /// `ranges` and the peer's `items` (one item per range, of its length):
+    /// inline when it fits `inline_max` and the machine has room.
+    pub fn rma(
+        &mut self,
+        read: bool,
+        ranges: &[(usize, usize)],
+        items: Vec<RmaItem>,
+    ) -> Option<u64> {
+        if !self.alive() {
+            return None;
+        }
+        let local = self.local(ranges);
+        let total: usize = ranges.iter().map(|r| r.1).sum();
+        let runs = vec![1u32; items.len()];
+        if total > 0 && total <= self.inline_max && self.proto.inline_room(read, 0) {
+            let id = self.new_xfer(1);
+            if read {
+                self.proto.post_inline_read(id, local, items, runs);
+            } else {
+                self.proto.post_inline_write(id, local, items, runs);
+            }
+            self.effects();
+            return Some(id);
+        }
+        let id = self.next;
+        let (reqs, n) = self.reqs(Owner::Ours(id), &local, true);
+        let id = self.new_xfer(n + 1);
+        if read {
+            self.proto.post_read(id, reqs, items, runs);
+        } else {
+            self.proto.post_write(id, reqs, items, runs);
+        }
+        self.effects();
+        Some(id)
+    }
+
+    /// A notification for the peer.
+    pub fn notify(&mut self, name: &str, msg: &[u8]) {
+        if self.alive() {
+            self.proto.send_notif(name.into(), msg.to_vec());
+            self.effects();
+        }
+    }
+
+    /// Cancels our transfer `id` (see `Proto::cancel`).
+    pub fn cancel(&mut self, id: u64) -> bool {
+        let c = self.proto.cancel(id);
+        self.effects();
+        c
+    }
+
+    /// A timer tick at `now` ms.
+    pub fn tick(&mut self, now: u64, keepalive: u64, deadline: u64) {
+        if let Err(f) = self.proto.tick(now, keepalive, deadline) {
+            self.fail(f);
+        }
+        self.effects();
+    }
+
+    /// Ends our transfer `id` unless it has ended (the first end decides,
+    /// as a `Transfer`'s does).
+    fn end(&mut self, id: u64, end: End) {
+        let Some(x) = self.xfers.get_mut(&id) else {
+            return;
+        };
+        if x.end != End::Pending {
+            return;
+        }
+        x.end = end.clone();
+        if let Some(seq) = x.recv_seq {
+            self.recv_ended(seq, end);
+        }
+    }
+
+    fn recv_ended(&mut self, seq: u64, end: End) {
+        let outcome = match end {
+            End::Done => Ok(()),
+            End::Failed(f) => Err(f),
+            End::Pending => return,
+        };
+        if let Err(f) = self.proto.recv_ended(seq, outcome) {
+            self.fail(f);
+        }
+    }
+
+    /// One event of our transfer `id` happened.
+    fn complete_one(&mut self, id: u64) {
+        let Some(x) = self.xfers.get_mut(&id) else {
+            return;
+        };
+        x.left = x.left.saturating_sub(1);
+        if x.left == 0 {
+            self.complete_all(id);
+        }
+    }
+
+    fn complete_all(&mut self, id: u64) {
+        let poison = self.xfers.get_mut(&id).and_then(|x| x.poison.take());
+        self.end(id, poison.map_or(End::Done, End::Failed));
+    }
+
+    /// Reads `len` bytes at `addr` of this side's memory.
+    fn bytes(&self, addr: u64, len: usize) -> &[u8] {
+        let off = (addr - self.base) as usize;
+        &self.mem[off..off + len]
+    }
+
+    fn write_bytes(&mut self, addr: u64, data: &[u8]) {
+        let off = addr.checked_sub(self.base).expect("inside our memory") as usize;
+        assert!(
+            off + data.len() <= self.mem.len(),
+            "{}: {} bytes landing outside our memory",
+            self.name,
+            data.len()
+        );
+        self.mem[off..off + data.len()].copy_from_slice(data);
+    }
+
+    /// Carries out the machine's effects, as `Conn` does.
+    pub fn effects(&mut self) {
+        while let Some(e) = self.proto.poll() {
+            match e {
+                Effect::Send(m) => {
+                    let mut body = Vec::new();
+                    m.encode(&mut body);
+                    self.out.push_back(Frame {
+                        body,
+                        payload: Vec::new(),
+                    });
+                }
+                Effect::SendWithPayload(m, local) => {
+                    let mut body = Vec::new();
+                    m.encode(&mut body);
+                    let mut payload = Vec::new();
+                    for (mr, _) in &local {
+                        payload.extend_from_slice(self.bytes(mr.addr, mr.len));
+                    }
+                    self.out.push_back(Frame { body, payload });
+                }
+                Effect::Post {
+                    set,
+                    send,
+                    requests: r,
+                } => {
+                    let reqs = match r {
+                        Requested::Ours(reqs) => reqs,
+                        Requested::Serve(s) => {
+                            let key = self.next;
+                            self.next += 1;
+                            let exact = requests(&s.local, &s.plan, true, |segs, expect| Req {
+                                owner: Owner::Serve(key),
+                                segs: segs.iter().map(|(m, _)| (m.addr, m.len)).collect(),
+                                expect,
+                            });
+                            self.serving.insert(
+                                key,
+                                Serving {
+                                    xfer: s.xfer,
+                                    weight: s.weight,
+                                    write: s.write,
+                                    left: exact.len(),
+                                    poison: None,
+                                },
+                            );
+                            if exact.is_empty() {
+                                self.served(key, Ok(()));
+                            }
+                            exact
+                        }
+                        Requested::Fill(n) => (0..n)
+                            .map(|_| Req {
+                                owner: Owner::Fill,
+                                segs: vec![],
+                                expect: None,
+                            })
+                            .collect(),
+                    };
+                    let q = if send {
+                        &mut self.sends[set_index(set)]
+                    } else {
+                        &mut self.recvs[set_index(set)]
+                    };
+                    q.extend(reqs);
+                }
+                Effect::Complete(x) => self.complete_one(x),
+                Effect::CompleteAll(x) => self.complete_all(x),
+                Effect::Fail(x, f) => self.end(x, End::Failed(f)),
+                Effect::Abandon(reqs, f) => {
+                    for r in reqs {
+                        if let Owner::Ours(x) = r.owner {
+                            self.end(x, End::Failed(f.clone()));
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// The requests serving a peer's request `key` ended.
+    fn served(&mut self, key: u64, outcome: Result<(), Failure>) {
+        if let Some(s) = self.serving.remove(&key) {
+            let outcome = match (outcome, s.poison) {
+                (Ok(()), Some(p)) => Err(p),
+                (o, _) => o,
+            };
+            self.proto.served_ended(s.xfer, s.weight, s.write, outcome);
+        }
+    }
+
+    /// A request of ours finished, having moved `n` bytes.
+    fn finished(&mut self, r: &Req, n: usize, set: Set) {
+        if let Some(want) = r.expect.filter(|&w| w != n) {
+            if set == Set::Msg {
+                self.fail(Failure::Protocol(format!(
+                    "message size mismatch ({n} bytes arrived, {want} expected)"
+                )));
+                return;
+            }
+            let why = Failure::Refused(format!("the peer sent {n} of {want} bytes"));
+            match r.owner {
+                Owner::Ours(x) => {
+                    if let Some(x) = self.xfers.get_mut(&x) {
+                        x.poison.get_or_insert(why);
+                    }
+                }
+                Owner::Serve(k) => {
+                    if let Some(s) = self.serving.get_mut(&k) {
+                        s.poison.get_or_insert(why);
+                    }
+                }
+                Owner::Fill => {}
+            }
+        }
+        match r.owner {
+            Owner::Ours(x) => self.complete_one(x),
+            Owner::Serve(k) => {
+                let done = self.serving.get_mut(&k).map(|s| {
+                    s.left -= 1;
+                    s.left == 0
+                });
+                if done == Some(true) {
+                    self.served(k, Ok(()));
+                }
+            }
+            Owner::Fill => {}
+        }
+        self.effects();
+    }
+
+    /// The connection fails: the net stops, and everything in flight ends
+    /// with the reason (as `Conn::fail`).
+    pub fn fail(&mut self, why: Failure) {
+        if self.failed.is_none() {
+            self.failed = Some(why.clone());
+        }
+        self.proto.fail(why);
+        let why = self.proto.failure().cloned().expect("failed");
+        let mut mine = Vec::new();
+        for q in self.sends.iter_mut().chain(self.recvs.iter_mut()) {
+            mine.extend(q.drain(..));
+        }
+        self.serving.clear();
+        self.out.clear();
+        self.proto.abandon();
+        while let Some(e) = self.proto.poll() {
+            if let Effect::Abandon(reqs, _) = e {
+                mine.extend(reqs);
+            }
+        }
+        for r in mine {
+            if let Owner::Ours(x) = r.owner {
+                self.end(x, End::Failed(why.clone()));
+            }
+        }
+        let ids: Vec<u64> = self.xfers.keys().copied().collect();
+        for x in ids {
+            self.end(x, End::Failed(why.clone()));
+        }
+    }
+
+    /// Our transfer `id`'s end.
+    pub fn end_of(&self, id: u64) -> End {
+        self.xfers.get(&id).map_or(End::Pending, |x| x.end.clone())
+    }
+
+    /// Net requests posted and not yet moved.
+    pub fn queued(&self) -> usize {
+        self.sends
+            .iter()
+            .chain(self.recvs.iter())
+            .map(|q| q.len())
+            .sum()
+    }
+}
+
+/// The two sides and the links between them.
+pub struct Pair {
+    pub a: Side,
+    pub b: Side,
+}
+
+/// Which way a step goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Dir {
+    AtoB,
+    BtoA,
+}
+
+impl Pair {
+    /// Two sides of `mem` bytes each with the default limits.
+    pub fn new(mem: usize) -> Pair {
+        Pair::with_limits(mem, Limits::default())
+    }
+
+    pub fn with_limits(mem: usize, limits: Limits) -> Pair {
+        Pair {
+            a: Side::new("a", 1, mem, limits),
+            b: Side::new("b", 2, mem, limits),
+        }
+    }
+
+    fn ends(&mut self, d: Dir) -> (&mut Side, &mut Side) {
+        match d {
+            Dir::AtoB => (&mut self.a, &mut self.b),
+            Dir::BtoA => (&mut self.b, &mut self.a),
+        }
+    }
+
+    /// Delivers one control frame from one side to the other; false if
+    /// none waits.
+    pub fn deliver(&mut self, d: Dir) -> bool {
+        let (from, to) = self.ends(d);
+        let Some(f) = from.out.pop_front() else {
+            return false;
+        };
+        Pair::receive(from, to, f);
+        true
+    }
+
+    /// Hands `to` a frame as if `from` had sent it (a hostile peer's too).
+    pub fn inject(&mut self, d: Dir, f: Frame) {
+        let (from, to) = self.ends(d);
+        Pair::receive(from, to, f);
+    }
+
+    fn receive(from: &mut Side, to: &mut Side, f: Frame) {
+        if to.failed.is_some() {
+            return;
+        }
+        let m = match Control::decode(&f.body) {
+            Ok(m) => m,
+            Err(e) => {
+                to.fail(Failure::Protocol(format!("malformed control message: {e}")));
+                Pair::lost(from);
+                return;
+            }
+        };
+        let r = to.proto.on_control(m);
+        to.effects();
+        let payload = match r {
+            Ok(p) => p,
+            Err(why) => {
+                to.fail(why);
+                Pair::lost(from);
+                return;
+            }
+        };
+        // The bytes after the frame, as a reader takes them: exactly the
+        // length the machine names, or the connection is out of step.
+        let want = match &payload {
+            Payload::Write { len, .. } => *len,
+            Payload::Drop { len, .. } => *len,
+            Payload::Read { local, .. } => local.iter().map(|(m, _)| m.len).sum(),
+            Payload::Nothing | Payload::Notif { .. } => 0,
+        };
+        if f.payload.len() != want {
+            to.fail(Failure::Lost(format!(
+                "control stream out of step: {} payload bytes where {want} were due",
+                f.payload.len()
+            )));
+            Pair::lost(from);
+            return;
+        }
+        match payload {
+            Payload::Nothing => {}
+            Payload::Notif { name, msg } => to.notifs.push((name, msg)),
+            Payload::Write {
+                xfer,
+                local,
+                weight,
+                ..
+            } => {
+                let mut at = 0;
+                for (m, _) in &local {
+                    to.write_bytes(m.addr, &f.payload[at..at + m.len]);
+                    at += m.len;
+                }
+                to.proto.inline_write_landed(xfer, weight, true);
+            }
+            Payload::Drop { refusal, .. } => {
+                if let Some((xfer, reason)) = refusal {
+                    to.proto.inline_write_dropped(xfer, reason);
+                }
+            }
+            Payload::Read { xfer, local } => {
+                let mut at = 0;
+                for (m, _) in &local {
+                    to.write_bytes(m.addr, &f.payload[at..at + m.len]);
+                    at += m.len;
+                }
+                to.proto.inline_read_landed(xfer);
+            }
+        }
+        to.effects();
+    }
+
+    /// The other side failed: `peer` sees the control connection close.
+    fn lost(peer: &mut Side) {
+        if peer.failed.is_none() {
+            peer.fail(Failure::Lost("peer went away".into()));
+        }
+    }
+
+    /// Moves one message of `set` from one side's oldest send to the
+    /// other's oldest receive; false if either is missing.
+    pub fn move_one(&mut self, d: Dir, set: Set) -> bool {
+        let i = set_index(set);
+        let (from, to) = self.ends(d);
+        if from.failed.is_some() || to.failed.is_some() {
+            return false;
+        }
+        if from.sends[i].is_empty() || to.recvs[i].is_empty() {
+            return false;
+        }
+        let (Some(s), Some(r)) = (from.sends[i].pop_front(), to.recvs[i].pop_front()) else {
+            return false;
+        };
+        let mut data = Vec::new();
+        for &(addr, len) in &s.segs {
+            data.extend_from_slice(from.bytes(addr, len));
+        }
+        let room: usize = r.segs.iter().map(|s| s.1).sum();
+        if data.len() > room {
+            // The receiver's part check refuses it before a byte lands.
+            to.fail(Failure::Protocol(format!(
+                "a message of {} bytes for a receive of {room}",
+                data.len()
+            )));
+            Pair::lost(from);
+            return true;
+        }
+        let mut at = 0;
+        for &(addr, len) in &r.segs {
+            let n = len.min(data.len() - at);
+            to.write_bytes(addr, &data[at..at + n]);
+            at += n;
+        }
+        let n = data.len();
+        from.finished(&s, n, set);
+        to.finished(&r, n, set);
+        if to.failed.is_some() && from.failed.is_none() {
+            from.fail(Failure::Lost("peer went away".into()));
+        }
+        true
+    }
+
+    /// Runs every step that can run (frames both ways, messages on both
+    /// sets both ways) until none can; returns the steps taken.
+    pub fn settle(&mut self) -> usize {
+        let mut steps = 0;
+        loop {
+            let mut any = false;
+            for d in [Dir::AtoB, Dir::BtoA] {
+                while self.deliver(d) {
+                    any = true;
+                    steps += 1;
+                }
+                for set in [Set::Msg, Set::Rma] {
+                    while self.move_one(d, set) {
+                        any = true;
+                        steps += 1;
+                    }
+                }
+            }
+            if !any {
+                return steps;
+            }
+        }
+    }
+}

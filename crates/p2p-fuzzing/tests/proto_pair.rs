@@ -1,0 +1,334 @@
+//! Two connection machines wired together in memory ([`Pair`]): frames
+//! from one fed to the other, net requests carried out by a mover that
+//! copies bytes between the two sides' memories. Each test asserts on the
+//! bytes that landed and on how each transfer ended.
+
+use tcpx_p2p::fuzzing::{Failure, Limits, Set};
+use tcpx_p2p_fuzzing::pair::{Dir, End, Frame, Pair, CHUNK};
+use tcpx_p2p_wire::Control;
+
+const MEM: usize = 1 << 20;
+
+fn fill(mem: &mut [u8], off: usize, len: usize, seed: u8) {
+    for (i, b) in mem[off..off + len].iter_mut().enumerate() {
+        *b = (i as u8).wrapping_mul(31).wrapping_add(seed) | 1;
+    }
+}
+
+fn encode(m: Control, payload: Vec<u8>) -> Frame {
+    let mut body = Vec::new();
+    m.encode(&mut body);
+    Frame { body, payload }
+}
+
+#[test]
+fn a_write_lands_its_bytes_and_ends_once_on_both_sides() {
+    let mut p = Pair::new(MEM);
+    fill(&mut p.a.mem, 0, 3 * CHUNK + 100, 7);
+    // Two items: one over several chunks, one small.
+    let items = vec![
+        p.b.advertise(8192, 3 * CHUNK, Some(2)),
+        p.b.advertise(65536, 100, Some(2)),
+    ];
+    let w =
+        p.a.rma(false, &[(0, 3 * CHUNK), (3 * CHUNK, 100)], items)
+            .unwrap();
+    assert_eq!(p.a.end_of(w), End::Pending);
+    p.settle();
+    assert_eq!(p.a.end_of(w), End::Done);
+    assert_eq!(&p.b.mem[8192..8192 + 3 * CHUNK], &p.a.mem[..3 * CHUNK]);
+    assert_eq!(&p.b.mem[65536..65636], &p.a.mem[3 * CHUNK..3 * CHUNK + 100]);
+    // Nothing else of b's memory changed, and b holds nothing for a now.
+    let touched = p.b.mem.iter().enumerate().filter(|&(i, &x)| {
+        x != 0 && !(8192..8192 + 3 * CHUNK).contains(&i) && !(65536..65636).contains(&i)
+    });
+    assert_eq!(touched.count(), 0);
+    assert_eq!(p.b.proto.held(), (0, 0, 0));
+    assert_eq!(p.a.queued() + p.b.queued(), 0);
+}
+
+#[test]
+fn a_read_brings_the_peers_bytes_only_once_accepted() {
+    let mut p = Pair::new(MEM);
+    fill(&mut p.b.mem, 4096, 10_000, 3);
+    let item = p.b.advertise(4096, 10_000, None);
+    let r = p.a.rma(true, &[(200_000, 10_000)], vec![item]).unwrap();
+    // The request goes out; nothing is posted into the read's buffers
+    // before b accepts.
+    assert_eq!(p.a.queued(), 0);
+    assert_eq!(p.a.proto.held().0, 1, "the read's receives wait their turn");
+    p.settle();
+    assert_eq!(p.a.end_of(r), End::Done);
+    assert_eq!(&p.a.mem[200_000..210_000], &p.b.mem[4096..14_096]);
+    assert_eq!(p.a.proto.held(), (0, 0, 0));
+}
+
+#[test]
+fn inline_writes_and_reads_ride_the_control_connection() {
+    let mut p = Pair::new(MEM);
+    p.a.inline_max = 64 << 10;
+    fill(&mut p.a.mem, 0, 1000, 11);
+    fill(&mut p.b.mem, 50_000, 2000, 13);
+    let wi = p.b.advertise(30_000, 1000, Some(2));
+    let ri = p.b.advertise(50_000, 2000, Some(2));
+    let w = p.a.rma(false, &[(0, 1000)], vec![wi]).unwrap();
+    let r = p.a.rma(true, &[(100_000, 2000)], vec![ri]).unwrap();
+    // Inline: no net request is ever posted.
+    assert_eq!(p.a.queued() + p.b.queued(), 0);
+    let frames = p.a.out.len();
+    assert_eq!(frames, 2);
+    assert!(
+        p.a.out[0].payload.len() == 1000,
+        "the write's bytes follow its frame"
+    );
+    p.settle();
+    assert_eq!(p.a.end_of(w), End::Done);
+    assert_eq!(p.a.end_of(r), End::Done);
+    assert_eq!(&p.b.mem[30_000..31_000], &p.a.mem[..1000]);
+    assert_eq!(&p.a.mem[100_000..102_000], &p.b.mem[50_000..52_000]);
+    assert_eq!(p.b.proto.held(), (0, 0, 0));
+}
+
+#[test]
+fn sends_and_receives_match_in_posting_order_and_are_acknowledged() {
+    let mut p = Pair::new(MEM);
+    // A large message, a gathered list of small items, and an empty one.
+    fill(&mut p.a.mem, 0, 5 * CHUNK + 17, 1);
+    fill(&mut p.a.mem, 100_000, 64 * 10, 2);
+    let big = p.a.send(&[(0, 5 * CHUNK + 17)]).unwrap();
+    let small: Vec<(usize, usize)> = (0..64).map(|i| (100_000 + i * 10, 10)).collect();
+    let list = p.a.send(&small).unwrap();
+    // The receives are posted after the sends: the messages wait.
+    p.settle();
+    assert_eq!(p.a.end_of(big), End::Pending);
+    assert_eq!(p.a.proto.msgs_unacked(), 2);
+    let rbig = p.b.recv(&[(300_000, 5 * CHUNK + 17)]).unwrap();
+    let rsmall: Vec<(usize, usize)> = (0..64).map(|i| (400_000 + i * 10, 10)).collect();
+    let rlist = p.b.recv(&rsmall).unwrap();
+    p.settle();
+    for (x, side) in [(big, &p.a), (list, &p.a), (rbig, &p.b), (rlist, &p.b)] {
+        assert_eq!(side.end_of(x), End::Done);
+    }
+    assert_eq!(
+        &p.b.mem[300_000..300_000 + 5 * CHUNK + 17],
+        &p.a.mem[..5 * CHUNK + 17]
+    );
+    assert_eq!(&p.b.mem[400_000..400_640], &p.a.mem[100_000..100_640]);
+    // Every message acknowledged (an orderly close would wait for none).
+    assert_eq!(p.a.proto.msgs_unacked(), 0);
+}
+
+#[test]
+fn a_message_longer_than_its_receive_fails_both_ends_before_a_byte_lands() {
+    let mut p = Pair::new(MEM);
+    // One piece of 3,000 bytes for a receive of 1,000.
+    fill(&mut p.a.mem, 0, 3000, 5);
+    let s = p.a.send(&[(0, 3000)]).unwrap();
+    let r = p.b.recv(&[(500_000, 1000)]).unwrap();
+    p.settle();
+    assert!(matches!(p.b.end_of(r), End::Failed(Failure::Protocol(_))));
+    assert!(matches!(p.a.end_of(s), End::Failed(_)));
+    assert!(p.b.mem[500_000..501_000].iter().all(|&x| x == 0));
+}
+
+#[test]
+fn notifications_arrive_in_order() {
+    let mut p = Pair::new(MEM);
+    p.a.notify("a", b"first");
+    p.a.notify("a", b"second");
+    p.settle();
+    assert_eq!(
+        p.b.notifs,
+        vec![
+            ("a".to_string(), b"first".to_vec()),
+            ("a".to_string(), b"second".to_vec())
+        ]
+    );
+}
+
+#[test]
+fn a_cancelled_write_moves_no_byte_and_keeps_both_sides_in_step() {
+    let mut p = Pair::new(MEM);
+    fill(&mut p.a.mem, 0, 3 * CHUNK, 9);
+    fill(&mut p.a.mem, 20_000, 2 * CHUNK, 4);
+    let target = p.b.advertise(0, 3 * CHUNK, Some(2));
+    let w = p.a.rma(false, &[(0, 3 * CHUNK)], vec![target]).unwrap();
+    assert!(p.a.cancel(w), "waiting for clear-to-send: cancellable");
+    assert_eq!(p.a.end_of(w), End::Failed(Failure::Cancelled));
+    assert!(!p.a.cancel(w), "once");
+    // Both sides then go on: a later write lands in step.
+    let next = p.b.advertise(100_000, 2 * CHUNK, Some(2));
+    let w2 = p.a.rma(false, &[(20_000, 2 * CHUNK)], vec![next]).unwrap();
+    p.settle();
+    assert!(
+        p.b.mem[..3 * CHUNK].iter().all(|&x| x == 0),
+        "the cancelled write moved nothing"
+    );
+    assert_eq!(p.a.end_of(w2), End::Done);
+    assert_eq!(
+        &p.b.mem[100_000..100_000 + 2 * CHUNK],
+        &p.a.mem[20_000..20_000 + 2 * CHUNK]
+    );
+    assert_eq!(
+        p.a.end_of(w),
+        End::Failed(Failure::Cancelled),
+        "the refusal of the filled write changes nothing"
+    );
+    assert!(p.a.failed.is_none() && p.b.failed.is_none());
+    assert_eq!(p.b.proto.held(), (0, 0, 0));
+}
+
+#[test]
+fn a_cancelled_inline_read_drops_its_data() {
+    let mut p = Pair::new(MEM);
+    p.a.inline_max = 64 << 10;
+    fill(&mut p.b.mem, 0, 500, 6);
+    let item = p.b.advertise(0, 500, Some(2));
+    let r = p.a.rma(true, &[(1000, 500)], vec![item]).unwrap();
+    assert!(p.a.cancel(r));
+    p.settle();
+    assert_eq!(p.a.end_of(r), End::Failed(Failure::Cancelled));
+    assert!(p.a.mem[1000..1500].iter().all(|&x| x == 0));
+    assert!(p.a.failed.is_none() && p.b.failed.is_none());
+}
+
+#[test]
+fn forged_requests_are_refused_and_hold_nothing() {
+    let mut p = Pair::new(MEM);
+    fill(&mut p.a.mem, 0, CHUNK, 8);
+    // A made-up token, an advert for another connection, a range past the
+    // advert's end.
+    let forged = p.b.forged(0, 1 << 40);
+    let other = p.b.advertise(0, CHUNK, Some(77));
+    let mut past = p.b.advertise(8192, CHUNK, Some(2));
+    past.len += 1;
+    let mut ids = Vec::new();
+    for item in [forged, other, past] {
+        ids.push(p.a.rma(false, &[(0, CHUNK)], vec![item.clone()]).unwrap());
+        ids.push(p.a.rma(true, &[(0, CHUNK)], vec![item]).unwrap());
+    }
+    p.settle();
+    for x in ids {
+        assert!(
+            matches!(p.a.end_of(x), End::Failed(Failure::Refused(_))),
+            "{x}"
+        );
+    }
+    assert!(p.b.mem.iter().all(|&x| x == 0), "nothing landed at b");
+    assert_eq!(p.b.proto.held(), (0, 0, 0));
+    assert_eq!(
+        p.a.proto.held(),
+        (0, 0, 0),
+        "a refused read posts no receive"
+    );
+    assert!(p.a.failed.is_none() && p.b.failed.is_none());
+}
+
+#[test]
+fn the_limits_refuse_what_is_over_them_and_serve_the_rest() {
+    let mut p = Pair::with_limits(
+        MEM,
+        Limits {
+            max_requests: 2,
+            max_items: 1 << 20,
+        },
+    );
+    let items: Vec<_> = (0..3)
+        .map(|i| p.b.advertise(i * CHUNK, CHUNK, Some(2)))
+        .collect();
+    let w: Vec<_> = items
+        .into_iter()
+        .enumerate()
+        .map(|(i, it)| p.a.rma(false, &[(i * CHUNK, CHUNK)], vec![it]).unwrap())
+        .collect();
+    // b takes all three requests before any data moves: the third is over.
+    while p.deliver(Dir::AtoB) {}
+    assert_eq!(p.b.proto.held().1, 2);
+    p.settle();
+    assert_eq!(p.a.end_of(w[0]), End::Done);
+    assert_eq!(p.a.end_of(w[1]), End::Done);
+    match p.a.end_of(w[2]) {
+        End::Failed(Failure::Refused(r)) => assert!(r.contains("TCPX_P2P_MAX_REQUESTS"), "{r}"),
+        e => panic!("{e:?}"),
+    }
+    assert_eq!(p.b.proto.held(), (0, 0, 0));
+}
+
+#[test]
+fn a_peer_breaking_the_protocol_fails_the_connection_and_every_transfer() {
+    for bad in [
+        Control::WriteDone { xfer: 12345 },
+        Control::ReadAck { xfer: 1 },
+        Control::MsgDone { count: 5 },
+        Control::ReadData { xfer: 1, len: 3 },
+    ] {
+        let mut p = Pair::new(MEM);
+        let item = p.b.advertise(0, CHUNK, Some(2));
+        let w = p.a.rma(false, &[(0, CHUNK)], vec![item]).unwrap();
+        let r = p.a.recv(&[(0, 100)]).unwrap();
+        p.inject(Dir::BtoA, encode(bad.clone(), vec![]));
+        match p.a.failed.clone() {
+            Some(Failure::Protocol(_)) => {}
+            f => panic!("{bad:?}: {f:?}"),
+        }
+        for x in [w, r] {
+            assert!(
+                matches!(p.a.end_of(x), End::Failed(Failure::Protocol(_))),
+                "{bad:?}"
+            );
+        }
+        // The peer sees the connection go.
+        assert!(p.b.failed.is_some());
+        // And the failed machine takes nothing more.
+        assert!(p.a.proto.on_control(Control::KeepAlive).is_err());
+    }
+    // Inline data of the wrong length for our inline read.
+    let mut p = Pair::new(MEM);
+    p.a.inline_max = 4096;
+    let item = p.b.advertise(0, 100, Some(2));
+    let r = p.a.rma(true, &[(0, 100)], vec![item]).unwrap();
+    // Dropped from the line: b never sees the request, a forged answer comes.
+    p.a.out.clear();
+    p.inject(
+        Dir::BtoA,
+        encode(Control::ReadData { xfer: r, len: 101 }, vec![9; 101]),
+    );
+    assert!(matches!(p.a.end_of(r), End::Failed(Failure::Protocol(_))));
+    assert!(p.a.mem[..101].iter().all(|&x| x == 0), "no byte landed");
+}
+
+#[test]
+fn keepalives_and_the_silence_deadline_run_on_the_given_time() {
+    let mut p = Pair::new(MEM);
+    let r = p.a.recv(&[(0, 100)]).unwrap();
+    p.a.tick(100, 1000, 10_000);
+    assert!(p.a.out.is_empty(), "not quiet long enough");
+    p.a.tick(1000, 1000, 10_000);
+    assert_eq!(p.a.out.len(), 1, "a keep-alive");
+    p.settle();
+    // b heard it at b's time 0 (b's clock is its own).
+    p.b.tick(5000, 1000, 10_000);
+    p.settle();
+    p.a.tick(10_000, 1000, 10_000);
+    assert!(p.a.failed.is_none(), "a heard b's keep-alive");
+    p.a.tick(20_001, 1000, 10_000);
+    match p.a.failed.clone() {
+        Some(Failure::TimedOut(why)) => assert!(why.contains("TCPX_P2P_DEADLINE_MS"), "{why}"),
+        f => panic!("{f:?}"),
+    }
+    assert!(matches!(p.a.end_of(r), End::Failed(Failure::TimedOut(_))));
+}
+
+#[test]
+fn a_close_is_the_peer_closing_not_a_breach() {
+    let mut p = Pair::new(MEM);
+    let r = p.b.recv(&[(0, 100)]).unwrap();
+    p.a.proto.close();
+    p.a.effects();
+    p.settle();
+    match p.b.end_of(r) {
+        End::Failed(Failure::Lost(why)) => assert!(why.contains("closed"), "{why}"),
+        e => panic!("{e:?}"),
+    }
+    let _ = Set::Msg;
+}
