@@ -885,8 +885,8 @@ impl Conn {
         if read {
             self.state.lock().proto.inline_room(true, 0)
         } else {
-            let backlog = self.oob.lock().backlog();
-            self.state.lock().proto.inline_room(false, backlog)
+            // A write's room is the backlog's alone: no need of the state.
+            self.oob.lock().backlog() < proto::INLINE_BACKLOG
         }
     }
 

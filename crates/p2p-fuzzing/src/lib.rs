@@ -12,6 +12,9 @@
 //!   ending, against a model of the peer's sends;
 //! - [`notif_queue`]: the notification queue's per-peer and fair-share
 //!   bounds, with several peers and draining;
+//! - [`proto_pair`]: two connection machines wired together in memory
+//!   ([`pair`]), every call, frame, message move, timer tick and forged
+//!   frame in an order the input picks, against the bytes that land;
 //! - [`part_header`]: the socket net's checks of a received part's header
 //!   against the posted receive (the engine's own).
 //!
@@ -22,10 +25,12 @@ mod bytes;
 pub mod control;
 pub mod notif;
 pub mod pair;
+mod pair_fuzz;
 pub mod rma_recvs;
 
 pub use control::{control_handler, Seen, LIMITS};
 pub use notif::{notif_queue, NotifSeen};
+pub use pair_fuzz::{proto_pair, PairSeen, PAIR_LIMITS};
 pub use rma_recvs::{rma_recvs, RecvsSeen};
 
 /// Runs `data` through the socket net's part-header checks: the first 48

@@ -1,7 +1,8 @@
 //! The fuzz harnesses of the connection's state machines on the stable
 //! toolchain (the control handler, the one-sided receives' order, the
-//! notification queue): seeded random programs plus the committed corpora
-//! (`fuzz/corpus/{handler,rma_recvs,notif}`), with every allocation's size
+//! notification queue, two connection machines wired together): seeded
+//! random programs plus the committed corpora
+//! (`fuzz/corpus/{handler,rma_recvs,notif,proto_pair}`), with every allocation's size
 //! watched. `TCPX_P2P_FUZZ_SECS` runs each for that long instead of
 //! `TCPX_P2P_FUZZ_ITERS` inputs (default 2000).
 
@@ -9,7 +10,7 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use rand::{Rng, SeedableRng};
-use tcpx_p2p_fuzzing::{control_handler, notif_queue, rma_recvs, Seen};
+use tcpx_p2p_fuzzing::{control_handler, notif_queue, proto_pair, rma_recvs, PairSeen, Seen};
 
 // The run budget the engine's fuzzing tests read too.
 #[path = "../../p2p-engine/tests/common/budget.rs"]
@@ -127,6 +128,32 @@ fn control_handler_survives_random_programs_and_the_corpus() {
     );
     assert!(
         total.accepted > 0 && total.refused > 0 && total.protocol_errors > 0,
+        "the harness reached every outcome"
+    );
+    assert!(largest <= MAX_ALLOC, "an allocation of {largest} bytes");
+}
+
+#[test]
+fn a_pair_of_connection_machines_moves_the_right_bytes_under_any_order() {
+    let mut t = PairSeen::default();
+    let (corpus, random, secs) = drive("proto_pair", 2048, |d| {
+        let s = proto_pair(d);
+        t.steps += s.steps;
+        t.done += s.done;
+        t.failed += s.failed;
+        t.refused += s.refused;
+        t.broken += s.broken;
+        t.checked += s.checked;
+    });
+    let largest = LARGEST.load(Ordering::Relaxed);
+    println!(
+        "proto_pair harness: {corpus} corpus + {random} random inputs in {secs:.0} s: \
+         {} steps, {} transfers done ({} checked byte for byte), {} refused, {} failed, \
+         {} runs with the connection broken",
+        t.steps, t.done, t.checked, t.refused, t.failed, t.broken
+    );
+    assert!(
+        t.done > 0 && t.checked > 0 && t.refused > 0 && t.failed > 0 && t.broken > 0,
         "the harness reached every outcome"
     );
     assert!(largest <= MAX_ALLOC, "an allocation of {largest} bytes");
