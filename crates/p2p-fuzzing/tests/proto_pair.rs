@@ -204,7 +204,7 @@ fn forged_requests_are_refused_and_hold_nothing() {
     past.len += 1;
     let mut ids = Vec::new();
     for item in [forged, other, past] {
-        ids.push(p.a.rma(false, &[(0, CHUNK)], vec![item.clone()]).unwrap());
+        ids.push(p.a.rma(false, &[(0, CHUNK)], vec![item]).unwrap());
         ids.push(p.a.rma(true, &[(0, CHUNK)], vec![item]).unwrap());
     }
     p.settle();
