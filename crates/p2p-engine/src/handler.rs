@@ -1,8 +1,9 @@
 //! What a connection does with each control message, as a pure state
 //! machine: [`Book::on_control`] takes a decoded message and returns the
 //! [`Action`] to carry out (or the protocol error that ends the
-//! connection); [`crate::conn::Conn`] does the I/O. Tested and fuzzed
-//! without sockets.
+//! connection); the connection's machine ([`crate::proto::Proto`]) turns
+//! the action into its effects, and [`crate::conn::Conn`] does the I/O.
+//! Tested and fuzzed without sockets.
 //!
 //! Rules: a peer's request is resolved against our own records (the
 //! registry's advertisements) before anything is sized or allocated from

@@ -6,7 +6,7 @@
 //! Two peers whose control threads both write replies to each other (an
 //! inline read's answer carries up to 1 MiB) could otherwise fill both
 //! sockets' buffers while each reader waits to write and neither reads.
-//! Every write is made under the connection's control lock, so the order
+//! Every write is made under the connection's state lock, so the order
 //! of frames is the order of the writes, whether a frame went out at once
 //! or through the backlog.
 
@@ -53,7 +53,7 @@ impl Backlog {
 }
 
 /// The control connection's writing end (see the module's text). Held
-/// under the connection's control lock.
+/// under the connection's state lock.
 pub(crate) struct OobOut {
     s: TcpStream,
     shared: Arc<(Mutex<Backlog>, Condvar)>,

@@ -1,8 +1,9 @@
 //! The receives of one-sided data that comes to us on the `Rma` set: the
 //! data of our reads and of the peer's writes. The peer posts its sends in
 //! the order our requests for data reach it -- our `ReadReq` (if it
-//! accepts the read) and our `WriteCts`, each written under the control
-//! lock -- so we post our receives in that same order. A read's receives
+//! accepts the read) and our `WriteCts`, each written in the order the
+//! connection's machine decides them ([`crate::proto`]) -- so we post our
+//! receives in that same order. A read's receives
 //! wait for the peer's `ReadAck`: until the peer has accepted the read,
 //! nothing is posted into its buffers. A refused read therefore owns no
 //! receive, ends at once, and needs nothing from the peer to keep the two
@@ -34,7 +35,7 @@ impl<T> Default for RmaRecvs<T> {
 }
 
 impl<T> RmaRecvs<T> {
-    /// Our read `xfer` is being requested (under the control lock, before
+    /// Our read `xfer` is being requested (in order, before
     /// its `ReadReq` is written): its receives wait for the peer's answer.
     pub fn asked(&mut self, xfer: u64, recvs: T) {
         self.q.push_back(Entry {
@@ -44,7 +45,7 @@ impl<T> RmaRecvs<T> {
         });
     }
 
-    /// The peer's write is cleared (under the control lock, before its
+    /// The peer's write is cleared (in order, before its
     /// `WriteCts` is written): its receives are posted in their turn.
     pub fn cleared(&mut self, recvs: T) {
         self.q.push_back(Entry {
