@@ -241,9 +241,17 @@ impl<O: Requests> Proto<O> {
         }
     }
 
-    /// The next effect to carry out, in order.
+    /// The next effect to carry out, in order. Once the connection has
+    /// failed, no frame is asked for: there is no connection to write it on
+    /// (an answer decided as the connection fails is dropped here).
     pub fn poll(&mut self) -> Option<Effect<O>> {
-        self.out.pop_front()
+        loop {
+            let e = self.out.pop_front()?;
+            let frame = matches!(e, Effect::Send(_) | Effect::SendWithPayload(..));
+            if !(frame && self.failed.is_some()) {
+                return Some(e);
+            }
+        }
     }
 
     /// Why the connection failed, if it has.

@@ -279,8 +279,14 @@ fn a_peer_breaking_the_protocol_fails_the_connection_and_every_transfer() {
         }
         // The peer sees the connection go.
         assert!(p.b.failed.is_some());
-        // And the failed machine takes nothing more.
+        // And the failed machine takes nothing more, and writes nothing.
         assert!(p.a.proto.on_control(Control::KeepAlive).is_err());
+        p.a.proto.send_notif("late".into(), vec![1]);
+        p.a.proto.served_ended(3, 0, true, Ok(()));
+        assert!(
+            p.a.proto.poll().is_none(),
+            "{bad:?}: a frame after the failure"
+        );
     }
     // Inline data of the wrong length for our inline read.
     let mut p = Pair::new(MEM);
