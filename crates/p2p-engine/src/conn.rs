@@ -134,6 +134,9 @@ enum Later {
 /// What carrying out a batch of effects left to do after the lock.
 #[derive(Default)]
 struct Done {
+    /// Control frames to write, in order (with the bytes that follow
+    /// some), once the writing end is held and the state let go.
+    frames: Vec<(Control, Option<proto::Landing>)>,
     later: Vec<Later>,
     /// Requests were queued for progress.
     posted: bool,
@@ -388,53 +391,55 @@ impl Conn {
         Ok(conn)
     }
     /// Runs `f` on the machine under the state lock and carries out the
-    /// effects it queued: frames written and requests queued for progress
-    /// in the machine's order while the lock is held (neither waits: the
-    /// control backlog and the command queue take them), then, with the
-    /// lock let go, transfers ended and notifications delivered (a
-    /// transfer's end runs callbacks that may come back here), the
-    /// progress engine kicked for what was queued, and the connection
-    /// failed if a control write failed.
+    /// effects it queued: requests queued for progress while the lock is
+    /// held (the command queue never waits), frames written in the
+    /// machine's order under the writing end's lock, taken before the state
+    /// is let go; then transfers ended (a transfer's end runs callbacks
+    /// that may come back here), the progress engine kicked for what was
+    /// queued, and the connection failed if a control write failed.
     fn drive<R>(self: &Arc<Self>, f: impl FnOnce(&mut State, &mut Done) -> R) -> R {
         let mut done = Done::default();
-        let r = {
+        let (r, oob) = {
             let mut st = self.state.lock();
             let r = f(&mut st, &mut done);
             self.carry_out(&mut st, &mut done);
-            r
+            // The writing end is taken before the state is let go, so that
+            // frames leave in the machine's order; the state is let go
+            // before the socket is written, so that the answer to a frame
+            // (on the control reader) never waits for the write's end.
+            let oob = (!done.frames.is_empty()).then(|| {
+                st.proto.wrote(now_ms());
+                self.oob.lock()
+            });
+            (r, oob)
         };
+        if let Some(mut oob) = oob {
+            for (m, payload) in done.frames.drain(..) {
+                let mut body = Vec::new();
+                m.encode(&mut body);
+                let written = match &payload {
+                    None => write_frame(&mut *oob, &body),
+                    Some(local) => crate::inline::write_with_payload(&mut *oob, &body, local),
+                };
+                tracing::trace!("lat: ctl out {}", m.kind());
+                if let Err(e) = written {
+                    done.broken = Some(e);
+                    break;
+                }
+            }
+        }
         self.after(done);
         r
     }
 
-    /// Carries out the machine's queued effects (the state lock held).
+    /// Carries out the machine's queued effects (the state lock held):
+    /// requests are queued for progress at once, frames gathered for
+    /// [`Conn::drive`] to write.
     fn carry_out(self: &Arc<Self>, st: &mut State, done: &mut Done) {
-        let mut wrote = false;
         while let Some(e) = st.proto.poll() {
             match e {
-                Effect::Send(m) => {
-                    if done.broken.is_none() {
-                        tracing::trace!("lat: ctl out {}", m.kind());
-                        let mut body = Vec::new();
-                        m.encode(&mut body);
-                        match write_frame(&mut *self.oob.lock(), &body) {
-                            Ok(()) => wrote = true,
-                            Err(e) => done.broken = Some(e),
-                        }
-                    }
-                }
-                Effect::SendWithPayload(m, local) => {
-                    if done.broken.is_none() {
-                        let mut body = Vec::new();
-                        m.encode(&mut body);
-                        let mut oob = self.oob.lock();
-                        match crate::inline::write_with_payload(&mut *oob, &body, &local) {
-                            Ok(()) => wrote = true,
-                            Err(e) => done.broken = Some(e),
-                        }
-                        tracing::trace!("lat: ctl out {} with payload", m.kind());
-                    }
-                }
+                Effect::Send(m) => done.frames.push((m, None)),
+                Effect::SendWithPayload(m, local) => done.frames.push((m, Some(local))),
                 Effect::Post {
                     set,
                     send,
@@ -478,9 +483,6 @@ impl Conn {
                 }
                 Effect::Abandon(ops, f) => done.later.push(Later::Abandon(ops, f)),
             }
-        }
-        if wrote {
-            st.proto.wrote(now_ms());
         }
     }
 
@@ -724,18 +726,23 @@ impl Conn {
 
     /// Makes `t` one of the connection's live transfers (the state lock
     /// held): false, and `t` failed after the lock, if the connection has
-    /// failed.
+    /// failed. (A transfer of no events has ended already: it is not
+    /// kept.)
     fn track(st: &mut State, t: &Arc<Transfer>, done: &mut Done) -> bool {
         if let Some(f) = st.proto.failure() {
             done.later.push(Later::Fail(t.clone(), f.clone()));
             return false;
         }
-        st.live.insert(t.id, t.clone());
+        if !t.ended() {
+            st.live.insert(t.id, t.clone());
+        }
         true
     }
 
-    /// Once `t` ends it is no longer live (registered after the state lock
-    /// is let go: a transfer that has already ended runs it at once).
+    /// Once `t` ends it is no longer live. Registered before the transfer
+    /// is posted (never under the state lock: a transfer that has already
+    /// ended runs it at once), so that its end, on whichever thread, finds
+    /// the callback in place.
     fn untrack_at_end(self: &Arc<Self>, t: &Arc<Transfer>) {
         let weak: Weak<Conn> = Arc::downgrade(self);
         let id = t.id;
@@ -783,6 +790,7 @@ impl Conn {
         // ([`Conn::deliver_sent`]).
         let events = plan.len();
         let xfer = Transfer::new(xfer_id, self.id, events, regions);
+        self.untrack_at_end(&xfer);
         let ops = Self::ops_for(&xfer, &items, &plan, false);
         // Numbered and queued under the state lock, so that the numbers
         // follow the order in which the engine posts them (and the peer's
@@ -797,7 +805,6 @@ impl Conn {
                 Some(st.proto.post_recv(ops))
             }
         });
-        self.untrack_at_end(&xfer);
         if let Some(seq) = seq {
             let weak = Arc::downgrade(self);
             xfer.on_end(move |s| {
@@ -846,6 +853,7 @@ impl Conn {
             // `ReadData` landing.
             tracing::trace!(xfer = xfer_id, read, bytes = total, "lat: post inline");
             let xfer = Transfer::new(xfer_id, self.id, 1, regions);
+            self.untrack_at_end(&xfer);
             self.drive(|st, done| {
                 if Self::track(st, &xfer, done) {
                     if read {
@@ -855,12 +863,12 @@ impl Conn {
                     }
                 }
             });
-            self.untrack_at_end(&xfer);
             return Ok(xfer);
         }
         let plan = self.plan(local.iter().map(|(m, _)| m.len));
         // +1: the target's WriteDone / ReadAck.
         let xfer = Transfer::new(xfer_id, self.id, plan.len() + 1, regions);
+        self.untrack_at_end(&xfer);
         let ops = Self::ops_for(&xfer, &local, &plan, true);
         drop(local);
         // The request and, for a read, its receives' place in the order of
@@ -875,7 +883,6 @@ impl Conn {
                 }
             }
         });
-        self.untrack_at_end(&xfer);
         Ok(xfer)
     }
 
