@@ -162,6 +162,9 @@ pub struct Conn {
     engine: Arc<Engine>,
     registry: Arc<Registry>,
     closed: AtomicBool,
+    /// Set once the machine has failed: a post checks it without the state
+    /// lock (the machine's own check, under the lock, decides).
+    broken: AtomicBool,
     /// The protocol machine and the live transfers (see [`State`]).
     state: Mutex<State>,
     /// Threads blocked in [`Conn::wait_on`]: the net's waker wakes them.
@@ -341,6 +344,7 @@ impl Conn {
             engine: engine.clone(),
             registry: p.registry.clone(),
             closed: AtomicBool::new(false),
+            broken: AtomicBool::new(false),
             state: Mutex::new(State {
                 proto: Proto::new(Setup {
                     registry: p.registry.clone(),
@@ -607,6 +611,9 @@ impl Conn {
     }
 
     fn check_alive(&self) -> Result<()> {
+        if !self.broken.load(Ordering::Acquire) {
+            return Ok(());
+        }
         match self.failure() {
             Some(f) => Err(f.into_error(self.id)),
             None => Ok(()),
@@ -624,6 +631,7 @@ impl Conn {
         let (first, fl) = {
             let mut st = self.state.lock();
             let first = st.proto.fail(why.clone());
+            self.broken.store(true, Ordering::Release);
             (first, st.proto.failure().cloned().unwrap_or(why))
         };
         if first {
