@@ -62,6 +62,10 @@ pub struct Config {
     /// How long idle threads spin before sleeping while work is in flight
     /// (a thread wake-up costs tens of microseconds in a VM).
     pub spin: Duration,
+    /// How long a blocking call (`wait`) drives its transfer from the
+    /// calling thread before it sleeps: the caller has nothing else to do,
+    /// and a sleeping thread's wake-up cost 0.1-3.6 ms on a 32-core VM.
+    pub wait_spin: Duration,
     /// How long a stream or connection with nothing to do keeps its I/O
     /// worker before giving it back (an idle peer then holds no thread).
     pub io_linger: Duration,
@@ -145,6 +149,7 @@ impl Default for Config {
             sockbuf: 0,
             splice: true,
             spin: default_spin(),
+            wait_spin: default_spin() * 8,
             io_linger: Duration::from_millis(5),
             keepalive: Duration::from_millis(1000),
             deadline: Duration::from_millis(10_000),
@@ -261,6 +266,7 @@ impl Config {
     /// | `TCPX_P2P_COPY_BATCH` | the driver's batch copy (`0`/`1`; process-wide) | 1 |
     /// | `TCPX_P2P_DISABLE_CUDA` | `1`: act as if no GPU were present (process-wide) | 0 |
     /// | `TCPX_P2P_SPIN_US` | busy-wait before sleeping, µs | 300 with 8+ cores, else 0 |
+    /// | `TCPX_P2P_WAIT_SPIN_US` | how long a blocking call drives its transfer before sleeping, µs | 2400 with 8+ cores, else 0 |
     /// | `TCPX_P2P_KEEPALIVE_MS`, `TCPX_P2P_DEADLINE_MS` | keep-alive interval; silence after which a connection fails | 1000, 10000 |
     /// | `TCPX_P2P_CONNECT_TIMEOUT_MS` | connect + handshake deadline | 20000 |
     /// | `TCPX_P2P_AUTH_TOKEN` | shared secret peers must present | none |
@@ -338,6 +344,9 @@ impl Config {
         }
         if let Some(n) = size_var(&["TCPX_P2P_SPIN_US"], 0, 1_000_000)? {
             c.spin = Duration::from_micros(n as u64);
+        }
+        if let Some(n) = size_var(&["TCPX_P2P_WAIT_SPIN_US"], 0, 10_000_000)? {
+            c.wait_spin = Duration::from_micros(n as u64);
         }
         if let Some(n) = size_var(&["TCPX_P2P_IO_LINGER_MS"], 0, 60_000)? {
             c.io_linger = Duration::from_millis(n as u64);

@@ -143,13 +143,14 @@ fn staging_pool<T>() -> Arc<StagingPool<T>> {
 struct LazyWorkers(Arc<parking_lot::Mutex<Option<Workers>>>);
 
 impl LazyWorkers {
-    fn get(&self, cpus: &Option<Arc<[usize]>>) -> Result<Workers, NetError> {
+    fn get(&self, cpus: &Option<Arc<[usize]>>, spin: Duration) -> Result<Workers, NetError> {
         let mut w = self.0.lock();
         if let Some(w) = &*w {
             return Ok(w.clone());
         }
         let made = Workers::new("tcpx-io", cpus.clone())
             .map_err(|e| NetError::io(NET, "starting the I/O workers", e))?;
+        made.set_spin(spin);
         Ok(w.insert(made).clone())
     }
 }
@@ -177,7 +178,7 @@ impl SocketNet {
 
     /// The comms' I/O workers, started with the first comm.
     fn workers(&self) -> Result<Workers, NetError> {
-        self.workers.get(&self.cfg.cpus)
+        self.workers.get(&self.cfg.cpus, self.cfg.spin)
     }
 
     /// A send comm to the listener `handle` names.
@@ -397,7 +398,7 @@ impl SocketListen {
                         self.nonce,
                         &self.cfg,
                         waker,
-                        &self.workers.get(&self.cfg.cpus)?,
+                        &self.workers.get(&self.cfg.cpus, self.cfg.spin)?,
                         &self.rx_staging,
                     )?));
                 }

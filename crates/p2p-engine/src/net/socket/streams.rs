@@ -16,7 +16,7 @@ use std::time::Duration;
 use parking_lot::Mutex;
 
 use super::book::{Landing, RecvShared};
-use super::rx::{RxHandle, RxTask};
+use super::rx::{Landed, RxHandle, RxTask};
 use super::sockio::tune;
 use super::stage::StagingPool;
 use super::wire::{Hello, HELLO_LEN};
@@ -239,6 +239,7 @@ impl RxStreams {
         inner.held.push(held);
         inner.socks.push(s);
         inner.taken |= 1 << index;
+        tracing::trace!(index, "lat: rx stream joined");
         self.shared.streams.fetch_add(1, Ordering::AcqRel);
         true
     }
@@ -263,7 +264,11 @@ impl RxStreams {
     pub(super) fn posted(&self, seq: u64) {
         let inner = self.inner.lock();
         for (h, t) in inner.held.iter().zip(&inner.tasks) {
-            if h.land_held(seq) || h.awaits(seq) {
+            let kick = match h.land_held(seq) {
+                Landed::Here { kick } => kick,
+                Landed::No => h.awaits(seq),
+            };
+            if kick {
                 t.kick();
             }
         }

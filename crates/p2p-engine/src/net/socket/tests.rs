@@ -270,6 +270,48 @@ fn small_messages_sent_ahead_of_their_receives_land_on_the_posting_thread() {
 }
 
 #[test]
+fn a_run_of_small_messages_sent_ahead_lands_on_the_posting_thread_one_after_another() {
+    // UCCL's benchmark loop: the sender has sent every message before the
+    // first blocking receive. Landing message k on the posting thread
+    // also reads message k+1's header (its bytes are here), so receive
+    // k+1 is complete when its `irecv` returns as well: no I/O worker is
+    // woken between two receives (a wake took up to milliseconds on a VM).
+    let (mut s, mut r) = test_pair_here(cfg(1), cfg(1));
+    let sizes = [
+        4096usize, 100, 4096, 0, 2048, 4096, 1, 4096, 4096, 512, 4096, 4096,
+    ];
+    let srcs: Vec<Vec<u8>> = sizes
+        .iter()
+        .enumerate()
+        .map(|(k, &n)| (0..n).map(|i| (i * 31 + k * 5 + 3) as u8).collect())
+        .collect();
+    let sreqs: Vec<ReqId> = srcs.iter().map(|src| send_all(s.as_mut(), src)).collect();
+    for (q, &n) in sreqs.into_iter().zip(&sizes) {
+        assert_eq!(wait(|| s.test(q)), n);
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !r.holds(0) {
+        assert!(Instant::now() < deadline, "the first header never held");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    for (seq, (src, &n)) in srcs.iter().zip(&sizes).enumerate() {
+        let mut dst = vec![0u8; n + 8];
+        let q = recv_into(&mut r, &mut dst);
+        let got = r.test(q).unwrap();
+        assert_eq!(
+            got,
+            Some(n),
+            "message {seq} not landed by the posting thread"
+        );
+        assert!(dst[..n] == src[..], "message {seq}: bytes differ");
+        assert!(
+            dst[n..].iter().all(|&b| b == 0),
+            "message {seq}: bytes past it"
+        );
+    }
+}
+
+#[test]
 fn peers_with_other_part_sizes_agree_on_streams() {
     // The receiver checks each part against the cut its own smallest
     // part makes, which the sender adopts.
