@@ -69,6 +69,15 @@ enum State {
     Done,
 }
 
+/// Brings a sleeping worker to spin for jobs ([`Workers::keep_spinning`]).
+struct Summons;
+
+impl Task for Summons {
+    fn run(&mut self) -> Step {
+        Step::Done
+    }
+}
+
 /// Where a task lives between its stretches: whoever gives it work wakes
 /// it here, and whoever owns it waits here for it to finish.
 pub(crate) struct Home {
@@ -231,6 +240,12 @@ struct Inner {
     spin_ns: AtomicU64,
     /// Whether a worker spins now (at most one does).
     spinning: AtomicBool,
+    /// Until when (ns past `epoch`) a caller waiting on a transfer wants a
+    /// worker spinning ([`Workers::keep_spinning`]).
+    spin_until: AtomicU64,
+    /// A worker was woken to spin and has not started yet.
+    summoned: AtomicBool,
+    epoch: Instant,
 }
 
 /// The pool: cheap to clone (one per endpoint, shared by its comms).
@@ -286,6 +301,9 @@ impl Workers {
             taken: AtomicU64::new(0),
             spin_ns: AtomicU64::new(0),
             spinning: AtomicBool::new(false),
+            spin_until: AtomicU64::new(0),
+            summoned: AtomicBool::new(false),
+            epoch: Instant::now(),
         });
         let weak = Arc::downgrade(&inner);
         let cpus = inner.cpus.clone();
@@ -306,6 +324,29 @@ impl Workers {
     pub(crate) fn set_spin(&self, spin: Duration) {
         let ns = u64::try_from(spin.as_nanos()).unwrap_or(u64::MAX);
         self.inner.spin_ns.store(ns, Ordering::Relaxed);
+    }
+
+    /// Keeps one idle worker spinning for jobs for `d` from now: a caller
+    /// waits for a transfer whose next steps are jobs (a stream's task
+    /// kicked, the progress task woken), which then start at once rather
+    /// than after a sleeping worker's wake-up (up to milliseconds on a
+    /// VM). If none spins now, a sleeping worker is woken to (its wake-up
+    /// overlaps the wait). Nothing while spinning is off ([`set_spin`]).
+    ///
+    /// [`set_spin`]: Workers::set_spin
+    pub(crate) fn keep_spinning(&self, d: Duration) {
+        let inner = &self.inner;
+        if d.is_zero() || inner.spin_ns.load(Ordering::Relaxed) == 0 {
+            return;
+        }
+        let until = inner.now_ns().saturating_add(d.as_nanos() as u64);
+        inner.spin_until.fetch_max(until, Ordering::AcqRel);
+        if !inner.spinning.load(Ordering::Acquire)
+            && inner.idle.load(Ordering::SeqCst) > 0
+            && !inner.summoned.swap(true, Ordering::AcqRel)
+        {
+            self.start(Box::new(Summons));
+        }
     }
 
     /// Starts `task` waiting for `fd` to become readable (a stream with
@@ -410,18 +451,28 @@ impl Inner {
     /// Spins for a job for the pool's spin time, if no other worker
     /// spins now (None: none came, or another spins).
     fn spin_for_job(&self, jobs: &Receiver<Job>) -> Option<Job> {
-        let spin = Duration::from_nanos(self.spin_ns.load(Ordering::Relaxed));
-        if spin.is_zero() || self.spinning.swap(true, Ordering::AcqRel) {
+        let spin = self.spin_ns.load(Ordering::Relaxed);
+        if spin == 0 || self.spinning.swap(true, Ordering::AcqRel) {
             return None;
         }
-        let until = Instant::now() + spin;
+        self.summoned.store(false, Ordering::Release);
+        let own = self.now_ns().saturating_add(spin);
         let mut got = None;
-        while got.is_none() && Instant::now() < until && !self.stopping.load(Ordering::Acquire) {
+        while got.is_none() && !self.stopping.load(Ordering::Acquire) {
+            let until = own.max(self.spin_until.load(Ordering::Acquire));
+            if self.now_ns() >= until {
+                break;
+            }
             got = jobs.try_recv().ok();
             std::hint::spin_loop();
         }
         self.spinning.store(false, Ordering::Release);
         got
+    }
+
+    /// Nanoseconds since the pool was made.
+    fn now_ns(&self) -> u64 {
+        u64::try_from(self.epoch.elapsed().as_nanos()).unwrap_or(u64::MAX)
     }
 
     /// Parks a job until `fd` is readable.
@@ -755,6 +806,39 @@ mod tests {
         drop(w);
         home.kick();
         assert!(until(Duration::from_secs(10), || home.is_done()));
+    }
+
+    #[test]
+    fn a_waiting_caller_keeps_a_worker_spinning_for_its_window() {
+        let w = Workers::with_keep_idle("test-io", None, Duration::from_secs(5)).unwrap();
+        let n = Arc::new(AtomicU64::new(0));
+        let home = w.start_idle(Box::new(Counter(n.clone())));
+        // Spinning off: nothing is summoned.
+        w.keep_spinning(Duration::from_secs(1));
+        assert!(!w.inner.summoned.load(Ordering::SeqCst));
+        w.set_spin(Duration::from_micros(100));
+        home.kick(); // a worker now exists, and goes idle after its turn
+        assert!(until(Duration::from_secs(10), || n.load(Ordering::SeqCst) == 1));
+        assert!(until(Duration::from_secs(10), || !w
+            .inner
+            .spinning
+            .load(Ordering::SeqCst)));
+        // A caller's window: a sleeping worker comes to spin through it,
+        // takes the wakes meanwhile, and stops once it has passed.
+        w.keep_spinning(Duration::from_millis(300));
+        assert!(until(Duration::from_secs(10), || w
+            .inner
+            .spinning
+            .load(Ordering::SeqCst)));
+        for i in 2..=5u64 {
+            home.kick();
+            assert!(until(Duration::from_secs(10), || n.load(Ordering::SeqCst) >= i));
+        }
+        assert!(until(Duration::from_secs(10), || !w
+            .inner
+            .spinning
+            .load(Ordering::SeqCst)));
+        assert!(!w.inner.summoned.load(Ordering::SeqCst));
     }
 
     #[test]

@@ -703,6 +703,7 @@ impl Endpoint {
             if let Some(c) = self.inner.conns.read().get(&t.conn).cloned() {
                 c.poke();
             }
+            self.inner.params.workers.keep_spinning(self.inner.cfg.spin);
         }
         self.finish(&t, t.status())
     }
@@ -717,6 +718,8 @@ impl Endpoint {
         let spin = timeout.map_or(busy, |d| d.min(busy));
         let conn = self.inner.conns.read().get(&t.conn).cloned();
         if !spin.is_zero() && !t.ended() {
+            // Its next steps may be jobs of the I/O workers: one spins too.
+            self.inner.params.workers.keep_spinning(spin);
             let start = Instant::now();
             while !t.ended() && start.elapsed() < spin {
                 if let Some(c) = &conn {
