@@ -143,6 +143,7 @@ fn socket_net(streams: usize) -> SocketNet {
         staging_slice: 1 << 20,
         staging_depth: 2,
         connect_timeout: Duration::from_secs(5),
+        hello_timeout: Duration::from_secs(5),
         spin: Duration::ZERO,
         linger: Duration::from_millis(100),
         cpus: None,

@@ -101,6 +101,9 @@ pub struct SocketConfig {
     pub staging_slice: usize,
     pub staging_depth: usize,
     pub connect_timeout: Duration,
+    /// A stream accepted on a comm's listener must have sent its hello
+    /// within this; then it is closed (and counts as refused).
+    pub hello_timeout: Duration,
     /// Idle I/O threads spin this long before sleeping.
     pub spin: Duration,
     /// A stream with nothing to do keeps its I/O worker this long before
@@ -372,8 +375,12 @@ impl SocketListen {
         loop {
             match listener.accept() {
                 Ok((mut s, _)) => {
-                    let Some(idx) = streams::check_hello(&mut s, self.nonce, self.cfg.streams, 0)
-                    else {
+                    let Some(idx) = streams::check_hello(
+                        &mut s,
+                        self.nonce,
+                        self.cfg.streams,
+                        self.cfg.hello_timeout,
+                    ) else {
                         tracing::warn!("socket net: refused a stream with a bad hello");
                         continue;
                     };
@@ -448,6 +455,7 @@ pub(crate) fn test_config(streams: usize) -> SocketConfig {
         staging_slice: 1 << 20,
         staging_depth: 2,
         connect_timeout: Duration::from_secs(5),
+        hello_timeout: Duration::from_secs(5),
         spin: Duration::from_micros(20),
         linger: Duration::from_millis(100),
         cpus: None,

@@ -72,6 +72,12 @@ impl SocketRecv {
         self.streams.holds(seq)
     }
 
+    /// Accepted connections still owing their hello (tests).
+    #[cfg(test)]
+    pub(super) fn pending(&self) -> usize {
+        self.streams.pending()
+    }
+
     /// Receive streams open now.
     pub(super) fn stream_count(&self) -> usize {
         self.shared.streams.load(Ordering::Acquire)

@@ -11,7 +11,7 @@ use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
@@ -23,12 +23,6 @@ use super::wire::{Hello, HELLO_LEN};
 use super::{Lane, SocketConfig, NET};
 use crate::error::NetError;
 use crate::workers::{Home, Step, Task, Workers};
-
-/// How long a comm's first stream may take to send its hello (a stream
-/// that connected sends it at once); later streams' hellos are awaited
-/// without a thread ([`HelloTask`]), as many at once as streams are
-/// missing.
-const HELLO_WAIT: Duration = Duration::from_secs(10);
 
 /// Streams refused per comm (per allowed stream) before its listener
 /// closes: a peer that keeps sending bad hellos gets no more turns.
@@ -66,19 +60,22 @@ fn hello_index(hello: &[u8; HELLO_LEN], nonce: u64, allowed: usize, taken: u64) 
     (h.nonce == nonce && idx < allowed.min(MAX_STREAMS) && taken & (1 << idx) == 0).then_some(idx)
 }
 
-/// Reads and checks an accepted stream's hello (waiting at most
-/// [`HELLO_WAIT`]): its stream index, as [`hello_index`] judges it.
+/// Reads and checks a comm's first stream's hello, waiting at most `wait`
+/// (the net's `hello_timeout`; a stream that connected sends its hello at
+/// once): its stream index, as [`hello_index`] judges it. Later streams'
+/// hellos are awaited without a thread ([`HelloTask`]).
 pub(super) fn check_hello(
     s: &mut TcpStream,
     nonce: u64,
     allowed: usize,
-    taken: u64,
+    wait: Duration,
 ) -> Option<usize> {
     s.set_nonblocking(false).ok()?;
-    s.set_read_timeout(Some(HELLO_WAIT)).ok()?;
+    s.set_read_timeout(Some(wait.max(Duration::from_millis(1))))
+        .ok()?;
     let mut hello = [0u8; HELLO_LEN];
     s.read_exact(&mut hello).ok()?;
-    let idx = hello_index(&hello, nonce, allowed, taken)?;
+    let idx = hello_index(&hello, nonce, allowed, 0)?;
     s.set_read_timeout(None).ok()?;
     Some(idx)
 }
@@ -269,6 +266,12 @@ impl RxStreams {
         }
     }
 
+    /// Accepted connections still owing their hello (tests).
+    #[cfg(test)]
+    pub(super) fn pending(&self) -> usize {
+        self.inner.lock().pending.len()
+    }
+
     /// Whether a stream holds message `seq`'s header (tests).
     #[cfg(test)]
     pub(super) fn holds(&self, seq: u64) -> bool {
@@ -302,8 +305,10 @@ impl RxStreams {
 
     /// Takes a connection the listener accepted: its hello is awaited by a
     /// task of its own on the I/O workers ([`HelloTask`]), never by a
-    /// worker blocked on it. At most as many hellos wait as streams are
-    /// missing; more connections are refused. Returns whether the
+    /// worker blocked on it, for at most the net's `hello_timeout` (then
+    /// the connection is closed and counts as refused). At most as many
+    /// hellos wait as streams are missing; more connections are refused.
+    /// Returns whether the
     /// listener stays open: false once every index is in or the peer has
     /// had its refusals.
     fn admit(self: &Arc<Self>, s: TcpStream, nonce: u64) -> bool {
@@ -322,6 +327,7 @@ impl RxStreams {
                 nonce,
                 hello: [0; HELLO_LEN],
                 got: 0,
+                until: Instant::now() + self.cfg.hello_timeout,
             };
             // The hello is usually here already (the peer writes it as
             // soon as it is connected): taken now, no task is woken for it.
@@ -330,7 +336,10 @@ impl RxStreams {
                 self.hello_done(&s, done, nonce);
                 return self.listening(&mut self.inner.lock());
             }
-            let home = self.workers.start_readable(Box::new(task), s.as_raw_fd());
+            let until = task.until;
+            let home = self
+                .workers
+                .start_readable_until(Box::new(task), s.as_raw_fd(), until);
             inner.pending.push((s, home));
         }
         self.listening(&mut inner)
@@ -375,13 +384,17 @@ impl RxStreams {
 }
 
 /// An accepted connection waiting for its hello, on the I/O workers: it
-/// reads what has come each time the socket turns readable.
+/// reads what has come each time the socket turns readable, until its
+/// deadline; a hello not whole by then is refused (the connection closes
+/// as the task ends, and its descriptor goes).
 struct HelloTask {
     streams: Weak<RxStreams>,
     s: Arc<TcpStream>,
     nonce: u64,
     hello: [u8; HELLO_LEN],
     got: usize,
+    /// The hello must be whole by then.
+    until: Instant,
 }
 
 impl HelloTask {
@@ -415,7 +428,15 @@ impl Task for HelloTask {
             return Step::Done;
         }
         match self.read_hello() {
-            None => Step::Readable(self.s.as_raw_fd()),
+            None if Instant::now() >= self.until => {
+                tracing::warn!(
+                    "socket net: closing a stream that sent no hello within {:?} (TCPX_P2P_STREAM_HELLO_MS)",
+                    streams.cfg.hello_timeout
+                );
+                streams.hello_done(&self.s, None, self.nonce);
+                Step::Done
+            }
+            None => Step::ReadableUntil(self.s.as_raw_fd(), self.until),
             Some(done) => {
                 streams.hello_done(&self.s, done, self.nonce);
                 Step::Done

@@ -616,3 +616,53 @@ fn a_stream_that_never_says_hello_holds_no_worker_and_closes_with_the_comm() {
     let mut byte = [0u8; 1];
     assert_eq!(std::io::Read::read(&mut silent, &mut byte).unwrap_or(0), 0);
 }
+
+#[test]
+fn a_stream_that_never_says_hello_is_closed_at_the_limit_and_the_comm_goes_on() {
+    let limit = Duration::from_millis(300);
+    let l = SocketNet::new(SocketConfig {
+        hello_timeout: limit,
+        ..cfg(2)
+    });
+    let mut l = l.listen_here().unwrap();
+    let h = Handle::decode(&super::ListenComm::handle(&l)).unwrap();
+    let mut s0 = raw_stream(h.addr, h.nonce, 0);
+    let mut r = accept(&mut l);
+    // A connection that never sends its hello takes the one slot the comm
+    // has for a missing stream.
+    let opened = Instant::now();
+    let mut silent = TcpStream::connect(h.addr).unwrap();
+    until(
+        || r.pending() == 1,
+        "the silent connection awaits its hello",
+    );
+    // At the limit it is closed: end of stream, not a read timeout. Only
+    // closing the last reference to the accepted socket ends it (nothing
+    // shuts it down), so its descriptor is gone.
+    silent
+        .set_read_timeout(Some(limit + Duration::from_secs(10)))
+        .unwrap();
+    let mut byte = [0u8; 1];
+    let n = std::io::Read::read(&mut silent, &mut byte)
+        .expect("the silent connection is closed at the limit, not left open");
+    assert_eq!(n, 0);
+    assert!(opened.elapsed() >= limit, "not before the limit");
+    assert_eq!(r.pending(), 0, "no hello awaited any more");
+    // Its slot is free again: the real stream 1 is admitted, and a
+    // two-part message, one part on each stream, lands whole.
+    let mut s1 = raw_stream(h.addr, h.nonce, 1);
+    until(|| r.stream_count() == 2, "stream 1 is admitted");
+    let len = 8192;
+    let src: Vec<u8> = (0..len).map(|i| (i * 11 + 3) as u8).collect();
+    let mut dst = vec![0u8; len];
+    let m = host(dst.as_mut_ptr() as u64, len);
+    let q = r.irecv(m, MrHandle(0)).unwrap().unwrap();
+    for (k, (off, plen)) in split_parts(len, 2, 4096).into_iter().enumerate() {
+        let sock = if k == 0 { &mut s0 } else { &mut s1 };
+        sock.write_all(&part_header(0, off, plen, len, 2, m).encode())
+            .unwrap();
+        sock.write_all(&src[off..off + plen]).unwrap();
+    }
+    assert_eq!(wait(|| r.test(q)), len);
+    assert_eq!(dst, src);
+}
