@@ -50,6 +50,8 @@ pub(crate) enum Step {
     /// instant has come, whichever is first; the task, run again, sees
     /// which (its read would block and the clock is past the instant).
     ReadableUntil(RawFd, Instant),
+    /// Nothing until this instant (a back-off).
+    Until(Instant),
     /// Nothing until its [`Home`] is woken.
     Idle,
     /// Finished for good.
@@ -69,7 +71,7 @@ enum State {
     Running { thread: Thread, woken: bool },
     /// Waiting for a wake.
     Idle(Box<dyn Task>),
-    /// Waiting for its descriptor, in the poller's set.
+    /// Waiting for its descriptor (in the poller's set) or its deadline.
     Polling,
     /// Finished.
     Done,
@@ -123,7 +125,7 @@ impl Home {
             State::Queued => "queued",
             State::Running { .. } => "running",
             State::Idle(_) => "idle",
-            State::Polling => "waiting for its socket",
+            State::Polling => "waiting for its socket or its time",
             State::Done => "done",
         };
         match self.pool.upgrade() {
@@ -238,7 +240,7 @@ struct Inner {
 /// that have one.
 #[derive(Default)]
 struct Parked {
-    jobs: HashMap<usize, (Job, RawFd, Option<Instant>)>,
+    jobs: HashMap<usize, (Job, Option<RawFd>, Option<Instant>)>,
     /// `(deadline, token)` of each parked job with a deadline, earliest
     /// first; an entry leaves with its job.
     timers: BTreeSet<(Instant, usize)>,
@@ -246,7 +248,7 @@ struct Parked {
 
 impl Parked {
     /// Takes the job parked as `token` (and its deadline) out.
-    fn take(&mut self, token: usize) -> Option<(Job, RawFd)> {
+    fn take(&mut self, token: usize) -> Option<(Job, Option<RawFd>)> {
         let (job, fd, until) = self.jobs.remove(&token)?;
         if let Some(d) = until {
             self.timers.remove(&(d, token));
@@ -327,7 +329,7 @@ impl Workers {
                 task,
                 home: home.clone(),
             },
-            fd,
+            Some(fd),
             None,
         );
         home
@@ -347,7 +349,7 @@ impl Workers {
                 task,
                 home: home.clone(),
             },
-            fd,
+            Some(fd),
             Some(until),
         );
         home
@@ -391,7 +393,9 @@ impl Drop for Inner {
         let parked = self.parked.get_mut();
         parked.timers.clear();
         for (_, (job, fd, _)) in parked.jobs.drain() {
-            let _ = self.registry.deregister(&mut SourceFd(&fd));
+            if let Some(fd) = fd {
+                let _ = self.registry.deregister(&mut SourceFd(&fd));
+            }
             job.home.finish(job.task);
         }
     }
@@ -434,8 +438,9 @@ impl Inner {
         }
     }
 
-    /// Parks a job until `fd` is readable, or `until` (if given) has come.
-    fn park_on(self: &Arc<Self>, job: Job, fd: RawFd, until: Option<Instant>) {
+    /// Parks a job until `fd` (if given) is readable, or `until` (if
+    /// given) has come.
+    fn park_on(self: &Arc<Self>, job: Job, fd: Option<RawFd>, until: Option<Instant>) {
         let token = self.next_token.fetch_add(1, Ordering::Relaxed) % (usize::MAX - 1);
         let home = job.home.clone();
         let earliest = {
@@ -450,6 +455,7 @@ impl Inner {
             // The poller may be asleep past this deadline: it looks again.
             let _ = self.waker.wake();
         }
+        let Some(fd) = fd else { return };
         // Registering a descriptor that is readable already reports it at
         // once (epoll checks readiness when a descriptor is added).
         let r = self
@@ -540,9 +546,11 @@ fn poller(mut poll: Poll, pool: Weak<Inner>) {
 
 impl Inner {
     /// Queues a job taken off the poller.
-    fn unpark(self: &Arc<Self>, job: Job, fd: RawFd) {
+    fn unpark(self: &Arc<Self>, job: Job, fd: Option<RawFd>) {
         // Deregistered before it can run (and park on it again).
-        let _ = self.registry.deregister(&mut SourceFd(&fd));
+        if let Some(fd) = fd {
+            let _ = self.registry.deregister(&mut SourceFd(&fd));
+        }
         *job.home.state.lock() = State::Queued;
         self.submit(job);
     }
@@ -624,8 +632,9 @@ fn run_job(pool: &Weak<Inner>, job: Job) {
             *st = State::Idle(task);
             return;
         }
-        Step::Readable(fd) => (fd, None),
-        Step::ReadableUntil(fd, d) => (fd, Some(d)),
+        Step::Readable(fd) => (Some(fd), None),
+        Step::ReadableUntil(fd, d) => (Some(fd), Some(d)),
+        Step::Until(d) => (None, Some(d)),
     };
     *st = State::Polling;
     drop(st);
@@ -860,6 +869,44 @@ mod tests {
         // Every deadline has left with its task (the one that was read too).
         let parked = w.inner.parked.lock();
         assert!(parked.timers.is_empty() && parked.jobs.is_empty());
+    }
+
+    /// Backs off once until its time, then ends.
+    struct Sleeper {
+        until: Instant,
+        turns: Arc<Mutex<Vec<Instant>>>,
+    }
+
+    impl Task for Sleeper {
+        fn run(&mut self) -> Step {
+            let now = Instant::now();
+            self.turns.lock().push(now);
+            if now < self.until {
+                Step::Until(self.until)
+            } else {
+                Step::Done
+            }
+        }
+    }
+
+    #[test]
+    fn a_task_that_backs_off_runs_again_at_its_time_holding_no_worker() {
+        let w = Workers::with_keep_idle("test-io", None, Duration::from_millis(20)).unwrap();
+        let at = Instant::now() + Duration::from_millis(500);
+        let turns = Arc::new(Mutex::new(Vec::new()));
+        let home = w.start(Box::new(Sleeper {
+            until: at,
+            turns: turns.clone(),
+        }));
+        assert!(until(Duration::from_secs(5), || turns.lock().len() == 1));
+        assert!(
+            until(Duration::from_millis(400), || w.threads() == 0),
+            "the waiting task holds no worker"
+        );
+        assert!(home.wait_done(Duration::from_secs(10)));
+        let turns = turns.lock();
+        assert_eq!(turns.len(), 2, "one turn at the start, one at its time");
+        assert!(turns[1] >= at);
     }
 
     #[test]
