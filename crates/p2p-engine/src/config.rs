@@ -71,9 +71,9 @@ pub struct Config {
     pub deadline: Duration,
     /// How long a connect (TCP connect + handshake) may take.
     pub connect_timeout: Duration,
-    /// Socket net: a TCP stream accepted for a comm must have sent its
-    /// hello (which comm, which stream) within this, or it is closed. A
-    /// stream that connected sends its hello at once.
+    /// Socket net: a TCP stream accepted on the net's listener must have
+    /// sent its hello (which comm, which stream) within this, or it is
+    /// closed. A stream that connected sends its hello at once.
     pub stream_hello_timeout: Duration,
     /// Shared secret peers must present (None = anyone may connect).
     pub auth_token: Option<String>,

@@ -103,8 +103,8 @@ pub struct SocketConfig {
     pub staging_slice: usize,
     pub staging_depth: usize,
     pub connect_timeout: Duration,
-    /// A stream accepted on a comm's listener must have sent its hello
-    /// within this; then it is closed (and counts as refused).
+    /// A stream accepted on the net's listener must have sent its hello
+    /// (which comm, which stream) within this, or it is closed.
     pub hello_timeout: Duration,
     /// Idle I/O threads spin this long before sleeping.
     pub spin: Duration,
