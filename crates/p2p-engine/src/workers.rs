@@ -5,9 +5,11 @@
 //! connection's progress loop, its control reader. A task runs on a
 //! worker until it has nothing to do, then says what it waits for
 //! ([`Step`]): its socket to become readable (registered with the pool's
-//! poller, one `epoll` set for all of them), or a [`Home::wake`] from
-//! whoever gives it work. A waiting task holds no thread; when what it
-//! waits for happens it is queued, and a worker takes it.
+//! poller, one `epoll` set for all of them), possibly with a deadline
+//! (the poller keeps the deadlines and queues the task at the first of
+//! readiness and its deadline), or a [`Home::wake`] from whoever gives it
+//! work. A waiting task holds no thread; when what it waits for happens
+//! it is queued, and a worker takes it.
 //!
 //! Workers are made as tasks become ready and none is free, and leave
 //! after [`KEEP_IDLE`] without work (at once when as many as there are
@@ -24,7 +26,7 @@
 //! did: the hand-off through the poller costs tens of microseconds once a
 //! peer has been idle for that long, never within a burst.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
@@ -44,6 +46,12 @@ pub(crate) const KEEP_IDLE: Duration = Duration::from_secs(2);
 pub(crate) enum Step {
     /// Nothing until this descriptor is readable (or closed).
     Readable(RawFd),
+    /// Nothing until this descriptor is readable (or closed) or this
+    /// instant has come, whichever is first; the task, run again, sees
+    /// which (its read would block and the clock is past the instant).
+    ReadableUntil(RawFd, Instant),
+    /// Nothing until this instant (a back-off).
+    Until(Instant),
     /// Nothing until its [`Home`] is woken.
     Idle,
     /// Finished for good.
@@ -63,7 +71,7 @@ enum State {
     Running { thread: Thread, woken: bool },
     /// Waiting for a wake.
     Idle(Box<dyn Task>),
-    /// Waiting for its descriptor, in the poller's set.
+    /// Waiting for its descriptor (in the poller's set) or its deadline.
     Polling,
     /// Finished.
     Done,
@@ -126,7 +134,7 @@ impl Home {
             State::Queued => "queued",
             State::Running { .. } => "running",
             State::Idle(_) => "idle",
-            State::Polling => "waiting for its socket",
+            State::Polling => "waiting for its socket or its time",
             State::Done => "done",
         };
         match self.pool.upgrade() {
@@ -223,7 +231,7 @@ struct Inner {
     threads: AtomicUsize,
     /// The poller's registry, and the tasks parked on it by token.
     registry: mio::Registry,
-    parked: Mutex<HashMap<usize, (Job, RawFd)>>,
+    parked: Mutex<Parked>,
     next_token: AtomicUsize,
     waker: mio::Waker,
     stopping: AtomicBool,
@@ -246,6 +254,27 @@ struct Inner {
     /// A worker was woken to spin and has not started yet.
     summoned: AtomicBool,
     epoch: Instant,
+}
+
+/// The tasks waiting for their descriptors, and the deadlines of those
+/// that have one.
+#[derive(Default)]
+struct Parked {
+    jobs: HashMap<usize, (Job, Option<RawFd>, Option<Instant>)>,
+    /// `(deadline, token)` of each parked job with a deadline, earliest
+    /// first; an entry leaves with its job.
+    timers: BTreeSet<(Instant, usize)>,
+}
+
+impl Parked {
+    /// Takes the job parked as `token` (and its deadline) out.
+    fn take(&mut self, token: usize) -> Option<(Job, Option<RawFd>)> {
+        let (job, fd, until) = self.jobs.remove(&token)?;
+        if let Some(d) = until {
+            self.timers.remove(&(d, token));
+        }
+        Some((job, fd))
+    }
 }
 
 /// The pool: cheap to clone (one per endpoint, shared by its comms).
@@ -290,7 +319,7 @@ impl Workers {
             idle: AtomicUsize::new(0),
             threads: AtomicUsize::new(0),
             registry,
-            parked: Mutex::new(HashMap::new()),
+            parked: Mutex::default(),
             next_token: AtomicUsize::new(0),
             waker,
             stopping: AtomicBool::new(false),
@@ -358,7 +387,28 @@ impl Workers {
                 task,
                 home: home.clone(),
             },
-            fd,
+            Some(fd),
+            None,
+        );
+        home
+    }
+
+    /// Starts `task` waiting for `fd` to become readable or for `until`,
+    /// whichever comes first (as [`Step::ReadableUntil`]).
+    pub(crate) fn start_readable_until(
+        &self,
+        task: Box<dyn Task>,
+        fd: RawFd,
+        until: Instant,
+    ) -> Arc<Home> {
+        let home = self.home(State::Polling);
+        self.inner.park_on(
+            Job {
+                task,
+                home: home.clone(),
+            },
+            Some(fd),
+            Some(until),
         );
         home
     }
@@ -398,8 +448,12 @@ impl Drop for Inner {
         self.stopping.store(true, Ordering::Release);
         let _ = self.waker.wake();
         // Parked tasks end with the pool: their owners see them done.
-        for (_, (job, fd)) in self.parked.get_mut().drain() {
-            let _ = self.registry.deregister(&mut SourceFd(&fd));
+        let parked = self.parked.get_mut();
+        parked.timers.clear();
+        for (_, (job, fd, _)) in parked.jobs.drain() {
+            if let Some(fd) = fd {
+                let _ = self.registry.deregister(&mut SourceFd(&fd));
+            }
             job.home.finish(job.task);
         }
     }
@@ -475,11 +529,24 @@ impl Inner {
         u64::try_from(self.epoch.elapsed().as_nanos()).unwrap_or(u64::MAX)
     }
 
-    /// Parks a job until `fd` is readable.
-    fn park_on(self: &Arc<Self>, job: Job, fd: RawFd) {
+    /// Parks a job until `fd` (if given) is readable, or `until` (if
+    /// given) has come.
+    fn park_on(self: &Arc<Self>, job: Job, fd: Option<RawFd>, until: Option<Instant>) {
         let token = self.next_token.fetch_add(1, Ordering::Relaxed) % (usize::MAX - 1);
         let home = job.home.clone();
-        self.parked.lock().insert(token, (job, fd));
+        let earliest = {
+            let mut parked = self.parked.lock();
+            parked.jobs.insert(token, (job, fd, until));
+            until.is_some_and(|d| {
+                parked.timers.insert((d, token));
+                parked.timers.first() == Some(&(d, token))
+            })
+        };
+        if earliest {
+            // The poller may be asleep past this deadline: it looks again.
+            let _ = self.waker.wake();
+        }
+        let Some(fd) = fd else { return };
         // Registering a descriptor that is readable already reports it at
         // once (epoll checks readiness when a descriptor is added).
         let r = self
@@ -488,7 +555,8 @@ impl Inner {
         if let Err(e) = r {
             tracing::debug!("I/O pool {}: cannot watch descriptor {fd}: {e}", self.name);
             // Run it: its read will meet the descriptor's error.
-            if let Some((job, _)) = self.parked.lock().remove(&token) {
+            let parked = self.parked.lock().take(token);
+            if let Some((job, _)) = parked {
                 *home.state.lock() = State::Queued;
                 self.submit(job);
             }
@@ -504,12 +572,19 @@ fn poller(mut poll: Poll, pool: Weak<Inner>) {
     let mut events = Events::with_capacity(256);
     let mut last_taken = 0u64;
     loop {
-        let waiting = pool.upgrade().is_some_and(|p| !p.jobs.is_empty());
-        let timeout = if waiting {
+        let (waiting, next_deadline) = pool.upgrade().map_or((false, None), |p| {
+            let next = p.parked.lock().timers.first().map(|&(d, _)| d);
+            (!p.jobs.is_empty(), next)
+        });
+        let mut timeout = if waiting {
             STALL
         } else {
             Duration::from_secs(1)
         };
+        if let Some(d) = next_deadline {
+            // mio rounds a timeout up to the next millisecond: never early.
+            timeout = timeout.min(d.saturating_duration_since(Instant::now()));
+        }
         let polled = poll.poll(&mut events, Some(timeout));
         if let Some(p) = pool.upgrade() {
             // Queued work that no worker took since the last look: add
@@ -538,14 +613,37 @@ fn poller(mut poll: Poll, pool: Weak<Inner>) {
             if ev.token() == WAKE {
                 continue;
             }
-            let parked = p.parked.lock().remove(&ev.token().0);
+            let parked = p.parked.lock().take(ev.token().0);
             if let Some((job, fd)) = parked {
-                // Deregistered before it can run (and park on it again).
-                let _ = p.registry.deregister(&mut SourceFd(&fd));
-                *job.home.state.lock() = State::Queued;
-                p.submit(job);
+                p.unpark(job, fd);
             }
         }
+        // Jobs whose deadline has come run, readable or not.
+        let now = Instant::now();
+        loop {
+            let due = {
+                let mut parked = p.parked.lock();
+                match parked.timers.first() {
+                    Some(&(d, token)) if d <= now => parked.take(token),
+                    _ => break,
+                }
+            };
+            if let Some((job, fd)) = due {
+                p.unpark(job, fd);
+            }
+        }
+    }
+}
+
+impl Inner {
+    /// Queues a job taken off the poller.
+    fn unpark(self: &Arc<Self>, job: Job, fd: Option<RawFd>) {
+        // Deregistered before it can run (and park on it again).
+        if let Some(fd) = fd {
+            let _ = self.registry.deregister(&mut SourceFd(&fd));
+        }
+        *job.home.state.lock() = State::Queued;
+        self.submit(job);
     }
 }
 
@@ -613,33 +711,40 @@ fn run_job(pool: &Weak<Inner>, job: Job) {
     tracing::trace!(?step, "lat: job stops");
     let mut st = home.state.lock();
     let woken = matches!(*st, State::Running { woken: true, .. });
-    match step {
+    let (fd, until) = match step {
         Step::Done => {
             *st = State::Done;
             drop(st);
             drop(task);
             home.finished.notify_all();
+            return;
         }
         Step::Idle if woken => {
             *st = State::Queued;
             drop(st);
             home.submit(task);
+            return;
         }
-        Step::Idle => *st = State::Idle(task),
-        Step::Readable(fd) => {
-            *st = State::Polling;
-            drop(st);
-            match pool.upgrade() {
-                Some(p) => p.park_on(
-                    Job {
-                        task,
-                        home: home.clone(),
-                    },
-                    fd,
-                ),
-                None => home.finish(task),
-            }
+        Step::Idle => {
+            *st = State::Idle(task);
+            return;
         }
+        Step::Readable(fd) => (Some(fd), None),
+        Step::ReadableUntil(fd, d) => (Some(fd), Some(d)),
+        Step::Until(d) => (None, Some(d)),
+    };
+    *st = State::Polling;
+    drop(st);
+    match pool.upgrade() {
+        Some(p) => p.park_on(
+            Job {
+                task,
+                home: home.clone(),
+            },
+            fd,
+            until,
+        ),
+        None => home.finish(task),
     }
 }
 
@@ -650,7 +755,6 @@ mod tests {
     use std::net::{TcpListener, TcpStream};
     use std::os::fd::AsRawFd;
     use std::sync::atomic::AtomicU64;
-    use std::time::Instant;
 
     fn pair() -> (TcpStream, TcpStream) {
         let l = TcpListener::bind("127.0.0.1:0").unwrap();
@@ -777,6 +881,129 @@ mod tests {
             *home.state.lock(),
             State::Idle(_)
         )));
+    }
+
+    /// Waits for its socket until its deadline; says how the wait ended:
+    /// `Some(true)` timed out (nothing to read at or after the deadline),
+    /// `Some(false)` read bytes.
+    struct Timed {
+        s: TcpStream,
+        until: Instant,
+        turns: Arc<AtomicU64>,
+        ended: Arc<Mutex<Option<(bool, Instant)>>>,
+    }
+
+    impl Task for Timed {
+        fn run(&mut self) -> Step {
+            self.turns.fetch_add(1, Ordering::SeqCst);
+            self.s.set_nonblocking(true).unwrap();
+            let mut buf = [0u8; 64];
+            let timed_out = match self.s.read(&mut buf) {
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    if Instant::now() < self.until {
+                        return Step::ReadableUntil(self.s.as_raw_fd(), self.until);
+                    }
+                    true
+                }
+                _ => false,
+            };
+            *self.ended.lock() = Some((timed_out, Instant::now()));
+            Step::Done
+        }
+    }
+
+    #[test]
+    fn a_waiting_task_runs_at_its_deadline_or_when_readable_and_holds_no_worker() {
+        let w = Workers::with_keep_idle("test-io", None, Duration::from_millis(50)).unwrap();
+        // Let the poller go to sleep first: each new earliest deadline must
+        // wake it.
+        std::thread::sleep(Duration::from_millis(50));
+        let start = Instant::now();
+        let mut silent = Vec::new();
+        // Later-made tasks have earlier deadlines.
+        for i in 0..20u64 {
+            let (a, b) = pair();
+            let until = start + Duration::from_millis(400 - 15 * i);
+            let turns = Arc::new(AtomicU64::new(0));
+            let ended = Arc::new(Mutex::new(None));
+            let fd = b.as_raw_fd();
+            let t = Timed {
+                s: b,
+                until,
+                turns: turns.clone(),
+                ended: ended.clone(),
+            };
+            let home = w.start_readable_until(Box::new(t), fd, until);
+            silent.push((a, until, turns, ended, home));
+        }
+        // One that is written to long before its deadline.
+        let (mut a, b) = pair();
+        let far = Instant::now() + Duration::from_secs(600);
+        let (turns, ended) = (Arc::new(AtomicU64::new(0)), Arc::new(Mutex::new(None)));
+        let fd = b.as_raw_fd();
+        let t = Timed {
+            s: b,
+            until: far,
+            turns: turns.clone(),
+            ended: ended.clone(),
+        };
+        let busy = w.start_readable_until(Box::new(t), fd, far);
+        assert_eq!(w.threads(), 0, "21 waiting tasks hold no worker");
+        a.write_all(b"now").unwrap();
+        assert!(busy.wait_done(Duration::from_secs(10)));
+        assert_eq!(ended.lock().map(|e| e.0), Some(false), "it read its bytes");
+        assert_eq!(turns.load(Ordering::SeqCst), 1);
+        for (_, until, turns, ended, home) in &silent {
+            assert!(
+                home.wait_done(Duration::from_secs(10)),
+                "ran at its deadline"
+            );
+            let (timed_out, at) = ended.lock().expect("ended");
+            assert!(timed_out, "nothing was written: its deadline woke it");
+            assert!(at >= *until, "never before its deadline");
+            assert_eq!(turns.load(Ordering::SeqCst), 1, "one turn, at its deadline");
+        }
+        // Every deadline has left with its task (the one that was read too).
+        let parked = w.inner.parked.lock();
+        assert!(parked.timers.is_empty() && parked.jobs.is_empty());
+    }
+
+    /// Backs off once until its time, then ends.
+    struct Sleeper {
+        until: Instant,
+        turns: Arc<Mutex<Vec<Instant>>>,
+    }
+
+    impl Task for Sleeper {
+        fn run(&mut self) -> Step {
+            let now = Instant::now();
+            self.turns.lock().push(now);
+            if now < self.until {
+                Step::Until(self.until)
+            } else {
+                Step::Done
+            }
+        }
+    }
+
+    #[test]
+    fn a_task_that_backs_off_runs_again_at_its_time_holding_no_worker() {
+        let w = Workers::with_keep_idle("test-io", None, Duration::from_millis(20)).unwrap();
+        let at = Instant::now() + Duration::from_millis(500);
+        let turns = Arc::new(Mutex::new(Vec::new()));
+        let home = w.start(Box::new(Sleeper {
+            until: at,
+            turns: turns.clone(),
+        }));
+        assert!(until(Duration::from_secs(5), || turns.lock().len() == 1));
+        assert!(
+            until(Duration::from_millis(400), || w.threads() == 0),
+            "the waiting task holds no worker"
+        );
+        assert!(home.wait_done(Duration::from_secs(10)));
+        let turns = turns.lock();
+        assert_eq!(turns.len(), 2, "one turn at the start, one at its time");
+        assert!(turns[1] >= at);
     }
 
     #[test]

@@ -104,6 +104,7 @@ fn make_net(
                 staging_slice: cfg.staging_slice,
                 staging_depth: cfg.staging_depth,
                 connect_timeout: cfg.connect_timeout,
+                hello_timeout: cfg.stream_hello_timeout,
                 spin: cfg.spin,
                 linger: cfg.io_linger,
                 cpus,
