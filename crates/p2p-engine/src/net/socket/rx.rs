@@ -242,10 +242,26 @@ impl Rx {
             stager,
             shared,
             done,
+            lane,
             ..
         } = self;
         let until = Instant::now() + limit;
+        // Where spinning is allowed, the post is first watched for without
+        // sleeping (once): a receive posted right after the last one
+        // completed then finds this stream awake, not waiting for a
+        // condition variable's wake-up (up to milliseconds on a VM).
+        let mut spun = lane.spin.is_zero() || limit.is_zero();
         loop {
+            if !spun {
+                spun = true;
+                let spin_until = Instant::now() + lane.spin.min(limit);
+                while shared.posted.load(Ordering::Acquire) <= seq
+                    && !shared.closing.load(Ordering::Acquire)
+                    && Instant::now() < spin_until
+                {
+                    std::hint::spin_loop();
+                }
+            }
             let mut book = shared.book.lock();
             if shared.closing.load(Ordering::Acquire) {
                 return Ok(Found::Closing);
