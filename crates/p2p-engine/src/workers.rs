@@ -505,11 +505,13 @@ impl Inner {
     /// Spins for a job for the pool's spin time, if no other worker
     /// spins now (None: none came, or another spins).
     fn spin_for_job(&self, jobs: &Receiver<Job>) -> Option<Job> {
+        // Any worker come to wait answers a summons: it spins, or another
+        // does (which then spins through the callers' window too).
+        self.summoned.store(false, Ordering::Release);
         let spin = self.spin_ns.load(Ordering::Relaxed);
         if spin == 0 || self.spinning.swap(true, Ordering::AcqRel) {
             return None;
         }
-        self.summoned.store(false, Ordering::Release);
         let own = self.now_ns().saturating_add(spin);
         let mut got = None;
         while got.is_none() && !self.stopping.load(Ordering::Acquire) {
@@ -667,6 +669,8 @@ fn worker(pool: Weak<Inner>, jobs: Receiver<Job>) {
                     continue;
                 }
                 Err(_) => {
+                    // (A summons it took is void: the idle ones wait.)
+                    p.summoned.store(false, Ordering::Release);
                     p.threads.fetch_sub(1, Ordering::SeqCst);
                     return;
                 }
