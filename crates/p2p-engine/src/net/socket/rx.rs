@@ -252,16 +252,6 @@ impl Rx {
         // condition variable's wake-up (up to milliseconds on a VM).
         let mut spun = lane.spin.is_zero() || limit.is_zero();
         loop {
-            if !spun {
-                spun = true;
-                let spin_until = Instant::now() + lane.spin.min(limit);
-                while shared.posted.load(Ordering::Acquire) <= seq
-                    && !shared.closing.load(Ordering::Acquire)
-                    && Instant::now() < spin_until
-                {
-                    std::hint::spin_loop();
-                }
-            }
             let mut book = shared.book.lock();
             if shared.closing.load(Ordering::Acquire) {
                 return Ok(Found::Closing);
@@ -289,6 +279,20 @@ impl Rx {
             let now = Instant::now();
             if now >= until {
                 return Ok(Found::NotYet);
+            }
+            if !spun {
+                // (Earlier messages' copies have landed: their receives
+                // can complete, and the caller post this one.)
+                spun = true;
+                drop(book);
+                let spin_until = now + lane.spin.min(until - now);
+                while shared.posted.load(Ordering::Acquire) <= seq
+                    && !shared.closing.load(Ordering::Acquire)
+                    && Instant::now() < spin_until
+                {
+                    std::hint::spin_loop();
+                }
+                continue;
             }
             shared
                 .cv
