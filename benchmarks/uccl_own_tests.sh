@@ -6,7 +6,8 @@
 # never changed in place: each is copied into OUTDIR with
 # `from uccl import p2p` replaced by `from tcpx_p2p import p2p`, and run
 # there, one at a time (with `torchrun --nproc_per_node=2` where its own
-# docstring says so), each under a time limit (UCCL_TEST_LIMIT, 120 s).
+# docstring says so or it sets up torch.distributed from torchrun's
+# environment), each under a time limit (UCCL_TEST_LIMIT, 120 s).
 # FILEs default to every test_*.py that imports p2p (tests for RDMA-only or
 # vendor-only parts of UCCL are left out). Several of UCCL's tests run their
 # server and client as multiprocessing children and exit 0 whatever the
@@ -38,7 +39,9 @@ for name in "${files[@]}"; do
   sed 's/^\(\s*\)from uccl import p2p/\1from tcpx_p2p import p2p/' "$src" > "$dst"
   rec="$O/$name.exits"
   rm -f "$rec"
-  if grep -q "torchrun" "$dst"; then
+  # Two ranks under torchrun: files that say so, and files that set up
+  # torch.distributed from torchrun's environment (RANK, WORLD_SIZE, …).
+  if grep -Eq 'torchrun|init_process_group\((backend=)?"[a-z]+"\)' "$dst"; then
     (cd "$O" && timeout "$LIMIT" torchrun --nproc_per_node=2 "$JUDGE" run "$rec" "$name" > "$name.log" 2>&1)
   else
     (cd "$O" && timeout "$LIMIT" python3 "$JUDGE" run "$rec" "$name" > "$name.log" 2>&1)

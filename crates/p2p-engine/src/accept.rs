@@ -39,7 +39,9 @@ pub(crate) fn accept_loop<S, O>(
     }
 }
 
-struct Backoff {
+/// How long a failing accept loop waits before it tries again, and its
+/// warnings (the socket net's listener task uses it too).
+pub(crate) struct Backoff {
     /// Which listener, for the warning.
     what: &'static str,
     delay: Duration,
@@ -49,7 +51,7 @@ struct Backoff {
 }
 
 impl Backoff {
-    fn new(what: &'static str) -> Self {
+    pub(crate) fn new(what: &'static str) -> Self {
         Backoff {
             what,
             delay: Duration::ZERO,
@@ -59,13 +61,13 @@ impl Backoff {
     }
 
     /// An accept succeeded: the next failure starts from the shortest wait.
-    fn accepted(&mut self) {
+    pub(crate) fn accepted(&mut self) {
         self.delay = Duration::ZERO;
     }
 
     /// An accept failed with `e`: how long to wait before the next one
     /// (None: at once -- a signal, or a peer that gave up while queued).
-    fn failed(&mut self, e: &io::Error) -> Option<Duration> {
+    pub(crate) fn failed(&mut self, e: &io::Error) -> Option<Duration> {
         if matches!(
             e.kind(),
             io::ErrorKind::Interrupted | io::ErrorKind::ConnectionAborted

@@ -62,6 +62,10 @@ pub struct Config {
     /// How long idle threads spin before sleeping while work is in flight
     /// (a thread wake-up costs tens of microseconds in a VM).
     pub spin: Duration,
+    /// How long a blocking call (`wait`) drives its transfer from the
+    /// calling thread before it sleeps: the caller has nothing else to do,
+    /// and a sleeping thread's wake-up cost 0.1-3.6 ms on a 32-core VM.
+    pub wait_spin: Duration,
     /// How long a stream or connection with nothing to do keeps its I/O
     /// worker before giving it back (an idle peer then holds no thread).
     pub io_linger: Duration,
@@ -71,6 +75,10 @@ pub struct Config {
     pub deadline: Duration,
     /// How long a connect (TCP connect + handshake) may take.
     pub connect_timeout: Duration,
+    /// Socket net: a TCP stream accepted on the net's listener must have
+    /// sent its hello (which comm, which stream) within this, or it is
+    /// closed. A stream that connected sends its hello at once.
+    pub stream_hello_timeout: Duration,
     /// Shared secret peers must present (None = anyone may connect).
     pub auth_token: Option<String>,
     /// Path of the ncclNet plugin for [`NetKind::Plugin`].
@@ -145,10 +153,12 @@ impl Default for Config {
             sockbuf: 0,
             splice: true,
             spin: default_spin(),
+            wait_spin: default_spin() * 8,
             io_linger: Duration::from_millis(5),
             keepalive: Duration::from_millis(1000),
             deadline: Duration::from_millis(10_000),
             connect_timeout: Duration::from_secs(20),
+            stream_hello_timeout: Duration::from_secs(5),
             auth_token: None,
             plugin_path: "/usr/local/tcpx/lib64/libnccl-net-tcpx.so".into(),
             gpu_nics: None,
@@ -261,8 +271,10 @@ impl Config {
     /// | `TCPX_P2P_COPY_BATCH` | the driver's batch copy (`0`/`1`; process-wide) | 1 |
     /// | `TCPX_P2P_DISABLE_CUDA` | `1`: act as if no GPU were present (process-wide) | 0 |
     /// | `TCPX_P2P_SPIN_US` | busy-wait before sleeping, µs | 300 with 8+ cores, else 0 |
+    /// | `TCPX_P2P_WAIT_SPIN_US` | how long a blocking call drives its transfer before sleeping, µs | 2400 with 8+ cores, else 0 |
     /// | `TCPX_P2P_KEEPALIVE_MS`, `TCPX_P2P_DEADLINE_MS` | keep-alive interval; silence after which a connection fails | 1000, 10000 |
     /// | `TCPX_P2P_CONNECT_TIMEOUT_MS` | connect + handshake deadline | 20000 |
+    /// | `TCPX_P2P_STREAM_HELLO_MS` | socket net: an accepted stream that has not said its hello by then is closed | 5000 |
     /// | `TCPX_P2P_AUTH_TOKEN` | shared secret peers must present | none |
     /// | `TCPX_P2P_PLUGIN_PATH`, `UCCL_TCPX_PLUGIN_PATH` | ncclNet plugin | GCP path |
     /// | `TCPX_P2P_GPU_NICS` | static GPU → NIC map (`0-1:eth1;2-3:eth2;…`) | PCI distance |
@@ -339,6 +351,9 @@ impl Config {
         if let Some(n) = size_var(&["TCPX_P2P_SPIN_US"], 0, 1_000_000)? {
             c.spin = Duration::from_micros(n as u64);
         }
+        if let Some(n) = size_var(&["TCPX_P2P_WAIT_SPIN_US"], 0, 10_000_000)? {
+            c.wait_spin = Duration::from_micros(n as u64);
+        }
         if let Some(n) = size_var(&["TCPX_P2P_IO_LINGER_MS"], 0, 60_000)? {
             c.io_linger = Duration::from_millis(n as u64);
         }
@@ -357,6 +372,9 @@ impl Config {
         }
         if let Some(n) = size_var(&["TCPX_P2P_CONNECT_TIMEOUT_MS"], 1, 3_600_000)? {
             c.connect_timeout = Duration::from_millis(n as u64);
+        }
+        if let Some(n) = size_var(&["TCPX_P2P_STREAM_HELLO_MS"], 1, 3_600_000)? {
+            c.stream_hello_timeout = Duration::from_millis(n as u64);
         }
         c.auth_token = var(&["TCPX_P2P_AUTH_TOKEN"]).map(|(_, v)| v);
         c.gpu_nics = var(&["TCPX_P2P_GPU_NICS"]).map(|(_, v)| v);

@@ -89,8 +89,11 @@ pub fn init_logging() {
             .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("tcpx_p2p=warn"));
         // Colours only where a person reads a terminal, never in a log file.
         let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+        // Which thread said what, where a trace follows one transfer.
+        let threads = matches!(level.as_str(), "debug" | "trace");
         let _ = tracing_subscriber::fmt()
             .with_env_filter(filter)
+            .with_thread_ids(threads)
             .with_ansi(ansi)
             .with_writer(std::io::stderr)
             .try_init();

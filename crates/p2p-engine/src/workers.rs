@@ -5,9 +5,11 @@
 //! connection's progress loop, its control reader. A task runs on a
 //! worker until it has nothing to do, then says what it waits for
 //! ([`Step`]): its socket to become readable (registered with the pool's
-//! poller, one `epoll` set for all of them), or a [`Home::wake`] from
-//! whoever gives it work. A waiting task holds no thread; when what it
-//! waits for happens it is queued, and a worker takes it.
+//! poller, one `epoll` set for all of them), possibly with a deadline
+//! (the poller keeps the deadlines and queues the task at the first of
+//! readiness and its deadline), or a [`Home::wake`] from whoever gives it
+//! work. A waiting task holds no thread; when what it waits for happens
+//! it is queued, and a worker takes it.
 //!
 //! Workers are made as tasks become ready and none is free, and leave
 //! after [`KEEP_IDLE`] without work (at once when as many as there are
@@ -24,12 +26,12 @@
 //! did: the hand-off through the poller costs tens of microseconds once a
 //! peer has been idle for that long, never within a burst.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 use std::thread::Thread;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use mio::unix::SourceFd;
@@ -44,6 +46,12 @@ pub(crate) const KEEP_IDLE: Duration = Duration::from_secs(2);
 pub(crate) enum Step {
     /// Nothing until this descriptor is readable (or closed).
     Readable(RawFd),
+    /// Nothing until this descriptor is readable (or closed) or this
+    /// instant has come, whichever is first; the task, run again, sees
+    /// which (its read would block and the clock is past the instant).
+    ReadableUntil(RawFd, Instant),
+    /// Nothing until this instant (a back-off).
+    Until(Instant),
     /// Nothing until its [`Home`] is woken.
     Idle,
     /// Finished for good.
@@ -63,10 +71,19 @@ enum State {
     Running { thread: Thread, woken: bool },
     /// Waiting for a wake.
     Idle(Box<dyn Task>),
-    /// Waiting for its descriptor, in the poller's set.
+    /// Waiting for its descriptor (in the poller's set) or its deadline.
     Polling,
     /// Finished.
     Done,
+}
+
+/// Brings a sleeping worker to spin for jobs ([`Workers::keep_spinning`]).
+struct Summons;
+
+impl Task for Summons {
+    fn run(&mut self) -> Step {
+        Step::Done
+    }
 }
 
 /// Where a task lives between its stretches: whoever gives it work wakes
@@ -117,7 +134,7 @@ impl Home {
             State::Queued => "queued",
             State::Running { .. } => "running",
             State::Idle(_) => "idle",
-            State::Polling => "waiting for its socket",
+            State::Polling => "waiting for its socket or its time",
             State::Done => "done",
         };
         match self.pool.upgrade() {
@@ -214,7 +231,7 @@ struct Inner {
     threads: AtomicUsize,
     /// The poller's registry, and the tasks parked on it by token.
     registry: mio::Registry,
-    parked: Mutex<HashMap<usize, (Job, RawFd)>>,
+    parked: Mutex<Parked>,
     next_token: AtomicUsize,
     waker: mio::Waker,
     stopping: AtomicBool,
@@ -226,6 +243,38 @@ struct Inner {
     max_idle: usize,
     /// Jobs taken by workers so far (the poller's sign of progress).
     taken: AtomicU64,
+    /// How long one idle worker spins for the next job before it sleeps
+    /// (ns; 0: none spins).
+    spin_ns: AtomicU64,
+    /// Whether a worker spins now (at most one does).
+    spinning: AtomicBool,
+    /// Until when (ns past `epoch`) a caller waiting on a transfer wants a
+    /// worker spinning ([`Workers::keep_spinning`]).
+    spin_until: AtomicU64,
+    /// A worker was woken to spin and has not started yet.
+    summoned: AtomicBool,
+    epoch: Instant,
+}
+
+/// The tasks waiting for their descriptors, and the deadlines of those
+/// that have one.
+#[derive(Default)]
+struct Parked {
+    jobs: HashMap<usize, (Job, Option<RawFd>, Option<Instant>)>,
+    /// `(deadline, token)` of each parked job with a deadline, earliest
+    /// first; an entry leaves with its job.
+    timers: BTreeSet<(Instant, usize)>,
+}
+
+impl Parked {
+    /// Takes the job parked as `token` (and its deadline) out.
+    fn take(&mut self, token: usize) -> Option<(Job, Option<RawFd>)> {
+        let (job, fd, until) = self.jobs.remove(&token)?;
+        if let Some(d) = until {
+            self.timers.remove(&(d, token));
+        }
+        Some((job, fd))
+    }
 }
 
 /// The pool: cheap to clone (one per endpoint, shared by its comms).
@@ -270,7 +319,7 @@ impl Workers {
             idle: AtomicUsize::new(0),
             threads: AtomicUsize::new(0),
             registry,
-            parked: Mutex::new(HashMap::new()),
+            parked: Mutex::default(),
             next_token: AtomicUsize::new(0),
             waker,
             stopping: AtomicBool::new(false),
@@ -279,6 +328,11 @@ impl Workers {
                 .map_or(2, |n| n.get())
                 .max(2),
             taken: AtomicU64::new(0),
+            spin_ns: AtomicU64::new(0),
+            spinning: AtomicBool::new(false),
+            spin_until: AtomicU64::new(0),
+            summoned: AtomicBool::new(false),
+            epoch: Instant::now(),
         });
         let weak = Arc::downgrade(&inner);
         let cpus = inner.cpus.clone();
@@ -291,6 +345,39 @@ impl Workers {
         Ok(Workers { inner })
     }
 
+    /// Lets one idle worker at a time spin for `spin` before it sleeps:
+    /// a job that comes meanwhile starts at once, where waking a sleeping
+    /// worker took 0.1-3.6 ms on a 32-core VM (measured on 2 × H100, a
+    /// receive's task kicked between two blocking receives), which
+    /// decided UCCL's benchmark rows. Zero (the default) spins never.
+    pub(crate) fn set_spin(&self, spin: Duration) {
+        let ns = u64::try_from(spin.as_nanos()).unwrap_or(u64::MAX);
+        self.inner.spin_ns.store(ns, Ordering::Relaxed);
+    }
+
+    /// Keeps one idle worker spinning for jobs for `d` from now: a caller
+    /// waits for a transfer whose next steps are jobs (a stream's task
+    /// kicked, the progress task woken), which then start at once rather
+    /// than after a sleeping worker's wake-up (up to milliseconds on a
+    /// VM). If none spins now, a sleeping worker is woken to (its wake-up
+    /// overlaps the wait). Nothing while spinning is off ([`set_spin`]).
+    ///
+    /// [`set_spin`]: Workers::set_spin
+    pub(crate) fn keep_spinning(&self, d: Duration) {
+        let inner = &self.inner;
+        if d.is_zero() || inner.spin_ns.load(Ordering::Relaxed) == 0 {
+            return;
+        }
+        let until = inner.now_ns().saturating_add(d.as_nanos() as u64);
+        inner.spin_until.fetch_max(until, Ordering::AcqRel);
+        if !inner.spinning.load(Ordering::Acquire)
+            && inner.idle.load(Ordering::SeqCst) > 0
+            && !inner.summoned.swap(true, Ordering::AcqRel)
+        {
+            self.start(Box::new(Summons));
+        }
+    }
+
     /// Starts `task` waiting for `fd` to become readable (a stream with
     /// nothing to read yet holds no thread).
     pub(crate) fn start_readable(&self, task: Box<dyn Task>, fd: RawFd) -> Arc<Home> {
@@ -300,7 +387,28 @@ impl Workers {
                 task,
                 home: home.clone(),
             },
-            fd,
+            Some(fd),
+            None,
+        );
+        home
+    }
+
+    /// Starts `task` waiting for `fd` to become readable or for `until`,
+    /// whichever comes first (as [`Step::ReadableUntil`]).
+    pub(crate) fn start_readable_until(
+        &self,
+        task: Box<dyn Task>,
+        fd: RawFd,
+        until: Instant,
+    ) -> Arc<Home> {
+        let home = self.home(State::Polling);
+        self.inner.park_on(
+            Job {
+                task,
+                home: home.clone(),
+            },
+            Some(fd),
+            Some(until),
         );
         home
     }
@@ -340,8 +448,12 @@ impl Drop for Inner {
         self.stopping.store(true, Ordering::Release);
         let _ = self.waker.wake();
         // Parked tasks end with the pool: their owners see them done.
-        for (_, (job, fd)) in self.parked.get_mut().drain() {
-            let _ = self.registry.deregister(&mut SourceFd(&fd));
+        let parked = self.parked.get_mut();
+        parked.timers.clear();
+        for (_, (job, fd, _)) in parked.jobs.drain() {
+            if let Some(fd) = fd {
+                let _ = self.registry.deregister(&mut SourceFd(&fd));
+            }
             job.home.finish(job.task);
         }
     }
@@ -352,6 +464,12 @@ impl Inner {
         if self.queue.send(job).is_err() {
             return; // cannot happen: `jobs` lives as long as `queue`
         }
+        tracing::trace!(
+            queued = self.jobs.len(),
+            idle = self.idle.load(Ordering::Relaxed),
+            threads = self.threads.load(Ordering::Relaxed),
+            "lat: job queued"
+        );
         // More jobs waiting than workers waiting for them (a burst: a
         // message's parts on several streams): add a worker at once, up to
         // four per core; beyond that the poller adds them if the queue
@@ -384,11 +502,53 @@ impl Inner {
         }
     }
 
-    /// Parks a job until `fd` is readable.
-    fn park_on(self: &Arc<Self>, job: Job, fd: RawFd) {
+    /// Spins for a job for the pool's spin time, if no other worker
+    /// spins now (None: none came, or another spins).
+    fn spin_for_job(&self, jobs: &Receiver<Job>) -> Option<Job> {
+        // Any worker come to wait answers a summons: it spins, or another
+        // does (which then spins through the callers' window too).
+        self.summoned.store(false, Ordering::Release);
+        let spin = self.spin_ns.load(Ordering::Relaxed);
+        if spin == 0 || self.spinning.swap(true, Ordering::AcqRel) {
+            return None;
+        }
+        let own = self.now_ns().saturating_add(spin);
+        let mut got = None;
+        while got.is_none() && !self.stopping.load(Ordering::Acquire) {
+            let until = own.max(self.spin_until.load(Ordering::Acquire));
+            if self.now_ns() >= until {
+                break;
+            }
+            got = jobs.try_recv().ok();
+            std::hint::spin_loop();
+        }
+        self.spinning.store(false, Ordering::Release);
+        got
+    }
+
+    /// Nanoseconds since the pool was made.
+    fn now_ns(&self) -> u64 {
+        u64::try_from(self.epoch.elapsed().as_nanos()).unwrap_or(u64::MAX)
+    }
+
+    /// Parks a job until `fd` (if given) is readable, or `until` (if
+    /// given) has come.
+    fn park_on(self: &Arc<Self>, job: Job, fd: Option<RawFd>, until: Option<Instant>) {
         let token = self.next_token.fetch_add(1, Ordering::Relaxed) % (usize::MAX - 1);
         let home = job.home.clone();
-        self.parked.lock().insert(token, (job, fd));
+        let earliest = {
+            let mut parked = self.parked.lock();
+            parked.jobs.insert(token, (job, fd, until));
+            until.is_some_and(|d| {
+                parked.timers.insert((d, token));
+                parked.timers.first() == Some(&(d, token))
+            })
+        };
+        if earliest {
+            // The poller may be asleep past this deadline: it looks again.
+            let _ = self.waker.wake();
+        }
+        let Some(fd) = fd else { return };
         // Registering a descriptor that is readable already reports it at
         // once (epoll checks readiness when a descriptor is added).
         let r = self
@@ -397,7 +557,8 @@ impl Inner {
         if let Err(e) = r {
             tracing::debug!("I/O pool {}: cannot watch descriptor {fd}: {e}", self.name);
             // Run it: its read will meet the descriptor's error.
-            if let Some((job, _)) = self.parked.lock().remove(&token) {
+            let parked = self.parked.lock().take(token);
+            if let Some((job, _)) = parked {
                 *home.state.lock() = State::Queued;
                 self.submit(job);
             }
@@ -413,12 +574,19 @@ fn poller(mut poll: Poll, pool: Weak<Inner>) {
     let mut events = Events::with_capacity(256);
     let mut last_taken = 0u64;
     loop {
-        let waiting = pool.upgrade().is_some_and(|p| !p.jobs.is_empty());
-        let timeout = if waiting {
+        let (waiting, next_deadline) = pool.upgrade().map_or((false, None), |p| {
+            let next = p.parked.lock().timers.first().map(|&(d, _)| d);
+            (!p.jobs.is_empty(), next)
+        });
+        let mut timeout = if waiting {
             STALL
         } else {
             Duration::from_secs(1)
         };
+        if let Some(d) = next_deadline {
+            // mio rounds a timeout up to the next millisecond: never early.
+            timeout = timeout.min(d.saturating_duration_since(Instant::now()));
+        }
         let polled = poll.poll(&mut events, Some(timeout));
         if let Some(p) = pool.upgrade() {
             // Queued work that no worker took since the last look: add
@@ -447,14 +615,37 @@ fn poller(mut poll: Poll, pool: Weak<Inner>) {
             if ev.token() == WAKE {
                 continue;
             }
-            let parked = p.parked.lock().remove(&ev.token().0);
+            let parked = p.parked.lock().take(ev.token().0);
             if let Some((job, fd)) = parked {
-                // Deregistered before it can run (and park on it again).
-                let _ = p.registry.deregister(&mut SourceFd(&fd));
-                *job.home.state.lock() = State::Queued;
-                p.submit(job);
+                p.unpark(job, fd);
             }
         }
+        // Jobs whose deadline has come run, readable or not.
+        let now = Instant::now();
+        loop {
+            let due = {
+                let mut parked = p.parked.lock();
+                match parked.timers.first() {
+                    Some(&(d, token)) if d <= now => parked.take(token),
+                    _ => break,
+                }
+            };
+            if let Some((job, fd)) = due {
+                p.unpark(job, fd);
+            }
+        }
+    }
+}
+
+impl Inner {
+    /// Queues a job taken off the poller.
+    fn unpark(self: &Arc<Self>, job: Job, fd: Option<RawFd>) {
+        // Deregistered before it can run (and park on it again).
+        if let Some(fd) = fd {
+            let _ = self.registry.deregister(&mut SourceFd(&fd));
+        }
+        *job.home.state.lock() = State::Queued;
+        self.submit(job);
     }
 }
 
@@ -478,14 +669,20 @@ fn worker(pool: Weak<Inner>, jobs: Receiver<Job>) {
                     continue;
                 }
                 Err(_) => {
+                    // (A summons it took is void: the idle ones wait.)
+                    p.summoned.store(false, Ordering::Release);
                     p.threads.fetch_sub(1, Ordering::SeqCst);
                     return;
                 }
             }
         }
         let keep_idle = p.keep_idle;
+        let spun = p.spin_for_job(&jobs);
         drop(p); // a waiting worker does not keep the pool alive
-        let got = jobs.recv_timeout(keep_idle);
+        let got = match spun {
+            Some(job) => Ok(job),
+            None => jobs.recv_timeout(keep_idle),
+        };
         let Some(p) = pool.upgrade() else { return };
         p.idle.fetch_sub(1, Ordering::SeqCst);
         let job = match got {
@@ -513,36 +710,45 @@ fn run_job(pool: &Weak<Inner>, job: Job) {
         thread: std::thread::current(),
         woken: false,
     };
+    tracing::trace!("lat: job starts");
     let step = task.run();
+    tracing::trace!(?step, "lat: job stops");
     let mut st = home.state.lock();
     let woken = matches!(*st, State::Running { woken: true, .. });
-    match step {
+    let (fd, until) = match step {
         Step::Done => {
             *st = State::Done;
             drop(st);
             drop(task);
             home.finished.notify_all();
+            return;
         }
         Step::Idle if woken => {
             *st = State::Queued;
             drop(st);
             home.submit(task);
+            return;
         }
-        Step::Idle => *st = State::Idle(task),
-        Step::Readable(fd) => {
-            *st = State::Polling;
-            drop(st);
-            match pool.upgrade() {
-                Some(p) => p.park_on(
-                    Job {
-                        task,
-                        home: home.clone(),
-                    },
-                    fd,
-                ),
-                None => home.finish(task),
-            }
+        Step::Idle => {
+            *st = State::Idle(task);
+            return;
         }
+        Step::Readable(fd) => (Some(fd), None),
+        Step::ReadableUntil(fd, d) => (Some(fd), Some(d)),
+        Step::Until(d) => (None, Some(d)),
+    };
+    *st = State::Polling;
+    drop(st);
+    match pool.upgrade() {
+        Some(p) => p.park_on(
+            Job {
+                task,
+                home: home.clone(),
+            },
+            fd,
+            until,
+        ),
+        None => home.finish(task),
     }
 }
 
@@ -553,7 +759,6 @@ mod tests {
     use std::net::{TcpListener, TcpStream};
     use std::os::fd::AsRawFd;
     use std::sync::atomic::AtomicU64;
-    use std::time::Instant;
 
     fn pair() -> (TcpStream, TcpStream) {
         let l = TcpListener::bind("127.0.0.1:0").unwrap();
@@ -680,6 +885,191 @@ mod tests {
             *home.state.lock(),
             State::Idle(_)
         )));
+    }
+
+    /// Waits for its socket until its deadline; says how the wait ended:
+    /// `Some(true)` timed out (nothing to read at or after the deadline),
+    /// `Some(false)` read bytes.
+    struct Timed {
+        s: TcpStream,
+        until: Instant,
+        turns: Arc<AtomicU64>,
+        ended: Arc<Mutex<Option<(bool, Instant)>>>,
+    }
+
+    impl Task for Timed {
+        fn run(&mut self) -> Step {
+            self.turns.fetch_add(1, Ordering::SeqCst);
+            self.s.set_nonblocking(true).unwrap();
+            let mut buf = [0u8; 64];
+            let timed_out = match self.s.read(&mut buf) {
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    if Instant::now() < self.until {
+                        return Step::ReadableUntil(self.s.as_raw_fd(), self.until);
+                    }
+                    true
+                }
+                _ => false,
+            };
+            *self.ended.lock() = Some((timed_out, Instant::now()));
+            Step::Done
+        }
+    }
+
+    #[test]
+    fn a_waiting_task_runs_at_its_deadline_or_when_readable_and_holds_no_worker() {
+        let w = Workers::with_keep_idle("test-io", None, Duration::from_millis(50)).unwrap();
+        // Let the poller go to sleep first: each new earliest deadline must
+        // wake it.
+        std::thread::sleep(Duration::from_millis(50));
+        let start = Instant::now();
+        let mut silent = Vec::new();
+        // Later-made tasks have earlier deadlines.
+        for i in 0..20u64 {
+            let (a, b) = pair();
+            let until = start + Duration::from_millis(400 - 15 * i);
+            let turns = Arc::new(AtomicU64::new(0));
+            let ended = Arc::new(Mutex::new(None));
+            let fd = b.as_raw_fd();
+            let t = Timed {
+                s: b,
+                until,
+                turns: turns.clone(),
+                ended: ended.clone(),
+            };
+            let home = w.start_readable_until(Box::new(t), fd, until);
+            silent.push((a, until, turns, ended, home));
+        }
+        // One that is written to long before its deadline.
+        let (mut a, b) = pair();
+        let far = Instant::now() + Duration::from_secs(600);
+        let (turns, ended) = (Arc::new(AtomicU64::new(0)), Arc::new(Mutex::new(None)));
+        let fd = b.as_raw_fd();
+        let t = Timed {
+            s: b,
+            until: far,
+            turns: turns.clone(),
+            ended: ended.clone(),
+        };
+        let busy = w.start_readable_until(Box::new(t), fd, far);
+        assert_eq!(w.threads(), 0, "21 waiting tasks hold no worker");
+        a.write_all(b"now").unwrap();
+        assert!(busy.wait_done(Duration::from_secs(10)));
+        assert_eq!(ended.lock().map(|e| e.0), Some(false), "it read its bytes");
+        assert_eq!(turns.load(Ordering::SeqCst), 1);
+        for (_, until, turns, ended, home) in &silent {
+            assert!(
+                home.wait_done(Duration::from_secs(10)),
+                "ran at its deadline"
+            );
+            let (timed_out, at) = ended.lock().expect("ended");
+            assert!(timed_out, "nothing was written: its deadline woke it");
+            assert!(at >= *until, "never before its deadline");
+            assert_eq!(turns.load(Ordering::SeqCst), 1, "one turn, at its deadline");
+        }
+        // Every deadline has left with its task (the one that was read too).
+        let parked = w.inner.parked.lock();
+        assert!(parked.timers.is_empty() && parked.jobs.is_empty());
+    }
+
+    /// Backs off once until its time, then ends.
+    struct Sleeper {
+        until: Instant,
+        turns: Arc<Mutex<Vec<Instant>>>,
+    }
+
+    impl Task for Sleeper {
+        fn run(&mut self) -> Step {
+            let now = Instant::now();
+            self.turns.lock().push(now);
+            if now < self.until {
+                Step::Until(self.until)
+            } else {
+                Step::Done
+            }
+        }
+    }
+
+    #[test]
+    fn a_task_that_backs_off_runs_again_at_its_time_holding_no_worker() {
+        let w = Workers::with_keep_idle("test-io", None, Duration::from_millis(20)).unwrap();
+        let at = Instant::now() + Duration::from_millis(500);
+        let turns = Arc::new(Mutex::new(Vec::new()));
+        let home = w.start(Box::new(Sleeper {
+            until: at,
+            turns: turns.clone(),
+        }));
+        assert!(until(Duration::from_secs(5), || turns.lock().len() == 1));
+        assert!(
+            until(Duration::from_millis(400), || w.threads() == 0),
+            "the waiting task holds no worker"
+        );
+        assert!(home.wait_done(Duration::from_secs(10)));
+        let turns = turns.lock();
+        assert_eq!(turns.len(), 2, "one turn at the start, one at its time");
+        assert!(turns[1] >= at);
+    }
+
+    #[test]
+    fn a_spinning_worker_takes_every_wake_and_stops_spinning() {
+        // One idle worker spins for the next job: wakes that come while it
+        // spins, and after it gave up and slept, each give a turn.
+        let w = Workers::with_keep_idle("test-io", None, Duration::from_millis(50)).unwrap();
+        w.set_spin(Duration::from_millis(20));
+        let n = Arc::new(AtomicU64::new(0));
+        let home = w.start_idle(Box::new(Counter(n.clone())));
+        for i in 1..=40u64 {
+            home.kick();
+            assert!(until(Duration::from_secs(10), || n.load(Ordering::SeqCst) >= i));
+            if i % 10 == 0 {
+                // Past the spin: the worker sleeps, and is woken.
+                std::thread::sleep(Duration::from_millis(30));
+                assert!(
+                    until(Duration::from_secs(1), || !w
+                        .inner
+                        .spinning
+                        .load(Ordering::SeqCst)),
+                    "still spinning"
+                );
+            }
+        }
+        // A dropped pool's spinner leaves; the idle task ends at its wake.
+        drop(w);
+        home.kick();
+        assert!(until(Duration::from_secs(10), || home.is_done()));
+    }
+
+    #[test]
+    fn a_waiting_caller_keeps_a_worker_spinning_for_its_window() {
+        let w = Workers::with_keep_idle("test-io", None, Duration::from_secs(5)).unwrap();
+        let n = Arc::new(AtomicU64::new(0));
+        let home = w.start_idle(Box::new(Counter(n.clone())));
+        // Spinning off: nothing is summoned.
+        w.keep_spinning(Duration::from_secs(1));
+        assert!(!w.inner.summoned.load(Ordering::SeqCst));
+        w.set_spin(Duration::from_micros(100));
+        home.kick(); // a worker now exists, and goes idle after its turn
+        assert!(until(Duration::from_secs(10), || n.load(Ordering::SeqCst) == 1));
+        assert!(until(Duration::from_secs(10), || !w
+            .inner
+            .spinning
+            .load(Ordering::SeqCst)));
+        // A caller's window: a sleeping worker comes to spin through it,
+        // takes the wakes meanwhile, and stops once it has passed.
+        w.keep_spinning(Duration::from_millis(300));
+        assert!(until(Duration::from_secs(10), || w
+            .inner
+            .spinning
+            .load(Ordering::SeqCst)));
+        for i in 2..=5u64 {
+            home.kick();
+            assert!(until(Duration::from_secs(10), || n.load(Ordering::SeqCst) >= i));
+        }
+        assert!(until(Duration::from_secs(10), || !w
+            .inner
+            .spinning
+            .load(Ordering::SeqCst)));
+        assert!(!w.inner.summoned.load(Ordering::SeqCst));
     }
 
     #[test]

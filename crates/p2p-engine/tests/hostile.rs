@@ -143,6 +143,7 @@ fn socket_net(streams: usize) -> SocketNet {
         staging_slice: 1 << 20,
         staging_depth: 2,
         connect_timeout: Duration::from_secs(5),
+        hello_timeout: Duration::from_secs(5),
         spin: Duration::ZERO,
         linger: Duration::from_millis(100),
         cpus: None,
@@ -525,7 +526,9 @@ fn d3_listen_handles_cannot_amplify_connections() {
     for l in &mut listens {
         assert!(l.accept(noop()).unwrap().is_none(), "a handle was dialed");
     }
+    // The test's own net (its listener and workers) goes with its comms.
     drop(listens);
+    drop(net);
     legit_transfer(&w, 3);
     back_to(base);
 }

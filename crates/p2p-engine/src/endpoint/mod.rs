@@ -25,6 +25,10 @@ use crate::wire::{DescEntry, FifoItem, GpuId, Metadata, RmaItem, Token};
 use crate::workers::Workers;
 use crate::{gpu, topo};
 
+/// Between two rounds of progress driven by a blocking wait, it watches
+/// its transfer this long.
+const POKE_GAP: Duration = Duration::from_micros(5);
+
 /// A buffer of a transfer: `len` bytes at `ptr` inside registered region `mr`.
 #[derive(Debug, Clone, Copy)]
 pub struct Buf {
@@ -100,6 +104,7 @@ fn make_net(
                 staging_slice: cfg.staging_slice,
                 staging_depth: cfg.staging_depth,
                 connect_timeout: cfg.connect_timeout,
+                hello_timeout: cfg.stream_hello_timeout,
                 spin: cfg.spin,
                 linger: cfg.io_linger,
                 cpus,
@@ -156,6 +161,7 @@ impl Endpoint {
         // One pool of I/O workers runs every peer's streams and tasks.
         let workers = Workers::new("tcpx-io", cpus.clone())
             .map_err(|e| Error::io("starting the I/O workers", e))?;
+        workers.set_spin(cfg.spin);
         let net = make_net(
             &cfg,
             ip,
@@ -691,6 +697,15 @@ impl Endpoint {
     /// True once the transfer is done (it is then forgotten); an error if it failed.
     pub fn poll(&self, xfer: u64) -> Result<bool> {
         let t = self.status_of(xfer)?;
+        if !t.ended() {
+            // A caller polling in a loop drives progress itself, as a
+            // blocking wait does: its transfer completes without a hand-off
+            // to a woken thread.
+            if let Some(c) = self.inner.conns.read().get(&t.conn).cloned() {
+                c.poke();
+            }
+            self.inner.params.workers.keep_spinning(self.inner.cfg.spin);
+        }
         self.finish(&t, t.status())
     }
 
@@ -700,16 +715,22 @@ impl Endpoint {
         // Busy phase: drive the connection's progress from this thread (no
         // hand-off to wait for), then sleep on the transfer.
         let deadline = crate::timeout::deadline(timeout);
-        let spin = timeout.map_or(self.inner.cfg.spin, |d| d.min(self.inner.cfg.spin));
+        let busy = self.inner.cfg.wait_spin;
+        let spin = timeout.map_or(busy, |d| d.min(busy));
         let conn = self.inner.conns.read().get(&t.conn).cloned();
         if !spin.is_zero() && !t.ended() {
+            // Its next steps may be jobs of the I/O workers: one spins too.
+            self.inner.params.workers.keep_spinning(spin);
             let start = Instant::now();
             while !t.ended() && start.elapsed() < spin {
-                match &conn {
-                    Some(c) => {
-                        c.poke();
-                    }
-                    None => std::hint::spin_loop(),
+                if let Some(c) = &conn {
+                    c.poke();
+                }
+                // A round of progress takes the connection's locks: the
+                // next waits a little, watching the transfer meanwhile.
+                let round = Instant::now();
+                while !t.ended() && round.elapsed() < POKE_GAP {
+                    std::hint::spin_loop();
                 }
             }
         }

@@ -20,8 +20,10 @@
 //! - `recv` / `book` / `rx`: posting receives, the comm's book of posted
 //!   receives (and the checks a header passes before a byte lands), and
 //!   the receive threads (read header → match → land);
-//! - `streams`: opening further streams (sender) and admitting them
-//!   (receiver);
+//! - `streams`: opening further streams (sender) and taking them in
+//!   (receiver); `door`: the net's one listener, which every stream to
+//!   its receive comms comes in through and which gives each to the comm
+//!   its hello names;
 //! - `reader`, `sockio`, [`splice`]: buffered reads, system-call helpers,
 //!   and lending pinned pages to the socket.
 //!
@@ -30,8 +32,7 @@
 //! in them, each block with its reason.
 #![allow(unsafe_code)]
 
-use std::io;
-use std::net::{IpAddr, SocketAddr, TcpListener};
+use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
 #[cfg(test)]
@@ -43,6 +44,7 @@ use crate::gpu;
 use crate::workers::Workers;
 
 mod book;
+mod door;
 mod reader;
 mod recv;
 mod rx;
@@ -101,6 +103,9 @@ pub struct SocketConfig {
     pub staging_slice: usize,
     pub staging_depth: usize,
     pub connect_timeout: Duration,
+    /// A stream accepted on the net's listener must have sent its hello
+    /// (which comm, which stream) within this, or it is closed.
+    pub hello_timeout: Duration,
     /// Idle I/O threads spin this long before sleeping.
     pub spin: Duration,
     /// A stream with nothing to do keeps its I/O worker this long before
@@ -117,10 +122,14 @@ pub struct SocketConfig {
     pub splice: bool,
 }
 
-/// The transport: its settings, and the I/O workers its comms share.
+/// The transport: its settings, the I/O workers its comms share, and its
+/// one listener.
 pub struct SocketNet {
     cfg: SocketConfig,
     workers: LazyWorkers,
+    /// Where every stream to this net's receive comms comes in, made with
+    /// the first listen comm ([`door`]).
+    door: parking_lot::Mutex<Option<Arc<door::Door>>>,
     /// Pinned staging the receive streams share (see [`stage::StagingPool`]).
     rx_staging: Arc<StagingPool<Landing>>,
     /// Pinned staging the send streams share.
@@ -143,13 +152,14 @@ fn staging_pool<T>() -> Arc<StagingPool<T>> {
 struct LazyWorkers(Arc<parking_lot::Mutex<Option<Workers>>>);
 
 impl LazyWorkers {
-    fn get(&self, cpus: &Option<Arc<[usize]>>) -> Result<Workers, NetError> {
+    fn get(&self, cpus: &Option<Arc<[usize]>>, spin: Duration) -> Result<Workers, NetError> {
         let mut w = self.0.lock();
         if let Some(w) = &*w {
             return Ok(w.clone());
         }
         let made = Workers::new("tcpx-io", cpus.clone())
             .map_err(|e| NetError::io(NET, "starting the I/O workers", e))?;
+        made.set_spin(spin);
         Ok(w.insert(made).clone())
     }
 }
@@ -159,6 +169,7 @@ impl SocketNet {
         SocketNet {
             cfg,
             workers: LazyWorkers::default(),
+            door: parking_lot::Mutex::new(None),
             rx_staging: staging_pool(),
             tx_staging: staging_pool(),
         }
@@ -170,6 +181,7 @@ impl SocketNet {
         SocketNet {
             cfg,
             workers: LazyWorkers(Arc::new(parking_lot::Mutex::new(Some(workers)))),
+            door: parking_lot::Mutex::new(None),
             rx_staging: staging_pool(),
             tx_staging: staging_pool(),
         }
@@ -177,7 +189,7 @@ impl SocketNet {
 
     /// The comms' I/O workers, started with the first comm.
     fn workers(&self) -> Result<Workers, NetError> {
-        self.workers.get(&self.cfg.cpus)
+        self.workers.get(&self.cfg.cpus, self.cfg.spin)
     }
 
     /// A send comm to the listener `handle` names.
@@ -212,24 +224,32 @@ impl SocketNet {
         SocketSend::start(first, grow, &cfg, waker, &self.workers()?, &self.tx_staging)
     }
 
-    /// A listening comm (its own listener, until every stream is in).
+    /// The net's listener, opened with the first listen comm.
+    fn door(&self) -> Result<Arc<door::Door>, NetError> {
+        let mut d = self.door.lock();
+        if let Some(d) = &*d {
+            return Ok(d.clone());
+        }
+        let made = door::Door::open(&self.cfg, &self.workers()?)?;
+        Ok(d.insert(made).clone())
+    }
+
+    /// A listening comm: a record in the net's listener, which takes its
+    /// streams as they come.
     fn listen_here(&self) -> Result<SocketListen, NetError> {
-        let l = TcpListener::bind(SocketAddr::new(self.cfg.addr, 0))
-            .map_err(|e| NetError::io(NET, "bind", e))?;
-        l.set_nonblocking(true)
-            .map_err(|e| NetError::io(NET, "listen", e))?;
-        let addr = l.local_addr().map_err(|e| NetError::io(NET, "listen", e))?;
-        let nonce = crate::memory::random_u64();
+        let door = self.door()?;
+        let nonce = door.register(self.cfg.streams);
         Ok(SocketListen {
-            listener: Some(l),
             handle: Handle {
-                addr,
+                addr: door.addr(),
                 streams: self.cfg.streams,
                 nonce,
                 min_part: self.cfg.min_part,
             }
             .encode(),
+            door,
             nonce,
+            accepted: false,
             cfg: self.cfg.clone(),
             workers: self.workers.clone(),
             rx_staging: self.rx_staging.clone(),
@@ -339,10 +359,12 @@ impl Net for SocketNet {
 // -------------------------------------------------------------- listening
 
 struct SocketListen {
-    /// Moves into the receive comm, which keeps it for later streams.
-    listener: Option<TcpListener>,
     handle: NetHandle,
+    /// The net's listener, and this comm's key in its records.
+    door: Arc<door::Door>,
     nonce: u64,
+    /// The receive comm is made (it owns the record from then on).
+    accepted: bool,
     cfg: SocketConfig,
     workers: LazyWorkers,
     rx_staging: Arc<StagingPool<Landing>>,
@@ -361,53 +383,48 @@ impl ListenComm for SocketListen {
 }
 
 impl SocketListen {
-    /// The receive comm once a first stream has connected with a good
-    /// hello (the peer opens more as its messages want them; the comm's
-    /// listener admits them).
+    /// The receive comm once a first stream has come with a good hello
+    /// (the peer opens more as its messages want them; the net's listener
+    /// gives them to the comm).
     fn accept_here(&mut self, waker: Waker) -> Result<Option<SocketRecv>, NetError> {
-        let listener = self.listener.take().ok_or_else(|| NetError::Misuse {
-            net: NET,
-            reason: "accept on a listen comm that has accepted".into(),
-        })?;
-        loop {
-            match listener.accept() {
-                Ok((mut s, _)) => {
-                    let Some(idx) = streams::check_hello(&mut s, self.nonce, self.cfg.streams, 0)
-                    else {
-                        tracing::warn!("socket net: refused a stream with a bad hello");
-                        continue;
-                    };
-                    if let Some(gpu) = self.cfg.gpu {
-                        // A ring per stream the comm may have, once per
-                        // endpoint: with only two made ahead, a
-                        // connection's first messages (one per stream,
-                        // landing at once) took a new ring each -- 3-5 ms
-                        // apiece on H100, stalling every CUDA call of the
-                        // process.
-                        self.rx_staging.warm(
-                            gpu,
-                            self.cfg.staging_slice,
-                            self.cfg.staging_depth,
-                            self.cfg.streams.max(2),
-                        );
-                    }
-                    return Ok(Some(SocketRecv::start(
-                        (idx, s),
-                        listener,
-                        self.nonce,
-                        &self.cfg,
-                        waker,
-                        &self.workers.get(&self.cfg.cpus)?,
-                        &self.rx_staging,
-                    )?));
-                }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                    self.listener = Some(listener);
-                    return Ok(None);
-                }
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e) => return Err(NetError::io(NET, "accept", e)),
-            }
+        if self.accepted {
+            return Err(NetError::Misuse {
+                net: NET,
+                reason: "accept on a listen comm that has accepted".into(),
+            });
+        }
+        if !self.door.has_early(self.nonce) {
+            return Ok(None);
+        }
+        if let Some(gpu) = self.cfg.gpu {
+            // A ring per stream the comm may have, once per endpoint: with
+            // only two made ahead, a connection's first messages (one per
+            // stream, landing at once) took a new ring each -- 3-5 ms
+            // apiece on H100, stalling every CUDA call of the process.
+            self.rx_staging.warm(
+                gpu,
+                self.cfg.staging_slice,
+                self.cfg.staging_depth,
+                self.cfg.streams.max(2),
+            );
+        }
+        let r = SocketRecv::start(
+            &self.door,
+            self.nonce,
+            &self.cfg,
+            waker,
+            &self.workers.get(&self.cfg.cpus, self.cfg.spin)?,
+            &self.rx_staging,
+        )?;
+        self.accepted = true;
+        Ok(Some(r))
+    }
+}
+
+impl Drop for SocketListen {
+    fn drop(&mut self) {
+        if !self.accepted {
+            self.door.forget(self.nonce);
         }
     }
 }
@@ -448,6 +465,7 @@ pub(crate) fn test_config(streams: usize) -> SocketConfig {
         staging_slice: 1 << 20,
         staging_depth: 2,
         connect_timeout: Duration::from_secs(5),
+        hello_timeout: Duration::from_secs(5),
         spin: Duration::from_micros(20),
         linger: Duration::from_millis(100),
         cpus: None,

@@ -2,13 +2,13 @@
 //! receive streams' tasks ([`super::rx`]) find it.
 
 use std::collections::HashMap;
-use std::net::{TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use parking_lot::{Condvar, Mutex};
 
 use super::book::{Book, Landing, RecvReq, RecvShared};
+use super::door::Door;
 use super::segs::Segs;
 use super::stage::StagingPool;
 use super::streams::RxStreams;
@@ -19,9 +19,12 @@ use crate::workers::Workers;
 
 pub(super) struct SocketRecv {
     shared: Arc<RecvShared>,
-    /// The comm's streams, joined by the listener's task as the peer opens
-    /// them ([`super::streams`]).
+    /// The comm's streams, joined by the net's listener as the peer opens
+    /// them ([`super::door`]).
     streams: Arc<RxStreams>,
+    /// The net's listener, and our comm's key in its records.
+    door: Arc<Door>,
+    nonce: u64,
     /// Keeps the I/O workers (and their poller) alive while this comm is.
     _workers: Workers,
     reqs: HashMap<u64, Arc<RecvReq>>,
@@ -29,12 +32,10 @@ pub(super) struct SocketRecv {
 }
 
 impl SocketRecv {
-    /// A receive comm on its first stream (`first`, hello checked, its
-    /// index `index`); `listener` stays open for the streams the peer opens
-    /// later.
+    /// The receive comm the listen comm `nonce` of `door` becomes, on the
+    /// streams that came for it so far; the door gives it later ones.
     pub(super) fn start(
-        first: (usize, TcpStream),
-        listener: TcpListener,
+        door: &Arc<Door>,
         nonce: u64,
         cfg: &SocketConfig,
         waker: Waker,
@@ -52,11 +53,14 @@ impl SocketRecv {
             waker,
         });
         let streams = RxStreams::new(shared.clone(), cfg, workers, staging.clone());
-        streams.join(first.0, Arc::new(first.1));
-        streams.listen(listener, nonce);
+        for (index, s) in door.attach(nonce, &streams)? {
+            streams.join(index, s);
+        }
         Ok(SocketRecv {
             shared,
             streams,
+            door: door.clone(),
+            nonce,
             _workers: workers.clone(),
             reqs: HashMap::new(),
             next_seq: 0,
@@ -141,6 +145,7 @@ impl RecvComm for SocketRecv {
 
 impl Drop for SocketRecv {
     fn drop(&mut self) {
+        self.door.forget(self.nonce);
         self.shared.closing.store(true, Ordering::Release);
         self.shared.notify_all();
         self.streams.close();

@@ -53,7 +53,9 @@ fn rx_gpu_small(
     done: &mut Vec<Landing>,
 ) -> Result<(), NetError> {
     timing::mark(Spent::Other);
+    tracing::trace!(seq = land.seq, "lat: rx slot wanted");
     ring.next_slot(len, done)?;
+    tracing::trace!(seq = land.seq, "lat: rx slot had");
     complete(shared, done);
     timing::mark(Spent::Copies);
     r.read_exact(ring.fill_buf(len)).map_err(read_err)?;
@@ -240,9 +242,15 @@ impl Rx {
             stager,
             shared,
             done,
+            lane,
             ..
         } = self;
         let until = Instant::now() + limit;
+        // Where spinning is allowed, the post is first watched for without
+        // sleeping (once): a receive posted right after the last one
+        // completed then finds this stream awake, not waiting for a
+        // condition variable's wake-up (up to milliseconds on a VM).
+        let mut spun = lane.spin.is_zero() || limit.is_zero();
         loop {
             let mut book = shared.book.lock();
             if shared.closing.load(Ordering::Acquire) {
@@ -271,6 +279,20 @@ impl Rx {
             let now = Instant::now();
             if now >= until {
                 return Ok(Found::NotYet);
+            }
+            if !spun {
+                // (Earlier messages' copies have landed: their receives
+                // can complete, and the caller post this one.)
+                spun = true;
+                drop(book);
+                let spin_until = now + lane.spin.min(until - now);
+                while shared.posted.load(Ordering::Acquire) <= seq
+                    && !shared.closing.load(Ordering::Acquire)
+                    && Instant::now() < spin_until
+                {
+                    std::hint::spin_loop();
+                }
+                continue;
             }
             shared
                 .cv
@@ -398,6 +420,20 @@ impl Rx {
             .filter(|h| h.seq == seq && postable(h))
             .filter(|h| self.r.buffered() + unread(&self.r.s) >= h.len as usize)
     }
+
+    /// On the posting thread, after it landed a part: reads the next
+    /// part's header if all of it is here, and keeps it for its receive
+    /// as the task would (true). False: no whole header is here, or its
+    /// receive is posted already -- the task has work (reading, landing).
+    fn read_ahead(&mut self) -> Result<bool, NetError> {
+        if self.pending.is_some() || self.r.buffered() + unread(&self.r.s) < HDR_LEN {
+            return Ok(false);
+        }
+        let h = self.read_header()?;
+        let posted = h.seq < self.shared.posted.load(Ordering::Acquire);
+        self.pending = Some(h);
+        Ok(!posted)
+    }
 }
 
 /// What [`Rx::find_recv`] found.
@@ -407,6 +443,16 @@ enum Found {
     NotYet,
     /// The comm is closing.
     Closing,
+}
+
+/// What [`RxHandle::land_held`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Landed {
+    /// Nothing: the part is left to the stream's task.
+    No,
+    /// Landed the part (or failed the comm trying); `kick`: the task has
+    /// work now (bytes to read, or a receive posted for the header kept).
+    Here { kick: bool },
 }
 
 /// What one [`Rx::step`] did.
@@ -474,15 +520,18 @@ impl RxHandle {
     /// on the calling -- posting -- thread, if the part is small and all
     /// its bytes have arrived: the receive then completes without an I/O
     /// worker being woken for it (a wake-up cost 60-110 µs per message on
-    /// 2 × H100 when a sender runs ahead of blocking receives). True if it
-    /// did (or failed the comm trying); false leaves the part to the task.
-    /// Never waits: not for the task, nor for bytes.
-    pub(super) fn land_held(&self, seq: u64) -> bool {
+    /// 2 × H100 when a sender runs ahead of blocking receives, and up to
+    /// milliseconds on a busy VM). Where the next part's header is here
+    /// too, it is read and kept the same way, so that a run of small
+    /// messages sent ahead of their receives lands on the posting thread
+    /// one after another with no worker woken at all. Never waits: not for
+    /// the task, nor for bytes.
+    pub(super) fn land_held(&self, seq: u64) -> Landed {
         let Some(mut rx) = self.0.try_lock() else {
-            return false; // the task is running: it finds the receive
+            return Landed::No; // the task is running: it finds the receive
         };
         if rx.shared.closing.load(Ordering::Acquire) || rx.held_part(seq).is_none() {
-            return false;
+            return Landed::No;
         }
         // The application's GPU context is put back after the copy.
         let _ctx = crate::gpu::ContextGuard::save();
@@ -494,17 +543,17 @@ impl RxHandle {
             Ok(flow)
         });
         rx.stager.give_back();
-        match landed {
-            Ok(Flow::Part) => {
+        let landed = landed.and_then(|flow| match flow {
+            Flow::Part => {
                 tracing::trace!(seq, "lat: rx landed by the poster");
-                true
+                rx.read_ahead().map(|kept| Landed::Here { kick: !kept })
             }
-            Ok(Flow::AwaitPost | Flow::Closing) => false,
-            Err(e) => {
-                rx.fail(e);
-                true
-            }
-        }
+            Flow::AwaitPost | Flow::Closing => Ok(Landed::No),
+        });
+        landed.unwrap_or_else(|e| {
+            rx.fail(e);
+            Landed::Here { kick: true }
+        })
     }
 
     /// Whether the task may be waiting for receive `seq` to be posted: it
@@ -532,6 +581,7 @@ impl Task for RxTask {
     fn run(&mut self) -> Step {
         let rx = &mut *self.rx.lock();
         let fd = rx.r.s.as_raw_fd();
+        tracing::trace!(stream = rx.lane.index, "lat: rx task runs");
         rx.stager.bind_here();
         let _account = timing::start(|| {
             let at =

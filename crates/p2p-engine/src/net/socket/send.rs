@@ -136,6 +136,7 @@ impl SocketSend {
     fn take_new_streams(&mut self) {
         for s in self.streams.take_ready() {
             self.add_stream(s);
+            tracing::trace!(streams = self.txs.len(), "lat: tx stream taken in");
         }
     }
 

@@ -281,7 +281,12 @@ impl<T> Stager<T> {
                     crate::gpu::bind_here(device)?;
                     st
                 }
-                None => Staging::new(device, self.slice, self.depth, self.mapped)?,
+                None => {
+                    let t = std::time::Instant::now();
+                    let st = Staging::new(device, self.slice, self.depth, self.mapped)?;
+                    tracing::trace!(us = t.elapsed().as_micros() as u64, "lat: staging made");
+                    st
+                }
             },
         };
         Ok(self.cur.insert(st))
@@ -296,6 +301,7 @@ impl<T> Stager<T> {
         device: i32,
     ) -> Result<(&mut Staging<T>, Option<&mut Splicer>), NetError> {
         if let Lend::Wanted(sock) = &self.lend {
+            let t = std::time::Instant::now();
             let sock = sock.clone();
             self.lend = Lend::Off;
             match Splicer::new(sock, self.slice) {
@@ -322,6 +328,7 @@ impl<T> Stager<T> {
                     "socket net: no pipe to lend staging through ({e}); written instead"
                 ),
             }
+            tracing::trace!(us = t.elapsed().as_micros() as u64, "lat: lending set up");
         }
         self.get(device)?;
         let sp = match &mut self.lend {

@@ -1,38 +1,29 @@
 //! Streams that follow the traffic: a comm starts with one TCP stream, and
 //! its sender opens more (up to the listen handle's count) when a message
 //! is cut into more parts than it has streams. The sender connects them
-//! in the background ([`Grow`]), and they carry later messages once in;
-//! the receiver keeps the comm's listener open and its task on the I/O
-//! workers admits each new stream whose hello checks out ([`RxStreams`]).
-//! Streams close only with their comm.
+//! in the background ([`Grow`]), and they carry later messages once in.
+//! On the receiver every stream comes in through the net's one listener
+//! ([`super::door`]), which gives it to the comm its hello names once the
+//! hello checks out; the comm takes it in ([`RxStreams`]). Streams close
+//! only with their comm.
 
-use std::io::{self, Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::io::Write;
+use std::net::{SocketAddr, TcpStream};
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Weak};
+use std::sync::Arc;
 use std::time::Duration;
 
 use parking_lot::Mutex;
 
 use super::book::{Landing, RecvShared};
-use super::rx::{RxHandle, RxTask};
+use super::rx::{Landed, RxHandle, RxTask};
 use super::sockio::tune;
 use super::stage::StagingPool;
-use super::wire::{Hello, HELLO_LEN};
+use super::wire::Hello;
 use super::{Lane, SocketConfig, NET};
 use crate::error::NetError;
-use crate::workers::{Home, Step, Task, Workers};
-
-/// How long a comm's first stream may take to send its hello (a stream
-/// that connected sends it at once); later streams' hellos are awaited
-/// without a thread ([`HelloTask`]), as many at once as streams are
-/// missing.
-const HELLO_WAIT: Duration = Duration::from_secs(10);
-
-/// Streams refused per comm (per allowed stream) before its listener
-/// closes: a peer that keeps sending bad hellos gets no more turns.
-const REFUSALS_PER_STREAM: usize = 2;
+use crate::workers::{Home, Workers};
 
 /// Connects stream `index` of the comm listening at `addr` and says its
 /// hello.
@@ -56,32 +47,7 @@ pub(super) fn open_stream(
 
 /// Most streams a comm may have: the stream indices in are a bit each of
 /// a `u64`.
-const MAX_STREAMS: usize = 64;
-
-/// The stream index a hello names, if its nonce is the comm's and the
-/// index is one of the comm's `allowed` not `taken` yet (a bit per index).
-fn hello_index(hello: &[u8; HELLO_LEN], nonce: u64, allowed: usize, taken: u64) -> Option<usize> {
-    let h = Hello::decode(hello).ok()?;
-    let idx = usize::try_from(h.stream).ok()?;
-    (h.nonce == nonce && idx < allowed.min(MAX_STREAMS) && taken & (1 << idx) == 0).then_some(idx)
-}
-
-/// Reads and checks an accepted stream's hello (waiting at most
-/// [`HELLO_WAIT`]): its stream index, as [`hello_index`] judges it.
-pub(super) fn check_hello(
-    s: &mut TcpStream,
-    nonce: u64,
-    allowed: usize,
-    taken: u64,
-) -> Option<usize> {
-    s.set_nonblocking(false).ok()?;
-    s.set_read_timeout(Some(HELLO_WAIT)).ok()?;
-    let mut hello = [0u8; HELLO_LEN];
-    s.read_exact(&mut hello).ok()?;
-    let idx = hello_index(&hello, nonce, allowed, taken)?;
-    s.set_read_timeout(None).ok()?;
-    Some(idx)
-}
+pub(super) const MAX_STREAMS: usize = 64;
 
 /// The sender's streams still to come: connected in the background, one
 /// batch at a time, in index order, and taken in by the posting thread
@@ -172,7 +138,8 @@ impl Grow {
     }
 }
 
-/// A receive comm's streams and the listener that admits more.
+/// A receive comm's streams (the net's listener gives it more,
+/// [`super::door`]).
 pub(super) struct RxStreams {
     shared: Arc<RecvShared>,
     cfg: SocketConfig,
@@ -191,12 +158,6 @@ struct RxInner {
     held: Vec<RxHandle>,
     /// Stream indices in, a bit each.
     taken: u64,
-    /// Streams refused (bad hello, or more than allowed).
-    refused: usize,
-    listener: Option<Arc<TcpListener>>,
-    listen_task: Option<Arc<Home>>,
-    /// Accepted connections whose hello has not come yet.
-    pending: Vec<(Arc<TcpStream>, Arc<Home>)>,
 }
 
 impl RxStreams {
@@ -239,23 +200,9 @@ impl RxStreams {
         inner.held.push(held);
         inner.socks.push(s);
         inner.taken |= 1 << index;
+        tracing::trace!(index, "lat: rx stream joined");
         self.shared.streams.fetch_add(1, Ordering::AcqRel);
         true
-    }
-
-    /// Keeps `listener` open for the streams the peer opens later; its
-    /// task admits them.
-    pub(super) fn listen(self: &Arc<Self>, listener: TcpListener, nonce: u64) {
-        let l = Arc::new(listener);
-        let fd = l.as_raw_fd();
-        let task = AcceptTask {
-            streams: Arc::downgrade(self),
-            listener: l.clone(),
-            nonce,
-        };
-        let mut inner = self.inner.lock();
-        inner.listener = Some(l);
-        inner.listen_task = Some(self.workers.start_readable(Box::new(task), fd));
     }
 
     /// Receive `seq` was entered in the book: a stream holding its header
@@ -263,7 +210,11 @@ impl RxStreams {
     pub(super) fn posted(&self, seq: u64) {
         let inner = self.inner.lock();
         for (h, t) in inner.held.iter().zip(&inner.tasks) {
-            if h.land_held(seq) || h.awaits(seq) {
+            let kick = match h.land_held(seq) {
+                Landed::Here { kick } => kick,
+                Landed::No => h.awaits(seq),
+            };
+            if kick {
                 t.kick();
             }
         }
@@ -275,187 +226,18 @@ impl RxStreams {
         self.inner.lock().held.iter().any(|h| h.holds(seq))
     }
 
-    /// Closes every stream and the listener, and ends their tasks (the
-    /// comm's `closing` is set first).
+    /// Closes every stream and ends their tasks (the comm's `closing` is
+    /// set first).
     pub(super) fn close(&self) {
         let tasks: Vec<Arc<Home>> = {
             let mut inner = self.inner.lock();
             for s in &inner.socks {
                 let _ = s.shutdown(std::net::Shutdown::Both);
             }
-            if let Some(l) = inner.listener.take() {
-                // Wakes its task (the listener turns readable).
-                let _ = socket2::SockRef::from(&*l).shutdown(std::net::Shutdown::Both);
-            }
-            let mut t = std::mem::take(&mut inner.tasks);
-            t.extend(inner.listen_task.take());
-            for (s, home) in std::mem::take(&mut inner.pending) {
-                let _ = s.shutdown(std::net::Shutdown::Both);
-                t.push(home);
-            }
-            t
+            std::mem::take(&mut inner.tasks)
         };
         // Parked tasks see their stream closed and end; idle ones (waiting
         // for a receive to be posted) are woken to see it.
         Home::end_all(&tasks, Duration::from_secs(5), "socket net receive comm");
-    }
-
-    /// Takes a connection the listener accepted: its hello is awaited by a
-    /// task of its own on the I/O workers ([`HelloTask`]), never by a
-    /// worker blocked on it. At most as many hellos wait as streams are
-    /// missing; more connections are refused. Returns whether the
-    /// listener stays open: false once every index is in or the peer has
-    /// had its refusals.
-    fn admit(self: &Arc<Self>, s: TcpStream, nonce: u64) -> bool {
-        let mut inner = self.inner.lock();
-        let missing = self
-            .allowed()
-            .saturating_sub(inner.taken.count_ones() as usize);
-        if inner.pending.len() >= missing || s.set_nonblocking(true).is_err() {
-            tracing::warn!("socket net: refused a stream beyond the comm's count");
-            inner.refused += 1;
-        } else {
-            let s = Arc::new(s);
-            let mut task = HelloTask {
-                streams: Arc::downgrade(self),
-                s: s.clone(),
-                nonce,
-                hello: [0; HELLO_LEN],
-                got: 0,
-            };
-            // The hello is usually here already (the peer writes it as
-            // soon as it is connected): taken now, no task is woken for it.
-            if let Some(done) = task.read_hello() {
-                drop(inner);
-                self.hello_done(&s, done, nonce);
-                return self.listening(&mut self.inner.lock());
-            }
-            let home = self.workers.start_readable(Box::new(task), s.as_raw_fd());
-            inner.pending.push((s, home));
-        }
-        self.listening(&mut inner)
-    }
-
-    /// A hello has come (`Some`: its bytes) or the connection ended
-    /// without one (`None`): the stream joins if the hello checks out.
-    fn hello_done(&self, s: &Arc<TcpStream>, hello: Option<[u8; HELLO_LEN]>, nonce: u64) {
-        let taken = {
-            let mut inner = self.inner.lock();
-            inner.pending.retain(|(p, _)| !Arc::ptr_eq(p, s));
-            inner.taken
-        };
-        let idx = hello.and_then(|h| hello_index(&h, nonce, self.cfg.streams, taken));
-        let joined = idx.is_some_and(|i| self.join(i, s.clone()));
-        let mut inner = self.inner.lock();
-        if !joined {
-            tracing::warn!("socket net: refused a stream with a bad hello");
-            inner.refused += 1;
-        }
-        self.listening(&mut inner);
-    }
-
-    /// Most streams this comm may have.
-    fn allowed(&self) -> usize {
-        self.cfg.streams.min(MAX_STREAMS)
-    }
-
-    /// Whether the listener stays open; if not, it is shut (its task sees
-    /// it and ends, and the descriptor goes).
-    fn listening(&self, inner: &mut RxInner) -> bool {
-        let allowed = self.allowed();
-        let full = inner.taken.count_ones() as usize >= allowed;
-        let open = !full && inner.refused < REFUSALS_PER_STREAM * allowed;
-        if !open {
-            if let Some(l) = inner.listener.take() {
-                let _ = socket2::SockRef::from(&*l).shutdown(std::net::Shutdown::Both);
-            }
-        }
-        open
-    }
-}
-
-/// An accepted connection waiting for its hello, on the I/O workers: it
-/// reads what has come each time the socket turns readable.
-struct HelloTask {
-    streams: Weak<RxStreams>,
-    s: Arc<TcpStream>,
-    nonce: u64,
-    hello: [u8; HELLO_LEN],
-    got: usize,
-}
-
-impl HelloTask {
-    /// Reads what has come of the hello, without waiting: `None` while
-    /// more is to come, `Some(Some(hello))` once whole, `Some(None)` if the
-    /// connection ended (or failed) before it.
-    fn read_hello(&mut self) -> Option<Option<[u8; HELLO_LEN]>> {
-        loop {
-            match (&*self.s).read(&mut self.hello[self.got..]) {
-                Ok(0) => return Some(None),
-                Ok(n) => {
-                    self.got += n;
-                    if self.got == HELLO_LEN {
-                        return Some(Some(self.hello));
-                    }
-                }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return None,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(_) => return Some(None),
-            }
-        }
-    }
-}
-
-impl Task for HelloTask {
-    fn run(&mut self) -> Step {
-        let Some(streams) = self.streams.upgrade() else {
-            return Step::Done;
-        };
-        if streams.shared.closing.load(Ordering::Acquire) {
-            return Step::Done;
-        }
-        match self.read_hello() {
-            None => Step::Readable(self.s.as_raw_fd()),
-            Some(done) => {
-                streams.hello_done(&self.s, done, self.nonce);
-                Step::Done
-            }
-        }
-    }
-}
-
-/// The receive comm's listener on the I/O workers: admits the streams the
-/// peer opens after the first, waiting for connections without a thread.
-struct AcceptTask {
-    streams: Weak<RxStreams>,
-    listener: Arc<TcpListener>,
-    nonce: u64,
-}
-
-impl Task for AcceptTask {
-    fn run(&mut self) -> Step {
-        loop {
-            let Some(streams) = self.streams.upgrade() else {
-                return Step::Done;
-            };
-            if streams.shared.closing.load(Ordering::Acquire) {
-                return Step::Done;
-            }
-            match self.listener.accept() {
-                Ok((s, _)) => {
-                    if !streams.admit(s, self.nonce) {
-                        return Step::Done;
-                    }
-                }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                    return Step::Readable(self.listener.as_raw_fd());
-                }
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => {
-                    tracing::debug!("socket net: accepting streams ended: {e}");
-                    return Step::Done;
-                }
-            }
-        }
     }
 }

@@ -270,6 +270,48 @@ fn small_messages_sent_ahead_of_their_receives_land_on_the_posting_thread() {
 }
 
 #[test]
+fn a_run_of_small_messages_sent_ahead_lands_on_the_posting_thread_one_after_another() {
+    // UCCL's benchmark loop: the sender has sent every message before the
+    // first blocking receive. Landing message k on the posting thread
+    // also reads message k+1's header (its bytes are here), so receive
+    // k+1 is complete when its `irecv` returns as well: no I/O worker is
+    // woken between two receives (a wake took up to milliseconds on a VM).
+    let (mut s, mut r) = test_pair_here(cfg(1), cfg(1));
+    let sizes = [
+        4096usize, 100, 4096, 0, 2048, 4096, 1, 4096, 4096, 512, 4096, 4096,
+    ];
+    let srcs: Vec<Vec<u8>> = sizes
+        .iter()
+        .enumerate()
+        .map(|(k, &n)| (0..n).map(|i| (i * 31 + k * 5 + 3) as u8).collect())
+        .collect();
+    let sreqs: Vec<ReqId> = srcs.iter().map(|src| send_all(s.as_mut(), src)).collect();
+    for (q, &n) in sreqs.into_iter().zip(&sizes) {
+        assert_eq!(wait(|| s.test(q)), n);
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !r.holds(0) {
+        assert!(Instant::now() < deadline, "the first header never held");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    for (seq, (src, &n)) in srcs.iter().zip(&sizes).enumerate() {
+        let mut dst = vec![0u8; n + 8];
+        let q = recv_into(&mut r, &mut dst);
+        let got = r.test(q).unwrap();
+        assert_eq!(
+            got,
+            Some(n),
+            "message {seq} not landed by the posting thread"
+        );
+        assert!(dst[..n] == src[..], "message {seq}: bytes differ");
+        assert!(
+            dst[n..].iter().all(|&b| b == 0),
+            "message {seq}: bytes past it"
+        );
+    }
+}
+
+#[test]
 fn peers_with_other_part_sizes_agree_on_streams() {
     // The receiver checks each part against the cut its own smallest
     // part makes, which the sender adopts.
@@ -436,11 +478,10 @@ fn hostile_streams_are_refused_without_harming_the_comm() {
     assert_eq!(r.stream_count(), 1);
     let mut s1 = raw_stream(h.addr, h.nonce, 1);
     until(|| r.stream_count() == 2, "stream 1 is admitted");
-    // Every stream is in: the listener (and its descriptor) is gone.
-    until(
-        || TcpStream::connect(h.addr).is_err(),
-        "the listener closes once the comm has all its streams",
-    );
+    // Every stream is in: another naming the comm is refused.
+    let mut more = raw_stream(h.addr, h.nonce, 1);
+    assert!(closed_by_peer(&mut more));
+    assert_eq!(r.stream_count(), 2);
     // A two-part message, one part on each stream, lands whole.
     let len = 8192;
     let src: Vec<u8> = (0..len).map(|i| (i * 7) as u8).collect();
@@ -587,7 +628,7 @@ fn peer_drop_fails_pending_receive() {
 }
 
 #[test]
-fn a_stream_that_never_says_hello_holds_no_worker_and_closes_with_the_comm() {
+fn a_stream_that_never_says_hello_holds_no_worker_and_closes_with_the_net() {
     let (mut l, h) = raw_peer(4);
     let mut s0 = raw_stream(h.addr, h.nonce, 0);
     let mut r = accept(&mut l);
@@ -608,11 +649,199 @@ fn a_stream_that_never_says_hello_holds_no_worker_and_closes_with_the_comm() {
     s0.write_all(&[5u8; 1000]).unwrap();
     assert_eq!(wait(|| r.test(q)), len);
     assert!(dst.iter().all(|&b| b == 5));
-    // The comm closes: so does the connection still owing its hello.
+    // The net's comms close, and with them its listener: so does the
+    // connection still owing its hello.
     drop(r);
+    drop(l);
     silent
         .set_read_timeout(Some(Duration::from_secs(5)))
         .unwrap();
     let mut byte = [0u8; 1];
     assert_eq!(std::io::Read::read(&mut silent, &mut byte).unwrap_or(0), 0);
+}
+
+#[test]
+fn a_stream_that_never_says_hello_is_closed_at_the_limit_and_the_comm_goes_on() {
+    let limit = Duration::from_millis(300);
+    let l = SocketNet::new(SocketConfig {
+        hello_timeout: limit,
+        ..cfg(2)
+    });
+    let mut l = l.listen_here().unwrap();
+    let h = Handle::decode(&super::ListenComm::handle(&l)).unwrap();
+    let mut s0 = raw_stream(h.addr, h.nonce, 0);
+    let mut r = accept(&mut l);
+    // A connection that never sends its hello.
+    let opened = Instant::now();
+    let mut silent = TcpStream::connect(h.addr).unwrap();
+    until(
+        || l.door.waiting() == 1,
+        "the silent connection awaits its hello",
+    );
+    // At the limit it is closed: end of stream, not a read timeout. Only
+    // closing the last reference to the accepted socket ends it (nothing
+    // shuts it down), so its descriptor is gone.
+    silent
+        .set_read_timeout(Some(limit + Duration::from_secs(10)))
+        .unwrap();
+    let mut byte = [0u8; 1];
+    let n = std::io::Read::read(&mut silent, &mut byte)
+        .expect("the silent connection is closed at the limit, not left open");
+    assert_eq!(n, 0);
+    assert!(opened.elapsed() >= limit, "not before the limit");
+    assert_eq!(l.door.waiting(), 0, "no hello awaited any more");
+    // The comm goes on: the real stream 1 is admitted, and a two-part
+    // message, one part on each stream, lands whole.
+    let mut s1 = raw_stream(h.addr, h.nonce, 1);
+    until(|| r.stream_count() == 2, "stream 1 is admitted");
+    let len = 8192;
+    let src: Vec<u8> = (0..len).map(|i| (i * 11 + 3) as u8).collect();
+    let mut dst = vec![0u8; len];
+    let m = host(dst.as_mut_ptr() as u64, len);
+    let q = r.irecv(m, MrHandle(0)).unwrap().unwrap();
+    for (k, (off, plen)) in split_parts(len, 2, 4096).into_iter().enumerate() {
+        let sock = if k == 0 { &mut s0 } else { &mut s1 };
+        sock.write_all(&part_header(0, off, plen, len, 2, m).encode())
+            .unwrap();
+        sock.write_all(&src[off..off + plen]).unwrap();
+    }
+    assert_eq!(wait(|| r.test(q)), len);
+    assert_eq!(dst, src);
+}
+
+/// A comm's record in the net's listener, for a test peer: its handle's
+/// nonce and address.
+fn listen_on(net: &SocketNet) -> (super::SocketListen, Handle) {
+    let l = net.listen_here().unwrap();
+    let h = Handle::decode(&super::ListenComm::handle(&l)).unwrap();
+    (l, h)
+}
+
+/// Reads until the peer closes (true) or 5 s pass (false).
+fn closed_by_peer(s: &mut TcpStream) -> bool {
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut buf = [0u8; 64];
+    matches!(std::io::Read::read(s, &mut buf), Ok(0))
+}
+
+/// Sends a message of one 4 KiB part per stream of `socks` (as the
+/// sender's cut for that many streams deals them) into `r`; checks every
+/// byte.
+fn message_lands(
+    r: &mut super::recv::SocketRecv,
+    socks: &mut [&mut TcpStream],
+    seq: u64,
+    fill: u8,
+) {
+    let n = socks.len();
+    let len = 4096 * n;
+    let src: Vec<u8> = (0..len)
+        .map(|i| (i as u8).wrapping_mul(29) ^ fill)
+        .collect();
+    let mut dst = vec![0u8; len];
+    let m = host(dst.as_mut_ptr() as u64, len);
+    let q = r.irecv(m, MrHandle(0)).unwrap().unwrap();
+    let parts = split_parts(len, n, 4096);
+    assert_eq!(parts.len(), n);
+    for (k, (off, plen)) in parts.into_iter().enumerate() {
+        socks[k]
+            .write_all(&part_header(seq, off, plen, len, n, m).encode())
+            .unwrap();
+        socks[k].write_all(&src[off..off + plen]).unwrap();
+    }
+    assert_eq!(wait(|| r.test(q)), len);
+    assert_eq!(dst, src, "message {seq} on {n} streams");
+}
+
+#[test]
+fn one_listener_serves_every_comm_of_the_net_and_gives_each_only_its_own_streams() {
+    let net = SocketNet::new(SocketConfig {
+        hello_timeout: Duration::from_millis(300),
+        ..cfg(2)
+    });
+    let (mut la, ha) = listen_on(&net);
+    let (mut lb, hb) = listen_on(&net);
+    assert_eq!(ha.addr, hb.addr, "one listener for both comms");
+    assert_ne!(ha.nonce, hb.nonce);
+    // A's stream 1 comes before A is accepted: it waits for A.
+    let mut a0 = raw_stream(ha.addr, ha.nonce, 0);
+    let mut a1 = raw_stream(ha.addr, ha.nonce, 1);
+    let mut b0 = raw_stream(hb.addr, hb.nonce, 0);
+    until(
+        || la.door.has_early(ha.nonce) && lb.door.has_early(hb.nonce),
+        "the first streams came",
+    );
+    let mut ra = accept(&mut la);
+    let mut rb = accept(&mut lb);
+    until(|| ra.stream_count() == 2, "A has both its streams");
+    assert_eq!(rb.stream_count(), 1);
+    // Hostile streams: a nonce of neither comm, A's used index, B's index
+    // past its count and far past it, bytes that are no hello, and
+    // silence. Each is closed; neither comm gains or loses a stream.
+    let mut bad = vec![
+        raw_stream(ha.addr, ha.nonce ^ hb.nonce ^ 1, 1),
+        raw_stream(ha.addr, ha.nonce, 1),
+        raw_stream(ha.addr, hb.nonce, 2),
+        raw_stream(ha.addr, hb.nonce, u64::MAX),
+    ];
+    let mut junk = TcpStream::connect(ha.addr).unwrap();
+    junk.write_all(&[0x5a; 24]).unwrap();
+    bad.push(junk);
+    bad.push(TcpStream::connect(ha.addr).unwrap());
+    for (i, b) in bad.iter_mut().enumerate() {
+        assert!(closed_by_peer(b), "hostile stream {i} is closed");
+    }
+    assert_eq!((ra.stream_count(), rb.stream_count()), (2, 1));
+    until(|| la.door.waiting() == 0, "no hello awaited");
+    // B's real stream 1 joins B, and both comms move their bytes.
+    let mut b1 = raw_stream(hb.addr, hb.nonce, 1);
+    until(|| rb.stream_count() == 2, "B has both its streams");
+    message_lands(&mut ra, &mut [&mut a0, &mut a1], 0, 1);
+    message_lands(&mut rb, &mut [&mut b0, &mut b1], 0, 2);
+    // A closes: a stream naming it is refused from then on; B goes on.
+    drop(ra);
+    drop(la);
+    let mut late = raw_stream(hb.addr, ha.nonce, 0);
+    assert!(closed_by_peer(&mut late), "a closed comm takes no stream");
+    message_lands(&mut rb, &mut [&mut b0, &mut b1], 1, 3);
+}
+
+#[test]
+fn a_listen_comm_dropped_unaccepted_closes_the_streams_that_came_for_it() {
+    let net = SocketNet::new(cfg(2));
+    let (l, h) = listen_on(&net);
+    let mut s0 = raw_stream(h.addr, h.nonce, 0);
+    until(
+        || l.door.has_early(h.nonce),
+        "stream 0 waits for the accept",
+    );
+    drop(l);
+    assert!(closed_by_peer(&mut s0));
+}
+
+#[test]
+fn silent_connections_past_the_bound_per_address_close_the_oldest_and_streams_still_join() {
+    let (mut l, h) = raw_peer(2);
+    let mut s0 = raw_stream(h.addr, h.nonce, 0);
+    let mut r = accept(&mut l);
+    let mut silent: Vec<TcpStream> = (0..super::door::WAITING_PER_ADDR)
+        .map(|_| TcpStream::connect(h.addr).unwrap())
+        .collect();
+    until(
+        || l.door.waiting() == super::door::WAITING_PER_ADDR,
+        "every silent connection awaits its hello",
+    );
+    // One more from the same address: the oldest waiting one is closed to
+    // make room, and no more wait than the bound.
+    silent.push(TcpStream::connect(h.addr).unwrap());
+    assert!(closed_by_peer(&mut silent[0]), "the oldest is closed");
+    until(
+        || l.door.waiting() == super::door::WAITING_PER_ADDR,
+        "the newest waits in its place",
+    );
+    // An honest stream, hello sent as it connects, still joins, and the
+    // comm moves its bytes.
+    let mut s1 = raw_stream(h.addr, h.nonce, 1);
+    until(|| r.stream_count() == 2, "stream 1 joins");
+    message_lands(&mut r, &mut [&mut s0, &mut s1], 0, 7);
 }

@@ -572,7 +572,9 @@ impl Task for TxTask {
                         Err(_) => None,
                     }
                 };
+                let seq = op.head.seq;
                 tx_gpu_stream(s, op, dev, stager, &mut next, &finish);
+                tracing::trace!(seq, stream = lane.index, "lat: tx gpu parts out");
                 continue;
             }
             if !batchable(&op) {
