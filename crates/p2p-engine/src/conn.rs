@@ -3,10 +3,17 @@
 //! net. Two-sided messages use the `Msg` set and match in posting order.
 //! One-sided data uses the `Rma` set, whose order on each direction the
 //! data's receiver decides: it tells the sender (a `WriteCts` for a write,
-//! the `ReadReq` itself for a read) while holding the control-connection
-//! lock, and the sender posts in arrival order; the receiver posts its
+//! the `ReadReq` itself for a read) in the order its receives take their
+//! place, and the sender posts in arrival order; the receiver posts its
 //! receives in the same order, a read's once the sender has accepted it
 //! ([`crate::rma_recvs`]).
+//!
+//! Every protocol decision is the connection's machine's
+//! ([`crate::proto::Proto`], no I/O, no clock); a `Conn` holds it behind
+//! one state lock with the live transfers its ids name, feeds it the
+//! application's calls, the control messages its reader takes, the ends of
+//! transfers and the watchdog's ticks, and carries out the effects it asks
+//! for ([`Conn::drive`]).
 
 use std::collections::HashMap;
 use std::net::{SocketAddr, TcpStream};
