@@ -336,8 +336,10 @@ pub const MAGIC: u64 = 0x3150_3250_5850_4354; // "TCPXP2P1"
 /// accepts it (`ReadAck`), and a refused read gets no empty messages.
 /// 9: a socket-net comm connects one stream and opens more as messages
 /// are cut into more parts; any stream may carry any part (an older
-/// receiver would wait for every stream at accept).
-pub const VERSION: u16 = 9;
+/// receiver would wait for every stream at accept). 10: a gathered
+/// message's shape digest hashes each segment length as one 64-bit word
+/// (an older peer hashed bytes, and would refuse every gathered part).
+pub const VERSION: u16 = 10;
 /// An ncclNet listen handle is at most this long.
 pub const NET_HANDLE_LEN: usize = 128;
 /// Most channels per set a connection may have.
