@@ -21,6 +21,11 @@ pub(super) struct RecvReq {
     /// accepted once ([`claim_part`]).
     pub(super) claimed: AtomicU64,
     pub(super) done: AtomicBool,
+    /// Parts being written into its memory now: a failed receive is
+    /// reported only once none is, so that its caller, seeing the failure,
+    /// may free the memory (a peer that sent a part twice failed the
+    /// receive while the first copy was still landing).
+    pub(super) landing: AtomicUsize,
 }
 
 /// The receives posted and still expecting a part, keyed by message

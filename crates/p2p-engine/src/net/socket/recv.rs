@@ -107,6 +107,7 @@ impl RecvComm for SocketRecv {
             shape: Mutex::new(None),
             claimed: AtomicU64::new(0),
             done: AtomicBool::new(false),
+            landing: AtomicUsize::new(0),
         });
         self.shared.book.lock().due.insert(seq, req.clone());
         self.shared.cv.notify_all();
@@ -133,7 +134,7 @@ impl RecvComm for SocketRecv {
             self.reqs.remove(&req.0);
             return Ok(Some(size));
         }
-        if self.shared.closing.load(Ordering::Acquire) {
+        if self.shared.closing.load(Ordering::SeqCst) && r.landing.load(Ordering::SeqCst) == 0 {
             if let Some(e) = self.shared.failed.lock().clone() {
                 self.reqs.remove(&req.0);
                 return Err(e);

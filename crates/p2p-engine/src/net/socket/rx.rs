@@ -375,8 +375,24 @@ impl Rx {
         timing::mark(Spent::Waiting);
         let checked = check_part(&h, &req.segs, &mut req.shape.lock());
         checked.map_err(|f| self.protocol(f))?;
-        self.claim(&h, &req)?;
-        self.land(h, req)?;
+        // Counted while its bytes are written into the receive's memory
+        // (see `RecvReq::landing`): counted first, then the comm's state
+        // looked at, so a failure reported by `test` and a landing never
+        // overlap.
+        req.landing.fetch_add(1, Ordering::SeqCst);
+        let landed = if self.shared.closing.load(Ordering::SeqCst) {
+            Ok(false)
+        } else {
+            self.claim(&h, &req)
+                .and_then(|()| self.land(h, req.clone()).map(|()| true))
+        };
+        req.landing.fetch_sub(1, Ordering::SeqCst);
+        if self.shared.closing.load(Ordering::SeqCst) {
+            (self.shared.waker)();
+        }
+        if !landed? {
+            return Ok(Flow::Closing);
+        }
         Ok(Flow::Part)
     }
 
