@@ -381,16 +381,7 @@ impl Workers {
     /// Starts `task` waiting for `fd` to become readable (a stream with
     /// nothing to read yet holds no thread).
     pub(crate) fn start_readable(&self, task: Box<dyn Task>, fd: RawFd) -> Arc<Home> {
-        let home = self.home(State::Polling);
-        self.inner.park_on(
-            Job {
-                task,
-                home: home.clone(),
-            },
-            Some(fd),
-            None,
-        );
-        home
+        self.start_parked(task, fd, None)
     }
 
     /// Starts `task` waiting for `fd` to become readable or for `until`,
@@ -401,6 +392,10 @@ impl Workers {
         fd: RawFd,
         until: Instant,
     ) -> Arc<Home> {
+        self.start_parked(task, fd, Some(until))
+    }
+
+    fn start_parked(&self, task: Box<dyn Task>, fd: RawFd, until: Option<Instant>) -> Arc<Home> {
         let home = self.home(State::Polling);
         self.inner.park_on(
             Job {
@@ -408,7 +403,7 @@ impl Workers {
                 home: home.clone(),
             },
             Some(fd),
-            Some(until),
+            until,
         );
         home
     }
