@@ -193,7 +193,6 @@ impl RxStreams {
             Lane::new(index, &self.cfg),
             self.cfg.linger,
             self.staging.clone(),
-            self.workers.clone(),
         );
         inner
             .tasks
