@@ -723,6 +723,12 @@ impl Endpoint {
             self.inner.params.workers.keep_spinning(spin);
             let start = Instant::now();
             while !t.ended() && start.elapsed() < spin {
+                // Each round may bring one more worker to spin (up to the
+                // pool's cap), for parts arriving on several streams.
+                self.inner
+                    .params
+                    .workers
+                    .keep_spinning(spin.saturating_sub(start.elapsed()));
                 if let Some(c) = &conn {
                     c.poke();
                 }

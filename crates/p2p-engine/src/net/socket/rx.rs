@@ -25,7 +25,7 @@ use crate::gpu::staging::Ring;
 use crate::memory::MemKind;
 use crate::net::timing::{self, Spent};
 use crate::net::MemRef;
-use crate::workers::{Step, Task};
+use crate::workers::{Step, Task, Workers};
 
 /// How long an I/O thread with spinning allowed waits for a receive to be
 /// posted before it blocks in a read.
@@ -495,6 +495,7 @@ fn postable(h: &PartHeader) -> bool {
 pub(super) struct RxTask {
     rx: Arc<Mutex<Rx>>,
     linger: Duration,
+    workers: Workers,
 }
 
 /// The posting thread's hold on one receive stream (see
@@ -508,6 +509,7 @@ impl RxTask {
         lane: Lane,
         linger: Duration,
         staging: Arc<StagingPool<Landing>>,
+        workers: Workers,
     ) -> (Self, RxHandle) {
         let peer = s.peer_addr().map(|a| a.to_string()).unwrap_or_default();
         let rx = Arc::new(Mutex::new(Rx {
@@ -524,6 +526,7 @@ impl RxTask {
             RxTask {
                 rx: rx.clone(),
                 linger,
+                workers,
             },
             RxHandle(rx),
         )
@@ -619,6 +622,7 @@ impl Task for RxTask {
                     // `spin_for_data`), then linger before giving the
                     // worker back.
                     rx.lane.spin_for_data(&rx.r.s, &rx.shared);
+                    self.watch_while_a_caller_waits(rx);
                     if !wait_readable(&rx.r.s, self.linger) {
                         return Step::Readable(fd);
                     }
@@ -643,6 +647,25 @@ impl Task for RxTask {
                     return Step::Done;
                 }
             }
+        }
+    }
+}
+
+impl RxTask {
+    /// While a caller waits on a transfer ([`Workers::caller_waiting`])
+    /// and this comm has a receive due, watches the socket rather than
+    /// sleeping in `poll`: the next part is read as it comes, not after
+    /// this thread's wake-up (0.7-3.6 ms measured on a 2 x H100 VM, which
+    /// a 10-message row of UCCL's benchmark cannot absorb).
+    fn watch_while_a_caller_waits(&self, rx: &Rx) {
+        if !self.workers.caller_waiting() || rx.shared.book.lock().due.is_empty() {
+            return;
+        }
+        while self.workers.caller_waiting()
+            && !readable_now(&rx.r.s)
+            && !rx.shared.closing.load(Ordering::Acquire)
+        {
+            std::hint::spin_loop();
         }
     }
 }

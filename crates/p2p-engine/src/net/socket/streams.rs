@@ -193,6 +193,7 @@ impl RxStreams {
             Lane::new(index, &self.cfg),
             self.cfg.linger,
             self.staging.clone(),
+            self.workers.clone(),
         );
         inner
             .tasks
