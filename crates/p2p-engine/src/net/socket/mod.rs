@@ -440,6 +440,8 @@ struct Lane {
     depth: usize,
     /// Send side: lend large GPU windows to the socket.
     splice: bool,
+    /// Nothing to do for this long: the stream gives its worker back.
+    linger: Duration,
 }
 
 impl Lane {
@@ -450,6 +452,7 @@ impl Lane {
             slice: cfg.staging_slice,
             depth: cfg.staging_depth,
             splice: cfg.splice,
+            linger: cfg.linger,
         }
     }
 }

@@ -123,8 +123,8 @@ impl SocketSend {
             self.shared.clone(),
             q.clone(),
             Lane::new(self.txs.len(), &self.cfg),
-            self.cfg.linger,
             self.staging.clone(),
+            self.workers.clone(),
         );
         self.tasks.push(self.workers.start_idle(Box::new(task)));
         self.txs.push(tx);
