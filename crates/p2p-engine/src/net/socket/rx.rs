@@ -481,11 +481,20 @@ enum Flow {
     Closing,
 }
 
-/// A small part the posting thread may land: its header read before its
-/// receive was posted.
+/// A part the posting thread may land (within its [`POSTER_BUDGET`]): its
+/// header read before its receive was posted, its payload not lent by the
+/// sender.
 fn postable(h: &PartHeader) -> bool {
-    !h.spliced && h.len as usize <= INLINE_MAX
+    !h.spliced && h.len as usize <= POSTER_BUDGET
 }
+
+/// Bytes the posting thread lands of one receive whose parts arrived
+/// before it was posted (the rest is left to the streams' tasks). A part's
+/// landing there costs its read and its copy to the device, tens of µs;
+/// a worker's wake-up cost 0.2-6 ms on a 2 × H100 VM (UCCL's benchmark, a
+/// sender running ahead of blocking receives of 256 KB and 1 MB, whose
+/// rows read 0.1-2 GB/s).
+pub(super) const POSTER_BUDGET: usize = 1 << 20;
 
 /// A receive stream's work on the I/O workers: it reads and lands parts
 /// while the stream has bytes, and gives its worker back (waiting for the
@@ -536,22 +545,27 @@ impl RxTask {
 impl RxHandle {
     /// Lands the part of message `seq` whose header this stream's task
     /// read before the receive was posted (the task went idle keeping it),
-    /// on the calling -- posting -- thread, if the part is small and all
-    /// its bytes have arrived: the receive then completes without an I/O
-    /// worker being woken for it (a wake-up cost 60-110 µs per message on
-    /// 2 × H100 when a sender runs ahead of blocking receives, and up to
-    /// milliseconds on a busy VM). Where the next part's header is here
-    /// too, it is read and kept the same way, so that a run of small
-    /// messages sent ahead of their receives lands on the posting thread
-    /// one after another with no worker woken at all. Never waits: not for
-    /// the task, nor for bytes.
-    pub(super) fn land_held(&self, seq: u64) -> Landed {
+    /// on the calling -- posting -- thread, if all its bytes have arrived
+    /// and it fits in `budget` (the bytes the poster still lands for this
+    /// receive, [`POSTER_BUDGET`]; what it lands is taken off): the
+    /// receive then completes without an I/O worker being woken for it (a
+    /// wake-up cost 60-110 µs per message on 2 × H100 when a sender runs
+    /// ahead of blocking receives, and up to milliseconds on a busy VM).
+    /// Where the next part's header is here too, it is read and kept the
+    /// same way, so that a run of messages sent ahead of their receives
+    /// lands on the posting thread one after another with no worker woken
+    /// at all. Never waits: not for the task, nor for bytes.
+    pub(super) fn land_held(&self, seq: u64, budget: &mut usize) -> Landed {
         let Some(mut rx) = self.0.try_lock() else {
             return Landed::No; // the task is running: it finds the receive
         };
-        if rx.shared.closing.load(Ordering::Acquire) || rx.held_part(seq).is_none() {
+        let Some(h) = rx.held_part(seq).filter(|h| h.len as usize <= *budget) else {
+            return Landed::No;
+        };
+        if rx.shared.closing.load(Ordering::Acquire) {
             return Landed::No;
         }
+        *budget -= h.len as usize;
         // The application's GPU context is put back after the copy.
         let _ctx = crate::gpu::ContextGuard::save();
         rx.stager.bind_here();

@@ -210,8 +210,9 @@ impl RxStreams {
     /// may land it on this thread, and the streams waiting for it go on.
     pub(super) fn posted(&self, seq: u64) {
         let inner = self.inner.lock();
+        let mut budget = super::rx::POSTER_BUDGET;
         for (h, t) in inner.held.iter().zip(&inner.tasks) {
-            let kick = match h.land_held(seq) {
+            let kick = match h.land_held(seq, &mut budget) {
                 Landed::Here { kick } => kick,
                 Landed::No => h.awaits(seq),
             };
