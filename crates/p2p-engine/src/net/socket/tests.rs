@@ -294,21 +294,29 @@ fn a_run_of_small_messages_sent_ahead_lands_on_the_posting_thread_one_after_anot
         assert!(Instant::now() < deadline, "the first header never held");
         std::thread::sleep(Duration::from_millis(1));
     }
-    for (seq, (src, &n)) in srcs.iter().zip(&sizes).enumerate() {
-        let mut dst = vec![0u8; n + 8];
-        let q = recv_into(&mut r, &mut dst);
-        let got = r.test(q).unwrap();
-        assert_eq!(
-            got,
-            Some(n),
-            "message {seq} not landed by the posting thread"
-        );
-        assert!(dst[..n] == src[..], "message {seq}: bytes differ");
-        assert!(
-            dst[n..].iter().all(|&b| b == 0),
-            "message {seq}: bytes past it"
-        );
+    for (seq, src) in srcs.iter().enumerate() {
+        recv_landed_by_the_poster(&mut r, seq, src);
     }
+}
+
+/// Posts a receive for message `seq` (`src`'s bytes) and checks that it is
+/// complete when the post returns (landed on the posting thread), with
+/// exactly its bytes.
+fn recv_landed_by_the_poster(r: &mut super::recv::SocketRecv, seq: usize, src: &[u8]) {
+    let n = src.len();
+    let mut dst = vec![0u8; n + 8];
+    let q = recv_into(r, &mut dst);
+    let got = r.test(q).unwrap();
+    assert_eq!(
+        got,
+        Some(n),
+        "message {seq} not landed by the posting thread"
+    );
+    assert!(dst[..n] == src[..], "message {seq}: bytes differ");
+    assert!(
+        dst[n..].iter().all(|&b| b == 0),
+        "message {seq}: bytes past it"
+    );
 }
 
 #[test]
@@ -337,19 +345,7 @@ fn larger_messages_sent_ahead_land_on_the_posting_thread_within_its_budget() {
             );
             std::thread::sleep(Duration::from_millis(1));
         }
-        let mut dst = vec![0u8; n + 8];
-        let q = recv_into(&mut r, &mut dst);
-        let got = r.test(q).unwrap();
-        assert_eq!(
-            got,
-            Some(n),
-            "message {seq} not landed by the posting thread"
-        );
-        assert!(dst[..n] == src[..], "message {seq}: bytes differ");
-        assert!(
-            dst[n..].iter().all(|&b| b == 0),
-            "message {seq}: bytes past it"
-        );
+        recv_landed_by_the_poster(&mut r, seq, &src);
     }
 }
 
