@@ -29,7 +29,7 @@ pub(crate) mod socket;
 /// The ncclNet plugin loader (a transport over any ncclNet plugin).
 pub use plugin::PluginNet;
 /// The same-host net (cross-memory attach and CUDA IPC) and its settings.
-pub use same_host::{SameHostConfig, SameHostNet};
+pub use same_host::{SameHostConfig, SameHostNet, SameHostPaths};
 /// The socket net (multi-stream TCP) and its settings.
 pub use socket::{SocketConfig, SocketNet};
 /// The I/O threads' time accounts (shared with the ncclNet stand-in).

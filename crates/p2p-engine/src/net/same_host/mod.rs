@@ -47,6 +47,7 @@ use std::io::{ErrorKind, Read, Write};
 use std::os::fd::AsRawFd;
 use std::os::linux::net::SocketAddrExt;
 use std::os::unix::net::{SocketAddr, UnixListener, UnixStream};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::{DeviceProps, ListenComm, MemRef, MrHandle, Net, NetHandle, RecvComm, ReqId, SendComm};
@@ -56,8 +57,8 @@ use crate::memory::MemKind;
 use crate::wire::same_host_net::{NetHandleV1, NetMsg, Seg, MAX_FRAME, MAX_SEGS};
 
 const NET: &str = "same-host";
-/// Requests one comm may have in flight.
-const MAX_REQUESTS: usize = 32;
+/// Requests one comm may have in flight (as the socket net's).
+const MAX_REQUESTS: usize = 256;
 /// Sends a peer may publish ahead of our receives.
 const MAX_OFFERS: usize = 2 * MAX_REQUESTS;
 /// Connections a listen comm holds while waiting for their hello.
@@ -142,6 +143,30 @@ impl SameHostNet {
             next_seq: 0,
             out: VecDeque::new(),
         })
+    }
+}
+
+/// The endpoint's net for peers elsewhere, the same-host net for peers on
+/// this machine: those whose control connection joins one address to
+/// itself, or comes over loopback. Both ends of such a connection see the
+/// same and choose alike (the handshake refuses a mismatch).
+pub struct SameHostPaths {
+    pub default: Arc<dyn Net>,
+    pub same_host: Arc<dyn Net>,
+}
+
+impl super::DataPaths for SameHostPaths {
+    fn default_net(&self) -> &Arc<dyn Net> {
+        &self.default
+    }
+
+    fn choose(&self, peer: &super::PeerInfo) -> Arc<dyn Net> {
+        let (a, b) = (peer.peer.ip(), peer.local.ip());
+        if a == b || (a.is_loopback() && b.is_loopback()) {
+            self.same_host.clone()
+        } else {
+            self.default.clone()
+        }
     }
 }
 
