@@ -186,10 +186,13 @@ impl Endpoint {
             paths: if cfg.same_host_net {
                 Arc::new(SameHostPaths {
                     default: net.clone(),
-                    same_host: Arc::new(SameHostNet::new(SameHostConfig::from_env(
-                        (gpu_index >= 0 && gpu::available()).then_some(gpu_index),
-                        cfg.connect_timeout,
-                    ))),
+                    same_host: Arc::new(SameHostNet::with_workers(
+                        SameHostConfig::from_env(
+                            (gpu_index >= 0 && gpu::available()).then_some(gpu_index),
+                            cfg.connect_timeout,
+                        ),
+                        workers.clone(),
+                    )),
                 })
             } else {
                 Arc::new(OneNet(net.clone()))

@@ -33,9 +33,10 @@
 //! (the oldest open pair, its sequence number, its length); one that does
 //! not fit is a protocol error and the comm fails.
 //!
-//! The net progresses inside the engine's calls (`irecv` and `test` read
-//! the channel without blocking and make the copies): it needs polling,
-//! and holds no thread of its own.
+//! **Progress.** A comm's channel is read by a task on the I/O workers
+//! (holding no thread while nothing comes), which queues what it reads and
+//! calls the engine's waker; the copies run inside the engine's calls
+//! (`irecv` and `test`), on its progress task. The net needs no polling.
 
 pub(crate) mod cuda;
 pub(crate) mod os;
@@ -50,11 +51,14 @@ use std::os::unix::net::{SocketAddr, UnixListener, UnixStream};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::{DeviceProps, ListenComm, MemRef, MrHandle, Net, NetHandle, RecvComm, ReqId, SendComm};
+use super::{
+    DeviceProps, ListenComm, MemRef, MrHandle, Net, NetHandle, RecvComm, ReqId, SendComm, Waker,
+};
 use crate::error::NetError;
 use crate::gpu;
 use crate::memory::MemKind;
 use crate::wire::same_host_net::{NetHandleV1, NetMsg, Seg, MAX_FRAME, MAX_SEGS};
+use crate::workers::{Step, Task, Workers};
 
 const NET: &str = "same-host";
 /// Requests one comm may have in flight (as the socket net's).
@@ -90,11 +94,35 @@ impl SameHostConfig {
 /// The net (see the module doc).
 pub struct SameHostNet {
     cfg: SameHostConfig,
+    /// Where the comms' channel readers run (made with the first comm
+    /// when the net was not given the endpoint's).
+    workers: parking_lot::Mutex<Option<Workers>>,
 }
 
 impl SameHostNet {
     pub fn new(cfg: SameHostConfig) -> Self {
-        SameHostNet { cfg }
+        SameHostNet {
+            cfg,
+            workers: parking_lot::Mutex::new(None),
+        }
+    }
+
+    /// A net whose channel readers run on `workers` (the endpoint's).
+    pub(crate) fn with_workers(cfg: SameHostConfig, workers: Workers) -> Self {
+        SameHostNet {
+            cfg,
+            workers: parking_lot::Mutex::new(Some(workers)),
+        }
+    }
+
+    fn workers(&self) -> Result<Workers, NetError> {
+        let mut w = self.workers.lock();
+        if let Some(w) = &*w {
+            return Ok(w.clone());
+        }
+        let made =
+            Workers::new("tcpx-io", None).map_err(|e| NetError::io(NET, "starting workers", e))?;
+        Ok(w.insert(made).clone())
     }
 
     fn listen_here(&self) -> Result<SameHostListen, NetError> {
@@ -110,6 +138,7 @@ impl SameHostNet {
                     l.set_nonblocking(true)
                         .map_err(|e| NetError::io(NET, "listener", e))?;
                     return Ok(SameHostListen {
+                        workers: self.workers()?,
                         handle: NetHandleV1 { name, secret, uid }.encode(),
                         secret,
                         listener: l,
@@ -124,7 +153,7 @@ impl SameHostNet {
         }
     }
 
-    fn connect_here(&self, handle: &NetHandle) -> Result<SameHostSend, NetError> {
+    fn connect_here(&self, handle: &NetHandle, waker: Waker) -> Result<SameHostSend, NetError> {
         let h = NetHandleV1::decode(handle).map_err(|e| NetError::Protocol {
             net: NET,
             reason: format!("bad listen handle: {e}"),
@@ -136,7 +165,7 @@ impl SameHostNet {
             .map_err(|e| NetError::io(NET, "naming the listener", e))?;
         let s = UnixStream::connect_addr(&addr).map_err(|e| NetError::io(NET, "connect", e))?;
         let peer = admit(&s, true, &self.cfg)?;
-        let mut ch = Chan::new(s, peer, &self.cfg)?;
+        let mut ch = Chan::new(Framed::new(s), peer, &self.cfg, &self.workers()?, waker)?;
         ch.send(&NetMsg::Hello { secret: h.secret })?;
         Ok(SameHostSend {
             ch,
@@ -208,13 +237,13 @@ impl Net for SameHostNet {
         &self,
         _dev: usize,
         handle: &NetHandle,
-        _waker: super::Waker,
+        waker: Waker,
     ) -> Result<Option<Box<dyn SendComm>>, NetError> {
-        Ok(Some(Box::new(self.connect_here(handle)?)))
+        Ok(Some(Box::new(self.connect_here(handle, waker)?)))
     }
 
     fn needs_polling(&self) -> bool {
-        true
+        false
     }
 
     fn max_requests(&self) -> usize {
@@ -341,16 +370,6 @@ impl Framed {
         self.inbuf.drain(..at);
         Ok(())
     }
-
-    fn send(&mut self, m: &NetMsg) -> Result<(), NetError> {
-        let mut b = vec![0u8; 4];
-        m.encode(&mut b);
-        let n = (b.len() - 4) as u32;
-        b[..4].copy_from_slice(&n.to_le_bytes());
-        self.s
-            .write_all(&b)
-            .map_err(|e| NetError::io(NET, "send", e))
-    }
 }
 
 /// `recv(MSG_DONTWAIT)`: the stream stays blocking for writes.
@@ -372,9 +391,54 @@ fn recv_nowait(s: &UnixStream, buf: &mut [u8]) -> std::io::Result<usize> {
     }
 }
 
+/// What a comm's channel reader has read and not yet taken.
+#[derive(Default)]
+struct Inbox {
+    msgs: Vec<NetMsg>,
+    /// The peer closed the channel.
+    eof: bool,
+    /// Reading failed (or the peer broke the framing).
+    err: Option<NetError>,
+}
+
+/// Reads a comm's channel on the I/O workers: queues each message and
+/// wakes the engine, then waits (no thread) for the next.
+struct ChanReader {
+    f: Framed,
+    inbox: Arc<parking_lot::Mutex<Inbox>>,
+    waker: Waker,
+}
+
+impl Task for ChanReader {
+    fn run(&mut self) -> Step {
+        let r = self.f.ready();
+        let done = {
+            let mut ib = self.inbox.lock();
+            match r {
+                Ok(ms) => ib.msgs.extend(ms),
+                Err(e) => ib.err = Some(e),
+            }
+            ib.eof |= self.f.eof;
+            ib.eof || ib.err.is_some()
+        };
+        (self.waker)();
+        if done {
+            Step::Done
+        } else {
+            Step::Readable(self.f.s.as_raw_fd())
+        }
+    }
+}
+
 /// A comm's channel and its peer: the copies of either side.
 struct Chan {
-    f: Framed,
+    /// The writing end (a clone of the stream the reader reads).
+    s: UnixStream,
+    inbox: Arc<parking_lot::Mutex<Inbox>>,
+    /// The peer closed the channel (taken from the inbox).
+    eof: bool,
+    /// The pool the reader runs on (kept while the comm lives).
+    _workers: Workers,
     peer: Peer,
     gpu: Option<i32>,
     imports: cuda::Imports,
@@ -433,11 +497,33 @@ fn total(segs: &[MemRef]) -> u64 {
 }
 
 impl Chan {
-    fn new(s: UnixStream, peer: Peer, cfg: &SameHostConfig) -> Result<Self, NetError> {
+    /// A comm's channel over `f` (with what was read of it already),
+    /// its reader started on `workers`.
+    fn new(
+        f: Framed,
+        peer: Peer,
+        cfg: &SameHostConfig,
+        workers: &Workers,
+        waker: Waker,
+    ) -> Result<Self, NetError> {
+        let s =
+            f.s.try_clone()
+                .map_err(|e| NetError::io(NET, "channel", e))?;
         s.set_write_timeout(Some(cfg.timeout))
             .map_err(|e| NetError::io(NET, "channel", e))?;
+        let inbox = Arc::new(parking_lot::Mutex::new(Inbox::default()));
+        // The reader starts at once: bytes may wait already. It ends when
+        // the channel closes (the comm shuts it down when dropped).
+        workers.start(Box::new(ChanReader {
+            f,
+            inbox: inbox.clone(),
+            waker,
+        }));
         Ok(Chan {
-            f: Framed::new(s),
+            s,
+            inbox,
+            eof: false,
+            _workers: workers.clone(),
             peer,
             gpu: cfg.gpu,
             imports: cuda::Imports::default(),
@@ -446,13 +532,29 @@ impl Chan {
     }
 
     fn send(&mut self, m: &NetMsg) -> Result<(), NetError> {
-        self.f.send(m)
+        let mut b = vec![0u8; 4];
+        m.encode(&mut b);
+        let n = (b.len() - 4) as u32;
+        b[..4].copy_from_slice(&n.to_le_bytes());
+        self.s
+            .write_all(&b)
+            .map_err(|e| NetError::io(NET, "send", e))
+    }
+
+    /// What the reader has queued.
+    fn take(&mut self) -> Result<Vec<NetMsg>, NetError> {
+        let mut ib = self.inbox.lock();
+        self.eof |= ib.eof;
+        if let Some(e) = ib.err.take() {
+            return Err(e);
+        }
+        Ok(std::mem::take(&mut ib.msgs))
     }
 
     /// Ends the comm with `e` (its later calls report it) and tells the
-    /// peer by closing the channel.
+    /// peer by closing the channel (which ends the reader too).
     fn fail(&mut self, e: NetError) -> NetError {
-        let _ = self.f.s.shutdown(std::net::Shutdown::Both);
+        let _ = self.s.shutdown(std::net::Shutdown::Both);
         self.failed.get_or_insert(e).clone()
     }
 
@@ -581,9 +683,17 @@ impl Chan {
     }
 }
 
+impl Drop for Chan {
+    /// The peer sees the comm end, and the reader its channel close.
+    fn drop(&mut self) {
+        let _ = self.s.shutdown(std::net::Shutdown::Both);
+    }
+}
+
 // ------------------------------------------------------------- listening
 
 struct SameHostListen {
+    workers: Workers,
     handle: NetHandle,
     secret: u64,
     listener: UnixListener,
@@ -598,9 +708,9 @@ impl ListenComm for SameHostListen {
         self.handle
     }
 
-    fn accept(&mut self, _waker: super::Waker) -> Result<Option<Box<dyn RecvComm>>, NetError> {
+    fn accept(&mut self, waker: Waker) -> Result<Option<Box<dyn RecvComm>>, NetError> {
         Ok(self
-            .accept_here()?
+            .accept_here(waker)?
             .map(|r| Box::new(r) as Box<dyn RecvComm>))
     }
 }
@@ -609,7 +719,7 @@ impl SameHostListen {
     /// The receive comm once a connector has proved the handle's secret;
     /// others are dropped (a process that found the name cannot take the
     /// comm).
-    fn accept_here(&mut self) -> Result<Option<SameHostRecv>, NetError> {
+    fn accept_here(&mut self, waker: Waker) -> Result<Option<SameHostRecv>, NetError> {
         if self.accepted {
             return Err(NetError::Misuse {
                 net: NET,
@@ -658,9 +768,8 @@ impl SameHostListen {
                             continue;
                         }
                     };
-                    let mut ch = Chan::new(f.s, peer, &self.cfg)?;
-                    // Whatever came after the hello.
-                    (ch.f.inbuf, ch.f.early, ch.f.eof) = (f.inbuf, f.early, f.eof);
+                    // What came after the hello is the reader's to give.
+                    let ch = Chan::new(f, peer, &self.cfg, &self.workers, waker)?;
                     self.accepted = true;
                     self.waiting.clear();
                     return Ok(Some(SameHostRecv {
@@ -722,7 +831,7 @@ impl SameHostSend {
     /// Takes in the receiver's answers.
     fn pump(&mut self) -> Result<(), NetError> {
         self.ch.check()?;
-        let msgs = match self.ch.f.ready() {
+        let msgs = match self.ch.take() {
             Ok(m) => m,
             Err(e) => return Err(self.ch.fail(e)),
         };
@@ -731,7 +840,7 @@ impl SameHostSend {
                 return Err(self.ch.fail(e));
             }
         }
-        if self.ch.f.eof && self.out.iter().any(|o| matches!(o.st, St::Waiting)) {
+        if self.ch.eof && self.out.iter().any(|o| matches!(o.st, St::Waiting)) {
             return Err(self.ch.fail(NetError::Closed { net: NET }));
         }
         Ok(())
@@ -896,7 +1005,7 @@ impl SameHostRecv {
     /// Takes in the sender's messages and pairs sends with receives.
     fn pump(&mut self) -> Result<(), NetError> {
         self.ch.check()?;
-        let msgs = match self.ch.f.ready() {
+        let msgs = match self.ch.take() {
             Ok(m) => m,
             Err(e) => return Err(self.ch.fail(e)),
         };
@@ -909,7 +1018,7 @@ impl SameHostRecv {
             return Err(self.ch.fail(e));
         }
         let open = |i: &In| matches!(i.st, St::Waiting | St::Pushing { .. });
-        if self.ch.f.eof && self.posted.iter().any(open) {
+        if self.ch.eof && self.posted.iter().any(open) {
             return Err(self.ch.fail(NetError::Closed { net: NET }));
         }
         Ok(())
@@ -1075,11 +1184,14 @@ pub(crate) fn test_pair() -> (Box<dyn SendComm>, Box<dyn RecvComm>) {
         gpu: None,
         timeout: Duration::from_secs(5),
     });
+    let waker: Waker = Arc::new(|| {});
     let mut l = net.listen_here().expect("listen");
-    let s = net.connect_here(&l.handle()).expect("connect");
+    let s = net
+        .connect_here(&l.handle(), waker.clone())
+        .expect("connect");
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {
-        if let Some(r) = l.accept_here().expect("accept") {
+        if let Some(r) = l.accept_here(waker.clone()).expect("accept") {
             return (Box::new(s), Box::new(r));
         }
         assert!(Instant::now() < deadline, "no accept within 5 s");

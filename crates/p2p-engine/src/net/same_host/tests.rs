@@ -214,7 +214,7 @@ fn net() -> SameHostNet {
 fn accept(l: &mut SameHostListen) -> SameHostRecv {
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {
-        if let Some(r) = l.accept_here().unwrap() {
+        if let Some(r) = l.accept_here(Arc::new(|| {})).unwrap() {
             return r;
         }
         assert!(Instant::now() < deadline, "no accept");
@@ -229,7 +229,7 @@ fn a_connector_without_the_secret_gets_no_comm() {
     let secret = NetHandleV1::decode(&l.handle).unwrap().secret;
     let mut stranger = raw_connector(&l, secret ^ 1);
     std::thread::sleep(Duration::from_millis(20));
-    assert!(l.accept_here().unwrap().is_none());
+    assert!(l.accept_here(Arc::new(|| {})).unwrap().is_none());
     // The stranger's channel was closed.
     let mut b = [0u8; 1];
     stranger
@@ -352,7 +352,7 @@ fn forged_answers_to_a_sender_end_the_comm() {
     ];
     for (what, m) in cases {
         let (ls, handle) = raw_listener();
-        let mut s = net().connect_here(&handle).unwrap();
+        let mut s = net().connect_here(&handle, Arc::new(|| {})).unwrap();
         let (mut raw, _) = ls.accept().unwrap();
         assert_eq!(take(&mut raw), NetMsg::Hello { secret: 77 });
         let q = s.isend(host(&src), MrHandle(0)).unwrap().unwrap();
@@ -367,7 +367,7 @@ fn forged_answers_to_a_sender_end_the_comm() {
     }
     // The honest answer completes it.
     let (ls, handle) = raw_listener();
-    let mut s = net().connect_here(&handle).unwrap();
+    let mut s = net().connect_here(&handle, Arc::new(|| {})).unwrap();
     let (mut raw, _) = ls.accept().unwrap();
     take(&mut raw);
     let q = s.isend(host(&src), MrHandle(0)).unwrap().unwrap();
@@ -394,9 +394,56 @@ fn a_listener_of_another_name_is_not_reached() {
         secret: 1,
         uid: os::my_uid(),
     };
-    assert!(net().connect_here(&h.encode()).is_err());
+    assert!(net().connect_here(&h.encode(), Arc::new(|| {})).is_err());
     // A handle that is not one.
     assert!(net()
-        .connect_here(&[0u8; super::super::NET_HANDLE_LEN])
+        .connect_here(&[0u8; super::super::NET_HANDLE_LEN], Arc::new(|| {}))
         .is_err());
+}
+
+/// GPU memory on either side or both (between two comms of one process
+/// the export is the address itself; across processes the same code opens
+/// the CUDA IPC handle): host → GPU is pushed by the sender, GPU → host and
+/// GPU → GPU pulled by the receiver. Skipped without a GPU.
+#[test]
+#[allow(unsafe_code)] // copies to and from device memory to check it
+fn gpu_memory_either_side() {
+    if !gpu::available() {
+        eprintln!("no GPU: skipped");
+        return;
+    }
+    let dev = gpu::Device::get(0).unwrap();
+    let n = (5 << 20) + 3;
+    let src = pattern(n, 11);
+    let da = gpu::DeviceBuf::new(&dev, n).unwrap();
+    let db = gpu::DeviceBuf::new(&dev, n).unwrap();
+    let cuda = |b: &gpu::DeviceBuf| MemRef {
+        addr: b.ptr,
+        len: n,
+        kind: MemKind::Cuda(0),
+    };
+    let (mut s, mut r) = test_pair();
+    // Host → GPU a (the sender pushes).
+    let rq = r.irecv(cuda(&da), MrHandle(0)).unwrap().unwrap();
+    let sq = s.isend(host(&src), MrHandle(0)).unwrap().unwrap();
+    let (sn, rn) = both(s.as_mut(), r.as_mut(), sq, rq);
+    assert_eq!((sn.unwrap(), rn.unwrap()), (n, n));
+    // GPU a → GPU b (the receiver pulls through the export).
+    let rq = r.irecv(cuda(&db), MrHandle(0)).unwrap().unwrap();
+    let sq = s.isend(cuda(&da), MrHandle(0)).unwrap().unwrap();
+    let (sn, rn) = both(s.as_mut(), r.as_mut(), sq, rq);
+    assert_eq!((sn.unwrap(), rn.unwrap()), (n, n));
+    // GPU b → host (the receiver pulls).
+    let back = vec![0u8; n];
+    let rq = r.irecv(host(&back), MrHandle(0)).unwrap().unwrap();
+    let sq = s.isend(cuda(&db), MrHandle(0)).unwrap().unwrap();
+    let (sn, rn) = both(s.as_mut(), r.as_mut(), sq, rq);
+    assert_eq!((sn.unwrap(), rn.unwrap()), (n, n));
+    assert_eq!(back, src, "host → GPU → GPU → host");
+    // And GPU a itself, read straight back.
+    let mut direct = vec![0u8; n];
+    dev.bind().unwrap();
+    // SAFETY: both ranges are n bytes, ours.
+    unsafe { gpu::copy_sync(direct.as_mut_ptr() as u64, da.ptr, n) }.unwrap();
+    assert_eq!(direct, src);
 }
