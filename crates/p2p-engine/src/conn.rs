@@ -97,8 +97,12 @@ impl ConnParams {
         let (Ok(peer), Ok(local)) = (oob.peer_addr(), oob.local_addr()) else {
             return self.clone();
         };
+        let net = self.paths.choose(&PeerInfo { peer, local });
         ConnParams {
-            net: self.paths.choose(&PeerInfo { peer, local }),
+            chunk: net
+                .preferred_chunk()
+                .map_or(self.chunk, |c| c.min(net.max_message())),
+            net,
             ..self.clone()
         }
     }

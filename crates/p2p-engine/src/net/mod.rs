@@ -130,6 +130,12 @@ pub trait Net: Send + Sync {
     fn max_message(&self) -> usize {
         usize::MAX
     }
+    /// The request size a connection on this net should cut transfers
+    /// into, where the endpoint's (`TCPX_P2P_CHUNK`, sized for the
+    /// endpoint's net) would cost it: None keeps the endpoint's.
+    fn preferred_chunk(&self) -> Option<usize> {
+        None
+    }
     /// Most memory segments one request may gather (send) or scatter
     /// (receive): many small blocks then cost one request, not one each.
     /// Nets that take one buffer per request (ncclNet plugins) keep 1.

@@ -65,6 +65,8 @@ const NET: &str = "same-host";
 const MAX_REQUESTS: usize = 256;
 /// Sends a peer may publish ahead of our receives.
 const MAX_OFFERS: usize = 2 * MAX_REQUESTS;
+/// The request size connections on this net cut transfers into.
+const CHUNK: usize = 1 << 30;
 /// Connections a listen comm holds while waiting for their hello.
 const MAX_WAITING: usize = 16;
 
@@ -252,6 +254,13 @@ impl Net for SameHostNet {
 
     fn max_segments(&self) -> usize {
         MAX_SEGS
+    }
+
+    /// One copy per request, whatever its size: cutting a transfer into
+    /// requests only adds each one's round trip (256 MiB host memory in
+    /// 8 MiB requests: 5.6 GB/s; in one: 8.7, as the copy alone).
+    fn preferred_chunk(&self) -> Option<usize> {
+        Some(CHUNK)
     }
 }
 
