@@ -165,3 +165,54 @@ fn peer_drop_fails_what_is_pending() {
     drop(b);
     assert!(a.wait(r, T).is_err());
 }
+
+/// What a blocking write costs through the engine over the same-host net
+/// (printed): p50 per size, beside the socket net.
+#[test]
+#[ignore = "a measurement: prints figures"]
+fn write_cost() {
+    for on in [true, false] {
+        let a = Endpoint::new(
+            None,
+            Config {
+                inline_max: 0,
+                ..cfg(on)
+            },
+        )
+        .unwrap();
+        let b = Endpoint::new(
+            None,
+            Config {
+                inline_max: 0,
+                ..cfg(on)
+            },
+        )
+        .unwrap();
+        let addr = b.local_addr();
+        let ca = a
+            .connect(&addr.ip().to_string(), addr.port(), None)
+            .unwrap();
+        let cb = b.accept(Some(Duration::from_secs(10))).unwrap().conn;
+        for n in [64usize << 10, 1 << 20, 16 << 20] {
+            let mut target = vec![0u8; n];
+            let tb = buf(&b, &mut target);
+            let meta = FifoItem::decode(&b.advertise(cb, tb.mr, tb.ptr, n).unwrap()).unwrap();
+            let mut src = pattern(n, 5);
+            let sb = buf(&a, &mut src);
+            let mut t = Vec::new();
+            for _ in 0..50 {
+                let t0 = std::time::Instant::now();
+                let w = a.write_async(ca, &[sb], &[meta]).unwrap();
+                assert!(a.wait(w, T).unwrap());
+                t.push(t0.elapsed());
+            }
+            t.sort();
+            eprintln!(
+                "{}: write {n} bytes p50 {:?}",
+                a.conn_net(ca).unwrap(),
+                t[t.len() / 2]
+            );
+            assert_eq!(target, src);
+        }
+    }
+}

@@ -400,9 +400,13 @@ fn recv_nowait(s: &UnixStream, buf: &mut [u8]) -> std::io::Result<usize> {
     }
 }
 
-/// What a comm's channel reader has read and not yet taken.
-#[derive(Default)]
+/// A comm's reading end and what was read of it and not yet taken. Both
+/// the channel's reader task and the comm's own calls read it, under one
+/// lock (so frames never interleave): a comm that the engine is testing
+/// takes its peer's answer at once, without the hand-off through the
+/// reader task.
 struct Inbox {
+    f: Framed,
     msgs: Vec<NetMsg>,
     /// The peer closed the channel.
     eof: bool,
@@ -410,31 +414,45 @@ struct Inbox {
     err: Option<NetError>,
 }
 
-/// Reads a comm's channel on the I/O workers: queues each message and
-/// wakes the engine, then waits (no thread) for the next.
+impl Inbox {
+    /// Reads what has arrived, without blocking.
+    fn read(&mut self) {
+        if self.eof || self.err.is_some() {
+            return;
+        }
+        match self.f.ready() {
+            Ok(ms) => self.msgs.extend(ms),
+            Err(e) => self.err = Some(e),
+        }
+        self.eof |= self.f.eof;
+    }
+}
+
+/// Reads a comm's channel on the I/O workers when it becomes readable:
+/// queues each message and wakes the engine, then waits (no thread) for
+/// the next.
 struct ChanReader {
-    f: Framed,
     inbox: Arc<parking_lot::Mutex<Inbox>>,
+    fd: std::os::fd::RawFd,
     waker: Waker,
 }
 
 impl Task for ChanReader {
     fn run(&mut self) -> Step {
-        let r = self.f.ready();
-        let done = {
+        let (news, done) = {
             let mut ib = self.inbox.lock();
-            match r {
-                Ok(ms) => ib.msgs.extend(ms),
-                Err(e) => ib.err = Some(e),
-            }
-            ib.eof |= self.f.eof;
-            ib.eof || ib.err.is_some()
+            let before = ib.msgs.len();
+            ib.read();
+            let done = ib.eof || ib.err.is_some();
+            (ib.msgs.len() > before || done, done)
         };
-        (self.waker)();
+        if news {
+            (self.waker)();
+        }
         if done {
             Step::Done
         } else {
-            Step::Readable(self.f.s.as_raw_fd())
+            Step::Readable(self.fd)
         }
     }
 }
@@ -520,12 +538,18 @@ impl Chan {
                 .map_err(|e| NetError::io(NET, "channel", e))?;
         s.set_write_timeout(Some(cfg.timeout))
             .map_err(|e| NetError::io(NET, "channel", e))?;
-        let inbox = Arc::new(parking_lot::Mutex::new(Inbox::default()));
+        let fd = f.s.as_raw_fd();
+        let inbox = Arc::new(parking_lot::Mutex::new(Inbox {
+            f,
+            msgs: Vec::new(),
+            eof: false,
+            err: None,
+        }));
         // The reader starts at once: bytes may wait already. It ends when
         // the channel closes (the comm shuts it down when dropped).
         workers.start(Box::new(ChanReader {
-            f,
             inbox: inbox.clone(),
+            fd,
             waker,
         }));
         Ok(Chan {
@@ -550,9 +574,11 @@ impl Chan {
             .map_err(|e| NetError::io(NET, "send", e))
     }
 
-    /// What the reader has queued.
+    /// What has arrived: what the reader queued, and what waits on the
+    /// channel now.
     fn take(&mut self) -> Result<Vec<NetMsg>, NetError> {
         let mut ib = self.inbox.lock();
+        ib.read();
         self.eof |= ib.eof;
         if let Some(e) = ib.err.take() {
             return Err(e);

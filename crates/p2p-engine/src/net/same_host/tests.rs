@@ -447,3 +447,28 @@ fn gpu_memory_either_side() {
     unsafe { gpu::copy_sync(direct.as_mut_ptr() as u64, da.ptr, n) }.unwrap();
     assert_eq!(direct, src);
 }
+
+/// What one pair costs at the net alone (printed): p50 of a blocking
+/// send/receive of each size between two comms of this process.
+#[test]
+#[ignore = "a measurement: prints figures"]
+fn pair_cost() {
+    let (mut s, mut r) = test_pair();
+    for n in [64usize << 10, 1 << 20, 16 << 20] {
+        let src = pattern(n, 1);
+        let dst = vec![0u8; n];
+        let mut t = Vec::new();
+        for _ in 0..50 {
+            let t0 = Instant::now();
+            let rq = r.irecv(host(&dst), MrHandle(0)).unwrap().unwrap();
+            let sq = s.isend(host(&src), MrHandle(0)).unwrap().unwrap();
+            let (a, b) = both(s.as_mut(), r.as_mut(), sq, rq);
+            a.unwrap();
+            b.unwrap();
+            t.push(t0.elapsed());
+        }
+        t.sort();
+        eprintln!("same-host net pair, {n} bytes: p50 {:?}", t[t.len() / 2]);
+        assert_eq!(dst, src);
+    }
+}
