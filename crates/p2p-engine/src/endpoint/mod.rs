@@ -190,6 +190,7 @@ impl Endpoint {
                         SameHostConfig::from_env(
                             (gpu_index >= 0 && gpu::available()).then_some(gpu_index),
                             cfg.connect_timeout,
+                            cfg.io_linger,
                         ),
                         workers.clone(),
                     )),

@@ -80,15 +80,19 @@ pub struct SameHostConfig {
     /// A connector must send its hello within this; a blocked write to the
     /// peer fails after it.
     pub timeout: Duration,
+    /// A channel's reader keeps its worker this long after a message, so
+    /// that a busy comm's next one finds it awake (`TCPX_P2P_IO_LINGER_MS`).
+    pub linger: Duration,
 }
 
 impl SameHostConfig {
     /// The settings the environment gives (`TCPX_P2P_LOCAL_ANY_UID`).
-    pub fn from_env(gpu: Option<i32>, timeout: Duration) -> Self {
+    pub fn from_env(gpu: Option<i32>, timeout: Duration, linger: Duration) -> Self {
         SameHostConfig {
             any_uid: std::env::var("TCPX_P2P_LOCAL_ANY_UID").is_ok_and(|v| v == "1"),
             gpu,
             timeout,
+            linger,
         }
     }
 }
@@ -435,24 +439,52 @@ struct ChanReader {
     inbox: Arc<parking_lot::Mutex<Inbox>>,
     fd: std::os::fd::RawFd,
     waker: Waker,
+    linger: Duration,
 }
 
 impl Task for ChanReader {
     fn run(&mut self) -> Step {
-        let (news, done) = {
-            let mut ib = self.inbox.lock();
-            let before = ib.msgs.len();
-            ib.read();
-            let done = ib.eof || ib.err.is_some();
-            (ib.msgs.len() > before || done, done)
-        };
-        if news {
-            (self.waker)();
+        loop {
+            let (news, done) = {
+                let mut ib = self.inbox.lock();
+                let before = ib.msgs.len();
+                ib.read();
+                let done = ib.eof || ib.err.is_some();
+                (ib.msgs.len() > before || done, done)
+            };
+            if news {
+                (self.waker)();
+            }
+            if done {
+                return Step::Done;
+            }
+            // Linger: the next message of a busy comm comes soon, and
+            // the hand-off through the poller costs tens of microseconds.
+            if self.linger.is_zero() || !wait_readable(self.fd, self.linger) {
+                return Step::Readable(self.fd);
+            }
         }
-        if done {
-            Step::Done
-        } else {
-            Step::Readable(self.fd)
+    }
+}
+
+/// Waits up to `limit` for `fd` to have bytes to read (or to be closed);
+/// true if it has.
+#[allow(unsafe_code)] // system-call edge
+fn wait_readable(fd: std::os::fd::RawFd, limit: Duration) -> bool {
+    let mut p = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    let ms = libc::c_int::try_from(limit.as_millis().max(1)).unwrap_or(libc::c_int::MAX);
+    loop {
+        // SAFETY: one pollfd, passed with its count.
+        let r = unsafe { libc::poll(&mut p, 1, ms) };
+        if r >= 0 {
+            return r > 0;
+        }
+        if std::io::Error::last_os_error().kind() != ErrorKind::Interrupted {
+            return true; // let the read report it
         }
     }
 }
@@ -551,6 +583,7 @@ impl Chan {
             inbox: inbox.clone(),
             fd,
             waker,
+            linger: cfg.linger,
         }));
         Ok(Chan {
             s,
@@ -1218,6 +1251,7 @@ pub(crate) fn test_pair() -> (Box<dyn SendComm>, Box<dyn RecvComm>) {
         any_uid: false,
         gpu: None,
         timeout: Duration::from_secs(5),
+        linger: Duration::from_millis(5),
     });
     let waker: Waker = Arc::new(|| {});
     let mut l = net.listen_here().expect("listen");

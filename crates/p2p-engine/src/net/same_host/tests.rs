@@ -208,6 +208,7 @@ fn net() -> SameHostNet {
         any_uid: false,
         gpu: None,
         timeout: Duration::from_secs(5),
+        linger: Duration::from_millis(5),
     })
 }
 
