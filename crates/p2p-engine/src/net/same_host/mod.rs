@@ -676,10 +676,14 @@ impl Chan {
                     remote: seg.addr + p.at,
                     len: p.len,
                 }),
+                // Only a push meets this (a receive mixing host and GPU
+                // memory, fed from both): the pair fails, the comm lives.
                 (None, MemKind::Cuda(_)) => {
                     return Err((
-                        "the peer's host memory and our GPU memory: the peer must copy".into(),
-                        true,
+                        "a request moving host memory into the peer's GPU memory and GPU \
+                         memory into its host memory at once"
+                            .into(),
+                        false,
                     ))
                 }
                 (Some(e), kind) => {
