@@ -10,11 +10,13 @@
 //! when it is made, through the endpoint's [`DataPaths`], from what it knows
 //! of its peer then ([`PeerInfo`]: the addresses of its control
 //! connection). [`OneNet`] -- every connection on the endpoint's one net --
-//! is the default. A further path (a same-host one over CUDA IPC or shared
-//! memory) is one more [`Net`] implementation beside `socket` and `plugin`,
-//! and a [`DataPaths`] that returns it for the peers it serves; nothing in
-//! the existing nets changes. Both sides must pick nets of the same name:
-//! the connection handshake names the net and refuses a mismatch.
+//! is the default. A further path is one more [`Net`] implementation beside
+//! `socket` and `plugin`, and a [`DataPaths`] that returns it for the
+//! peers it serves; nothing in the existing nets changes. `same_host` is
+//! one (cross-memory attach and CUDA IPC), returned by [`SameHostPaths`]
+//! for connections between endpoints of one machine
+//! (`TCPX_P2P_SAME_HOST_NET=1`). Both sides must pick nets of the same
+//! name: the connection handshake names the net and refuses a mismatch.
 
 use std::sync::Arc;
 

@@ -34,9 +34,11 @@
 //! not fit is a protocol error and the comm fails.
 //!
 //! **Progress.** A comm's channel is read by a task on the I/O workers
-//! (holding no thread while nothing comes), which queues what it reads and
-//! calls the engine's waker; the copies run inside the engine's calls
-//! (`irecv` and `test`), on its progress task. The net needs no polling.
+//! (holding no thread while nothing comes, lingering a while after a
+//! message as the socket net's streams do), which queues what it reads and
+//! calls the engine's waker; the comm's own calls read the channel too,
+//! under the same lock. The copies run inside the engine's calls (`irecv`
+//! and `test`), on its progress task. The net needs no polling.
 
 pub(crate) mod cuda;
 pub(crate) mod os;
