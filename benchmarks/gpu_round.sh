@@ -33,9 +33,12 @@
 #            beside raw TCP and NCCL per pair, both nets              (~5)
 #   nccl     NCCL itself loads the stand-in (benchmarks/nccl_emu_check.py;
 #            needs torch with NCCL and 2 GPUs)                        (~2)
-#   local    the same-host path: tests/test_local.py, then
-#            benchmarks/local_bench.py on one GPU, host memory, and across
-#            GPUs 0 and 1 where there are two                         (~6)
+#   local    the same-host path: tests/test_local.py and
+#            tests/test_same_host_net.py (skipped by builds without the
+#            same-host net), then benchmarks/local_bench.py on one GPU,
+#            host memory, and across GPUs 0 and 1 where there are two; with
+#            TCPX_P2P_SAME_HOST_NET=1 (e.g. "new=B.whl@TCPX_P2P_SAME_HOST_NET=1")
+#            its `tcp` rows ride the same-host net                    (~7)
 #   nixl     NIXL VRAM → VRAM through TCPX_P2P beside UCX and our API,
 #            WRITE / READ 64 KiB … 256 MiB and 4,096 × 32 KiB lists
 #            (benchmarks/nixl_bench.py; NIXL_ARGS adds its options, e.g.
@@ -153,7 +156,7 @@ step() { # step NAME: one step for the build whose environment is set
       TAIL=12 run nccl_emu_check 100 env NCCL_EMU_CHECK_TIMEOUT=${NCCL_EMU_CHECK_TIMEOUT:-45} \
         python3 benchmarks/nccl_emu_check.py "$O/${P}nccl" --plugin "$EMU" ;;
     local)
-      TAIL=3 run local_tests 300 $PT tests/test_local.py
+      TAIL=3 run local_tests 300 $PT tests/test_local.py tests/test_same_host_net.py
       run local_one_gpu 300 python3 benchmarks/local_bench.py --device gpu --gpu 0 --out "$O/${P}local_one_gpu"
       run local_host 120 python3 benchmarks/local_bench.py --device cpu --out "$O/${P}local_host"
       [ "$NGPU" -ge 2 ] && run local_two_gpus 300 python3 benchmarks/local_bench.py --device gpu --gpu 0 --peer-gpu 1 --out "$O/${P}local_two_gpus" ;;

@@ -59,6 +59,10 @@ pub struct Config {
     /// Socket net: lend GPU staging to the socket (`vmsplice` + `splice`)
     /// instead of writing it, saving the sender's copy.
     pub splice: bool,
+    /// Connections to endpoints of this machine (made with `connect` /
+    /// `accept`) move their data over the same-host net (cross-memory
+    /// attach, CUDA IPC) instead of the endpoint's net.
+    pub same_host_net: bool,
     /// How long idle threads spin before sleeping while work is in flight
     /// (a thread wake-up costs tens of microseconds in a VM).
     pub spin: Duration,
@@ -152,6 +156,7 @@ impl Default for Config {
             staging_depth: 4,
             sockbuf: 0,
             splice: true,
+            same_host_net: false,
             spin: default_spin(),
             wait_spin: default_spin() * 8,
             io_linger: Duration::from_millis(5),
@@ -267,6 +272,7 @@ impl Config {
     /// | `TCPX_P2P_STAGING_SLICE`, `TCPX_P2P_STAGING_DEPTH` | pinned staging for GPU memory (a sender lending it keeps twice the slices) | 1M, 4 |
     /// | `TCPX_P2P_SOCKBUF` | SO_SNDBUF/SO_RCVBUF | kernel default |
     /// | `TCPX_P2P_SPLICE` | lend GPU staging to the socket (`0`/`1`) | 1 |
+    /// | `TCPX_P2P_SAME_HOST_NET` | `1`: connections between endpoints of one machine carry their data over the same-host net | 0 |
     /// | `TCPX_P2P_COPY_KERNEL` | scattered staged copies through one kernel launch per window (`0`/`1`; process-wide, [`GpuSwitches`]) | 1 |
     /// | `TCPX_P2P_COPY_BATCH` | the driver's batch copy (`0`/`1`; process-wide) | 1 |
     /// | `TCPX_P2P_DISABLE_CUDA` | `1`: act as if no GPU were present (process-wide) | 0 |
@@ -347,6 +353,9 @@ impl Config {
         }
         if let Some(n) = size_var(&["TCPX_P2P_SPLICE"], 0, 1)? {
             c.splice = n == 1;
+        }
+        if let Some(n) = size_var(&["TCPX_P2P_SAME_HOST_NET"], 0, 1)? {
+            c.same_host_net = n == 1;
         }
         if let Some(n) = size_var(&["TCPX_P2P_SPIN_US"], 0, 1_000_000)? {
             c.spin = Duration::from_micros(n as u64);

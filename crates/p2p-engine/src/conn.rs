@@ -97,8 +97,12 @@ impl ConnParams {
         let (Ok(peer), Ok(local)) = (oob.peer_addr(), oob.local_addr()) else {
             return self.clone();
         };
+        let net = self.paths.choose(&PeerInfo { peer, local });
         ConnParams {
-            net: self.paths.choose(&PeerInfo { peer, local }),
+            chunk: net
+                .preferred_chunk()
+                .map_or(self.chunk, |c| c.min(net.max_message())),
+            net,
             ..self.clone()
         }
     }
@@ -156,6 +160,8 @@ pub struct Conn {
     pub peer: SocketAddr,
     pub remote_gpu: i32,
     pub remote_bdf: String,
+    /// The name of the net this connection's data rides.
+    pub net: String,
     pub chunk: usize,
     /// How small items share a request on this connection's net.
     gather: Gather,
@@ -343,6 +349,7 @@ impl Conn {
             peer,
             remote_gpu: theirs.gpu_index,
             remote_bdf: theirs.gpu_bdf.clone(),
+            net: net.name().to_string(),
             chunk,
             gather: Gather::new(chunk, net.max_segments()),
             oob: Mutex::new(crate::oob_out::OobOut::new(oob)),

@@ -889,6 +889,13 @@ impl Endpoint {
         self.ep.net_name()
     }
 
+    /// The net connection `conn_id`'s data rides (`socket`, `same-host`
+    /// with `TCPX_P2P_SAME_HOST_NET=1` between endpoints of one machine, or
+    /// the plugin's name).
+    fn conn_net(&self, conn_id: u64) -> PyResult<String> {
+        self.ep.conn_net(conn_id).map_err(|e| to_py(&e))
+    }
+
     /// The GPU index of this endpoint (-1: none).
     fn gpu_index(&self) -> i32 {
         self.ep.gpu_index()

@@ -3,7 +3,7 @@
 //! advertised-region descriptor, serialized descriptor lists, the handshake
 //! and the control messages, the control connection's framing ([`frame`]),
 //! the handshake's proofs ([`auth`]) and the same-host path's formats
-//! ([`same_host`]). Decoders never panic and reject trailing bytes.
+//! ([`same_host`], and its net's, [`same_host_net`]). Decoders never panic and reject trailing bytes.
 //!
 //! The engine (`tcpx-p2p`), its bindings, its fuzz targets and test peers
 //! that speak the protocol all use this crate; it knows nothing of sockets
@@ -16,6 +16,7 @@ pub mod auth;
 mod error;
 pub mod frame;
 pub mod same_host;
+pub mod same_host_net;
 
 pub use error::WireError;
 pub use frame::{read_frame, write_frame};

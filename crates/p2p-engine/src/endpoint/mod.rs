@@ -18,7 +18,7 @@ use crate::handler::Limits;
 use crate::memory::Registry;
 use crate::net::plugin::PluginNet;
 use crate::net::socket::{SocketConfig, SocketNet};
-use crate::net::{MemRef, Net, OneNet};
+use crate::net::{MemRef, Net, OneNet, SameHostConfig, SameHostNet, SameHostPaths};
 use crate::notif::{Notif, NotifLimits, NotifQueue, QUEUE_MAX, QUEUE_MAX_BYTES};
 use crate::transfer::{Failure, Status, Transfer};
 use crate::wire::{DescEntry, FifoItem, GpuId, Metadata, RmaItem, Token};
@@ -183,7 +183,21 @@ impl Endpoint {
             per_peer_bytes: cfg.notif_per_peer_bytes,
         }));
         let params = ConnParams {
-            paths: Arc::new(OneNet(net.clone())),
+            paths: if cfg.same_host_net {
+                Arc::new(SameHostPaths {
+                    default: net.clone(),
+                    same_host: Arc::new(SameHostNet::with_workers(
+                        SameHostConfig::from_env(
+                            (gpu_index >= 0 && gpu::available()).then_some(gpu_index),
+                            cfg.connect_timeout,
+                            cfg.io_linger,
+                        ),
+                        workers.clone(),
+                    )),
+                })
+            } else {
+                Arc::new(OneNet(net.clone()))
+            },
             net,
             registry: registry.clone(),
             gpu_index,
@@ -435,6 +449,15 @@ impl Endpoint {
     #[doc(hidden)]
     pub fn held_for_peer(&self, id: u64) -> Result<Held> {
         Ok(self.conn(id)?.held())
+    }
+
+    /// The name of the net connection `id`'s data rides (`socket`,
+    /// `same-host`, or the plugin's).
+    pub fn conn_net(&self, id: u64) -> Result<String> {
+        if self.inner.local.get(id)?.is_some() {
+            return Ok("same-host (connect_local)".into());
+        }
+        Ok(self.conn(id)?.net.clone())
     }
 
     /// Why a connection failed, if it did.

@@ -45,11 +45,10 @@
 //! asks the hub first, so `transfer`, `write`, `read`, `send` and `recv`
 //! on a local connection take this path with no other change.
 
-mod cuda;
 /// The same-host path's byte formats.
 pub(crate) use tcpx_p2p_wire::same_host as desc;
 mod hub;
-mod os;
+use crate::net::same_host::{cuda, os};
 
 use std::collections::{HashMap, VecDeque};
 use std::io::ErrorKind;

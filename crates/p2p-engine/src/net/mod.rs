@@ -10,11 +10,13 @@
 //! when it is made, through the endpoint's [`DataPaths`], from what it knows
 //! of its peer then ([`PeerInfo`]: the addresses of its control
 //! connection). [`OneNet`] -- every connection on the endpoint's one net --
-//! is the default. A further path (a same-host one over CUDA IPC or shared
-//! memory) is one more [`Net`] implementation beside `socket` and `plugin`,
-//! and a [`DataPaths`] that returns it for the peers it serves; nothing in
-//! the existing nets changes. Both sides must pick nets of the same name:
-//! the connection handshake names the net and refuses a mismatch.
+//! is the default. A further path is one more [`Net`] implementation beside
+//! `socket` and `plugin`, and a [`DataPaths`] that returns it for the
+//! peers it serves; nothing in the existing nets changes. `same_host` is
+//! one (cross-memory attach and CUDA IPC), returned by [`SameHostPaths`]
+//! for connections between endpoints of one machine
+//! (`TCPX_P2P_SAME_HOST_NET=1`). Both sides must pick nets of the same
+//! name: the connection handshake names the net and refuses a mismatch.
 
 use std::sync::Arc;
 
@@ -23,10 +25,13 @@ use crate::memory::MemKind;
 pub use crate::wire::NET_HANDLE_LEN;
 
 pub(crate) mod plugin;
+pub(crate) mod same_host;
 pub(crate) mod socket;
 
 /// The ncclNet plugin loader (a transport over any ncclNet plugin).
 pub use plugin::PluginNet;
+/// The same-host net (cross-memory attach and CUDA IPC) and its settings.
+pub use same_host::{SameHostConfig, SameHostNet, SameHostPaths};
 /// The socket net (multi-stream TCP) and its settings.
 pub use socket::{SocketConfig, SocketNet};
 /// The I/O threads' time accounts (shared with the ncclNet stand-in).
@@ -126,6 +131,12 @@ pub trait Net: Send + Sync {
     /// Largest message one request may carry (TCPX: 4 MiB per receive).
     fn max_message(&self) -> usize {
         usize::MAX
+    }
+    /// The request size a connection on this net should cut transfers
+    /// into, where the endpoint's (`TCPX_P2P_CHUNK`, sized for the
+    /// endpoint's net) would cost it: None keeps the endpoint's.
+    fn preferred_chunk(&self) -> Option<usize> {
+        None
     }
     /// Most memory segments one request may gather (send) or scatter
     /// (receive): many small blocks then cost one request, not one each.

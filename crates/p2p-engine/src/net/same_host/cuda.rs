@@ -1,4 +1,4 @@
-//! CUDA IPC for the same-host path: the exporter's handle of an allocation
+//! CUDA IPC for the same-host paths: the exporter's handle of an allocation
 //! (one per allocation, cached), the importer's opened mapping (one per
 //! peer and allocation, cached, closed on drop) and the copy between them.
 //! `unsafe` is allowed here only.
@@ -11,9 +11,9 @@ use std::sync::{Arc, OnceLock};
 use cudarc::driver::sys;
 use parking_lot::Mutex;
 
-use super::desc::Export;
 use crate::error::CudaError;
 use crate::gpu;
+use tcpx_p2p_wire::same_host::Export;
 
 fn check(call: &'static str, r: sys::CUresult) -> Result<(), CudaError> {
     r.result().map_err(|e| CudaError::Driver {

@@ -1,0 +1,138 @@
+"""The same-host net between two processes: endpoints made with
+TCPX_P2P_SAME_HOST_NET=1 and connected with `connect` / `accept` carry their
+data over it (cross-memory attach for host memory, CUDA IPC for GPU memory)
+through the ordinary engine. Every byte checked; host memory everywhere, GPU
+memory where CUDA and torch are present (the peer on GPU 1 where there are
+two)."""
+
+import hashlib
+import os
+import sys
+import time
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(__file__))
+import peer_ops  # noqa: E402
+from conftest import PEER_GPU, Peer, connect  # noqa: E402
+
+ON = {"TCPX_P2P_SAME_HOST_NET": "1"}
+
+
+def _has_net():
+    from tcpx_p2p import p2p
+
+    return hasattr(p2p.Endpoint, "conn_net")
+
+
+# A build from before the same-host net (an older wheel in a device round).
+pytestmark = pytest.mark.skipif(not _has_net(), reason="this build has no same-host net")
+
+
+def digest(b):
+    return hashlib.sha256(b).hexdigest()
+
+
+def endpoint(env):
+    """This process's endpoint (GPU 0 on a GPU machine), made with `env`."""
+    from tcpx_p2p import p2p
+
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        return p2p.Endpoint(0)
+    finally:
+        for k, v in old.items():
+            if v is None:
+                del os.environ[k]
+            else:
+                os.environ[k] = v
+
+
+def test_send_recv_and_write_read(device):
+    ep = endpoint(ON)
+    bufs = peer_ops.Buffers(device, 0)
+    peer = Peer(device, PEER_GPU, ON)
+    try:
+        cid, pcid = connect(ep, peer)
+        assert ep.conn_net(cid) == "same-host"
+        assert peer.ep("conn_net", pcid) == "same-host"
+        # Two-sided, both ways, sizes across the copy's thread split.
+        for i, n in enumerate([1, 4096, (1 << 20) + 7, 9 << 20]):
+            sb, sptr = bufs.alloc(n, seed=i)
+            ok, smr = ep.reg(sptr, n)
+            rb, rptr = peer.call("alloc", n)
+            ok, rmr = peer.ep("reg", rptr, n)
+            ok, rx = peer.ep("recv_async", pcid, rmr, rptr, n)
+            assert ok
+            assert ep.send(cid, smr, sptr, n), ep.last_error()
+            assert peer.ep("wait", rx), "receive failed"
+            assert peer.call("digest", rb) == bufs.digest(sb), f"send of {n}"
+        n = 3 << 20
+        pb, pptr = peer.call("alloc", n, 77)
+        ok, pmr = peer.ep("reg", pptr, n)
+        rb, rptr = bufs.alloc(n)
+        ok, rmr = ep.reg(rptr, n)
+        ok, rx = ep.recv_async(cid, rmr, rptr, n)
+        assert ok
+        assert peer.ep("send", pcid, pmr, pptr, n)
+        assert ep.wait(rx), ep.last_error()
+        assert bufs.digest(rb) == peer.call("digest", pb), "send back"
+        # One-sided, with guards around the advertised range; small ones
+        # ride the control connection, the rest the net.
+        guard = 4096
+        for i, n in enumerate([1000, (1 << 20) + 3, 16 << 20]):
+            tb, tptr = peer.call("alloc", n + 2 * guard)
+            ok, tmr = peer.ep("reg", tptr, n + 2 * guard)
+            ok, meta = peer.ep("advertise", pcid, tmr, tptr + guard, n)
+            assert ok
+            sb, sptr = bufs.alloc(n, seed=20 + i)
+            ok, smr = ep.reg(sptr, n)
+            assert ep.write(cid, smr, sptr, n, meta), ep.last_error()
+            assert peer.call("digest", tb, guard, n) == bufs.digest(sb), f"write of {n}"
+            assert peer.call("data", tb, 0, guard) == bytes(guard)
+            assert peer.call("data", tb, guard + n, guard) == bytes(guard)
+            rb, rptr = bufs.alloc(n)
+            ok, rmr = ep.reg(rptr, n)
+            assert ep.read(cid, rmr, rptr, n, meta), ep.last_error()
+            assert bufs.digest(rb) == bufs.digest(sb), f"read of {n}"
+            # A descriptor moved before the range is refused, nothing written.
+            forged = bytearray(meta)
+            addr = int.from_bytes(forged[0:8], "little")
+            forged[0:8] = (addr - guard).to_bytes(8, "little")
+            assert not ep.write(cid, smr, sptr, n, bytes(forged))
+            assert peer.call("data", tb, 0, guard) == bytes(guard), "forged write wrote"
+    finally:
+        peer.close()
+
+
+def test_a_peer_that_dies_fails_what_waits(device):
+    ep = endpoint(ON)
+    bufs = peer_ops.Buffers(device, 0)
+    peer = Peer(device, PEER_GPU, ON)
+    try:
+        cid, _pcid = connect(ep, peer)
+        n = 1 << 20
+        rb, rptr = bufs.alloc(n)
+        ok, rmr = ep.reg(rptr, n)
+        ok, rx = ep.recv_async(cid, rmr, rptr, n)
+        assert ok
+        peer.kill()
+        t0 = time.time()
+        assert not ep.wait(rx, 30.0)
+        assert time.time() - t0 < 30
+    finally:
+        peer.close()
+
+
+def test_one_side_without_it_is_refused():
+    ep = endpoint(ON)
+    peer = Peer("cpu", None, {"TCPX_P2P_SAME_HOST_NET": "0"})
+    try:
+        ip, port, _ = ep.parse_metadata(peer.metadata)
+        peer.pipe.send(("ep", ("accept", ())))
+        ok, _cid = ep.connect(ip, 0, port)
+        assert not ok
+        assert "net" in ep.last_error()
+    finally:
+        peer.close()
