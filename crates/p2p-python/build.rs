@@ -5,6 +5,13 @@
 //! them after `pip install .`. A nested cargo with its own target directory
 //! (the outer build holds the lock on ours). Set TCPX_P2P_SKIP_EMU=1 to skip
 //! both.
+//!
+//! The package's copies come from release builds: a debug build of this
+//! crate (`cargo clippy`, `cargo test --workspace`) only fills them where
+//! they are missing, never replaces them -- it used to put debug builds of
+//! both plugins where the Python tests and the benchmarks on a development
+//! machine then loaded them (the NIXL plugin with its debug checks ran the
+//! 131,072-descriptor rows).
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -33,6 +40,14 @@ fn main() {
     let out = PathBuf::from(std::env::var("OUT_DIR").expect("cargo sets OUT_DIR"));
     let target_dir = out.join("emu-target");
     let release = std::env::var("PROFILE").as_deref() == Ok("release");
+    let pkg = manifest.join("python/tcpx_p2p");
+    let (emu_so, nixl_so) = (
+        pkg.join("libnccl_net_emu.so"),
+        pkg.join("nixl/libplugin_TCPX_P2P.so"),
+    );
+    if !release && emu_so.exists() && nixl_so.exists() {
+        return;
+    }
     let mut cmd = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
     cmd.args([
         "build",
@@ -59,17 +74,16 @@ fn main() {
         panic!("building nccl-net-emu (the TCPX stand-in plugin) and the NIXL plugin failed; see the output above");
     }
     let built = target_dir.join(if release { "release" } else { "debug" });
-    let pkg = manifest.join("python/tcpx_p2p");
-    copy(
-        &built.join("libnccl_net_emu.so"),
-        &pkg.join("libnccl_net_emu.so"),
-    );
     let nixl = pkg.join("nixl");
     std::fs::create_dir_all(&nixl).unwrap_or_else(|e| panic!("creating {}: {e}", nixl.display()));
-    copy(
-        &built.join("libplugin_TCPX_P2P.so"),
-        &nixl.join("libplugin_TCPX_P2P.so"),
-    );
+    for (name, to) in [
+        ("libnccl_net_emu.so", &emu_so),
+        ("libplugin_TCPX_P2P.so", &nixl_so),
+    ] {
+        if release || !to.exists() {
+            copy(&built.join(name), to);
+        }
+    }
 }
 
 /// Puts a copy of `from` at `to` by renaming a fresh file over it, never by
