@@ -246,13 +246,8 @@ struct Inner {
     /// How long one idle worker spins for the next job before it sleeps
     /// (ns; 0: none spins).
     spin_ns: AtomicU64,
-    /// Workers spinning now: at most one, or [`Inner::wait_spinners`]
-    /// while a caller waits on a transfer.
-    spinners: AtomicUsize,
-    /// Most workers that spin at once while a caller waits: a transfer's
-    /// parts on several streams are then taken at once, not one per
-    /// sleeping worker's wake-up (an eighth of the cores, 1 to 4).
-    wait_spinners: AtomicUsize,
+    /// Whether a worker spins now (at most one does).
+    spinning: AtomicBool,
     /// Until when (ns past `epoch`) a caller waiting on a transfer wants a
     /// worker spinning ([`Workers::keep_spinning`]).
     spin_until: AtomicU64,
@@ -316,7 +311,6 @@ impl Workers {
         let registry = poll.registry().try_clone()?;
         let waker = mio::Waker::new(poll.registry(), WAKE)?;
         let (queue, jobs) = crossbeam_channel::unbounded();
-        let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
         let inner = Arc::new(Inner {
             name,
             cpus,
@@ -330,11 +324,12 @@ impl Workers {
             waker,
             stopping: AtomicBool::new(false),
             keep_idle,
-            max_idle: cores.max(2),
+            max_idle: std::thread::available_parallelism()
+                .map_or(2, |n| n.get())
+                .max(2),
             taken: AtomicU64::new(0),
             spin_ns: AtomicU64::new(0),
-            spinners: AtomicUsize::new(0),
-            wait_spinners: AtomicUsize::new((cores / 8).clamp(1, 4)),
+            spinning: AtomicBool::new(false),
             spin_until: AtomicU64::new(0),
             summoned: AtomicBool::new(false),
             epoch: Instant::now(),
@@ -360,14 +355,12 @@ impl Workers {
         self.inner.spin_ns.store(ns, Ordering::Relaxed);
     }
 
-    /// Keeps idle workers spinning for jobs for `d` from now: a caller
-    /// waits for a transfer whose next steps are jobs (streams' tasks
+    /// Keeps one idle worker spinning for jobs for `d` from now: a caller
+    /// waits for a transfer whose next steps are jobs (a stream's task
     /// kicked, the progress task woken), which then start at once rather
     /// than after a sleeping worker's wake-up (up to milliseconds on a
-    /// VM). Up to [`Inner::wait_spinners`] spin through the window (a
-    /// message's parts arrive on several streams at once); while fewer do,
-    /// a sleeping worker is woken to (its wake-up overlaps the wait), one
-    /// per call. Nothing while spinning is off ([`set_spin`]).
+    /// VM). If none spins now, a sleeping worker is woken to (its wake-up
+    /// overlaps the wait). Nothing while spinning is off ([`set_spin`]).
     ///
     /// [`set_spin`]: Workers::set_spin
     pub(crate) fn keep_spinning(&self, d: Duration) {
@@ -377,7 +370,7 @@ impl Workers {
         }
         let until = inner.now_ns().saturating_add(d.as_nanos() as u64);
         inner.spin_until.fetch_max(until, Ordering::AcqRel);
-        if inner.spinners.load(Ordering::Acquire) < inner.wait_spinners.load(Ordering::Relaxed)
+        if !inner.spinning.load(Ordering::Acquire)
             && inner.idle.load(Ordering::SeqCst) > 0
             && !inner.summoned.swap(true, Ordering::AcqRel)
         {
@@ -386,8 +379,8 @@ impl Workers {
     }
 
     /// Whether a caller waiting on a transfer wants work taken at once
-    /// ([`Workers::keep_spinning`]): a task about to sleep on its socket
-    /// may watch it instead, for the window.
+    /// ([`Workers::keep_spinning`]): a stream's task about to sleep may
+    /// watch its socket or queue instead, for the window.
     pub(crate) fn caller_waiting(&self) -> bool {
         let inner = &self.inner;
         inner.spin_ns.load(Ordering::Relaxed) != 0
@@ -513,29 +506,14 @@ impl Inner {
         }
     }
 
-    /// Spins for a job for the pool's spin time, unless enough workers
-    /// spin now: one, or while a caller waits up to `wait_spinners` (None:
-    /// none came, or enough others spin).
+    /// Spins for a job for the pool's spin time, if no other worker
+    /// spins now (None: none came, or another spins).
     fn spin_for_job(&self, jobs: &Receiver<Job>) -> Option<Job> {
-        // Any worker come to wait answers a summons: it spins, or others
-        // do (which then spin through the callers' window too).
+        // Any worker come to wait answers a summons: it spins, or another
+        // does (which then spins through the callers' window too).
         self.summoned.store(false, Ordering::Release);
         let spin = self.spin_ns.load(Ordering::Relaxed);
-        if spin == 0 {
-            return None;
-        }
-        let cap = if self.now_ns() < self.spin_until.load(Ordering::Acquire) {
-            self.wait_spinners.load(Ordering::Relaxed)
-        } else {
-            1
-        };
-        if self
-            .spinners
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
-                (n < cap).then_some(n + 1)
-            })
-            .is_err()
-        {
+        if spin == 0 || self.spinning.swap(true, Ordering::AcqRel) {
             return None;
         }
         let own = self.now_ns().saturating_add(spin);
@@ -548,7 +526,7 @@ impl Inner {
             got = jobs.try_recv().ok();
             std::hint::spin_loop();
         }
-        self.spinners.fetch_sub(1, Ordering::AcqRel);
+        self.spinning.store(false, Ordering::Release);
         got
     }
 
@@ -1053,11 +1031,10 @@ mod tests {
                 // Past the spin: the worker sleeps, and is woken.
                 std::thread::sleep(Duration::from_millis(30));
                 assert!(
-                    until(Duration::from_secs(1), || w
+                    until(Duration::from_secs(1), || !w
                         .inner
-                        .spinners
-                        .load(Ordering::SeqCst)
-                        == 0),
+                        .spinning
+                        .load(Ordering::SeqCst)),
                     "still spinning"
                 );
             }
@@ -1079,85 +1056,39 @@ mod tests {
         w.set_spin(Duration::from_micros(100));
         home.kick(); // a worker now exists, and goes idle after its turn
         assert!(until(Duration::from_secs(10), || n.load(Ordering::SeqCst) == 1));
-        assert!(until(Duration::from_secs(10), || w
+        assert!(until(Duration::from_secs(10), || !w
             .inner
-            .spinners
-            .load(Ordering::SeqCst)
-            == 0));
+            .spinning
+            .load(Ordering::SeqCst)));
         // A caller's window: a sleeping worker comes to spin through it,
         // takes the wakes meanwhile, and stops once it has passed.
         w.keep_spinning(Duration::from_millis(300));
         assert!(until(Duration::from_secs(10), || w
             .inner
-            .spinners
-            .load(Ordering::SeqCst)
-            > 0));
+            .spinning
+            .load(Ordering::SeqCst)));
         for i in 2..=5u64 {
             home.kick();
             assert!(until(Duration::from_secs(10), || n.load(Ordering::SeqCst) >= i));
         }
-        assert!(until(Duration::from_secs(10), || w
+        assert!(until(Duration::from_secs(10), || !w
             .inner
-            .spinners
-            .load(Ordering::SeqCst)
-            == 0));
+            .spinning
+            .load(Ordering::SeqCst)));
         assert!(!w.inner.summoned.load(Ordering::SeqCst));
     }
 
     #[test]
-    fn while_a_caller_waits_several_workers_spin_and_after_it_one_at_most() {
+    fn a_callers_window_is_seen_while_it_lasts_and_only_with_spinning_on() {
         let w = Workers::with_keep_idle("test-io", None, Duration::from_secs(5)).unwrap();
-        w.inner.wait_spinners.store(2, Ordering::SeqCst);
+        w.keep_spinning(Duration::from_secs(30));
+        assert!(!w.caller_waiting(), "spinning off: no window");
         w.set_spin(Duration::from_micros(100));
-        // Two workers (two tasks whose first turns overlap; at least two
-        // are kept idle on any machine), idle after.
-        struct Slow(Arc<AtomicU64>);
-        impl Task for Slow {
-            fn run(&mut self) -> Step {
-                if self.0.fetch_add(1, Ordering::SeqCst) < 2 {
-                    std::thread::sleep(Duration::from_millis(200));
-                }
-                Step::Idle
-            }
-        }
-        let n = Arc::new(AtomicU64::new(0));
-        let homes: Vec<_> = (0..2)
-            .map(|_| w.start_idle(Box::new(Slow(n.clone()))))
-            .collect();
-        for h in &homes {
-            h.kick();
-        }
-        assert!(until(Duration::from_secs(10), || n.load(Ordering::SeqCst) == 2));
-        assert!(until(Duration::from_secs(10), || w
-            .inner
-            .idle
-            .load(Ordering::SeqCst)
-            >= 2
-            && w.inner.spinners.load(Ordering::SeqCst) == 0));
-        // A caller's window: each of its calls brings one more to spin,
-        // up to the cap, and all stop once it has passed.
-        let start = Instant::now();
-        let mut most = 0;
-        while start.elapsed() < Duration::from_millis(600) {
-            w.keep_spinning(Duration::from_millis(100));
-            most = most.max(w.inner.spinners.load(Ordering::SeqCst));
-            std::thread::sleep(Duration::from_millis(1));
-        }
-        assert_eq!(most, 2, "spinners during the window");
-        assert!(until(Duration::from_secs(10), || w
-            .inner
-            .spinners
-            .load(Ordering::SeqCst)
-            == 0));
-        assert!(!w.caller_waiting());
-        // Outside a window, workers kicked at once: one spins at most.
-        for _ in 0..20 {
-            for h in &homes {
-                h.kick();
-            }
-            assert!(w.inner.spinners.load(Ordering::SeqCst) <= 1);
-            std::thread::sleep(Duration::from_millis(2));
-        }
+        assert!(!w.caller_waiting(), "no caller yet");
+        w.keep_spinning(Duration::from_millis(50));
+        assert!(w.caller_waiting(), "inside the window");
+        std::thread::sleep(Duration::from_millis(300));
+        assert!(!w.caller_waiting(), "the window has passed");
     }
 
     #[test]
