@@ -746,8 +746,9 @@ impl Endpoint {
             self.inner.params.workers.keep_spinning(spin);
             let start = Instant::now();
             while !t.ended() && start.elapsed() < spin {
-                // Each round may bring one more worker to spin (up to the
-                // pool's cap), for parts arriving on several streams.
+                // Each round keeps the window's end, and where the spinning
+                // worker went off with a job, brings another idle one to
+                // spin (one spins at a time).
                 self.inner
                     .params
                     .workers

@@ -884,6 +884,31 @@ enum St {
     Failed(String),
 }
 
+/// `test` of request `req` in a comm's queue of `kind` (`key` gives an
+/// entry's id and state): its byte count once done, its failure (reported
+/// as `failed` failed), or nothing yet; an ended request leaves the queue.
+fn take_ended<T>(
+    q: &mut VecDeque<T>,
+    key: impl Fn(&T) -> (u64, &St),
+    req: ReqId,
+    kind: &str,
+    failed: &str,
+) -> Result<Option<usize>, NetError> {
+    let Some(i) = q.iter().position(|e| key(e).0 == req.0) else {
+        return Err(NetError::Misuse {
+            net: NET,
+            reason: format!("test of an unknown {kind} {}", req.0),
+        });
+    };
+    let ended = match key(&q[i]).1 {
+        St::Done(n) => Ok(Some(*n)),
+        St::Failed(why) => Err(protocol(format!("{failed} failed: {why}"))),
+        St::Waiting | St::Pushing { .. } => return Ok(None),
+    };
+    q.remove(i);
+    ended
+}
+
 struct Out {
     seq: u64,
     segs: Vec<MemRef>,
@@ -1035,25 +1060,8 @@ impl SendComm for SameHostSend {
 
     fn test(&mut self, req: ReqId) -> Result<Option<usize>, NetError> {
         self.pump()?;
-        let Some(i) = self.out.iter().position(|o| o.seq == req.0) else {
-            return Err(NetError::Misuse {
-                net: NET,
-                reason: format!("test of an unknown send {}", req.0),
-            });
-        };
-        match &self.out[i].st {
-            St::Done(n) => {
-                let n = *n;
-                self.out.remove(i);
-                Ok(Some(n))
-            }
-            St::Failed(why) => {
-                let e = protocol(format!("send {} failed: {why}", req.0));
-                self.out.remove(i);
-                Err(e)
-            }
-            St::Waiting | St::Pushing { .. } => Ok(None),
-        }
+        let failed = format!("send {}", req.0);
+        take_ended(&mut self.out, |o| (o.seq, &o.st), req, "send", &failed)
     }
 }
 
@@ -1228,25 +1236,13 @@ impl RecvComm for SameHostRecv {
 
     fn test(&mut self, req: ReqId) -> Result<Option<usize>, NetError> {
         self.pump()?;
-        let Some(i) = self.posted.iter().position(|p| p.id == req.0) else {
-            return Err(NetError::Misuse {
-                net: NET,
-                reason: format!("test of an unknown receive {}", req.0),
-            });
-        };
-        match &self.posted[i].st {
-            St::Done(n) => {
-                let n = *n;
-                self.posted.remove(i);
-                Ok(Some(n))
-            }
-            St::Failed(why) => {
-                let e = protocol(format!("receive failed: {why}"));
-                self.posted.remove(i);
-                Err(e)
-            }
-            St::Waiting | St::Pushing { .. } => Ok(None),
-        }
+        take_ended(
+            &mut self.posted,
+            |p| (p.id, &p.st),
+            req,
+            "receive",
+            "receive",
+        )
     }
 }
 
