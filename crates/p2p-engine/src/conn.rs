@@ -863,6 +863,14 @@ impl Conn {
         remote_region: &[u64],
     ) -> Result<Arc<Transfer>> {
         self.check_alive()?;
+        if remote.len() > crate::wire::MAX_RMA_ITEMS {
+            // The peer would end the connection over such a request.
+            return Err(Error::invalid(format!(
+                "{} items in one one-sided request; at most {}",
+                remote.len(),
+                crate::wire::MAX_RMA_ITEMS
+            )));
+        }
         let regions = distinct_regions(&local);
         let ids: Vec<(MemRef, u64)> = local.iter().map(|(m, r)| (*m, r.id)).collect();
         let runs = rma::plan_runs(&ids, &remote, remote_region);

@@ -456,3 +456,71 @@ fn many_scattered_blocks_move_as_one_transfer_of_several_requests() {
     std::thread::sleep(Duration::from_millis(200));
     assert!(target.iter().all(|&x| x == 0), "nothing written");
 }
+
+/// UCCL's `writev` / `readv` (a descriptor per block) and the
+/// `register_memory` descriptors' `transfer` with more blocks than one
+/// request may carry: each call goes in parts under one transfer, as
+/// `rma_async` does, never as one request the peer would end the
+/// connection over. Every block checked, both ways, on both calls.
+#[test]
+fn more_blocks_than_one_request_carries_go_in_parts_on_every_one_sided_call() {
+    let (a, b, ca, cb) = pair();
+    // More than the 65,536 items one request may carry.
+    let (count, bs) = (70_001usize, 16usize);
+    let n = count * bs;
+    let mut target = vec![0u8; n];
+    let tb = buf(&b, &mut target);
+    let whole = FifoItem::decode(&b.advertise(cb, tb.mr, tb.ptr, n).unwrap()).unwrap();
+    let slot = |i: usize| (i * 7919) % count;
+    let metas: Vec<FifoItem> = (0..count)
+        .map(|i| FifoItem {
+            addr: whole.addr + (slot(i) * bs) as u64,
+            size: bs as u32,
+            ..whole
+        })
+        .collect();
+    let pieces = |base: &tcpx_p2p::Buf| {
+        (0..count)
+            .map(|i| tcpx_p2p::Buf {
+                mr: base.mr,
+                ptr: base.ptr + (i * bs) as u64,
+                len: bs,
+            })
+            .collect::<Vec<_>>()
+    };
+    let placed = |target: &[u8], src: &[u8]| {
+        (0..count).all(|i| target[slot(i) * bs..][..bs] == src[i * bs..][..bs])
+    };
+    let wait = |ep: &Endpoint, x| assert!(ep.wait(x, Some(Duration::from_secs(60))).unwrap());
+
+    let mut src = pattern(n, 5);
+    let sb = buf(&a, &mut src);
+    wait(&a, a.write_async(ca, &pieces(&sb), &metas).unwrap());
+    assert!(
+        placed(&target, &src),
+        "writev: every block where it belongs"
+    );
+    let mut back = vec![0u8; n];
+    let bb = buf(&a, &mut back);
+    wait(&a, a.read_async(ca, &pieces(&bb), &metas).unwrap());
+    assert_eq!(back, src, "readv: every block read back in its order");
+
+    // The same through `register_memory`-style descriptors, one per slot.
+    let descs: Vec<_> = (0..count)
+        .map(|i| {
+            b.export_range(tb.mr, tb.ptr + (slot(i) * bs) as u64, bs)
+                .unwrap()
+        })
+        .collect();
+    let mut src2 = pattern(n, 9);
+    let sb2 = buf(&a, &mut src2);
+    wait(&a, a.transfer(ca, false, &pieces(&sb2), &descs).unwrap());
+    assert!(placed(&target, &src2), "transfer (write): every block");
+    back.fill(0);
+    wait(&a, a.transfer(ca, true, &pieces(&bb), &descs).unwrap());
+    assert_eq!(back, src2, "transfer (read): every block");
+    assert!(
+        matches!(a.conn_failure(ca), Ok(None)),
+        "the connection lives"
+    );
+}

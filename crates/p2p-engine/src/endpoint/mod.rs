@@ -623,7 +623,7 @@ impl Endpoint {
                 remote.len()
             )));
         }
-        Ok(self.publish(c.post_rma(self.next_xfer(), read, local, remote, remote_region)?))
+        Ok(self.publish(self.post_rma_any(&c, read, local, remote, remote_region)?))
     }
 
     /// A one-sided request on the regions the peer advertised: its items,

@@ -61,13 +61,6 @@ impl Endpoint {
             Self::check_notif(m)?;
         }
         let c = self.conn(conn)?;
-        if bufs.len() > crate::wire::MAX_RMA_PIECES {
-            return Err(Error::invalid(format!(
-                "{} pieces in one transfer; at most {} (post several)",
-                bufs.len(),
-                crate::wire::MAX_RMA_PIECES
-            )));
-        }
         if remote.len() != bufs.len() {
             return Err(Error::invalid(format!(
                 "{} local buffers but {} remote descriptors",
@@ -97,11 +90,7 @@ impl Endpoint {
             .collect::<Result<Vec<_>>>()?;
         let regions: Vec<u64> = remote.iter().map(|(d, _)| d.region).collect();
         let local = self.resolve_local(bufs)?;
-        let t = if items.len() <= RMA_PART {
-            c.post_rma(self.next_xfer(), read, local, items, &regions)?
-        } else {
-            self.post_rma_parts(&c, read, local, items, &regions)?
-        };
+        let t = self.post_rma_any(&c, read, local, items, &regions)?;
         if let Some(m) = notif {
             let (weak, name, msg) = (Arc::downgrade(&c), self.inner.name.clone(), m.to_vec());
             t.on_end(move |s| {
@@ -116,6 +105,33 @@ impl Endpoint {
             });
         }
         Ok(self.publish(t))
+    }
+
+    /// A one-sided transfer of any number of items (up to
+    /// [`crate::wire::MAX_RMA_PIECES`]) on connection `c`: one request, or
+    /// parts of [`RMA_PART`] items under one transfer. Every one-sided call
+    /// goes through here, so that none sends a request larger than the peer
+    /// accepts.
+    pub(super) fn post_rma_any(
+        &self,
+        c: &Arc<Conn>,
+        read: bool,
+        local: Vec<(MemRef, Arc<crate::memory::Region>)>,
+        items: Vec<RmaItem>,
+        regions: &[u64],
+    ) -> Result<Arc<Transfer>> {
+        if items.len() > crate::wire::MAX_RMA_PIECES {
+            return Err(Error::invalid(format!(
+                "{} pieces in one transfer; at most {} (post several)",
+                items.len(),
+                crate::wire::MAX_RMA_PIECES
+            )));
+        }
+        if items.len() <= RMA_PART {
+            c.post_rma(self.next_xfer(), read, local, items, regions)
+        } else {
+            self.post_rma_parts(c, read, local, items, regions)
+        }
     }
 
     /// A one-sided transfer of more than [`RMA_PART`] items: one request
