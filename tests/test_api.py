@@ -341,6 +341,39 @@ def test_kv_blocks_writev_readv(local, peers):
     assert ep.readv(cid, [rmr] * 2, rptrs[:2], [bs] * 2, metas[:2], 2)
 
 
+def test_writev_readv_of_more_blocks_than_one_request_carries(local, peers):
+    """vLLM-sized lists through UCCL's writev / readv: more blocks than one
+    request may carry (65,536) go in parts under one call, the connection
+    lives, and every block lands in its slot."""
+    ep, bufs = local
+    peer = peers()
+    cid, pcid = connect(ep, peer)
+    nblk, bs = 70_001, 16
+    tb, tptr = peer.call("alloc", nblk * bs)
+    ok, tmr = peer.ep("reg", tptr, nblk * bs)
+    slot = [(i * 7919) % nblk for i in range(nblk)]
+    tptrs = [tptr + j * bs for j in slot]
+    ok, metas = peer.ep("advertisev", pcid, [tmr] * nblk, tptrs, [bs] * nblk, nblk)
+    assert ok and len(metas) == nblk
+    sb, sptr = bufs.alloc(nblk * bs, seed=23)
+    ok, smr = ep.reg(sptr, nblk * bs)
+    sptrs = [sptr + i * bs for i in range(nblk)]
+    assert ep.writev(cid, [smr] * nblk, sptrs, [bs] * nblk, metas, nblk), ep.last_error()
+    src = pattern(nblk * bs, 23)
+    got = peer.call("data", tb)
+    placed = bytearray(nblk * bs)
+    for i, j in enumerate(slot):
+        placed[j * bs : (j + 1) * bs] = src[i * bs : (i + 1) * bs]
+    assert digest(got) == digest(bytes(placed))
+    rb, rptr = bufs.alloc(nblk * bs)
+    ok, rmr = ep.reg(rptr, nblk * bs)
+    rptrs = [rptr + i * bs for i in range(nblk)]
+    assert ep.readv(cid, [rmr] * nblk, rptrs, [bs] * nblk, metas, nblk), ep.last_error()
+    assert digest(bufs.data(rb)) == digest(src)
+    # The connection still serves small calls.
+    assert ep.writev(cid, [smr], sptrs[:1], [bs], metas[:1], 1), ep.last_error()
+
+
 def test_kv_blocks_in_runs(local, peers):
     """writev/readv join blocks that are back to back on both sides into one
     message (a run): runs of every length, runs longer than a chunk, breaks
