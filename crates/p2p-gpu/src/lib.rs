@@ -798,7 +798,15 @@ mod tests {
     /// and the calling threads' time per 32 copies spent in the calls
     /// themselves (what a stream thread pays per window), µs.
     fn copy_threads(dev: &Arc<Device>, plans: &[(bool, How)]) -> (f64, f64, f64) {
-        let (n, bs, rounds) = (4096usize, 32usize << 10, 5usize);
+        // `COPY_RATES_BLOCK` (bytes, default 32 KiB) sets the block size;
+        // 128 MiB in all, a 1 MiB window's blocks per call or launch.
+        let bs = std::env::var("COPY_RATES_BLOCK")
+            .ok()
+            .and_then(|v| v.trim().parse::<usize>().ok())
+            .filter(|&b| (16..=1 << 20).contains(&b) && b % 16 == 0)
+            .unwrap_or(32 << 10);
+        let (n, rounds) = ((128usize << 20) / bs, 5usize);
+        let per_call = ((1usize << 20) / bs).clamp(1, 1024);
         // One GPU buffer per direction: the two never copy the same bytes.
         let bufs = [
             DeviceBuf::new(dev, n * bs).unwrap(),
@@ -825,7 +833,7 @@ mod tests {
                         let mut kernels: Vec<(unpack::CopyKernel, Event, bool)> = (0..4)
                             .map(|_| {
                                 (
-                                    unpack::CopyKernel::new(&dev, 32).unwrap(),
+                                    unpack::CopyKernel::new(&dev, per_call).unwrap(),
                                     Event::new().unwrap(),
                                     false,
                                 )
@@ -849,7 +857,7 @@ mod tests {
                         let mut calls = std::time::Duration::ZERO;
                         let mut launches = 0usize;
                         for _round in 0..rounds {
-                            for c in ops.chunks(if how == How::OneCall { 1 } else { 32 }) {
+                            for c in ops.chunks(if how == How::OneCall { 1 } else { per_call }) {
                                 if how == How::Kernel {
                                     let (kn, kev, used) = &mut kernels[launches % 4];
                                     if *used {
@@ -893,7 +901,7 @@ mod tests {
             }
         };
         let calls: f64 = res.iter().map(|r| r.2).sum();
-        let windows = (rounds * n / 32) as f64
+        let windows = (rounds * n / per_call) as f64
             * [true, false].iter().filter(|&&d| per_dir(d) > 0).count() as f64;
         (rate(true), rate(false), calls * 1e6 / windows)
     }
@@ -924,8 +932,9 @@ mod tests {
                     })
                     .collect();
                 eprintln!(
-                    "{} {k} thread(s), 4096 x 32 KiB scattered: one call each {:.2} GB/s ({:.1} us per 32 in calls), batch calls of 32 {:.2} ({:.1}), copy kernel launches of 32 {:.2} ({:.1}); contiguous as one copy {:.2}",
+                    "{} {k} thread(s), 128 MiB of {} B blocks scattered: one call each {:.2} GB/s ({:.1} us per 1 MiB window in calls), batch calls of a window {:.2} ({:.1}), copy kernel launches of a window {:.2} ({:.1}); contiguous as one copy {:.2}",
                     if d2h { "D2H" } else { "H2D" },
+                    std::env::var("COPY_RATES_BLOCK").unwrap_or_else(|_| "32768".into()),
                     r[0].0, r[0].1, r[1].0, r[1].1, r[2].0, r[2].1, r[3].0,
                 );
             }

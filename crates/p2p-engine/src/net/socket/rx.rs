@@ -88,7 +88,7 @@ fn rx_windows(
         // Pieces next to each other both in the GPU and in the slot are
         // one copy (a READ of many blocks into one local buffer made a
         // 4 KiB copy per block).
-        let ops = window_copies(&pieces, ring.slot_addr(k), false, true);
+        let ops = window_copies(&pieces, ring.slot_addr(k), false);
         // SAFETY: the slot holds the window just read and is not touched
         // again until its event completes (its previous one has: the slot
         // was free); the device ranges lie inside the posted buffer.

@@ -128,25 +128,21 @@ pub(super) fn windows(run: &[MemRef], slice: usize) -> Vec<Window> {
 }
 
 /// The copies between a window's device pieces and a slot at `slot`:
-/// into the slot (`to_slot`, sending) or out of it (receiving). With
-/// `merge`, pieces that follow each other both in the GPU and in the slot
-/// are one copy ([`gpu::push_copy`]; a batch of small parts).
+/// into the slot (`to_slot`, sending) or out of it (receiving). Pieces
+/// that follow each other both in the GPU and in the slot are one copy
+/// ([`gpu::push_copy`]): a batch of small parts, or the blocks of a KV list
+/// back to back in the GPU (a window of 256 such 4 KiB blocks was 256
+/// copies of the kernel; it is one copy).
 pub(super) fn window_copies(
     pieces: &[(u64, usize, usize)],
     slot: u64,
     to_slot: bool,
-    merge: bool,
 ) -> Vec<gpu::CopyOp> {
     let mut ops = Vec::with_capacity(pieces.len());
     for &(dev, at, len) in pieces {
         let host = slot + at as u64;
         let (dst, src) = if to_slot { (host, dev) } else { (dev, host) };
-        let op = gpu::CopyOp { dst, src, len };
-        if merge {
-            gpu::push_copy(&mut ops, op);
-        } else {
-            ops.push(op);
-        }
+        gpu::push_copy(&mut ops, gpu::CopyOp { dst, src, len });
     }
     ops
 }
@@ -228,6 +224,41 @@ mod tests {
         assert_ne!(a, high);
         assert!(Segs::new(&[]).is_err());
         assert!(Segs::new(&vec![host(1, 1); MAX_SEGS + 1]).is_err());
+    }
+
+    #[test]
+    fn a_windows_back_to_back_blocks_are_one_copy_either_way() {
+        let dev = |addr, len| MemRef {
+            addr,
+            len,
+            kind: MemKind::Cuda(0),
+        };
+        // 256 blocks of 4 KiB back to back in the GPU, then two apart.
+        let mut run: Vec<MemRef> = (0..256).map(|i| dev(1 << 30 | i << 12, 4096)).collect();
+        run.push(dev(5 << 30, 4096));
+        run.push(dev(7 << 30, 4096));
+        let w = windows(&run, 2 << 20);
+        assert_eq!(w.len(), 1);
+        let slot = 1 << 40;
+        for to_slot in [true, false] {
+            let ops = window_copies(&w[0].1, slot, to_slot);
+            assert_eq!(
+                ops.len(),
+                3,
+                "one copy for the run, one each for the others"
+            );
+            let (host, gpu) = (slot, 1u64 << 30);
+            let (dst, src) = if to_slot { (host, gpu) } else { (gpu, host) };
+            assert_eq!(
+                ops[0],
+                gpu::CopyOp {
+                    dst,
+                    src,
+                    len: 1 << 20
+                }
+            );
+            assert_eq!(ops[2].len, 4096);
+        }
     }
 
     #[test]

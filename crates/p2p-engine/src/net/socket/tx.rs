@@ -231,7 +231,7 @@ impl TxPipe {
                 break;
             }
             let slot = st.ring.slot_addr(k);
-            let ops = window_copies(&p.wins[p.issued].1, slot, true, !p.lend);
+            let ops = window_copies(&p.wins[p.issued].1, slot, true);
             // SAFETY: the window fits the slot, whose previous window was
             // written once its copies had landed (so nothing reads it); the
             // device ranges were checked by the engine.
@@ -678,7 +678,7 @@ mod tests {
         assert_eq!(w.0, slice);
         assert_eq!(w.1.len(), 8);
         let slot = 1 << 40;
-        let copies = window_copies(&w.1, slot, true, !pipe.parts[0].lend);
+        let copies = window_copies(&w.1, slot, true);
         assert_eq!(copies.len(), 5, "four contiguous parts, then four apart");
         let copy = |dst: u64, src: u64, len: usize| gpu::CopyOp { dst, src, len };
         assert_eq!(copies[0], copy(slot, 0, 512 << 10));
