@@ -254,9 +254,6 @@ struct Inner {
     /// A worker was woken to spin and has not started yet.
     summoned: AtomicBool,
     epoch: Instant,
-    /// Tests: readiness is held back (its tasks stay parked) while set.
-    #[cfg(test)]
-    held: AtomicBool,
 }
 
 /// The tasks waiting for their descriptors, and the deadlines of those
@@ -336,8 +333,6 @@ impl Workers {
             spin_until: AtomicU64::new(0),
             summoned: AtomicBool::new(false),
             epoch: Instant::now(),
-            #[cfg(test)]
-            held: AtomicBool::new(false),
         });
         let weak = Arc::downgrade(&inner);
         let cpus = inner.cpus.clone();
@@ -443,15 +438,6 @@ impl Workers {
             finished: Condvar::new(),
             pool: Arc::downgrade(&self.inner),
         })
-    }
-
-    /// Tests: while `on`, no parked task is run for its socket's
-    /// readiness (what a test lands on its own thread cannot be taken by
-    /// a worker first); readiness seen meanwhile is served once let go.
-    #[cfg(test)]
-    pub(crate) fn hold_readiness(&self, on: bool) {
-        self.inner.held.store(on, Ordering::SeqCst);
-        let _ = self.inner.waker.wake();
     }
 
     /// Worker threads alive now (the poller not counted).
@@ -591,9 +577,6 @@ const STALL: Duration = Duration::from_micros(500);
 fn poller(mut poll: Poll, pool: Weak<Inner>) {
     let mut events = Events::with_capacity(256);
     let mut last_taken = 0u64;
-    // Tests: readiness seen while held back (see `hold_readiness`).
-    #[cfg(test)]
-    let mut held: Vec<usize> = Vec::new();
     loop {
         let (waiting, next_deadline) = pool.upgrade().map_or((false, None), |p| {
             let next = p.parked.lock().timers.first().map(|&(d, _)| d);
@@ -632,19 +615,11 @@ fn poller(mut poll: Poll, pool: Weak<Inner>) {
         if p.stopping.load(Ordering::Acquire) {
             return;
         }
-        #[cfg(test)]
-        let tokens: Vec<usize> = {
-            held.extend(events.iter().map(|e| e.token().0).filter(|&t| t != WAKE.0));
-            if p.held.load(Ordering::SeqCst) {
-                Vec::new()
-            } else {
-                std::mem::take(&mut held)
+        for ev in events.iter() {
+            if ev.token() == WAKE {
+                continue;
             }
-        };
-        #[cfg(not(test))]
-        let tokens = events.iter().map(|e| e.token().0).filter(|&t| t != WAKE.0);
-        for token in tokens {
-            let parked = p.parked.lock().take(token);
+            let parked = p.parked.lock().take(ev.token().0);
             if let Some((job, fd)) = parked {
                 p.unpark(job, fd);
             }

@@ -26,10 +26,6 @@ pub(super) struct RecvReq {
     /// may free the memory (a peer that sent a part twice failed the
     /// receive while the first copy was still landing).
     pub(super) landing: AtomicUsize,
-    /// Bytes of it that the application's threads may still land
-    /// themselves (its post, the waits on it) rather than wake an I/O
-    /// worker for (see [`super::rx::POSTER_BUDGET`]).
-    pub(super) poster_left: AtomicUsize,
 }
 
 /// The receives posted and still expecting a part, keyed by message

@@ -76,11 +76,6 @@ impl SocketRecv {
         self.streams.holds(seq)
     }
 
-    /// The I/O workers its streams' tasks run on.
-    pub(super) fn workers(&self) -> crate::workers::Workers {
-        self.streams.workers()
-    }
-
     /// Receive streams open now.
     pub(super) fn stream_count(&self) -> usize {
         self.shared.streams.load(Ordering::Acquire)
@@ -113,7 +108,6 @@ impl RecvComm for SocketRecv {
             claimed: AtomicU64::new(0),
             done: AtomicBool::new(false),
             landing: AtomicUsize::new(0),
-            poster_left: AtomicUsize::new(super::rx::POSTER_BUDGET),
         });
         self.shared.book.lock().due.insert(seq, req.clone());
         self.shared.cv.notify_all();
@@ -121,7 +115,7 @@ impl RecvComm for SocketRecv {
         // A stream that read this message's header first waits idle: a
         // small part whose bytes are here is landed by this thread, and
         // the tasks are kicked to go on reading (or to land it).
-        self.streams.posted(seq, &req);
+        self.streams.posted(seq);
         self.reqs.insert(seq, req);
         Ok(Some(ReqId(seq)))
     }
@@ -135,12 +129,6 @@ impl RecvComm for SocketRecv {
                 net: NET,
                 reason: format!("test of unknown receive request {}", req.0),
             })?;
-        if !r.done.load(Ordering::Acquire) && self.streams.caller_waiting() {
-            // Its parts that have come since it was posted are landed by
-            // the caller waiting on it (within the receive's budget): no
-            // I/O worker need wake for them.
-            self.streams.land_arrived(req.0, &r);
-        }
         if r.done.load(Ordering::Acquire) {
             let size = r.shape.lock().map(|s| s.0).unwrap_or(0);
             self.reqs.remove(&req.0);

@@ -589,25 +589,6 @@ impl RxHandle {
         })
     }
 
-    /// [`RxHandle::land_held`] on a thread waiting on receive `seq`, after
-    /// reading the stream's next part header if the task is idle, keeps
-    /// none, and a whole header has come.
-    pub(super) fn land_arrived(&self, seq: u64, budget: &mut usize) -> Landed {
-        {
-            let Some(mut rx) = self.0.try_lock() else {
-                return Landed::No;
-            };
-            if rx.shared.closing.load(Ordering::Acquire) {
-                return Landed::No;
-            }
-            if let Err(e) = rx.read_ahead() {
-                rx.fail(e);
-                return Landed::Here { kick: true };
-            }
-        }
-        self.land_held(seq, budget)
-    }
-
     /// Whether the task may be waiting for receive `seq` to be posted: it
     /// is idle keeping that message's header, or running (a kick costs it
     /// nothing).

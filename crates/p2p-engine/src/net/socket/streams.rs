@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 
-use super::book::{Landing, RecvReq, RecvShared};
+use super::book::{Landing, RecvShared};
 use super::rx::{Landed, RxHandle, RxTask};
 use super::sockio::tune;
 use super::stage::StagingPool;
@@ -206,12 +206,11 @@ impl RxStreams {
         true
     }
 
-    /// Receive `seq` (`req`) was entered in the book: a stream holding its
-    /// header may land it on this thread, and the streams waiting for it
-    /// go on.
-    pub(super) fn posted(&self, seq: u64, req: &RecvReq) {
+    /// Receive `seq` was entered in the book: a stream holding its header
+    /// may land it on this thread, and the streams waiting for it go on.
+    pub(super) fn posted(&self, seq: u64) {
         let inner = self.inner.lock();
-        let mut budget = req.poster_left.load(Ordering::Acquire);
+        let mut budget = super::rx::POSTER_BUDGET;
         for (h, t) in inner.held.iter().zip(&inner.tasks) {
             let kick = match h.land_held(seq, &mut budget) {
                 Landed::Here { kick } => kick,
@@ -221,41 +220,6 @@ impl RxStreams {
                 t.kick();
             }
         }
-        req.poster_left.store(budget, Ordering::Release);
-    }
-
-    /// Whether an application thread waits on a transfer now (the window
-    /// in which its own thread lands what has come, see
-    /// [`RxStreams::land_arrived`]).
-    pub(super) fn caller_waiting(&self) -> bool {
-        self.workers.caller_waiting()
-    }
-
-    /// On a thread waiting on receive `seq` (`req`): lands the parts of it
-    /// whose bytes have all come on streams whose task is idle (reading
-    /// their headers first), within what is left of its budget. A worker
-    /// woken for them cost 0.2-6 ms on a VM where the caller, spinning
-    /// already, lands a part in tens of µs. Never waits for bytes.
-    pub(super) fn land_arrived(&self, seq: u64, req: &RecvReq) {
-        let mut budget = req.poster_left.load(Ordering::Acquire);
-        if budget == 0 {
-            return;
-        }
-        let Some(inner) = self.inner.try_lock() else {
-            return;
-        };
-        for (h, t) in inner.held.iter().zip(&inner.tasks) {
-            if let Landed::Here { kick: true } = h.land_arrived(seq, &mut budget) {
-                t.kick();
-            }
-        }
-        req.poster_left.store(budget, Ordering::Release);
-    }
-
-    /// The I/O workers the streams' tasks run on (tests).
-    #[cfg(test)]
-    pub(super) fn workers(&self) -> Workers {
-        self.workers.clone()
     }
 
     /// Whether a stream holds message `seq`'s header (tests).

@@ -350,50 +350,6 @@ fn larger_messages_sent_ahead_land_on_the_posting_thread_within_its_budget() {
 }
 
 #[test]
-fn a_waiting_caller_lands_the_parts_that_come_after_its_post() {
-    // A blocking receive posted before its bytes came (UCCL's benchmark
-    // when the receiver is ahead): the caller, spinning in its wait, lands
-    // them itself within the receive's budget, where a worker woken by the
-    // socket took up to milliseconds on a VM. The workers are kept from
-    // the socket's readiness here, so only the caller can land them.
-    let big = || SocketConfig {
-        sockbuf: 4 << 20,
-        ..cfg(1)
-    };
-    let (mut s, mut r) = test_pair_here(big(), big());
-    let w = r.workers();
-    w.set_spin(Duration::from_micros(50));
-    let sizes = [4096usize, 256 << 10, super::rx::POSTER_BUDGET];
-    for (seq, &n) in sizes.iter().enumerate() {
-        let src: Vec<u8> = (0..n).map(|i| (i * 5 + seq * 3 + 7) as u8).collect();
-        let mut dst = vec![0u8; n + 8];
-        let q = recv_into(&mut r, &mut dst);
-        w.hold_readiness(true);
-        let sq = send_all(s.as_mut(), &src);
-        assert_eq!(wait(|| s.test(sq)), n);
-        let deadline = Instant::now() + Duration::from_secs(10);
-        let got = loop {
-            // The caller's window, as `Endpoint::wait` keeps it.
-            w.keep_spinning(Duration::from_millis(20));
-            if let Some(got) = r.test(q).unwrap() {
-                break got;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "message {seq} not landed by its waiting caller"
-            );
-        };
-        w.hold_readiness(false);
-        assert_eq!(got, n, "message {seq}");
-        assert!(dst[..n] == src[..], "message {seq}: bytes differ");
-        assert!(
-            dst[n..].iter().all(|&b| b == 0),
-            "message {seq}: bytes past it"
-        );
-    }
-}
-
-#[test]
 fn peers_with_other_part_sizes_agree_on_streams() {
     // The receiver checks each part against the cut its own smallest
     // part makes, which the sender adopts.
