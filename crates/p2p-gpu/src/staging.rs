@@ -23,27 +23,6 @@ use crate::CudaError;
 const KERNEL_MIN_COPIES: usize = 4;
 const KERNEL_MAX_COPIES: usize = 1024;
 
-/// Copies of at most this many bytes each on average, at least
-/// [`SMALL_KERNEL_MIN_COPIES`] of them, go through the copy kernel in any
-/// window, not only in a large part's: the copy engines moved scattered
-/// 4 KiB blocks at 5-10 GB/s, the kernel at 41-51 (`copy_rates` with 4 KiB
-/// blocks on 2 x H200). A 128 KiB part of vLLM's 4 KiB KV blocks is 32
-/// such copies; 131,072-descriptor transfers ran at half the speed of one
-/// descriptor while the small parts' copies stayed on the copy engines.
-const SMALL_COPY_MAX: usize = 16 << 10;
-const SMALL_KERNEL_MIN_COPIES: usize = 8;
-
-/// Whether `ops` go through the copy kernel (see [`KERNEL_MIN_COPIES`],
-/// [`SMALL_COPY_MAX`]): `large`, a large part's window.
-fn kernel_for(ops: &[CopyOp], large: bool) -> bool {
-    let n = ops.len();
-    if !(KERNEL_MIN_COPIES..=KERNEL_MAX_COPIES).contains(&n) {
-        return false;
-    }
-    let bytes: usize = ops.iter().map(|o| o.len).sum();
-    large || (n >= SMALL_KERNEL_MIN_COPIES && bytes / n <= SMALL_COPY_MAX)
-}
-
 /// One slot: its pinned slice, the event recorded after the copies queued
 /// on it, and whether those copies may still be running.
 type Slot = (PinnedBuf, Event, bool);
@@ -147,9 +126,10 @@ impl<T> Ring<T> {
     }
 
     /// Queues `ops` (one window's copies, to or from slot `k`) on the
-    /// stream: many of a large part (`large`), or many small ones of any
-    /// window, in one launch of slot `k`'s copy kernel ([`kernel_for`]);
-    /// few -- or all, without the kernel -- through the copy engines.
+    /// stream: many of a large part (`large`) in one launch of slot `k`'s
+    /// copy kernel, few -- or all, without the kernel -- through the copy
+    /// engines. (Small parts' copies stay on the copy engines, where they
+    /// were measured.)
     ///
     /// # Safety
     /// Each range must be device memory or this ring's pinned memory,
@@ -161,7 +141,7 @@ impl<T> Ring<T> {
         ops: &[CopyOp],
         large: bool,
     ) -> Result<(), CudaError> {
-        let many = kernel_for(ops, large);
+        let many = large && (KERNEL_MIN_COPIES..=KERNEL_MAX_COPIES).contains(&ops.len());
         if many && self.kernels.is_none() {
             let n = self.slots.len();
             self.kernels = Some(if self.kernel_allowed && !self.mapped {
@@ -286,17 +266,15 @@ impl<T> Ring<T> {
         }
     }
 
-    /// Queues the copies out of the slot being filled, in one batch (many
-    /// small ones through the copy kernel, see [`kernel_for`]).
+    /// Queues the copies out of the slot being filled, in one batch.
     fn issue_pending(&mut self) -> Result<(), CudaError> {
-        let mut pending = std::mem::take(&mut self.pending);
-        // SAFETY: each copy reads bytes already read into the slot being
-        // filled, which stay untouched until the slot's next event
-        // completes, and writes inside device memory the caller checked;
-        // the slot's previous event completed before it was filled.
-        let r = unsafe { self.queue_copies(self.fill_slot, &pending, false) };
-        pending.clear();
-        self.pending = pending;
+        // Small parts' copies stay on the copy engines: the kernel was
+        // measured on windows of scattered blocks only.
+        // SAFETY: each copy reads bytes already read into the slot, which
+        // stay untouched until the slot's next event completes, and writes
+        // inside device memory the caller checked.
+        let r = unsafe { self.stream.copy_batch(&self.pending) };
+        self.pending.clear();
         r
     }
 
@@ -381,37 +359,4 @@ pub enum StageStep {
     Queued,
     /// The copies have landed.
     Landed,
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn copies(n: usize, len: usize) -> Vec<CopyOp> {
-        (0..n)
-            .map(|i| CopyOp {
-                dst: (i as u64) << 20,
-                src: (i as u64) << 30,
-                len,
-            })
-            .collect()
-    }
-
-    #[test]
-    fn many_small_copies_take_the_kernel_in_any_window() {
-        // A 128 KiB part of 4 KiB KV blocks, and of 16 KiB ones.
-        assert!(kernel_for(&copies(32, 4 << 10), false));
-        assert!(kernel_for(&copies(8, 16 << 10), false));
-        // A small part's window of a few copies, or of large ones: the
-        // copy engines.
-        assert!(!kernel_for(&copies(4, 4 << 10), false));
-        assert!(!kernel_for(&copies(16, 64 << 10), false));
-        assert!(!kernel_for(&copies(1, 128 << 10), false));
-        // A large part's window: from four copies of any size.
-        assert!(kernel_for(&copies(4, 256 << 10), true));
-        assert!(!kernel_for(&copies(3, 4 << 10), true));
-        // More than one launch holds: the copy engines.
-        assert!(!kernel_for(&copies(KERNEL_MAX_COPIES + 1, 1024), false));
-        assert!(!kernel_for(&[], false));
-    }
 }
