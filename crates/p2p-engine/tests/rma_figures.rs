@@ -34,6 +34,7 @@ fn figures_many_small_blocks() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(5);
+    tcpx_p2p::init_logging(); // TCPX_P2P_LOG=trace: the requests' timeline
     let a = Endpoint::new(None, cfg()).unwrap();
     let b = Endpoint::new(None, cfg()).unwrap();
     let addr = b.local_addr();
