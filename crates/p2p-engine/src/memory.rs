@@ -82,7 +82,14 @@ impl Resolver<'_> {
                 Ok(r.clone())
             }
             _ => {
-                let (a, r) = self.reg.advert(token, self.conn)?;
+                // Descriptors made one per block (UCCL's `advertisev`) are
+                // all of one region: its lookup is kept with the last
+                // descriptor's.
+                let a = self.reg.advert_record(token, self.conn)?;
+                let r = match &self.last {
+                    Some((_, _, r)) if r.id == a.region => r.clone(),
+                    _ => self.reg.advert_region(&a, token)?,
+                };
                 bounded(&a, token, addr, len)?;
                 self.last = Some((token, a, r.clone()));
                 Ok(r)
@@ -370,6 +377,13 @@ impl Registry {
         token: Token,
         conn: u64,
     ) -> std::result::Result<(Advert, Arc<Region>), String> {
+        let a = self.advert_record(token, conn)?;
+        let region = self.advert_region(&a, token)?;
+        Ok((a, region))
+    }
+
+    /// The advertisement `token` names, if `conn` may use it.
+    fn advert_record(&self, token: Token, conn: u64) -> std::result::Result<Advert, String> {
         let a = self
             .adverts
             .read()
@@ -383,13 +397,16 @@ impl Registry {
                 token.id
             ));
         }
-        let region = self
-            .regions
+        Ok(a)
+    }
+
+    /// The region of advertisement `a` (named by `token`), while registered.
+    fn advert_region(&self, a: &Advert, token: Token) -> std::result::Result<Arc<Region>, String> {
+        self.regions
             .read()
             .get(&a.region)
             .cloned()
-            .ok_or_else(|| format!("region of descriptor {} is gone", token.id))?;
-        Ok((a, region))
+            .ok_or_else(|| format!("region of descriptor {} is gone", token.id))
     }
 
     /// A [`Resolver`] for the items of one request of a peer on `conn`.
