@@ -7,7 +7,7 @@ use tcpx_p2p::FifoItem;
 use tcpx_p2p::{Config, Endpoint, Error, ErrorKind};
 
 mod common;
-use common::{buf, pattern};
+use common::{blocks, buf, pattern, placed, scrambled};
 
 fn cfg() -> Config {
     Config {
@@ -412,34 +412,16 @@ fn many_scattered_blocks_move_as_one_transfer_of_several_requests() {
     let tb = buf(&b, &mut target);
     let desc = b.advertise(cb, tb.mr, tb.ptr, n).unwrap();
     let remote = tcpx_p2p::RemoteDesc::from(&FifoItem::decode(&desc).unwrap());
-    // Block i goes to slot (i * 7919) % count: a permutation (7919 is prime
-    // and does not divide count), with no two neighbours adjacent there.
-    let slot = |i: usize| (i * 7919) % count;
     let mut src = pattern(n, 3);
     let sb = buf(&a, &mut src);
-    let pieces = |base: &tcpx_p2p::Buf| {
-        (0..count)
-            .map(|i| tcpx_p2p::Buf {
-                mr: base.mr,
-                ptr: base.ptr + (i * bs) as u64,
-                len: bs,
-            })
-            .collect::<Vec<_>>()
-    };
+    let pieces = |base: &tcpx_p2p::Buf| blocks(base, count, bs);
     let offs: Vec<_> = (0..count)
-        .map(|i| (remote, (slot(i) * bs) as u64))
+        .map(|i| (remote, (scrambled(i, count) * bs) as u64))
         .collect();
 
     let w = a.rma_async(ca, false, &pieces(&sb), &offs, None).unwrap();
     assert!(a.wait(w, Some(Duration::from_secs(60))).unwrap());
-    for i in 0..count {
-        let at = slot(i) * bs;
-        assert_eq!(
-            &target[at..at + bs],
-            &src[i * bs..(i + 1) * bs],
-            "block {i}"
-        );
-    }
+    assert!(placed(&target, &src, bs), "every block where it belongs");
 
     let mut back = vec![0u8; n];
     let bb = buf(&a, &mut back);
@@ -471,7 +453,7 @@ fn more_blocks_than_one_request_carries_go_in_parts_on_every_one_sided_call() {
     let mut target = vec![0u8; n];
     let tb = buf(&b, &mut target);
     let whole = FifoItem::decode(&b.advertise(cb, tb.mr, tb.ptr, n).unwrap()).unwrap();
-    let slot = |i: usize| (i * 7919) % count;
+    let slot = |i: usize| scrambled(i, count);
     let metas: Vec<FifoItem> = (0..count)
         .map(|i| FifoItem {
             addr: whole.addr + (slot(i) * bs) as u64,
@@ -479,25 +461,14 @@ fn more_blocks_than_one_request_carries_go_in_parts_on_every_one_sided_call() {
             ..whole
         })
         .collect();
-    let pieces = |base: &tcpx_p2p::Buf| {
-        (0..count)
-            .map(|i| tcpx_p2p::Buf {
-                mr: base.mr,
-                ptr: base.ptr + (i * bs) as u64,
-                len: bs,
-            })
-            .collect::<Vec<_>>()
-    };
-    let placed = |target: &[u8], src: &[u8]| {
-        (0..count).all(|i| target[slot(i) * bs..][..bs] == src[i * bs..][..bs])
-    };
+    let pieces = |base: &tcpx_p2p::Buf| blocks(base, count, bs);
     let wait = |ep: &Endpoint, x| assert!(ep.wait(x, Some(Duration::from_secs(60))).unwrap());
 
     let mut src = pattern(n, 5);
     let sb = buf(&a, &mut src);
     wait(&a, a.write_async(ca, &pieces(&sb), &metas).unwrap());
     assert!(
-        placed(&target, &src),
+        placed(&target, &src, bs),
         "writev: every block where it belongs"
     );
     let mut back = vec![0u8; n];
@@ -515,7 +486,7 @@ fn more_blocks_than_one_request_carries_go_in_parts_on_every_one_sided_call() {
     let mut src2 = pattern(n, 9);
     let sb2 = buf(&a, &mut src2);
     wait(&a, a.transfer(ca, false, &pieces(&sb2), &descs).unwrap());
-    assert!(placed(&target, &src2), "transfer (write): every block");
+    assert!(placed(&target, &src2, bs), "transfer (write): every block");
     back.fill(0);
     wait(&a, a.transfer(ca, true, &pieces(&bb), &descs).unwrap());
     assert_eq!(back, src2, "transfer (read): every block");

@@ -9,8 +9,8 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{buf, pattern};
-use tcpx_p2p::{Buf, Config, Endpoint, FifoItem, RemoteDesc};
+use common::{blocks, buf, pattern, placed, scrambled};
+use tcpx_p2p::{Config, Endpoint, FifoItem, RemoteDesc};
 
 fn cfg() -> Config {
     Config {
@@ -47,18 +47,11 @@ fn figures_many_small_blocks() {
     let tb = buf(&b, &mut target);
     let remote =
         RemoteDesc::from(&FifoItem::decode(&b.advertise(cb, tb.mr, tb.ptr, n).unwrap()).unwrap());
-    let slot = |i: usize| (i * 7919) % count;
     let mut src = pattern(n, 3);
     let sb = buf(&a, &mut src);
-    let pieces: Vec<Buf> = (0..count)
-        .map(|i| Buf {
-            mr: sb.mr,
-            ptr: sb.ptr + (i * bs) as u64,
-            len: bs,
-        })
-        .collect();
+    let pieces = blocks(&sb, count, bs);
     let offs: Vec<_> = (0..count)
-        .map(|i| (remote, (slot(i) * bs) as u64))
+        .map(|i| (remote, (scrambled(i, count) * bs) as u64))
         .collect();
     for read in [false, true] {
         for r in 0..rounds {
@@ -76,5 +69,5 @@ fn figures_many_small_blocks() {
             );
         }
     }
-    assert!((0..count).all(|i| target[slot(i) * bs..][..bs] == src[i * bs..][..bs]));
+    assert!(placed(&target, &src, bs));
 }

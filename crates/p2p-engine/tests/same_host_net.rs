@@ -8,7 +8,7 @@ use std::time::Duration;
 use tcpx_p2p::{Config, Endpoint, Error, FifoItem};
 
 mod common;
-use common::{buf, pattern};
+use common::{blocks, buf, pattern, placed, scrambled};
 
 fn cfg(same_host_net: bool) -> Config {
     Config {
@@ -120,29 +120,16 @@ fn scattered_blocks_and_notifications() {
     let tb = buf(&b, &mut target);
     let desc = b.advertise(cb, tb.mr, tb.ptr, n).unwrap();
     let remote = tcpx_p2p::RemoteDesc::from(&FifoItem::decode(&desc).unwrap());
-    let slot = |i: usize| (i * 7919) % count;
     let mut src = pattern(n, 3);
     let sb = buf(&a, &mut src);
-    let pieces: Vec<_> = (0..count)
-        .map(|i| tcpx_p2p::Buf {
-            mr: sb.mr,
-            ptr: sb.ptr + (i * bs) as u64,
-            len: bs,
-        })
-        .collect();
     let offs: Vec<_> = (0..count)
-        .map(|i| (remote, (slot(i) * bs) as u64))
+        .map(|i| (remote, (scrambled(i, count) * bs) as u64))
         .collect();
-    let w = a.rma_async(ca, false, &pieces, &offs, None).unwrap();
+    let w = a
+        .rma_async(ca, false, &blocks(&sb, count, bs), &offs, None)
+        .unwrap();
     assert!(a.wait(w, T).unwrap());
-    for i in 0..count {
-        let at = slot(i) * bs;
-        assert_eq!(
-            &target[at..at + bs],
-            &src[i * bs..(i + 1) * bs],
-            "block {i}"
-        );
-    }
+    assert!(placed(&target, &src, bs), "every block where it belongs");
     a.send_notif(ca, b"landed").unwrap();
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     loop {

@@ -28,6 +28,31 @@ pub fn buf(ep: &Endpoint, v: &mut [u8]) -> Buf {
     reg_buf(ep, v.as_mut_ptr() as u64, v.len())
 }
 
+/// `count` blocks of `bs` bytes back to back from the start of `base`.
+pub fn blocks(base: &Buf, count: usize, bs: usize) -> Vec<Buf> {
+    (0..count)
+        .map(|i| Buf {
+            mr: base.mr,
+            ptr: base.ptr + (i * bs) as u64,
+            len: bs,
+        })
+        .collect()
+}
+
+/// Where block `i` of `count` lands, as KV blocks land in another order
+/// on the target: a permutation (7919 is prime; `count` must not be a
+/// multiple of it) that leaves no two neighbours adjacent.
+pub fn scrambled(i: usize, count: usize) -> usize {
+    (i * 7919) % count
+}
+
+/// Whether every `bs`-byte block `i` of `src` sits in `target` at its
+/// [`scrambled`] slot.
+pub fn placed(target: &[u8], src: &[u8], bs: usize) -> bool {
+    let count = src.len() / bs;
+    (0..count).all(|i| target[scrambled(i, count) * bs..][..bs] == src[i * bs..][..bs])
+}
+
 /// Where the built emulator is: `$NCCL_NET_EMU_PATH`, else in this test's
 /// target directory (`deps/`, where `cargo test --workspace` builds it, then
 /// the profile directory, where `cargo build` puts it), else the workspace
