@@ -278,7 +278,7 @@ impl Config {
     /// | `TCPX_P2P_DISABLE_CUDA` | `1`: act as if no GPU were present (process-wide) | 0 |
     /// | `TCPX_P2P_SPIN_US` | busy-wait before sleeping, µs | 300 with 8+ cores, else 0 |
     /// | `TCPX_P2P_WAIT_SPIN_US` | how long a blocking call drives its transfer before sleeping, µs | 2400 with 8+ cores, else 0 |
-    /// | `TCPX_P2P_KEEPALIVE_MS`, `TCPX_P2P_DEADLINE_MS` | keep-alive interval; silence after which a connection fails | 1000, 10000 |
+    /// | `TCPX_P2P_KEEPALIVE_MS`, `TCPX_P2P_DEADLINE_MS` | keep-alive interval; silence after which a connection fails (and a receive stream stalled inside a part) | 1000, 10000 |
     /// | `TCPX_P2P_CONNECT_TIMEOUT_MS` | connect + handshake deadline | 20000 |
     /// | `TCPX_P2P_STREAM_HELLO_MS` | socket net: an accepted stream that has not said its hello by then is closed | 5000 |
     /// | `TCPX_P2P_AUTH_TOKEN` | shared secret peers must present | none |

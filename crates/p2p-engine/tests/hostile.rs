@@ -149,6 +149,7 @@ fn socket_net(streams: usize) -> SocketNet {
         cpus: None,
         gpu: None,
         splice: false,
+        stall: Duration::from_secs(10),
     })
 }
 

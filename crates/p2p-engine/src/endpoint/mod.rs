@@ -110,6 +110,7 @@ fn make_net(
                 cpus,
                 gpu,
                 splice: cfg.splice,
+                stall: cfg.deadline,
             },
             workers.clone(),
         ))),

@@ -120,6 +120,11 @@ pub struct SocketConfig {
     /// Lend large GPU windows' staging to the socket instead of writing it
     /// (`vmsplice` + `splice`; see [`super::splice`]).
     pub splice: bool,
+    /// A receive stream whose bytes stop coming for this long inside a
+    /// part (or a part's header) fails its comm: a peer that sends a
+    /// header and then nothing holds an I/O worker at most this long (the
+    /// connection's deadline).
+    pub stall: Duration,
 }
 
 /// The transport: its settings, the I/O workers its comms share, and its
@@ -474,6 +479,7 @@ pub(crate) fn test_config(streams: usize) -> SocketConfig {
         cpus: None,
         gpu: None,
         splice: true,
+        stall: Duration::from_secs(10),
     }
 }
 

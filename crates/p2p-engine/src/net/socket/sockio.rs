@@ -17,10 +17,14 @@ pub(super) fn write_err(e: io::Error) -> NetError {
 /// A failed read on a stream, as the net reports it: the peer's close, or
 /// the system call's error.
 pub(super) fn read_err(e: io::Error) -> NetError {
-    if e.kind() == io::ErrorKind::UnexpectedEof {
-        NetError::Closed { net: NET }
-    } else {
-        NetError::io(NET, "read", e)
+    match e.kind() {
+        io::ErrorKind::UnexpectedEof => NetError::Closed { net: NET },
+        // The stream's read timeout (`SocketConfig::stall`) passed.
+        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => NetError::Protocol {
+            net: NET,
+            reason: "the sender stalled inside a part: no byte came for the connection's deadline (TCPX_P2P_DEADLINE_MS)".into(),
+        },
+        _ => NetError::io(NET, "read", e),
     }
 }
 

@@ -184,7 +184,13 @@ impl RxStreams {
         if self.shared.closing.load(Ordering::Acquire) || inner.taken & (1 << index) != 0 {
             return false;
         }
-        if tune(&s, self.cfg.sockbuf).is_err() || s.set_nonblocking(false).is_err() {
+        // A read inside a part that gets no byte for `stall` fails (the
+        // stream's comm with it) rather than hold its worker for good.
+        let stall = Some(self.cfg.stall).filter(|d| !d.is_zero());
+        if tune(&s, self.cfg.sockbuf).is_err()
+            || s.set_nonblocking(false).is_err()
+            || s.set_read_timeout(stall).is_err()
+        {
             return false;
         }
         let (task, held) = RxTask::new(

@@ -747,6 +747,57 @@ fn a_stream_that_never_says_hello_is_closed_at_the_limit_and_the_comm_goes_on() 
     assert_eq!(dst, src);
 }
 
+#[test]
+fn a_sender_that_stalls_inside_a_part_fails_its_receive_at_the_limit_and_frees_the_worker() {
+    // A hostile (or hung) sender: a part's header and half its bytes, then
+    // nothing, its connection kept open. The stream's read gives up at the
+    // stall limit: the receive fails, naming the stall, and the worker that
+    // read the part is free (not held for good by one peer).
+    let limit = Duration::from_millis(400);
+    let net = SocketNet::new(SocketConfig {
+        stall: limit,
+        ..cfg(1)
+    });
+    let (mut l, h) = listen_on(&net);
+    let mut s0 = raw_stream(h.addr, h.nonce, 0);
+    let mut r = accept(&mut l);
+    let len = 64 << 10;
+    let mut dst = vec![0u8; len];
+    let m = host(dst.as_mut_ptr() as u64, len);
+    let q = r.irecv(m, MrHandle(0)).unwrap().unwrap();
+    s0.write_all(&part_header(0, 0, len, len, 1, m).encode())
+        .unwrap();
+    s0.write_all(&vec![7u8; len / 2]).unwrap();
+    let sent = Instant::now();
+    let failed = loop {
+        match r.test(q) {
+            Ok(None) => {}
+            Ok(Some(n)) => panic!("a half-sent part completed ({n} bytes)"),
+            Err(e) => break e,
+        }
+        assert!(
+            sent.elapsed() < limit + Duration::from_secs(10),
+            "the stalled part held its receive past the limit"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    assert!(sent.elapsed() >= limit, "not before the limit");
+    assert!(
+        failed.to_string().contains("stalled"),
+        "the reason names the stall: {failed}"
+    );
+    assert!(
+        dst[len / 2..].iter().all(|&b| b == 0),
+        "nothing past what came"
+    );
+    // The net's workers serve on: another comm's message lands.
+    let (mut l2, h2) = listen_on(&net);
+    let mut t0 = raw_stream(h2.addr, h2.nonce, 0);
+    let mut r2 = accept(&mut l2);
+    message_lands(&mut r2, &mut [&mut t0], 0, 3);
+    drop(s0);
+}
+
 /// A comm's record in the net's listener, for a test peer: its handle's
 /// nonce and address.
 fn listen_on(net: &SocketNet) -> (super::SocketListen, Handle) {
