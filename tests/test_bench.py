@@ -164,6 +164,28 @@ def check_blocking_row(r, op, size, inflight):
     assert "raw_tcp_reference" not in r
 
 
+def test_rma_timeline_of_a_list_sent_as_several_requests(tmp_path):
+    """`benchmarks/rma_timeline.py` reads a real trace: a write of 20,000
+    blocks goes as three requests (8,192 + 8,192 + 3,616 items), each
+    posted, read by the target, cleared and done in that order."""
+    spec = importlib.util.spec_from_file_location("rma_timeline", ROOT / "benchmarks" / "rma_timeline.py")
+    rt = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(rt)
+    _, r = run_bench(
+        tmp_path, "--op", "write", "--kv-blocks", "20000", "--block-size", "64", env={"TCPX_P2P_LOG": "trace"}
+    )
+    trs = rt.timelines(rt.control_events(r.stderr.splitlines()), "write", 5.0)
+    assert trs, "no requests found in the trace"
+    three = [tr for tr in trs if len(tr) == 3]
+    assert three, f"no transfer of three requests: {[len(t) for t in trs]}"
+    for tr in three:
+        for req in tr:
+            assert req == sorted(req), f"steps out of order: {req}"
+    log = tmp_path / "trace.log"
+    log.write_text(r.stderr)
+    assert rt.main([str(log), "--bytes", str(20000 * 64)]) == 0
+
+
 def test_blocking_mode_rows_and_floor(tmp_path):
     """--inflight 1: every op and size verified and timed one at a time,
     each beside the raw-TCP floor measured in the same run; the JSON and

@@ -439,7 +439,7 @@ impl Conn {
                     None => write_frame(&mut *oob, &body),
                     Some(local) => crate::inline::write_with_payload(&mut *oob, &body, local),
                 };
-                tracing::trace!("lat: ctl out {}", m.kind());
+                tracing::trace!(xfer = m.xfer().unwrap_or(0), "lat: ctl out {}", m.kind());
                 if let Err(e) = written {
                     done.broken = Some(e);
                     break;
@@ -1107,7 +1107,7 @@ impl Task for OobReader {
                         "peer sent a malformed control message: {e}"
                     ))),
                     Ok(m) => {
-                        tracing::trace!("lat: ctl in {}", m.kind());
+                        tracing::trace!(xfer = m.xfer().unwrap_or(0), "lat: ctl in {}", m.kind());
                         c.on_control(m, &mut self.s, now_ms())
                     }
                 },

@@ -799,6 +799,26 @@ impl Control {
         }
     }
 
+    /// The one-sided transfer this message is about (the initiator's id),
+    /// for traces; none for the others.
+    pub fn xfer(&self) -> Option<u64> {
+        match self {
+            Control::WriteReq { xfer, .. }
+            | Control::WriteCts { xfer }
+            | Control::WriteDone { xfer }
+            | Control::ReadReq { xfer, .. }
+            | Control::ReadAck { xfer }
+            | Control::Refused { xfer, .. }
+            | Control::WriteInline { xfer, .. }
+            | Control::ReadInline { xfer, .. }
+            | Control::ReadData { xfer, .. } => Some(*xfer),
+            Control::KeepAlive
+            | Control::Close
+            | Control::Notif { .. }
+            | Control::MsgDone { .. } => None,
+        }
+    }
+
     /// How many payload bytes follow this message's frame on the stream.
     pub fn payload_len(&self) -> usize {
         match self {

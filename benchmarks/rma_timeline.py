@@ -1,0 +1,136 @@
+#!/usr/bin/env python3
+"""The timeline of one-sided transfers made of several requests (a vLLM
+list of 131,072 blocks goes as 16 requests of 8,192), from
+`TCPX_P2P_LOG=trace` logs of both sides in one file (NIXL's two agents,
+`nixl_bench.py`, or `crates/p2p-engine/tests/rma_figures.rs`).
+
+Each request's messages are matched by its transfer id (`xfer=` on the
+`lat: ctl` lines and on `lat: ended`); in a log without ids, by order (the
+control messages of one connection arrive in the order they leave). A
+transfer is a run of requests whose posts are less than `--gap` ms apart.
+Per request, from the transfer's first post (ms): posted (initiator), read
+by the target, cleared (write: `WriteCts`) or accepted (read: `ReadAck`)
+by it, and done (the request's transfer ended at the initiator, or, in a
+log without ids, `WriteDone` / `ReadAck` in) -- where the requests' checks
+end and where the data's time goes.
+
+usage: rma_timeline.py LOG [--op write|read] [--gap 5] [--bytes N]
+"""
+import argparse, datetime, gzip, re, sys
+
+# What each request's steps are called, per operation: (message, direction).
+# (name, message, direction[, message marking the end in a log without ids]).
+STEPS = {
+    "write": [("posted", "WriteReq", "out"), ("target in", "WriteReq", "in"),
+              ("cleared", "WriteCts", "out"), ("done", "", "ended", "WriteDone")],
+    "read": [("posted", "ReadReq", "out"), ("target in", "ReadReq", "in"),
+             ("accepted", "ReadAck", "out"), ("done", "", "ended", "ReadAck")],
+}
+
+
+def ts(s):
+    return datetime.datetime.strptime(s[:26], "%Y-%m-%dT%H:%M:%S.%f").timestamp()
+
+
+def control_events(lines):
+    """(time, what, xfer) of every `lat: ctl` and `lat: ended` trace line,
+    in file order; `what` is ("in"|"out", kind) or ("ended", ""), xfer 0
+    where the line has none."""
+    out = []
+    for line in lines:
+        line = re.sub(r"\x1b\[[0-9;]*m", "", line)
+        m = re.match(r"(\S+) TRACE .*lat: (?:ctl (in|out) (\w+)|(ended))(.*)", line)
+        if m:
+            x = re.search(r"xfer=(\d+)", m.group(5))
+            what = ("ended", "") if m.group(4) else (m.group(2), m.group(3))
+            out.append((ts(m.group(1)), what, int(x.group(1)) if x else 0))
+    return out
+
+
+def _rows_by_id(events, steps):
+    """Per request (by its posted line's xfer id), each step's first time
+    at or after the step before it."""
+    by = {}
+    for t, what, x in events:
+        if x:
+            by.setdefault((what, x), []).append(t)
+    rows = []
+    for t0, what, x in events:
+        if what != (steps[0][2], steps[0][1]) or not x:
+            continue
+        row, t = [t0], t0
+        for st in steps[1:]:
+            kind, d = st[1], st[2]
+            key = ("ended", "") if d == "ended" else (d, kind)
+            later = [u for u in by.get((key, x), []) if u >= t]
+            if not later:
+                break
+            t = later[0]
+            row.append(t)
+        if len(row) == len(steps):
+            rows.append(row)
+    return rows
+
+
+def _rows_by_order(events, steps):
+    """Per request, the k-th line of each step (logs without ids)."""
+    seen = {}
+    for t, what, _ in events:
+        seen.setdefault(what, []).append(t)
+    cols = [seen.get((d, kind), []) for _, kind, d in steps[:3]]
+    cols.append(seen.get(("in", steps[3][3]), []))
+    n = min(len(c) for c in cols)
+    return [[c[k] for c in cols] for k in range(n)]
+
+
+def timelines(events, op, gap_ms):
+    """Per transfer, per request, each step's time from the transfer's first post."""
+    steps = STEPS[op]
+    with_ids = any(x for _, what, x in events if what[0] != "ended")
+    rows = sorted(_rows_by_id(events, steps) if with_ids else _rows_by_order(events, steps))
+    if not rows:
+        return []
+    transfers, cur = [], [rows[0]]
+    for r in rows[1:]:
+        if (r[0] - cur[-1][0]) * 1e3 > gap_ms:
+            transfers.append(cur)
+            cur = []
+        cur.append(r)
+    transfers.append(cur)
+    return [[[(x - tr[0][0]) * 1e3 for x in r] for r in tr] for tr in transfers]
+
+
+def report(trs, op, nbytes, out=sys.stdout):
+    names = [s[0] for s in STEPS[op]]
+    for i, tr in enumerate(trs):
+        end = max(r[-1] for r in tr)
+        print(f"transfer {i}: {len(tr)} requests, ends at {end:.2f} ms", file=out)
+        print("  req " + "".join(f"{n:>11}" for n in names) + f"   {'done - ' + names[2]:>14}", file=out)
+        for k, r in enumerate(tr):
+            print(f"  {k:>3} " + "".join(f"{x:>11.2f}" for x in r) + f"   {r[-1] - r[2]:>14.2f}", file=out)
+        first_clear, last_clear = min(r[2] for r in tr), max(r[2] for r in tr)
+        line = f"  requests checked by {last_clear:.2f} ms; data phase {first_clear:.2f} -> {end:.2f} ms"
+        if nbytes:
+            line += f" ({nbytes / ((end - first_clear) / 1e3) / 1e9:.2f} GB/s)"
+        print(line, file=out)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("log")
+    ap.add_argument("--op", choices=sorted(STEPS), default="write")
+    ap.add_argument("--gap", type=float, default=5.0, help="ms between posts that starts a new transfer")
+    ap.add_argument("--bytes", type=int, default=0, help="bytes a transfer moves (prints the data phase's GB/s)")
+    a = ap.parse_args(argv)
+    opener = (lambda p: gzip.open(p, "rt")) if a.log.endswith(".gz") else open
+    with opener(a.log) as f:
+        trs = timelines(control_events(f), a.op, a.gap)
+    if not trs:
+        print(f"no {a.op} requests traced in {a.log} (TCPX_P2P_LOG=trace on both sides?)")
+        return 1
+    report(trs, a.op, a.bytes)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
