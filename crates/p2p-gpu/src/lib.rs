@@ -791,20 +791,25 @@ mod tests {
         Joined,
     }
 
-    /// Threads each copying its share of 4096 x 32 KiB blocks between a GPU
-    /// buffer and its own pinned buffer, five rounds, as `plans` say (per
-    /// thread: towards the host or not, and how), all started at once.
-    /// Returns GB/s summed over the threads of each direction (D2H, H2D),
-    /// and the calling threads' time per 32 copies spent in the calls
-    /// themselves (what a stream thread pays per window), µs.
-    fn copy_threads(dev: &Arc<Device>, plans: &[(bool, How)]) -> (f64, f64, f64) {
-        // `COPY_RATES_BLOCK` (bytes, default 32 KiB) sets the block size;
-        // 128 MiB in all, a 1 MiB window's blocks per call or launch.
-        let bs = std::env::var("COPY_RATES_BLOCK")
+    /// The block size of [`copy_threads`]: `COPY_RATES_BLOCK` bytes (16 to
+    /// 1 MiB, a multiple of 16), else 32 KiB.
+    fn rates_block() -> usize {
+        std::env::var("COPY_RATES_BLOCK")
             .ok()
             .and_then(|v| v.trim().parse::<usize>().ok())
             .filter(|&b| (16..=1 << 20).contains(&b) && b % 16 == 0)
-            .unwrap_or(32 << 10);
+            .unwrap_or(32 << 10)
+    }
+
+    /// Threads each copying its share of 128 MiB of blocks ([`rates_block`]) between a GPU
+    /// buffer and its own pinned buffer, five rounds, as `plans` say (per
+    /// thread: towards the host or not, and how), all started at once.
+    /// Returns GB/s summed over the threads of each direction (D2H, H2D),
+    /// and the calling threads' time per 1 MiB window of copies spent in
+    /// the calls themselves (what a stream thread pays per window), µs.
+    fn copy_threads(dev: &Arc<Device>, plans: &[(bool, How)]) -> (f64, f64, f64) {
+        // 128 MiB in all, a 1 MiB window's blocks per call or launch.
+        let bs = rates_block();
         let (n, rounds) = ((128usize << 20) / bs, 5usize);
         let per_call = ((1usize << 20) / bs).clamp(1, 1024);
         // One GPU buffer per direction: the two never copy the same bytes.
@@ -906,16 +911,16 @@ mod tests {
         (rate(true), rate(false), calls * 1e6 / windows)
     }
 
-    /// Copy rates of 4096 x 32 KiB copies between GPU memory and pinned
-    /// memory, from 1 thread and from 8 at once (as the I/O threads do):
-    /// scattered blocks one driver call each, in batch calls of 32 (a 1 MiB
-    /// staging window's worth), in launches of 32 of the copy kernel (four
-    /// kernels in turn, as the staging slots use them), and contiguous
-    /// blocks joined into one copy; beside each rate, the calling thread's
-    /// time per 32 copies spent in the calls themselves (what a stream
-    /// thread pays per window: the reason the kernel is used for scattered
-    /// windows, see `unpack::CopyKernel`). Only the copying is timed.
-    /// GPU only:
+    /// Copy rates of 128 MiB of blocks (32 KiB, or `COPY_RATES_BLOCK`
+    /// bytes) between GPU memory and pinned memory, from 1 thread and from
+    /// 8 at once (as the I/O threads do): scattered blocks one driver call
+    /// each, in batch calls of a 1 MiB staging window's blocks, in launches
+    /// of a window's blocks of the copy kernel (four kernels in turn, as
+    /// the staging slots use them), and contiguous blocks joined into one
+    /// copy; beside each rate, the calling thread's time per window spent
+    /// in the calls themselves (what a stream thread pays per window: the
+    /// reason the kernel is used for scattered windows, see
+    /// `unpack::CopyKernel`). Only the copying is timed. GPU only:
     /// `cargo test --release -p tcpx-p2p-gpu tests::copy_rates -- --ignored --nocapture`
     #[test]
     #[ignore]
@@ -934,7 +939,7 @@ mod tests {
                 eprintln!(
                     "{} {k} thread(s), 128 MiB of {} B blocks scattered: one call each {:.2} GB/s ({:.1} us per 1 MiB window in calls), batch calls of a window {:.2} ({:.1}), copy kernel launches of a window {:.2} ({:.1}); contiguous as one copy {:.2}",
                     if d2h { "D2H" } else { "H2D" },
-                    std::env::var("COPY_RATES_BLOCK").unwrap_or_else(|_| "32768".into()),
+                    rates_block(),
                     r[0].0, r[0].1, r[1].0, r[1].1, r[2].0, r[2].1, r[3].0,
                 );
             }
