@@ -168,8 +168,15 @@ pub trait ListenComm: Send {
 }
 
 pub trait SendComm: Send {
-    fn reg_mr(&mut self, mem: MemRef) -> Result<MrHandle, NetError>;
-    fn dereg_mr(&mut self, mr: MrHandle) -> Result<(), NetError>;
+    /// Registers `mem` for this comm's sends. The default is for a net
+    /// that needs no registration (the socket and same-host nets): a
+    /// handle that names nothing.
+    fn reg_mr(&mut self, _mem: MemRef) -> Result<MrHandle, NetError> {
+        Ok(MrHandle(0))
+    }
+    fn dereg_mr(&mut self, _mr: MrHandle) -> Result<(), NetError> {
+        Ok(())
+    }
     /// Posts a send. `Ok(None)`: the transport cannot take it now; retry later.
     fn isend(&mut self, mem: MemRef, mr: MrHandle) -> Result<Option<ReqId>, NetError>;
     /// Posts one message gathered from `segs` in order (`mrs[i]` registers
@@ -186,8 +193,13 @@ pub trait SendComm: Send {
 }
 
 pub trait RecvComm: Send {
-    fn reg_mr(&mut self, mem: MemRef) -> Result<MrHandle, NetError>;
-    fn dereg_mr(&mut self, mr: MrHandle) -> Result<(), NetError>;
+    /// As [`SendComm::reg_mr`], for this comm's receives.
+    fn reg_mr(&mut self, _mem: MemRef) -> Result<MrHandle, NetError> {
+        Ok(MrHandle(0))
+    }
+    fn dereg_mr(&mut self, _mr: MrHandle) -> Result<(), NetError> {
+        Ok(())
+    }
     /// Posts a receive of at most `mem.len` bytes into `mem`.
     fn irecv(&mut self, mem: MemRef, mr: MrHandle) -> Result<Option<ReqId>, NetError>;
     /// Posts a receive of one message scattered over `segs` in order; the

@@ -1017,14 +1017,6 @@ fn kind(m: &NetMsg) -> &'static str {
 }
 
 impl SendComm for SameHostSend {
-    fn reg_mr(&mut self, _mem: MemRef) -> Result<MrHandle, NetError> {
-        Ok(MrHandle(0))
-    }
-
-    fn dereg_mr(&mut self, _mr: MrHandle) -> Result<(), NetError> {
-        Ok(())
-    }
-
     fn isend(&mut self, mem: MemRef, mr: MrHandle) -> Result<Option<ReqId>, NetError> {
         self.isendv(&[mem], &[mr])
     }
@@ -1199,14 +1191,6 @@ impl SameHostRecv {
 }
 
 impl RecvComm for SameHostRecv {
-    fn reg_mr(&mut self, _mem: MemRef) -> Result<MrHandle, NetError> {
-        Ok(MrHandle(0))
-    }
-
-    fn dereg_mr(&mut self, _mr: MrHandle) -> Result<(), NetError> {
-        Ok(())
-    }
-
     fn irecv(&mut self, mem: MemRef, mr: MrHandle) -> Result<Option<ReqId>, NetError> {
         self.irecvv(&[mem], &[mr])
     }

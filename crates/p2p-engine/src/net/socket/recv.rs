@@ -83,13 +83,6 @@ impl SocketRecv {
 }
 
 impl RecvComm for SocketRecv {
-    fn reg_mr(&mut self, _mem: MemRef) -> Result<MrHandle, NetError> {
-        Ok(MrHandle(0))
-    }
-    fn dereg_mr(&mut self, _mr: MrHandle) -> Result<(), NetError> {
-        Ok(())
-    }
-
     fn irecv(&mut self, mem: MemRef, mr: MrHandle) -> Result<Option<ReqId>, NetError> {
         self.irecvv(&[mem], &[mr])
     }

@@ -192,13 +192,6 @@ impl SocketSend {
 }
 
 impl SendComm for SocketSend {
-    fn reg_mr(&mut self, _mem: MemRef) -> Result<MrHandle, NetError> {
-        Ok(MrHandle(0))
-    }
-    fn dereg_mr(&mut self, _mr: MrHandle) -> Result<(), NetError> {
-        Ok(())
-    }
-
     fn isend(&mut self, mem: MemRef, mr: MrHandle) -> Result<Option<ReqId>, NetError> {
         self.isendv(&[mem], &[mr])
     }
