@@ -135,7 +135,11 @@ def test_io_thread_time_accounts(tmp_path):
     moved = 0.0
     for addr, v in both.items():
         tx, rx = (sum(x["gb"] for x in v[d]) for d in ("tx", "rx"))
-        assert abs(tx - rx) <= 0.002, (addr, tx, rx)
+        # Each thread's figure is logged to 0.001 GB: the sums may differ
+        # by half of that per row (a fixed 0.002 failed once the rows'
+        # rounding added up).
+        slack = 0.0005 * (len(v["tx"]) + len(v["rx"])) + 1e-9
+        assert abs(tx - rx) <= slack, (addr, tx, rx, len(v["tx"]), len(v["rx"]))
         for x in v["tx"] + v["rx"]:
             assert abs(sum(x[k] for k in ts.KINDS) - 100.0) < 1.0, x
         moved = max(moved, tx)
