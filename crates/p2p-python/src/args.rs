@@ -79,14 +79,17 @@ fn list_named<T>(
     let mut out = Vec::with_capacity(o.len().unwrap_or(0));
     for (i, x) in it.enumerate() {
         let x = x?;
-        // The element's name ("ptrs[3]") is made only for its error: a
-        // name formatted per element cost most of a 131,072-block call.
-        match each(&x, name) {
-            Ok(v) => out.push(v),
-            Err(e) => return Err(each(&x, &format!("{name}[{i}]")).err().unwrap_or(e)),
-        }
+        out.push(element(name, i, |n| each(&x, n))?);
     }
     Ok(out)
+}
+
+/// Element `i` of the list argument `name`, converted by `conv` given the
+/// name to report: its own name (`ptrs[3]`) is made only for an error, by
+/// converting it again -- a name formatted per element cost most of a
+/// 131,072-block call.
+pub fn element<T>(name: &str, i: usize, conv: impl Fn(&str) -> PyResult<T>) -> PyResult<T> {
+    conv(name).map_err(|e| conv(&format!("{name}[{i}]")).err().unwrap_or(e))
 }
 
 /// Bytes (`bytes` or `bytearray`).

@@ -105,14 +105,10 @@ pub(crate) fn vec_args(
         ],
     )?;
     let b = bufs(mr_id_v, ptr_v, size_v, n).map_err(|e| to_py(&e))?;
-    // An element's name is made only for its error (see `args::list_named`).
     let m = meta_blob_v
         .iter()
         .enumerate()
-        .map(|(i, m)| {
-            fifo_arg(m, "meta_blob_v")
-                .map_err(|e| fifo_arg(m, &format!("meta_blob_v[{i}]")).err().unwrap_or(e))
-        })
+        .map(|(i, m)| args::element("meta_blob_v", i, |n| fifo_arg(m, n)))
         .collect::<PyResult<Vec<_>>>()?;
     Ok((b, m))
 }
