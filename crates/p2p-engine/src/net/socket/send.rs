@@ -59,7 +59,9 @@ pub(super) struct SocketSend {
     last_post: Instant,
     /// See [`LONE_GAP`].
     lone_gap: Duration,
-    /// Ops queued to (and not yet finished by) each stream's I/O thread.
+    /// Bytes (headers and payloads, [`TxOp::weight`]) queued to and not
+    /// yet finished by each stream's I/O thread: a part goes to the stream
+    /// with the least ([`least_queued`]).
     queued: Vec<Arc<AtomicUsize>>,
     /// The streams still to come ([`Grow`]).
     streams: Grow,
@@ -191,6 +193,22 @@ impl SocketSend {
     }
 }
 
+/// The stream a part goes to: the one with the fewest bytes queued and not
+/// yet written, the first such from `turn` (mod the count) among equals --
+/// so idle streams take parts in rotation, and a stream whose receiver
+/// reads slowly takes fewer. Measured on 2 x H100 (a traced NIXL WRITE of
+/// 131,072 x 4 KiB, one part of every message on every stream in turn):
+/// seven receive streams had read their parts by 20-24 ms, the eighth, at
+/// 250-300 us a part against 100-180, went on to 35 ms, and every message
+/// waited for its part there.
+pub(super) fn least_queued(queued: &[Arc<AtomicUsize>], turn: usize) -> usize {
+    let n = queued.len().max(1);
+    (0..n)
+        .map(|j| (turn + j) % n)
+        .min_by_key(|&k| queued.get(k).map_or(0, |q| q.load(Ordering::Acquire)))
+        .unwrap_or(0)
+}
+
 impl SendComm for SocketSend {
     fn isend(&mut self, mem: MemRef, mr: MrHandle) -> Result<Option<ReqId>, NetError> {
         self.isendv(&[mem], &[mr])
@@ -238,9 +256,10 @@ impl SendComm for SocketSend {
                 skip: 0,
                 owned: None,
             };
-            // Part i of message `seq` rides stream (seq + i) mod (streams
-            // open now); the receiver takes parts from any stream.
-            let k = (seq as usize + i) % self.txs.len();
+            // The stream with the fewest bytes still queued carries the
+            // part, the rotation's turn (seq + i) among equals; the
+            // receiver takes parts from any stream.
+            let k = least_queued(&self.queued, seq as usize + i);
             let idle = self.queued[k].load(Ordering::Acquire) == 0;
             let kind = uniform_kind(&op.pieces);
             if let Some(MemKind::Cuda(dev)) = kind {
@@ -274,7 +293,7 @@ impl SendComm for SocketSend {
                     Err(_) => {} // would block, or an error the I/O thread reports
                 }
             }
-            self.queued[k].fetch_add(1, Ordering::AcqRel);
+            self.queued[k].fetch_add(op.weight(), Ordering::AcqRel);
             self.txs[k]
                 .send(op)
                 .map_err(|_| NetError::Closed { net: NET })?;

@@ -940,3 +940,121 @@ fn silent_connections_past_the_bound_per_address_close_the_oldest_and_streams_st
     until(|| r.stream_count() == 2, "stream 1 joins");
     message_lands(&mut r, &mut [&mut s0, &mut s1], 0, 7);
 }
+
+#[test]
+fn parts_go_to_the_stream_with_the_least_queued_the_rotation_among_equals() {
+    use std::sync::atomic::AtomicUsize;
+    let q = |v: &[usize]| -> Vec<Arc<AtomicUsize>> {
+        v.iter().map(|&n| Arc::new(AtomicUsize::new(n))).collect()
+    };
+    let least = super::send::least_queued;
+    // All idle: the rotation's turn.
+    for turn in 0..9 {
+        assert_eq!(least(&q(&[0, 0, 0, 0]), turn), turn % 4);
+    }
+    // A backed-up stream is passed over; equals go by the turn.
+    assert_eq!(least(&q(&[900, 0, 0, 0]), 0), 1);
+    assert_eq!(least(&q(&[900, 0, 0, 0]), 2), 2);
+    assert_eq!(least(&q(&[900, 50, 900, 40]), 1), 3);
+    assert_eq!(least(&q(&[7]), 5), 0);
+    assert_eq!(least(&q(&[]), 3), 0);
+}
+
+/// A raw receiving end of a 2-stream comm: the sender's first stream,
+/// accepted and its hello checked (receive buffers held small, so that a
+/// part larger than them stays queued until it is read).
+fn raw_receiver() -> (super::send::SocketSend, std::net::TcpListener, TcpStream) {
+    use std::io::Read;
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    socket2::SockRef::from(&l)
+        .set_recv_buffer_size(64 << 10)
+        .unwrap();
+    let nonce = 0x5eed_0042;
+    let handle = Handle {
+        addr: l.local_addr().unwrap(),
+        streams: 2,
+        nonce,
+        min_part: 4096,
+    }
+    .encode();
+    let waker: Waker = Arc::new(|| {});
+    let tx = SocketConfig {
+        sockbuf: 64 << 10,
+        ..cfg(2)
+    };
+    let s = SocketNet::new(tx).connect_here(&handle, waker).unwrap();
+    let (mut s0, _) = l.accept().unwrap();
+    let mut hello = [0u8; super::wire::HELLO_LEN];
+    s0.read_exact(&mut hello).unwrap();
+    assert_eq!(Hello::decode(&hello).unwrap().stream, 0);
+    (s, l, s0)
+}
+
+/// Reads one part (header and payload) from a raw stream.
+fn read_part(s: &mut TcpStream) -> (PartHeader, Vec<u8>) {
+    use std::io::Read;
+    let mut hdr = [0u8; super::wire::HDR_LEN];
+    s.read_exact(&mut hdr).expect("a part header");
+    let h = PartHeader::decode(&hdr).unwrap();
+    let mut payload = vec![0u8; h.len as usize];
+    s.read_exact(&mut payload).expect("a part's payload");
+    (h, payload)
+}
+
+#[test]
+fn a_stream_whose_receiver_reads_slowly_is_given_no_new_parts() {
+    use std::io::Read;
+    let (mut s, l, mut s0) = raw_receiver();
+    let bytes = |len: usize, fill: u8| -> Vec<u8> {
+        (0..len)
+            .map(|i| (i as u8).wrapping_mul(13) ^ fill)
+            .collect()
+    };
+    // A two-part message rides the one stream and asks for the second.
+    let first = bytes(64 << 10, 1);
+    let p = send_all(&mut *s_dyn(&mut s), &first);
+    for _ in 0..2 {
+        let (h, data) = read_part(&mut s0);
+        let off = h.off as usize;
+        assert_eq!(data, first[off..off + data.len()]);
+    }
+    assert_eq!(wait(|| s.test(p)), first.len());
+    s.settle_streams();
+    let (mut s1, _) = l.accept().unwrap();
+    let mut hello = [0u8; super::wire::HELLO_LEN];
+    s1.read_exact(&mut hello).unwrap();
+    assert_eq!(Hello::decode(&hello).unwrap().stream, 1);
+    s1.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    // A large message puts a part on each stream; stream 0's is not read,
+    // so it stays queued (far larger than the socket buffers).
+    let big = bytes(16 << 20, 2);
+    let pb = send_all(&mut *s_dyn(&mut s), &big);
+    let (h, data) = read_part(&mut s1);
+    assert_eq!((h.seq, h.nparts), (1, 2));
+    assert_eq!(data, big[h.off as usize..h.off as usize + data.len()]);
+    // Every part of the messages after it goes to stream 1.
+    let later: Vec<Vec<u8>> = (0..5).map(|i| bytes(256 << 10, 10 + i)).collect();
+    let ps: Vec<ReqId> = later
+        .iter()
+        .map(|m| send_all(&mut *s_dyn(&mut s), m))
+        .collect();
+    for _ in 0..2 * later.len() {
+        let (h, data) = read_part(&mut s1);
+        assert!((2..=6).contains(&h.seq), "part of message {}", h.seq);
+        let m = &later[h.seq as usize - 2];
+        assert_eq!(data, m[h.off as usize..h.off as usize + data.len()]);
+    }
+    for (p, m) in ps.into_iter().zip(&later) {
+        assert_eq!(wait(|| s.test(p)), m.len());
+    }
+    assert_eq!(s.test(pb).unwrap(), None, "stream 0's part is unread");
+    // Stream 0's part, read now, completes the large message.
+    let (h, data) = read_part(&mut s0);
+    assert_eq!((h.seq, h.nparts), (1, 2));
+    assert_eq!(data, big[h.off as usize..h.off as usize + data.len()]);
+    assert_eq!(wait(|| s.test(pb)), big.len());
+}
+
+fn s_dyn(s: &mut super::send::SocketSend) -> &mut dyn SendComm {
+    s
+}

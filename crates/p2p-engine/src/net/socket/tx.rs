@@ -46,6 +46,14 @@ pub(super) struct TxOp {
     pub(super) owned: Option<Vec<u8>>,
 }
 
+impl TxOp {
+    /// What the op weighs in its stream's queue (header and payload
+    /// bytes; never 0, so a queued op always makes its stream busy).
+    pub(super) fn weight(&self) -> usize {
+        HDR_LEN + self.len
+    }
+}
+
 pub(super) struct SendShared {
     pub(super) failed: Mutex<Option<NetError>>,
     pub(super) waker: Waker,
@@ -544,7 +552,7 @@ impl Task for TxTask {
             format!("tx stream {} to {peer}", lane.index)
         });
         let finish = |op: &TxOp, r: &Result<(), NetError>| {
-            queued.fetch_sub(1, Ordering::AcqRel);
+            queued.fetch_sub(op.weight(), Ordering::AcqRel);
             finish_op(s, shared, op, r)
         };
         loop {
@@ -559,7 +567,7 @@ impl Task for TxTask {
             };
             timing::mark(Spent::Waiting);
             if let Some(f) = shared.failed.lock().clone() {
-                queued.fetch_sub(1, Ordering::AcqRel);
+                queued.fetch_sub(op.weight(), Ordering::AcqRel);
                 *op.req.error.lock() = Some(f);
                 (shared.waker)();
                 continue;
