@@ -269,6 +269,20 @@ class Side:
             self.post_wait(key)
         return time.perf_counter() - t
 
+    def time_pairs(self, a, b, iters):
+        """Transfers `a` and `b` one after the other, `iters` times (after
+        one of each to warm up): the seconds of each, in pairs."""
+        self.post_wait(a)
+        self.post_wait(b)
+        pairs = []
+        for _ in range(iters):
+            t0 = time.perf_counter()
+            self.post_wait(a)
+            t1 = time.perf_counter()
+            self.post_wait(b)
+            pairs.append((t1 - t0, time.perf_counter() - t1))
+        return pairs
+
     def telemetry(self, key):
         """NIXL's own account of the handle's last transfer (with --telemetry)."""
         t = self.agent.get_xfer_telemetry(self.handles[key][0])
@@ -490,6 +504,13 @@ def run_group(a, backends, env, cells, budget):
                 extra = {"prep_dlists_s": prep_s[0], "make_prepped_s": prep_s[1]}
                 if a.telemetry:
                     extra["telemetry"] = ini.telemetry("k")
+                if a.paired and len(offs) > 1:
+                    # Against one descriptor of the same bytes, transfer by
+                    # transfer in turn: a machine's slow spell then slows
+                    # both sides of a pair, not one row.
+                    ini.prep("r", b, "target", t_ptr, t_dev, [0], [0], total, op)
+                    extra["pairs"] = ini.time_pairs("k", "r", iters)
+                    ini.release("r")
                 ini.release("k")
             return total * iters / secs / 1e9, iters, extra
 
@@ -568,6 +589,12 @@ def main(argv=None):
         action="store_true",
         help="NIXL's UCX backend in the same processes as ours (by default it gets a process pair of its own)",
     )
+    ap.add_argument(
+        "--paired",
+        action="store_true",
+        help="KV rows: also time each list against one descriptor of the same bytes transfer by transfer in turn, "
+        "and report the median of the pairs' ratios (robust to a machine's slow spells)",
+    )
     ap.add_argument("--telemetry", action="store_true", help="agents made with capture_telemetry=True (as vLLM does); rows keep NIXL's telemetry of their last transfer")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     a = ap.parse_args(argv)
@@ -639,6 +666,11 @@ def main(argv=None):
                 row[f"{b}_make_prepped_ms"] = statistics.median(e["make_prepped_s"] for e in ex) * 1e3
                 if "telemetry" in ex[-1]:
                     row[f"{b}_telemetry"] = ex[-1]["telemetry"]
+                pairs = [p for e in ex for p in e.get("pairs", [])]
+                if pairs:
+                    # Many ÷ one descriptor in GB/s is one's time ÷ many's.
+                    row[f"{b}_paired_ratio"] = statistics.median(one / many for many, one in pairs)
+                    row[f"{b}_pairs_s"] = pairs
         rows.append(row)
 
     print_table(rows, backends)
@@ -709,6 +741,13 @@ def print_table(rows, backends):
         r = ratio(many["TCPX_P2P"], one["TCPX_P2P"])
         each = ", ".join(ratio(x, y) for x, y in zip(many.get("TCPX_P2P_rounds") or [], one.get("TCPX_P2P_rounds") or []))
         print(f"{many['shape']} {op}: many descriptors / one descriptor of the same bytes = {r} (TCPX_P2P; rounds: {each})")
+        if many.get("TCPX_P2P_paired_ratio") is not None:
+            rs = sorted(one / m for m, one in many["TCPX_P2P_pairs_s"])
+            q = lambda f: rs[int(f * (len(rs) - 1))]
+            print(
+                f"{many['shape']} {op}: paired, transfer by transfer in turn: median {many['TCPX_P2P_paired_ratio']:.2f} "
+                f"(quartiles {q(0.25):.2f}-{q(0.75):.2f}, {len(rs)} pairs)"
+            )
 
 
 def ratio(a, b):

@@ -562,7 +562,7 @@ def test_nixl_benchmark_verifies_and_reports_every_round(tmp_path, mode):
     # --gpus 0,1: each side's descriptors carry its own device id, so the
     # remote descriptors must carry the peer's (as GPU 0 -> GPU 1 needs).
     cmd = [sys.executable, bench, "--memory", "host", "--gpus", "0,1", "--sizes", "64K", "--kv", "16x4K"]
-    cmd += ["--rounds", "2", "--bytes-per-row", "2M", "--notifs", "5", "--out", str(tmp_path), *mode]
+    cmd += ["--rounds", "2", "--bytes-per-row", "2M", "--notifs", "5", "--paired", "--out", str(tmp_path), *mode]
     env = {k: v for k, v in os.environ.items() if k != "NIXL_PLUGIN_DIR"}
     r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
@@ -577,5 +577,16 @@ def test_nixl_benchmark_verifies_and_reports_every_round(tmp_path, mode):
             assert len(row[f"{b}_rounds"]) == 2
             assert min(row[f"{b}_rounds"]) <= row[b] <= max(row[f"{b}_rounds"])
     assert "differ" not in r.stdout
+    # Each KV list was also timed against one descriptor in turn: every
+    # pair's two times kept, and the median of their ratios.
+    for row in doc["rows"]:
+        if row["shape"] == "KV 16x4K":
+            pairs = row["TCPX_P2P_pairs_s"]
+            assert len(pairs) >= 2 * 3 and all(m > 0 and o > 0 for m, o in pairs)
+            rs = sorted(o / m for m, o in pairs)
+            assert rs[0] <= row["TCPX_P2P_paired_ratio"] <= rs[-1]
+            assert f"KV 16x4K {row['op']}: paired" in r.stdout
+        else:
+            assert "TCPX_P2P_pairs_s" not in row
     if not mode:
         assert doc["notification"]["samples"] == 5
