@@ -45,7 +45,8 @@
 #            --one-process); needs NIXL_WHEEL (a nixl-cu13 wheel, a folder
 #            it was installed into, or a tarball of that folder)      (~5)
 #   vllm     NIXL at vLLM's descriptor counts (131,072 × 4 KiB and × 16 KiB,
-#            READ and WRITE, prep times, telemetry); needs NIXL_WHEEL (~4)
+#            READ and WRITE, prep times, telemetry, each list also timed
+#            against one descriptor in turn); needs NIXL_WHEEL   (~5)
 #   uccl     UCCL's own tests, import changed only; needs UCCL_TESTS (a
 #            folder of their p2p/tests files, or several joined by ':') (~4)
 #   uccl_bench UCCL's benchmark_uccl.py, import changed only, sync and
@@ -172,7 +173,7 @@ step() { # step NAME: one step for the build whose environment is set
         # of the same bytes; prep times apart; agents made with
         # capture_telemetry.
         run vllm 300 python3 benchmarks/nixl_bench.py --memory gpu --gpus "$GPUS" --out "$O/${P}vllm" --sizes 256M \
-          --kv 131072x4K,131072x16K --backends TCPX_P2P --telemetry --notifs 0 --rounds 3 --bytes-per-row 12G
+          --kv 131072x4K,131072x16K --backends TCPX_P2P --telemetry --paired --notifs 0 --rounds 3 --bytes-per-row 12G
       fi ;;
     uccl)
       [ -n "${UCCL_TESTS:-}" ] || { echo "uccl: UCCL_TESTS not set, skipped" >> "$S"; return; }

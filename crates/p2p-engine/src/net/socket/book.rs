@@ -38,10 +38,12 @@ pub(super) struct Book {
 }
 
 impl Book {
-    /// Whether message `seq` whose first part is still due is expected on
-    /// stream `index` of `streams` (the sender deals part i of message
-    /// `seq` to stream (seq + i) mod its stream count; the receiver's count
-    /// is the same once every stream is in).
+    /// Whether a message whose first part is still due would have it on
+    /// stream `index` of `streams` if the sender's streams were idle (it
+    /// then gives part i of message `seq` to stream (seq + i) mod its
+    /// stream count; the receiver's count is the same once every stream is
+    /// in): a hint for spinning, not a rule (a busy sender gives parts to
+    /// its least-queued streams).
     pub(super) fn first_due_on(&self, index: usize, streams: usize) -> bool {
         let n = streams.max(1) as u64;
         self.due

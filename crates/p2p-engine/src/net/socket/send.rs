@@ -9,13 +9,13 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::Sender;
+use crossbeam_channel::{Receiver, Sender};
 use parking_lot::Mutex;
 
 use super::segs::{uniform_kind, Segs};
 use super::stage::{Stager, StagingPool};
 use super::streams::Grow;
-use super::tx::{host_slices, SendReq, SendShared, TxOp, TxTask};
+use super::tx::{host_slices, SendReq, SendShared, TxOp, TxQueues, TxTask};
 use super::wire::{PartHeader, HDR_LEN};
 use super::{split_parts, Lane, SocketConfig, INLINE_MAX, NET};
 use crate::error::NetError;
@@ -37,6 +37,14 @@ use crate::workers::{Home, Workers};
 /// from 0.75-1.02 to 0.72-0.82 GB/s on 2 cores, with latency unchanged.
 const LONE_GAP_SPIN: Duration = Duration::from_micros(10);
 const LONE_GAP: Duration = Duration::from_micros(50);
+
+/// A stream is given parts while it has less than this queued and not yet
+/// written; past it (on every stream) parts wait in the comm's spill for
+/// the first stream to drain its own ([`SocketSend::spill`]). Enough for a
+/// stream to keep its staging busy (several parts of a large message, 8
+/// of a 4 MiB message's 512 KiB ones), little beside a message of several
+/// hundred MiB, whose parts are given at once.
+const AHEAD: usize = 4 << 20;
 
 pub(super) struct SocketSend {
     txs: Vec<Sender<TxOp>>,
@@ -63,6 +71,11 @@ pub(super) struct SocketSend {
     /// yet finished by each stream's I/O thread: a part goes to the stream
     /// with the least ([`least_queued`]).
     queued: Vec<Arc<AtomicUsize>>,
+    /// Parts no stream was given (every stream had [`AHEAD`] bytes queued,
+    /// or earlier parts wait here), taken by whichever stream drains its
+    /// own queue first: a stream whose receiver reads slowly takes fewer.
+    spill: Sender<TxOp>,
+    spilled: Receiver<TxOp>,
     /// The streams still to come ([`Grow`]).
     streams: Grow,
     cfg: SocketConfig,
@@ -85,6 +98,7 @@ impl SocketSend {
             failed: Mutex::new(None),
             waker,
         });
+        let (spill, spilled) = crossbeam_channel::unbounded::<TxOp>();
         let mut me = SocketSend {
             txs: Vec::new(),
             socks: Vec::new(),
@@ -104,6 +118,8 @@ impl SocketSend {
                 LONE_GAP_SPIN
             },
             queued: Vec::new(),
+            spill,
+            spilled,
             streams: grow,
             cfg: cfg.clone(),
             staging: staging.clone(),
@@ -121,9 +137,12 @@ impl SocketSend {
         let q = Arc::new(AtomicUsize::new(0));
         let task = TxTask::new(
             s.clone(),
-            rx,
+            TxQueues {
+                own: rx,
+                spill: self.spilled.clone(),
+                queued: q.clone(),
+            },
             self.shared.clone(),
-            q.clone(),
             Lane::new(self.txs.len(), &self.cfg),
             self.staging.clone(),
             self.workers.clone(),
@@ -146,6 +165,12 @@ impl SocketSend {
     #[cfg(test)]
     pub(super) fn stream_count(&self) -> usize {
         self.txs.len()
+    }
+
+    /// Whether no part waits in the spill (tests).
+    #[cfg(test)]
+    pub(super) fn spilled_is_empty(&self) -> bool {
+        self.spilled.is_empty()
     }
 
     /// Waits for the streams being opened and takes them in (tests).
@@ -237,6 +262,10 @@ impl SendComm for SocketSend {
             error: Mutex::new(None),
         });
         let lone = self.last_post.elapsed() >= self.lone_gap;
+        // Parts follow parts already spilled (a stream takes its parts in
+        // the order they were posted: a part never goes ahead of an
+        // earlier message's on one stream).
+        let mut spilling = !self.spilled.is_empty();
         for (i, &(off, len)) in parts.iter().enumerate() {
             let head = PartHeader {
                 seq,
@@ -260,44 +289,75 @@ impl SendComm for SocketSend {
             // part, the rotation's turn (seq + i) among equals; the
             // receiver takes parts from any stream.
             let k = least_queued(&self.queued, seq as usize + i);
-            let idle = self.queued[k].load(Ordering::Acquire) == 0;
+            let weight = op.weight();
+            if spilling || self.queued[k].load(Ordering::Acquire) >= AHEAD {
+                spilling = true;
+                self.spill
+                    .send(op)
+                    .map_err(|_| NetError::Closed { net: NET })?;
+                continue;
+            }
             let kind = uniform_kind(&op.pieces);
-            if let Some(MemKind::Cuda(dev)) = kind {
-                if len <= INLINE_MAX && lone && idle {
-                    match self.send_gpu_inline(k, dev, op)? {
-                        None => {
+            // A lone small part is written by this thread when its stream
+            // is idle: the stream is held (its count taken from 0) so that
+            // its task does not take a spilled part and write meanwhile.
+            let direct = len <= INLINE_MAX
+                && lone
+                && matches!(kind, Some(MemKind::Host | MemKind::Cuda(_)))
+                && self.queued[k]
+                    .compare_exchange(0, weight, Ordering::AcqRel, Ordering::Acquire)
+                    .is_ok();
+            if direct {
+                if let Some(MemKind::Cuda(dev)) = kind {
+                    match self.send_gpu_inline(k, dev, op) {
+                        Ok(None) => {
                             tracing::trace!(seq, "lat: sent inline");
+                            self.queued[k].fetch_sub(weight, Ordering::AcqRel);
                             req.parts_left.fetch_sub(1, Ordering::AcqRel);
                             continue;
                         }
-                        Some(rest) => op = rest,
+                        Ok(Some(rest)) => op = rest,
+                        Err(e) => {
+                            self.queued[k].fetch_sub(weight, Ordering::AcqRel);
+                            return Err(e);
+                        }
+                    }
+                } else {
+                    // The stream is idle: write now, without blocking.
+                    let iov: Vec<IoSlice<'_>> = host_slices(&op)
+                        .into_iter()
+                        .map(IoSlice::new)
+                        .take(64)
+                        .collect();
+                    let sent = socket2::SockRef::from(&*self.socks[k])
+                        .send_vectored_with_flags(&iov, libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL);
+                    match sent {
+                        Ok(n) if n == HDR_LEN + len => {
+                            tracing::trace!(seq, "lat: sent inline");
+                            self.queued[k].fetch_sub(weight, Ordering::AcqRel);
+                            req.parts_left.fetch_sub(1, Ordering::AcqRel);
+                            continue;
+                        }
+                        Ok(n) => op.skip = n,
+                        Err(_) => {} // would block, or an error the I/O thread reports
                     }
                 }
+            } else {
+                self.queued[k].fetch_add(weight, Ordering::AcqRel);
             }
-            if kind == Some(MemKind::Host) && len <= INLINE_MAX && lone && idle {
-                // The stream is idle: write now, without blocking.
-                let iov: Vec<IoSlice<'_>> = host_slices(&op)
-                    .into_iter()
-                    .map(IoSlice::new)
-                    .take(64)
-                    .collect();
-                let sent = socket2::SockRef::from(&*self.socks[k])
-                    .send_vectored_with_flags(&iov, libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL);
-                match sent {
-                    Ok(n) if n == HDR_LEN + len => {
-                        tracing::trace!(seq, "lat: sent inline");
-                        req.parts_left.fetch_sub(1, Ordering::AcqRel);
-                        continue;
-                    }
-                    Ok(n) => op.skip = n,
-                    Err(_) => {} // would block, or an error the I/O thread reports
-                }
-            }
-            self.queued[k].fetch_add(op.weight(), Ordering::AcqRel);
+            // (Counted above: the rest of a part written in part weighs
+            // what the part does.)
             self.txs[k]
                 .send(op)
                 .map_err(|_| NetError::Closed { net: NET })?;
             self.tasks[k].kick();
+        }
+        if spilling {
+            // Every stream is busy, but one may be between its last part
+            // and its wait: each looks at the spill before it waits.
+            for t in &self.tasks {
+                t.kick();
+            }
         }
         self.reqs.insert(seq, req);
         self.last_post = Instant::now();

@@ -1058,3 +1058,69 @@ fn a_stream_whose_receiver_reads_slowly_is_given_no_new_parts() {
 fn s_dyn(s: &mut super::send::SocketSend) -> &mut dyn SendComm {
     s
 }
+
+#[test]
+fn parts_past_what_the_streams_are_given_wait_in_the_spill_and_keep_their_order() {
+    // Messages sent far ahead of a receiver that posts one receive at a
+    // time, each once the one before has completed (UCCL's blocking
+    // loop): the streams are given 4 MiB each, the rest spills, and every
+    // stream still carries its parts in the order they were posted (a
+    // part of a later message ahead of an earlier one on one stream would
+    // hold that stream until the stall limit).
+    let waker: Waker = Arc::new(|| {});
+    let mut l = SocketNet::new(cfg(2)).listen_here().unwrap();
+    let mut s = SocketNet::new(cfg(2))
+        .connect_here(&super::ListenComm::handle(&l), waker)
+        .unwrap();
+    let mut r = accept(&mut l);
+    let msg = |i: usize, len: usize| -> Vec<u8> {
+        (0..len)
+            .map(|j| (j as u8).wrapping_mul(7) ^ (i as u8))
+            .collect()
+    };
+    // Two streams first (a message of two parts asks for the second).
+    let first = msg(0, 1 << 20);
+    let mut dst = vec![0u8; first.len()];
+    let q = recv_into(&mut r, &mut dst);
+    let p = send_all(s_dyn(&mut s), &first);
+    assert_eq!(wait(|| r.test(q)), first.len());
+    assert_eq!(wait(|| s.test(p)), first.len());
+    assert_eq!(dst, first);
+    s.settle_streams();
+    assert_eq!(s.stream_count(), 2);
+    until(
+        || r.stream_count() == 2,
+        "the receiver admits the second stream",
+    );
+    // 20 messages (about 20 MiB) sent at once: at most 4 MiB a stream is
+    // given (plus a part), the rest waits in the spill; then one more sent
+    // each time one is received, while streams drain and take from the
+    // spill.
+    let sizes: Vec<usize> = (0..60)
+        .map(|i| [1 << 20, 300_000, 64 << 10, 2 << 20][i % 4])
+        .collect();
+    let msgs: Vec<Vec<u8>> = sizes
+        .iter()
+        .enumerate()
+        .map(|(i, &n)| msg(i + 1, n))
+        .collect();
+    let ahead = 20;
+    let mut sends: Vec<ReqId> = msgs[..ahead]
+        .iter()
+        .map(|m| send_all(s_dyn(&mut s), m))
+        .collect();
+    assert!(!s.spilled_is_empty(), "the burst spilled");
+    for (i, m) in msgs.iter().enumerate() {
+        let mut dst = vec![0u8; m.len()];
+        let q = recv_into(&mut r, &mut dst);
+        assert_eq!(wait(|| r.test(q)), m.len(), "message {i}");
+        assert!(&dst == m, "message {i}'s bytes");
+        if let Some(next) = msgs.get(i + ahead) {
+            sends.push(send_all(s_dyn(&mut s), next));
+        }
+    }
+    for (p, m) in sends.into_iter().zip(&msgs) {
+        assert_eq!(wait(|| s.test(p)), m.len());
+    }
+    assert!(s.spilled_is_empty());
+}

@@ -30,6 +30,15 @@ pub(super) struct SendReq {
     pub(super) error: Mutex<Option<NetError>>,
 }
 
+/// Where a send stream's parts come from: its own queue, the comm's
+/// spill (parts given to no stream yet), and the count of bytes it holds
+/// (see [`TxOp::weight`]).
+pub(super) struct TxQueues {
+    pub(super) own: Receiver<TxOp>,
+    pub(super) spill: Receiver<TxOp>,
+    pub(super) queued: Arc<AtomicUsize>,
+}
+
 pub(super) struct TxOp {
     pub(super) head: PartHeader,
     /// `head`, encoded.
@@ -390,43 +399,72 @@ enum Next {
     Closed,
 }
 
-/// The next op: spun for up to `spin` (and on while a caller waits on a
-/// transfer, [`Workers::caller_waiting`]), then waited for up to `linger`.
-/// A stream that did its part of a message spins on through the caller's
-/// wait for the message's other parts, so the next message finds it
-/// awake: measured on 2 x H100 with UCCL's benchmark at 1 MB, eight parts
-/// on eight streams, a stream whose spin had run out woke 0.2-6 ms after
-/// its part was queued, and the message waited for it.
+/// The next op: its own queue's, else a spilled one; spun for up to
+/// `spin` (and on while a caller waits on a transfer,
+/// [`Workers::caller_waiting`]), then waited for up to `linger`. A stream
+/// that did its part of a message spins on through the caller's wait for
+/// the message's other parts, so the next message finds it awake:
+/// measured on 2 x H100 with UCCL's benchmark at 1 MB, eight parts on
+/// eight streams, a stream whose spin had run out woke 0.2-6 ms after its
+/// part was queued, and the message waited for it.
 fn next_op(
     rx: &Receiver<TxOp>,
+    spill: &Receiver<TxOp>,
+    queued: &AtomicUsize,
     spin: Duration,
     linger: Duration,
     stager: &mut Stager<()>,
     workers: &Workers,
 ) -> Next {
     let start = Instant::now();
+    let mut gave_back = false;
     loop {
         match rx.try_recv() {
             Ok(op) => return Next::Op(op),
             Err(crossbeam_channel::TryRecvError::Disconnected) => return Next::Closed,
-            Err(crossbeam_channel::TryRecvError::Empty)
-                if start.elapsed() < spin || workers.caller_waiting() =>
-            {
-                std::hint::spin_loop()
-            }
-            Err(crossbeam_channel::TryRecvError::Empty) => {
-                // The staging goes back to the endpoint's pool while the
-                // stream waits (a ring made anew costs milliseconds, and
-                // stalls every CUDA call of the process meanwhile).
-                stager.give_back();
-                return match rx.recv_timeout(linger) {
-                    Ok(op) => Next::Op(op),
-                    Err(crossbeam_channel::RecvTimeoutError::Timeout) => Next::Quiet,
-                    Err(crossbeam_channel::RecvTimeoutError::Disconnected) => Next::Closed,
-                };
-            }
+            Err(crossbeam_channel::TryRecvError::Empty) => {}
+        }
+        if let Some(op) = take_spilled(spill, queued) {
+            return Next::Op(op);
+        }
+        if start.elapsed() < spin || workers.caller_waiting() {
+            std::hint::spin_loop();
+            continue;
+        }
+        if !gave_back {
+            // The staging goes back to the endpoint's pool while the
+            // stream waits (a ring made anew costs milliseconds, and
+            // stalls every CUDA call of the process meanwhile).
+            stager.give_back();
+            gave_back = true;
+        }
+        let mut sel = crossbeam_channel::Select::new();
+        sel.recv(rx);
+        sel.recv(spill);
+        if sel.ready_timeout(linger).is_err() {
+            return Next::Quiet;
         }
     }
+}
+
+/// A spilled part for a stream whose own queue is empty: taken while the
+/// stream's count is held above 0, so that the posting thread, which
+/// writes to an idle stream itself, does not write to it meanwhile. None
+/// when nothing is spilled, or the stream is not idle (a part of its own
+/// is on its way, or the posting thread is writing).
+fn take_spilled(spill: &Receiver<TxOp>, queued: &AtomicUsize) -> Option<TxOp> {
+    if spill.is_empty() {
+        return None;
+    }
+    queued
+        .compare_exchange(0, 1, Ordering::AcqRel, Ordering::Acquire)
+        .ok()?;
+    let op = spill.try_recv().ok();
+    if let Some(o) = &op {
+        queued.fetch_add(o.weight(), Ordering::AcqRel);
+    }
+    queued.fetch_sub(1, Ordering::AcqRel);
+    op
 }
 
 pub(super) fn batchable(op: &TxOp) -> bool {
@@ -486,6 +524,9 @@ pub(super) struct TxTask {
     rx: Receiver<TxOp>,
     shared: Arc<SendShared>,
     queued: Arc<AtomicUsize>,
+    /// The comm's parts not given to any stream yet, for whichever stream
+    /// drains its own queue first ([`take_spilled`]).
+    spill: Receiver<TxOp>,
     lane: Lane,
     /// Its staging: taken from the endpoint's pool at a GPU part (not at
     /// connect: an idle peer holds no pinned memory) and given back when
@@ -499,9 +540,8 @@ pub(super) struct TxTask {
 impl TxTask {
     pub(super) fn new(
         s: Arc<TcpStream>,
-        rx: Receiver<TxOp>,
+        queues: TxQueues,
         shared: Arc<SendShared>,
-        queued: Arc<AtomicUsize>,
         lane: Lane,
         pool: Arc<StagingPool<()>>,
         workers: Workers,
@@ -520,11 +560,17 @@ impl TxTask {
         if lane.splice {
             stager.lend = Lend::Wanted(s.clone());
         }
+        let TxQueues {
+            own: rx,
+            spill,
+            queued,
+        } = queues;
         TxTask {
             s,
             rx,
             shared,
             queued,
+            spill,
             lane,
             stager,
             held: None,
@@ -541,6 +587,7 @@ impl Task for TxTask {
             rx,
             shared,
             queued,
+            spill,
             lane,
             stager,
             held,
@@ -559,7 +606,7 @@ impl Task for TxTask {
             timing::mark(Spent::Other);
             let op = match held.take() {
                 Some(op) => op,
-                None => match next_op(rx, spin, lane.linger, stager, workers) {
+                None => match next_op(rx, spill, queued, spin, lane.linger, stager, workers) {
                     Next::Op(op) => op,
                     Next::Quiet => return Step::Idle,
                     Next::Closed => return Step::Done,
@@ -580,18 +627,27 @@ impl Task for TxTask {
                     if held.is_some() {
                         return None;
                     }
-                    match rx.try_recv() {
-                        Ok(o)
+                    // Its own parts first (they are older than any spilled
+                    // one), then the comm's spilled parts: this stream is
+                    // busy (the part in hand is counted), so it takes them
+                    // without holding the stream.
+                    let got = rx.try_recv().ok().or_else(|| {
+                        let o = spill.try_recv().ok()?;
+                        queued.fetch_add(o.weight(), Ordering::AcqRel);
+                        Some(o)
+                    });
+                    match got {
+                        Some(o)
                             if piped_gpu(&o, slice) == Some(dev)
                                 && shared.failed.lock().is_none() =>
                         {
                             Some(o)
                         }
-                        Ok(o) => {
+                        Some(o) => {
                             *held = Some(o);
                             None
                         }
-                        Err(_) => None,
+                        None => None,
                     }
                 };
                 let seq = op.head.seq;
