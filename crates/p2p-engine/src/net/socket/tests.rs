@@ -1124,3 +1124,44 @@ fn parts_past_what_the_streams_are_given_wait_in_the_spill_and_keep_their_order(
     }
     assert!(s.spilled_is_empty());
 }
+
+#[test]
+fn a_receiver_gone_fails_every_send_spilled_ones_too() {
+    use std::io::Read;
+    let (mut s, l, mut s0) = raw_receiver();
+    // Two streams (a two-part message asks for the second), then 24 MiB
+    // posted while the receiver reads nothing more: most of it spills.
+    let first = vec![3u8; 64 << 10];
+    let p = send_all(s_dyn(&mut s), &first);
+    for _ in 0..2 {
+        read_part(&mut s0);
+    }
+    assert_eq!(wait(|| s.test(p)), first.len());
+    s.settle_streams();
+    let (mut s1, _) = l.accept().unwrap();
+    let mut hello = [0u8; super::wire::HELLO_LEN];
+    s1.read_exact(&mut hello).unwrap();
+    let msgs: Vec<Vec<u8>> = (0..24).map(|i| vec![i as u8; 1 << 20]).collect();
+    let sends: Vec<ReqId> = msgs.iter().map(|m| send_all(s_dyn(&mut s), m)).collect();
+    assert!(!s.spilled_is_empty(), "the burst spilled");
+    // The receiver goes away: every send fails, none is left waiting.
+    drop((s0, s1, l));
+    for (i, p) in sends.into_iter().enumerate() {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            match s.test(p) {
+                Err(_) => break,
+                Ok(None) => {
+                    assert!(
+                        Instant::now() < deadline,
+                        "send {i} neither failed nor ended"
+                    );
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                Ok(Some(n)) => {
+                    panic!("send {i} reported {n} bytes sent to a receiver that read none")
+                }
+            }
+        }
+    }
+}
