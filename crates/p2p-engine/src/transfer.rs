@@ -97,11 +97,13 @@ pub enum Status {
 type OnEnd = Box<dyn FnOnce(&Status) + Send>;
 
 /// A transfer's end as it is being decided: the outcome (set once, by the
-/// first to end it) and the callbacks still to run.
+/// first to end it), the callbacks still to run, and the transfer it is a
+/// part of.
 #[derive(Default)]
 struct Ending {
     outcome: Option<Status>,
     callbacks: Vec<OnEnd>,
+    whole: Option<Arc<Transfer>>,
 }
 
 /// One transfer (user-visible or internal to the engine).
@@ -160,22 +162,50 @@ impl Transfer {
         f(&outcome);
     }
 
+    /// Makes this transfer one of `whole`'s events: its end counts one of
+    /// them, and its failure poisons `whole` (see [`Transfer::poison`]). At
+    /// once if it has ended already.
+    pub fn part_of(&self, whole: Arc<Transfer>) {
+        let outcome = {
+            let mut e = self.ending.lock();
+            match &e.outcome {
+                Some(s) => s.clone(),
+                None => {
+                    e.whole = Some(whole);
+                    return;
+                }
+            }
+        };
+        Self::count_into(&whole, &outcome);
+    }
+
+    /// A part of `whole` ended with `s`.
+    fn count_into(whole: &Transfer, s: &Status) {
+        if let Status::Failed(f) = s {
+            whole.poison(f.clone());
+        }
+        whole.complete_one();
+    }
+
     /// Ends the transfer with `s` unless its end is decided already. The
     /// callbacks run before the end is published, so that what they send
     /// (a receive's acknowledgement, a notification after a transfer)
     /// leaves before anyone waiting on the transfer can act on its end
     /// (exit, and close the connection).
     fn end(&self, s: Status) -> bool {
-        let callbacks = {
+        let (callbacks, whole) = {
             let mut e = self.ending.lock();
             if e.outcome.is_some() {
                 return false;
             }
             e.outcome = Some(s.clone());
-            std::mem::take(&mut e.callbacks)
+            (std::mem::take(&mut e.callbacks), e.whole.take())
         };
         for f in callbacks {
             f(&s);
+        }
+        if let Some(w) = whole {
+            Self::count_into(&w, &s);
         }
         {
             let mut st = self.status.lock();
@@ -469,6 +499,33 @@ mod tests {
             *log.lock(),
             (0..3).map(|i| (i, Status::Done)).collect::<Vec<_>>()
         );
+    }
+
+    #[test]
+    fn parts_count_into_their_whole_which_ends_after_the_last_failed_if_any_did() {
+        let whole = Transfer::new(9, 1, 3, vec![]);
+        let parts: Vec<_> = (0..3).map(|i| Transfer::new(i, 1, 1, vec![])).collect();
+        parts[0].part_of(whole.clone());
+        parts[1].part_of(whole.clone());
+        parts[0].complete_one();
+        parts[1].fail(Failure::Refused("part 2's descriptor".into()));
+        assert!(!whole.ended(), "a part is still running");
+        // A part that ended before it was attached counts at once.
+        parts[2].complete_one();
+        parts[2].part_of(whole.clone());
+        assert!(whole.ended());
+        assert_eq!(
+            whole.status(),
+            Status::Failed(Failure::Refused("part 2's descriptor".into()))
+        );
+        // Whole of parts that all succeed: done.
+        let whole = Transfer::new(10, 1, 2, vec![]);
+        for i in 0..2 {
+            let p = Transfer::new(i, 1, 1, vec![]);
+            p.part_of(whole.clone());
+            p.complete_one();
+        }
+        assert_eq!(whole.status(), Status::Done);
     }
 
     #[test]

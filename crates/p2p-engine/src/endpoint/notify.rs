@@ -174,13 +174,7 @@ impl Endpoint {
                     return Ok(whole);
                 }
             };
-            let w = whole.clone();
-            part.on_end(move |s| {
-                if let Status::Failed(f) = s {
-                    w.poison(f.clone());
-                }
-                w.complete_one();
-            });
+            part.part_of(whole.clone());
         }
         Ok(whole)
     }
