@@ -130,7 +130,43 @@ struct State {
     proto: Proto<Vec<ChunkOp>>,
     /// User transfers of this connection, by id: completed and failed as
     /// the machine says, failed together if the connection breaks.
-    live: HashMap<u64, Arc<Transfer>>,
+    live: Live,
+}
+
+/// A connection's user transfers by id. Ended ones are let go as new ones
+/// come (a sweep when the map has doubled since the last), not by a
+/// callback at each end: no lock is taken and nothing runs when a
+/// transfer ends, and what is kept stays within twice what is running
+/// (or [`Live::SWEEP_MIN`]).
+#[derive(Default)]
+struct Live {
+    map: HashMap<u64, Arc<Transfer>>,
+    sweep_at: usize,
+}
+
+impl Live {
+    const SWEEP_MIN: usize = 64;
+
+    fn insert(&mut self, t: &Arc<Transfer>) {
+        if t.ended() {
+            return;
+        }
+        self.map.insert(t.id, t.clone());
+        if self.map.len() >= self.sweep_at.max(Self::SWEEP_MIN) {
+            self.map.retain(|_, t| !t.ended());
+            self.sweep_at = 2 * self.map.len();
+        }
+    }
+
+    /// Transfer `id`, if it has not ended.
+    fn get(&self, id: u64) -> Option<&Arc<Transfer>> {
+        self.map.get(&id).filter(|t| !t.ended())
+    }
+
+    /// Every transfer kept (the connection ends).
+    fn take_all(&mut self) -> Vec<Arc<Transfer>> {
+        self.map.drain().map(|(_, t)| t).collect()
+    }
 }
 
 /// What is left to do once the state lock is let go: ending a transfer
@@ -368,7 +404,7 @@ impl Conn {
                     limits: p.limits,
                     now: now_ms(),
                 }),
-                live: HashMap::new(),
+                live: Live::default(),
             }),
             waiters,
             tasks: Mutex::new(Vec::new()),
@@ -485,17 +521,17 @@ impl Conn {
                     done.posted = true;
                 }
                 Effect::Complete(x) => {
-                    if let Some(t) = st.live.get(&x) {
+                    if let Some(t) = st.live.get(x) {
                         done.later.push(Later::Complete(t.clone()));
                     }
                 }
                 Effect::CompleteAll(x) => {
-                    if let Some(t) = st.live.get(&x) {
+                    if let Some(t) = st.live.get(x) {
                         done.later.push(Later::CompleteAll(t.clone()));
                     }
                 }
                 Effect::Fail(x, f) => {
-                    if let Some(t) = st.live.get(&x) {
+                    if let Some(t) = st.live.get(x) {
                         done.later.push(Later::Fail(t.clone(), f));
                     }
                 }
@@ -675,7 +711,7 @@ impl Conn {
                     abandoned.push(ops);
                 }
             }
-            let live: Vec<_> = st.live.drain().map(|(_, t)| t).collect();
+            let live = st.live.take_all();
             (live, abandoned)
         };
         for t in live {
@@ -755,24 +791,8 @@ impl Conn {
             done.later.push(Later::Fail(t.clone(), f.clone()));
             return false;
         }
-        if !t.ended() {
-            st.live.insert(t.id, t.clone());
-        }
+        st.live.insert(t);
         true
-    }
-
-    /// Once `t` ends it is no longer live. Registered before the transfer
-    /// is posted (never under the state lock: a transfer that has already
-    /// ended runs it at once), so that its end, on whichever thread, finds
-    /// the callback in place.
-    fn untrack_at_end(self: &Arc<Self>, t: &Arc<Transfer>) {
-        let weak: Weak<Conn> = Arc::downgrade(self);
-        let id = t.id;
-        t.on_end(move |_| {
-            if let Some(c) = weak.upgrade() {
-                c.state.lock().live.remove(&id);
-            }
-        });
     }
 
     /// The requests that carry items of these lengths (see [`plan_ops`]).
@@ -812,7 +832,6 @@ impl Conn {
         // ([`Conn::deliver_sent`]).
         let events = plan.len();
         let xfer = Transfer::new(xfer_id, self.id, events, regions);
-        self.untrack_at_end(&xfer);
         let ops = Self::ops_for(&xfer, &items, &plan, false);
         // Numbered and queued under the state lock, so that the numbers
         // follow the order in which the engine posts them (and the peer's
@@ -883,7 +902,6 @@ impl Conn {
             // `ReadData` landing.
             tracing::trace!(xfer = xfer_id, read, bytes = total, "lat: post inline");
             let xfer = Transfer::new(xfer_id, self.id, 1, regions);
-            self.untrack_at_end(&xfer);
             self.drive(|st, done| {
                 if Self::track(st, &xfer, done) {
                     if read {
@@ -898,7 +916,6 @@ impl Conn {
         let plan = self.plan(local.iter().map(|(m, _)| m.len));
         // +1: the target's WriteDone / ReadAck.
         let xfer = Transfer::new(xfer_id, self.id, plan.len() + 1, regions);
-        self.untrack_at_end(&xfer);
         let ops = Self::ops_for(&xfer, &local, &plan, true);
         drop(local);
         // The request and, for a read, its receives' place in the order of
@@ -1133,4 +1150,44 @@ fn distinct_regions(
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn live_transfers_let_go_of_ended_ones_as_new_ones_come() {
+        let mut live = Live::default();
+        let mut running = Vec::new();
+        for id in 0..10_000u64 {
+            let t = Transfer::new(id, 1, 1, vec![]);
+            live.insert(&t);
+            if id % 100 == 0 {
+                running.push(t); // these stay running
+            } else {
+                t.complete_one();
+                assert!(live.get(id).is_none(), "an ended transfer is not looked up");
+            }
+            // Kept: at most twice what runs (the newest counted, which was
+            // running when it came), or the sweep's minimum.
+            assert!(live.map.len() <= (2 * (running.len() + 1)).max(Live::SWEEP_MIN));
+        }
+        for t in &running {
+            assert!(Arc::ptr_eq(live.get(t.id).unwrap(), t));
+        }
+        // A transfer that has ended already is not kept at all.
+        let t = Transfer::new(20_000, 1, 0, vec![]);
+        live.insert(&t);
+        assert!(!live.map.contains_key(&20_000));
+        // The connection ends: every transfer kept is handed back, the
+        // running ones among them.
+        let kept = live.map.len();
+        let all = live.take_all();
+        assert_eq!(all.len(), kept);
+        assert!(live.map.is_empty());
+        assert!(running
+            .iter()
+            .all(|r| all.iter().any(|t| Arc::ptr_eq(t, r))));
+    }
 }
