@@ -450,14 +450,27 @@ fn part_header(
     }
 }
 
-#[test]
-fn a_comm_grows_from_one_stream_to_its_count_and_delivers_every_byte() {
+/// A comm pair as the net's own types, on one stream each until messages
+/// ask for more (the listen comm kept: later streams come through it).
+fn own_pair(
+    streams: usize,
+) -> (
+    super::send::SocketSend,
+    super::recv::SocketRecv,
+    super::SocketListen,
+) {
     let waker: Waker = Arc::new(|| {});
-    let mut l = SocketNet::new(cfg(4)).listen_here().unwrap();
-    let mut s = SocketNet::new(cfg(4))
+    let mut l = SocketNet::new(cfg(streams)).listen_here().unwrap();
+    let s = SocketNet::new(cfg(streams))
         .connect_here(&super::ListenComm::handle(&l), waker)
         .unwrap();
-    let mut r = accept(&mut l);
+    let r = accept(&mut l);
+    (s, r, l)
+}
+
+#[test]
+fn a_comm_grows_from_one_stream_to_its_count_and_delivers_every_byte() {
+    let (mut s, mut r, _l) = own_pair(4);
     assert_eq!((s.stream_count(), r.stream_count()), (1, 1));
     // A small message needs one stream: none is opened.
     let one =
@@ -990,6 +1003,31 @@ fn raw_receiver() -> (super::send::SocketSend, std::net::TcpListener, TcpStream)
     (s, l, s0)
 }
 
+/// The raw receiver's second stream: a two-part message sent (read on the
+/// first stream, checked) asks the sender for it; accepted, its hello
+/// checked.
+fn second_raw_stream(
+    s: &mut super::send::SocketSend,
+    l: &std::net::TcpListener,
+    s0: &mut TcpStream,
+) -> TcpStream {
+    use std::io::Read;
+    let first: Vec<u8> = (0..64 << 10).map(|i| (i % 251) as u8).collect();
+    let p = send_all(s_dyn(s), &first);
+    for _ in 0..2 {
+        let (h, data) = read_part(s0);
+        let off = h.off as usize;
+        assert_eq!(data, first[off..off + data.len()]);
+    }
+    assert_eq!(wait(|| s.test(p)), first.len());
+    s.settle_streams();
+    let (mut s1, _) = l.accept().unwrap();
+    let mut hello = [0u8; super::wire::HELLO_LEN];
+    s1.read_exact(&mut hello).unwrap();
+    assert_eq!(Hello::decode(&hello).unwrap().stream, 1);
+    s1
+}
+
 /// Reads one part (header and payload) from a raw stream.
 fn read_part(s: &mut TcpStream) -> (PartHeader, Vec<u8>) {
     use std::io::Read;
@@ -1003,41 +1041,24 @@ fn read_part(s: &mut TcpStream) -> (PartHeader, Vec<u8>) {
 
 #[test]
 fn a_stream_whose_receiver_reads_slowly_is_given_no_new_parts() {
-    use std::io::Read;
     let (mut s, l, mut s0) = raw_receiver();
     let bytes = |len: usize, fill: u8| -> Vec<u8> {
         (0..len)
             .map(|i| (i as u8).wrapping_mul(13) ^ fill)
             .collect()
     };
-    // A two-part message rides the one stream and asks for the second.
-    let first = bytes(64 << 10, 1);
-    let p = send_all(&mut *s_dyn(&mut s), &first);
-    for _ in 0..2 {
-        let (h, data) = read_part(&mut s0);
-        let off = h.off as usize;
-        assert_eq!(data, first[off..off + data.len()]);
-    }
-    assert_eq!(wait(|| s.test(p)), first.len());
-    s.settle_streams();
-    let (mut s1, _) = l.accept().unwrap();
-    let mut hello = [0u8; super::wire::HELLO_LEN];
-    s1.read_exact(&mut hello).unwrap();
-    assert_eq!(Hello::decode(&hello).unwrap().stream, 1);
+    let mut s1 = second_raw_stream(&mut s, &l, &mut s0);
     s1.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     // A large message puts a part on each stream; stream 0's is not read,
     // so it stays queued (far larger than the socket buffers).
     let big = bytes(16 << 20, 2);
-    let pb = send_all(&mut *s_dyn(&mut s), &big);
+    let pb = send_all(s_dyn(&mut s), &big);
     let (h, data) = read_part(&mut s1);
     assert_eq!((h.seq, h.nparts), (1, 2));
     assert_eq!(data, big[h.off as usize..h.off as usize + data.len()]);
     // Every part of the messages after it goes to stream 1.
     let later: Vec<Vec<u8>> = (0..5).map(|i| bytes(256 << 10, 10 + i)).collect();
-    let ps: Vec<ReqId> = later
-        .iter()
-        .map(|m| send_all(&mut *s_dyn(&mut s), m))
-        .collect();
+    let ps: Vec<ReqId> = later.iter().map(|m| send_all(s_dyn(&mut s), m)).collect();
     for _ in 0..2 * later.len() {
         let (h, data) = read_part(&mut s1);
         assert!((2..=6).contains(&h.seq), "part of message {}", h.seq);
@@ -1067,12 +1088,7 @@ fn parts_past_what_the_streams_are_given_wait_in_the_spill_and_keep_their_order(
     // stream still carries its parts in the order they were posted (a
     // part of a later message ahead of an earlier one on one stream would
     // hold that stream until the stall limit).
-    let waker: Waker = Arc::new(|| {});
-    let mut l = SocketNet::new(cfg(2)).listen_here().unwrap();
-    let mut s = SocketNet::new(cfg(2))
-        .connect_here(&super::ListenComm::handle(&l), waker)
-        .unwrap();
-    let mut r = accept(&mut l);
+    let (mut s, mut r, _l) = own_pair(2);
     let msg = |i: usize, len: usize| -> Vec<u8> {
         (0..len)
             .map(|j| (j as u8).wrapping_mul(7) ^ (i as u8))
@@ -1127,20 +1143,10 @@ fn parts_past_what_the_streams_are_given_wait_in_the_spill_and_keep_their_order(
 
 #[test]
 fn a_receiver_gone_fails_every_send_spilled_ones_too() {
-    use std::io::Read;
     let (mut s, l, mut s0) = raw_receiver();
-    // Two streams (a two-part message asks for the second), then 24 MiB
-    // posted while the receiver reads nothing more: most of it spills.
-    let first = vec![3u8; 64 << 10];
-    let p = send_all(s_dyn(&mut s), &first);
-    for _ in 0..2 {
-        read_part(&mut s0);
-    }
-    assert_eq!(wait(|| s.test(p)), first.len());
-    s.settle_streams();
-    let (mut s1, _) = l.accept().unwrap();
-    let mut hello = [0u8; super::wire::HELLO_LEN];
-    s1.read_exact(&mut hello).unwrap();
+    // Two streams, then 24 MiB posted while the receiver reads nothing
+    // more: most of it spills.
+    let s1 = second_raw_stream(&mut s, &l, &mut s0);
     let msgs: Vec<Vec<u8>> = (0..24).map(|i| vec![i as u8; 1 << 20]).collect();
     let sends: Vec<ReqId> = msgs.iter().map(|m| send_all(s_dyn(&mut s), m)).collect();
     assert!(!s.spilled_is_empty(), "the burst spilled");
