@@ -438,6 +438,17 @@ fn next_op(
             stager.give_back();
             gave_back = true;
         }
+        if spill.is_empty() {
+            // The usual wait: on its own queue alone. A part spilled while
+            // it waits is taken by a busy stream once that one drains (a
+            // part spills only when every stream had `AHEAD` queued), so it
+            // never waits for this one.
+            return match rx.recv_timeout(linger) {
+                Ok(op) => Next::Op(op),
+                Err(crossbeam_channel::RecvTimeoutError::Timeout) => Next::Quiet,
+                Err(crossbeam_channel::RecvTimeoutError::Disconnected) => Next::Closed,
+            };
+        }
         let mut sel = crossbeam_channel::Select::new();
         sel.recv(rx);
         sel.recv(spill);
