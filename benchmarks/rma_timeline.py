@@ -14,9 +14,16 @@ by it, and done (the request's transfer ended at the initiator, or, in a
 log without ids, `WriteDone` / `ReadAck` in) -- where the requests' checks
 end and where the data's time goes.
 
-usage: rma_timeline.py LOG [--op write|read] [--gap 5] [--bytes N]
+With `--streams`, each transfer is followed by its receive streams' work
+(the `lat: rx header` / `lat: rx done` lines, by thread): parts read,
+first and last part header, messages completed there and the median time
+between parts -- a stream that ends far after the others (and completes
+every message, its part being each one's last) is what the transfer waits
+for.
+
+usage: rma_timeline.py LOG [--op write|read] [--gap 5] [--bytes N] [--streams]
 """
-import argparse, datetime, gzip, re, sys
+import argparse, datetime, gzip, re, statistics, sys
 
 # What each request's steps are called, per operation: (message, direction).
 # (name, message, direction[, message marking the end in a log without ids]).
@@ -83,8 +90,8 @@ def _rows_by_order(events, steps):
     return [[c[k] for c in cols] for k in range(n)]
 
 
-def timelines(events, op, gap_ms):
-    """Per transfer, per request, each step's time from the transfer's first post."""
+def transfers_at(events, op, gap_ms):
+    """Per transfer, per request, each step's time (seconds, as logged)."""
     steps = STEPS[op]
     with_ids = any(x for _, what, x in events if what[0] != "ended")
     rows = sorted(_rows_by_id(events, steps) if with_ids else _rows_by_order(events, steps))
@@ -97,14 +104,65 @@ def timelines(events, op, gap_ms):
             cur = []
         cur.append(r)
     transfers.append(cur)
-    return [[[(x - tr[0][0]) * 1e3 for x in r] for r in tr] for tr in transfers]
+    return transfers
 
 
-def report(trs, op, nbytes, out=sys.stdout):
+def timelines(events, op, gap_ms):
+    """Per transfer, per request, each step's time from the transfer's first post."""
+    return [[[(x - tr[0][0]) * 1e3 for x in r] for r in tr] for tr in transfers_at(events, op, gap_ms)]
+
+
+def data_events(lines):
+    """(time, thread, "header"|"done", seq) of every `lat: rx header` and
+    `lat: rx done` trace line, in file order."""
+    out = []
+    for line in lines:
+        line = re.sub(r"\x1b\[[0-9;]*m", "", line)
+        m = re.match(r"(\S+) TRACE (ThreadId\(\d+\)) .*lat: rx (header|done) seq=(\d+)", line)
+        if m:
+            out.append((ts(m.group(1)), m.group(2), m.group(3), int(m.group(4))))
+    return out
+
+
+def streams(data, start, end):
+    """Per receive thread with parts between `start` and `end` (seconds):
+    (last header, thread, parts, first header, messages completed, median
+    seconds between parts), the last to finish last."""
+    per = {}
+    for t, th, what, _ in data:
+        if start <= t <= end:
+            per.setdefault(th, []).append((t, what))
+    rows = []
+    for th, ev in per.items():
+        heads = [t for t, w in ev if w == "header"]
+        if not heads:
+            continue
+        done = sum(1 for _, w in ev if w == "done")
+        gaps = [b - a for a, b in zip(heads, heads[1:])]
+        rows.append((heads[-1], th, len(heads), heads[0], done, statistics.median(gaps) if gaps else 0.0))
+    return sorted(rows)
+
+
+def stream_report(rows, start, out=sys.stdout):
+    print("  receive threads: parts, first -> last part header (ms), messages completed there, ms between parts", file=out)
+    for last, th, n, first, done, gap in rows:
+        print(
+            f"  {th:>16} {n:>6} {(first - start) * 1e3:>9.2f} -> {(last - start) * 1e3:>8.2f} {done:>8} {gap * 1e3:>9.3f}",
+            file=out,
+        )
+    if len(rows) > 1:
+        lasts = [r[0] for r in rows]
+        print(
+            f"  the last thread's last part: {(lasts[-1] - statistics.median(lasts)) * 1e3:.2f} ms after the median thread's",
+            file=out,
+        )
+
+
+def report(trs, op, nbytes, out=sys.stdout, label=None):
     names = [s[0] for s in STEPS[op]]
     for i, tr in enumerate(trs):
         end = max(r[-1] for r in tr)
-        print(f"transfer {i}: {len(tr)} requests, ends at {end:.2f} ms", file=out)
+        print(f"transfer {i if label is None else label}: {len(tr)} requests, ends at {end:.2f} ms", file=out)
         print("  req " + "".join(f"{n:>11}" for n in names) + f"   {'done - ' + names[2]:>14}", file=out)
         for k, r in enumerate(tr):
             print(f"  {k:>3} " + "".join(f"{x:>11.2f}" for x in r) + f"   {r[-1] - r[2]:>14.2f}", file=out)
@@ -121,14 +179,21 @@ def main(argv=None):
     ap.add_argument("--op", choices=sorted(STEPS), default="write")
     ap.add_argument("--gap", type=float, default=5.0, help="ms between posts that starts a new transfer")
     ap.add_argument("--bytes", type=int, default=0, help="bytes a transfer moves (prints the data phase's GB/s)")
+    ap.add_argument("--streams", action="store_true", help="each transfer's receive streams, by thread")
     a = ap.parse_args(argv)
     opener = (lambda p: gzip.open(p, "rt")) if a.log.endswith(".gz") else open
     with opener(a.log) as f:
-        trs = timelines(control_events(f), a.op, a.gap)
-    if not trs:
+        lines = f.readlines()
+    at = transfers_at(control_events(lines), a.op, a.gap)
+    if not at:
         print(f"no {a.op} requests traced in {a.log} (TCPX_P2P_LOG=trace on both sides?)")
         return 1
-    report(trs, a.op, a.bytes)
+    data = data_events(lines) if a.streams else []
+    for i, tr in enumerate(at):
+        rel = [[(x - tr[0][0]) * 1e3 for x in r] for r in tr]
+        report([rel], a.op, a.bytes, label=i)
+        if a.streams:
+            stream_report(streams(data, tr[0][0], max(r[-1] for r in tr)), tr[0][0])
     return 0
 
 

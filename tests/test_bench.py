@@ -168,10 +168,12 @@ def check_blocking_row(r, op, size, inflight):
     assert "raw_tcp_reference" not in r
 
 
-def test_rma_timeline_of_a_list_sent_as_several_requests(tmp_path):
+def test_rma_timeline_of_a_list_sent_as_several_requests(tmp_path, capsys):
     """`benchmarks/rma_timeline.py` reads a real trace: a write of 20,000
     blocks goes as three requests (8,192 + 8,192 + 3,616 items), each
-    posted, read by the target, cleared and done in that order."""
+    posted, read by the target, cleared and done in that order; with
+    --streams, the receive threads' parts add up to the messages' parts
+    and each message is completed on one of them."""
     spec = importlib.util.spec_from_file_location("rma_timeline", ROOT / "benchmarks" / "rma_timeline.py")
     rt = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(rt)
@@ -187,7 +189,25 @@ def test_rma_timeline_of_a_list_sent_as_several_requests(tmp_path):
             assert req == sorted(req), f"steps out of order: {req}"
     log = tmp_path / "trace.log"
     log.write_text(r.stderr)
+    capsys.readouterr()
     assert rt.main([str(log), "--bytes", str(20000 * 64)]) == 0
+    assert "requests checked by" in capsys.readouterr().out
+    lines = r.stderr.splitlines()
+    data = rt.data_events(lines)
+    for tr in rt.transfers_at(rt.control_events(lines), "write", 5.0):
+        if len(tr) != 3:
+            continue
+        start, end = tr[0][0], max(q[-1] for q in tr)
+        rows = rt.streams(data, start, end)
+        assert rows, "no receive stream worked in the transfer"
+        heads = [d for d in data if start <= d[0] <= end and d[2] == "header"]
+        dones = [d for d in data if start <= d[0] <= end and d[2] == "done"]
+        assert sum(row[2] for row in rows) == len(heads) and len(heads) >= len(dones) >= 3
+        assert sum(row[4] for row in rows) == len(dones)
+        assert all(row[3] <= row[0] for row in rows)
+    assert rt.main([str(log), "--streams"]) == 0
+    out = capsys.readouterr().out
+    assert "receive threads" in out and "ThreadId(" in out
 
 
 def test_blocking_mode_rows_and_floor(tmp_path):
