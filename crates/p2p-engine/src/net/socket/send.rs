@@ -353,8 +353,11 @@ impl SendComm for SocketSend {
             self.tasks[k].kick();
         }
         if spilling {
-            // Every stream is busy, but one may be between its last part
-            // and its wait: each looks at the spill before it waits.
+            // Every stream was busy. One that drains looks at the spill
+            // before it waits; one that had started to wait on its own
+            // queue just before the part spilled is run again, by this
+            // kick, once its wait ends (the busy streams take the part
+            // first as they drain).
             for t in &self.tasks {
                 t.kick();
             }
