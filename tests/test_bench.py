@@ -202,8 +202,11 @@ def test_rma_timeline_of_a_list_sent_as_several_requests(tmp_path, capsys):
         assert rows, "no receive stream worked in the transfer"
         heads = [d for d in data if start <= d[0] <= end and d[2] == "header"]
         dones = [d for d in data if start <= d[0] <= end and d[2] == "done"]
-        assert sum(row[2] for row in rows) == len(heads) and len(heads) >= len(dones) >= 3
-        assert sum(row[4] for row in rows) == len(dones)
+        # (Transfers may overlap: a message of the one before can complete
+        # inside this one's window, on a thread that read no part in it,
+        # which is not listed.)
+        assert sum(row[2] for row in rows) == len(heads) >= 3
+        assert 0 < sum(row[4] for row in rows) <= len(dones)
         assert all(row[3] <= row[0] for row in rows)
     assert rt.main([str(log), "--streams"]) == 0
     out = capsys.readouterr().out
