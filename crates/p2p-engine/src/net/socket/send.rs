@@ -182,6 +182,26 @@ impl SocketSend {
 }
 
 impl SocketSend {
+    /// A small host part on an idle stream, written without blocking.
+    /// Returns it (what was written counted in `skip`) if the socket took
+    /// only part of it, or would block, or failed (the stream's thread then
+    /// writes the rest, or reports the error).
+    fn send_host_inline(&self, k: usize, mut op: TxOp) -> Option<TxOp> {
+        let iov: Vec<IoSlice<'_>> = host_slices(&op)
+            .into_iter()
+            .map(IoSlice::new)
+            .take(64)
+            .collect();
+        let sent = socket2::SockRef::from(&*self.socks[k])
+            .send_vectored_with_flags(&iov, libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL);
+        match sent {
+            Ok(n) if n == HDR_LEN + op.len => return None,
+            Ok(n) => op.skip = n,
+            Err(_) => {}
+        }
+        Some(op)
+    }
+
     /// A small GPU part on an idle stream: copied out by this thread and
     /// written without blocking, so that no I/O thread has to wake for it.
     /// Returns what is left for the stream's thread (as host bytes) if the
@@ -308,38 +328,21 @@ impl SendComm for SocketSend {
                     .compare_exchange(0, weight, Ordering::AcqRel, Ordering::Acquire)
                     .is_ok();
             if direct {
-                if let Some(MemKind::Cuda(dev)) = kind {
-                    match self.send_gpu_inline(k, dev, op) {
-                        Ok(None) => {
-                            tracing::trace!(seq, "lat: sent inline");
-                            self.queued[k].fetch_sub(weight, Ordering::AcqRel);
-                            req.parts_left.fetch_sub(1, Ordering::AcqRel);
-                            continue;
-                        }
-                        Ok(Some(rest)) => op = rest,
-                        Err(e) => {
-                            self.queued[k].fetch_sub(weight, Ordering::AcqRel);
-                            return Err(e);
-                        }
+                let written = match kind {
+                    Some(MemKind::Cuda(dev)) => self.send_gpu_inline(k, dev, op),
+                    _ => Ok(self.send_host_inline(k, op)),
+                };
+                match written {
+                    Ok(None) => {
+                        tracing::trace!(seq, "lat: sent inline");
+                        self.queued[k].fetch_sub(weight, Ordering::AcqRel);
+                        req.parts_left.fetch_sub(1, Ordering::AcqRel);
+                        continue;
                     }
-                } else {
-                    // The stream is idle: write now, without blocking.
-                    let iov: Vec<IoSlice<'_>> = host_slices(&op)
-                        .into_iter()
-                        .map(IoSlice::new)
-                        .take(64)
-                        .collect();
-                    let sent = socket2::SockRef::from(&*self.socks[k])
-                        .send_vectored_with_flags(&iov, libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL);
-                    match sent {
-                        Ok(n) if n == HDR_LEN + len => {
-                            tracing::trace!(seq, "lat: sent inline");
-                            self.queued[k].fetch_sub(weight, Ordering::AcqRel);
-                            req.parts_left.fetch_sub(1, Ordering::AcqRel);
-                            continue;
-                        }
-                        Ok(n) => op.skip = n,
-                        Err(_) => {} // would block, or an error the I/O thread reports
+                    Ok(Some(rest)) => op = rest,
+                    Err(e) => {
+                        self.queued[k].fetch_sub(weight, Ordering::AcqRel);
+                        return Err(e);
                     }
                 }
             } else {

@@ -470,12 +470,17 @@ fn take_spilled(spill: &Receiver<TxOp>, queued: &AtomicUsize) -> Option<TxOp> {
     queued
         .compare_exchange(0, 1, Ordering::AcqRel, Ordering::Acquire)
         .ok()?;
-    let op = spill.try_recv().ok();
-    if let Some(o) = &op {
-        queued.fetch_add(o.weight(), Ordering::AcqRel);
-    }
+    let op = take_spilled_busy(spill, queued);
     queued.fetch_sub(1, Ordering::AcqRel);
     op
+}
+
+/// A spilled part for a stream whose count is above 0 already (a part in
+/// hand, or held by [`take_spilled`]): counted to it.
+fn take_spilled_busy(spill: &Receiver<TxOp>, queued: &AtomicUsize) -> Option<TxOp> {
+    let op = spill.try_recv().ok()?;
+    queued.fetch_add(op.weight(), Ordering::AcqRel);
+    Some(op)
 }
 
 pub(super) fn batchable(op: &TxOp) -> bool {
@@ -642,11 +647,10 @@ impl Task for TxTask {
                     // one), then the comm's spilled parts: this stream is
                     // busy (the part in hand is counted), so it takes them
                     // without holding the stream.
-                    let got = rx.try_recv().ok().or_else(|| {
-                        let o = spill.try_recv().ok()?;
-                        queued.fetch_add(o.weight(), Ordering::AcqRel);
-                        Some(o)
-                    });
+                    let got = rx
+                        .try_recv()
+                        .ok()
+                        .or_else(|| take_spilled_busy(spill, queued));
                     match got {
                         Some(o)
                             if piped_gpu(&o, slice) == Some(dev)
