@@ -35,6 +35,10 @@ STEPS = {
 }
 
 
+# Colour codes a terminal log may carry.
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
 def ts(s):
     return datetime.datetime.strptime(s[:26], "%Y-%m-%dT%H:%M:%S.%f").timestamp()
 
@@ -45,7 +49,7 @@ def control_events(lines):
     where the line has none."""
     out = []
     for line in lines:
-        line = re.sub(r"\x1b\[[0-9;]*m", "", line)
+        line = ANSI.sub("", line)
         m = re.match(r"(\S+) TRACE .*lat: (?:ctl (in|out) (\w+)|(ended))(.*)", line)
         if m:
             x = re.search(r"xfer=(\d+)", m.group(5))
@@ -117,7 +121,7 @@ def data_events(lines):
     `lat: rx done` trace line, in file order."""
     out = []
     for line in lines:
-        line = re.sub(r"\x1b\[[0-9;]*m", "", line)
+        line = ANSI.sub("", line)
         m = re.match(r"(\S+) TRACE (ThreadId\(\d+\)) .*lat: rx (header|done) seq=(\d+)", line)
         if m:
             out.append((ts(m.group(1)), m.group(2), m.group(3), int(m.group(4))))
