@@ -589,6 +589,14 @@ impl RxHandle {
         })
     }
 
+    /// Whether the task is idle keeping message `seq`'s header, all the
+    /// part's bytes arrived (what [`RxHandle::land_held`] lands).
+    pub(super) fn holds(&self, seq: u64) -> bool {
+        self.0
+            .try_lock()
+            .is_some_and(|rx| rx.held_part(seq).is_some())
+    }
+
     /// Whether the task may be waiting for receive `seq` to be posted: it
     /// is idle keeping that message's header, or running (a kick costs it
     /// nothing).
@@ -596,17 +604,6 @@ impl RxHandle {
         self.0
             .try_lock()
             .is_none_or(|rx| rx.pending.is_some_and(|h| h.seq == seq))
-    }
-}
-
-#[cfg(test)]
-impl RxHandle {
-    /// Whether the task is idle keeping message `seq`'s header, all the
-    /// part's bytes arrived (what [`RxHandle::land_held`] lands).
-    pub(super) fn holds(&self, seq: u64) -> bool {
-        self.0
-            .try_lock()
-            .is_some_and(|rx| rx.held_part(seq).is_some())
     }
 }
 

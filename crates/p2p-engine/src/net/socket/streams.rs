@@ -216,6 +216,20 @@ impl RxStreams {
     /// may land it on this thread, and the streams waiting for it go on.
     pub(super) fn posted(&self, seq: u64) {
         let inner = self.inner.lock();
+        // Every stream holding a part of it but the first is kicked before
+        // the poster lands anything: those tasks land their parts beside
+        // it, and a part whose task has not begun when the poster comes to
+        // it the poster lands. (One thread landing a 1 MB message's eight
+        // parts took 640 µs on 2 × H100; a wake-up 60 µs to milliseconds.)
+        let mut first = true;
+        for (h, t) in inner.held.iter().zip(&inner.tasks) {
+            if h.holds(seq) {
+                if !first {
+                    t.kick();
+                }
+                first = false;
+            }
+        }
         let mut budget = super::rx::POSTER_BUDGET;
         for (h, t) in inner.held.iter().zip(&inner.tasks) {
             let kick = match h.land_held(seq, &mut budget) {

@@ -350,6 +350,38 @@ fn larger_messages_sent_ahead_land_on_the_posting_thread_within_its_budget() {
 }
 
 #[test]
+fn parts_sent_ahead_on_several_streams_land_between_the_poster_and_the_kicked_tasks() {
+    // A message of four parts, all arrived before its receive: the tasks
+    // of the streams but the first are kicked, and the poster lands what
+    // a task has not begun. Whoever lands a part, every byte lands once.
+    let big = || SocketConfig {
+        sockbuf: 4 << 20,
+        ..cfg(4)
+    };
+    let (mut s, mut r) = test_pair_here(big(), big());
+    let n = 1usize << 20;
+    for seq in 0..24usize {
+        let src: Vec<u8> = (0..n).map(|i| (i * 31 + seq * 7 + 3) as u8).collect();
+        let q = send_all(s.as_mut(), &src);
+        assert_eq!(wait(|| s.test(q)), n);
+        if seq > 0 {
+            // The streams opened by the first message hold their parts.
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while !r.holds(seq as u64) {
+                assert!(Instant::now() < deadline, "message {seq} never held");
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
+        let mut dst = vec![0u8; n + 8];
+        let q = recv_into(&mut r, &mut dst);
+        assert_eq!(wait(|| r.test(q)), n, "message {seq}");
+        assert!(dst[..n] == src[..], "message {seq}: bytes differ");
+        assert!(dst[n..].iter().all(|&b| b == 0), "message {seq}: past it");
+    }
+    assert_eq!(r.stream_count(), 4);
+}
+
+#[test]
 fn peers_with_other_part_sizes_agree_on_streams() {
     // The receiver checks each part against the cut its own smallest
     // part makes, which the sender adopts.
