@@ -89,8 +89,9 @@ fn connector() {
         .unwrap();
     drop(s);
     say("connected");
-    // Same pid, another program.
-    let e = Command::new("sleep").arg("20").exec();
+    // Same pid, another program, for as long as the test needs it: the
+    // parent kills it once C is done (however slow the machine).
+    let e = Command::new("sleep").arg("3600").exec();
     panic!("exec sleep: {e}");
 }
 
@@ -174,6 +175,17 @@ fn requester() {
     say("done");
 }
 
+/// P (the program it execs, `sleep`), killed and reaped when the test is
+/// done with it or fails.
+struct Killed(std::process::Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 fn run(as_uid: Option<u32>) {
     let b = Endpoint::new(
         None,
@@ -198,8 +210,8 @@ fn run(as_uid: Option<u32>) {
     if let Some(u) = as_uid {
         p.env("AS_UID", u.to_string());
     }
-    let mut p = p.spawn().unwrap();
-    let mut out = BufReader::new(p.stdout.take().unwrap()).lines();
+    let mut p = Killed(p.spawn().unwrap());
+    let mut out = BufReader::new(p.0.stdout.take().unwrap()).lines();
     let mut next = |prefix: &str| loop {
         let l = out.next().expect("the peer processes ended early").unwrap();
         // The children's test harness may have begun the line.
@@ -213,14 +225,13 @@ fn run(as_uid: Option<u32>) {
         .advertise_ipc(conn, region.as_mut_ptr() as u64, region.len())
         .unwrap();
     let hex: String = info.iter().map(|x| format!("{x:02x}")).collect();
-    let mut stdin = p.stdin.take().unwrap();
+    let mut stdin = p.0.stdin.take().unwrap();
     writeln!(stdin, "{hex}").unwrap();
     let answer = next("answer: ");
     let landed = next("landed: ");
     let closed = next("closed: ");
     next("done");
-    let _ = p.kill();
-    let _ = p.wait();
+    drop(p);
     eprintln!("peer uid {as_uid:?}: answer {answer:?}, landed {landed}, closed {closed}");
     assert!(
         answer.starts_with("Refused") && answer.contains("no longer the process that connected"),
