@@ -31,10 +31,10 @@ use crate::handshake::{self, Role};
 use crate::memory::Registry;
 use crate::net::{DataPaths, MemRef, Net, PeerInfo, RecvComm, SendComm, Waker};
 use crate::notif::{Notif, NotifQueue};
-use crate::progress::{ChunkOp, Cmd, Engine, Progress};
+use crate::progress::{ChunkOp, Cmd, Engine, Progress, Until};
 use crate::proto::{self, Effect, Payload, Proto, Requested, Serve, Setup, PEER_CLOSED};
 use crate::rma;
-use crate::transfer::{plan_ops, Failure, Gather, OpPlan, Transfer};
+use crate::transfer::{plan_ops, Ends, Failure, Gather, OpPlan, Status, Transfer, Watch};
 use crate::wire::{self, Control, RmaItem};
 use crate::workers::{Home, Step, Task, Workers};
 
@@ -169,8 +169,8 @@ impl Live {
     }
 }
 
-/// What is left to do once the state lock is let go: ending a transfer
-/// runs its callbacks, which may come back to the connection.
+/// What is left to do once the state lock is let go: ending a watched
+/// transfer holds its end for the machine (see [`Conn::hear_ends`]).
 enum Later {
     Complete(Arc<Transfer>),
     CompleteAll(Arc<Transfer>),
@@ -216,6 +216,12 @@ pub struct Conn {
     broken: AtomicBool,
     /// The protocol machine and the live transfers (see [`State`]).
     state: Mutex<State>,
+    /// Ends of watched transfers (our receives, the requests serving the
+    /// peer's, transfers with a notification after them), held until the
+    /// machine has heard them ([`Conn::hear_ends`]).
+    ends: Arc<Ends>,
+    /// A thread is feeding the machine held ends.
+    hearing: AtomicBool,
     /// Threads blocked in [`Conn::wait_on`]: the net's waker wakes them.
     waiters: Arc<Mutex<Vec<Thread>>>,
     /// The connection's tasks on the I/O workers (progress, control
@@ -380,6 +386,7 @@ impl Conn {
         let reader = oob
             .try_clone()
             .map_err(|e| Error::io("control connection", e))?;
+        let ends = Ends::new();
         let conn = Arc::new(Conn {
             id,
             peer,
@@ -406,6 +413,8 @@ impl Conn {
                 }),
                 live: Live::default(),
             }),
+            ends: ends.clone(),
+            hearing: AtomicBool::new(false),
             waiters,
             tasks: Mutex::new(Vec::new()),
             notifs: p.notifs.clone(),
@@ -414,6 +423,7 @@ impl Conn {
         });
         let ptask = p.workers.start(Box::new(ProgressTask {
             engine,
+            ends,
             conn: Arc::downgrade(&conn),
             _room: room,
             linger: p.linger,
@@ -448,10 +458,10 @@ impl Conn {
     /// effects it queued: requests queued for progress while the lock is
     /// held (the command queue never waits), frames written in the
     /// machine's order under the writing end's lock, taken before the state
-    /// is let go; then transfers ended (a transfer's end runs callbacks
-    /// that may come back here), the progress engine kicked for what was
-    /// queued, and the connection failed if a control write failed.
-    fn drive<R>(self: &Arc<Self>, f: impl FnOnce(&mut State, &mut Done) -> R) -> R {
+    /// is let go; then transfers ended, the progress engine kicked for
+    /// what was queued, the connection failed if a control write failed,
+    /// and the ends held for the machine heard ([`Conn::hear_ends`]).
+    fn drive<R>(&self, f: impl FnOnce(&mut State, &mut Done) -> R) -> R {
         let mut done = Done::default();
         let (r, oob) = {
             let mut st = self.state.lock();
@@ -489,7 +499,7 @@ impl Conn {
     /// Carries out the machine's queued effects (the state lock held):
     /// requests are queued for progress at once, frames gathered for
     /// [`Conn::drive`] to write.
-    fn carry_out(self: &Arc<Self>, st: &mut State, done: &mut Done) {
+    fn carry_out(&self, st: &mut State, done: &mut Done) {
         while let Some(e) = st.proto.poll() {
             match e {
                 Effect::Send(m) => done.frames.push((m, None)),
@@ -541,7 +551,7 @@ impl Conn {
     }
 
     /// What [`Conn::carry_out`] left for after the lock.
-    fn after(self: &Arc<Self>, done: Done) {
+    fn after(&self, done: Done) {
         for l in done.later {
             match l {
                 Later::Complete(t) => t.complete_one(),
@@ -562,26 +572,86 @@ impl Conn {
         if done.posted {
             self.kick();
         }
+        self.hear_ends();
+    }
+
+    /// Feeds the machine the ends held for it (see [`Ends`]), then
+    /// publishes each: a receive's acknowledgement, a served request's
+    /// answer and a notification after a transfer leave before anyone
+    /// waiting on the transfer sees it end. One thread at a time; one that
+    /// finds another hearing leaves the ends to it, which looks again
+    /// before it stops.
+    fn hear_ends(&self) {
+        while self.ends.waiting() {
+            if self.hearing.swap(true, Ordering::SeqCst) {
+                return;
+            }
+            for h in self.ends.take() {
+                let outcome = match &h.status {
+                    Status::Failed(f) => Err(f.clone()),
+                    _ => Ok(()),
+                };
+                for w in &h.watch {
+                    self.hear(w, &outcome);
+                }
+                h.transfer.finish(&h.status);
+            }
+            self.hearing.store(false, Ordering::SeqCst);
+        }
+    }
+
+    /// The machine hears one watched end (`outcome`).
+    fn hear(&self, w: &Watch, outcome: &std::result::Result<(), Failure>) {
+        match w {
+            // Our receive ended: the machine acknowledges what has landed,
+            // in order, or fails the connection.
+            Watch::Recv { seq } => {
+                if let Err(f) = self.drive(|st, _| st.proto.recv_ended(*seq, outcome.clone())) {
+                    self.fail(f);
+                }
+            }
+            Watch::Served {
+                xfer,
+                weight,
+                write,
+            } => self.drive(|st, _| {
+                st.proto
+                    .served_ended(*xfer, *weight, *write, outcome.clone())
+            }),
+            Watch::Notify { name, msg } => {
+                if outcome.is_ok() {
+                    if let Err(e) = self.send_notif(name, msg) {
+                        tracing::warn!(
+                            conn = self.id,
+                            "notification after a transfer not sent: {e}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    /// Has `t`'s end held with `w` until the machine has heard it (see
+    /// [`Conn::hear_ends`]); heard now if it has ended already.
+    pub(crate) fn watch(&self, t: &Arc<Transfer>, w: Watch) {
+        if t.watch(&self.ends, w) {
+            self.hear_ends();
+        }
     }
 
     /// The requests that serve a peer's accepted request, under a transfer
-    /// whose end tells the machine. It waits for one more event than its
-    /// requests, given after the state lock is let go, so that it never
-    /// ends (and calls back) while the lock is held.
-    fn serving(self: &Arc<Self>, s: Serve, done: &mut Done) -> Vec<ChunkOp> {
+    /// whose end the machine hears ([`Watch::Served`]). It waits for one
+    /// more event than its requests, given after the state lock is let go.
+    fn serving(&self, s: Serve, done: &mut Done) -> Vec<ChunkOp> {
         let inner = Transfer::new(0, self.id, s.plan.len() + 1, distinct_regions(&s.local));
-        let weak = Arc::downgrade(self);
-        let (xfer, weight, write) = (s.xfer, s.weight, s.write);
-        inner.on_end(move |st| {
-            let outcome = match st {
-                crate::transfer::Status::Done => Ok(()),
-                crate::transfer::Status::Failed(f) => Err(f.clone()),
-                crate::transfer::Status::Pending => return,
-            };
-            if let Some(c) = weak.upgrade() {
-                c.drive(|st, _| st.proto.served_ended(xfer, weight, write, outcome));
-            }
-        });
+        inner.watch(
+            &self.ends,
+            Watch::Served {
+                xfer: s.xfer,
+                weight: s.weight,
+                write: s.write,
+            },
+        );
         let ops = proto::requests(&s.local, &s.plan, true, |segs, expect| ChunkOp {
             segs,
             xfer: inner.clone(),
@@ -616,7 +686,9 @@ impl Conn {
     /// Runs a round of progress on this thread if no other thread is; true
     /// when the progress thread is still needed.
     pub(crate) fn poke(&self) -> bool {
-        match self.engine.try_step() {
+        let r = self.engine.try_step();
+        self.hear_ends();
+        match r {
             Ok(needed) => needed,
             Err(why) => {
                 self.fail(why);
@@ -644,7 +716,10 @@ impl Conn {
             if t.ended() {
                 break;
             }
-            if let Err(why) = self.engine.step_now() {
+            let r = self.engine.step_now();
+            // The round may have ended `t`: it is published once heard.
+            self.hear_ends();
+            if let Err(why) = r {
                 self.fail(why);
             }
         }
@@ -716,6 +791,11 @@ impl Conn {
         };
         for t in live {
             t.fail(fl.clone());
+        }
+        // The machine has failed: what is held is published as it ended,
+        // and later ends at once.
+        for h in self.ends.close() {
+            h.transfer.finish(&h.status);
         }
         for op in abandoned.into_iter().flatten() {
             op.xfer.fail(fl.clone());
@@ -836,38 +916,21 @@ impl Conn {
         // Numbered and queued under the state lock, so that the numbers
         // follow the order in which the engine posts them (and the peer's
         // messages fill them).
-        let seq = self.drive(|st, done| {
+        // A receive's end is watched before its requests can be posted
+        // (they are, once the state lock is let go).
+        let ends = &self.ends;
+        self.drive(|st, done| {
             if !Self::track(st, &xfer, done) {
-                None
-            } else if send {
+                return;
+            }
+            if send {
                 st.proto.post_send(xfer_id, ops);
-                None
             } else {
-                Some(st.proto.post_recv(ops))
+                let seq = st.proto.post_recv(ops);
+                xfer.watch(ends, Watch::Recv { seq });
             }
         });
-        if let Some(seq) = seq {
-            let weak = Arc::downgrade(self);
-            xfer.on_end(move |s| {
-                if let Some(c) = weak.upgrade() {
-                    c.recv_ended(seq, s);
-                }
-            });
-        }
         Ok(xfer)
-    }
-
-    /// Our receive number `seq` ended: the machine acknowledges what has
-    /// landed, in order, or fails the connection.
-    fn recv_ended(self: &Arc<Self>, seq: u64, s: &crate::transfer::Status) {
-        let outcome = match s {
-            crate::transfer::Status::Done => Ok(()),
-            crate::transfer::Status::Failed(f) => Err(f.clone()),
-            crate::transfer::Status::Pending => return,
-        };
-        if let Err(f) = self.drive(|st, _| st.proto.recv_ended(seq, outcome)) {
-            self.fail(f);
-        }
     }
 
     /// One-sided write (`read == false`) or read of local buffers into/from
@@ -1019,7 +1082,7 @@ impl Conn {
 
     /// Sends a notification on the control connection (the caller checked
     /// its size against [`wire::MAX_NOTIF`]).
-    pub(crate) fn send_notif(self: &Arc<Self>, name: &str, msg: &[u8]) -> Result<()> {
+    pub(crate) fn send_notif(&self, name: &str, msg: &[u8]) -> Result<()> {
         self.check_alive()?;
         self.drive(|st, _| st.proto.send_notif(name.to_string(), msg.to_vec()));
         // A failed write has failed the connection.
@@ -1058,6 +1121,9 @@ impl Conn {
 /// `linger`; woken by the net's waker and by posts it must finish.
 struct ProgressTask {
     engine: Arc<Engine>,
+    /// The connection's held ends: a round that holds some returns for
+    /// the connection to hear them.
+    ends: Arc<Ends>,
     conn: Weak<Conn>,
     /// The admission room the connection holds until its engine ends.
     _room: Option<Box<dyn std::any::Any + Send>>,
@@ -1066,13 +1132,29 @@ struct ProgressTask {
 
 impl Task for ProgressTask {
     fn run(&mut self) -> Step {
-        let Some(why) = self.engine.run_until_idle(self.linger) else {
-            return Step::Idle;
-        };
-        if let Some(c) = self.conn.upgrade() {
-            c.fail(why);
+        loop {
+            let why = match self.engine.run_until_idle(self.linger, &self.ends) {
+                Until::Idle => return Step::Idle,
+                Until::Ends => match self.conn.upgrade() {
+                    Some(c) => {
+                        c.hear_ends();
+                        continue;
+                    }
+                    None => {
+                        // The connection is gone: nothing to tell.
+                        for h in self.ends.close() {
+                            h.transfer.finish(&h.status);
+                        }
+                        continue;
+                    }
+                },
+                Until::Stopped(why) => why,
+            };
+            if let Some(c) = self.conn.upgrade() {
+                c.fail(why);
+            }
+            return Step::Done;
         }
-        Step::Done
     }
 }
 

@@ -15,7 +15,7 @@ use parking_lot::Mutex;
 use crate::error::NetError;
 use crate::memory::{MemKind, Region};
 use crate::net::{MemRef, MrHandle, Net, RecvComm, ReqId, SendComm};
-use crate::transfer::{Failure, Transfer};
+use crate::transfer::{Ends, Failure, Transfer};
 
 /// The two sets of channels of a connection: two-sided messages, and the
 /// one-sided (write/read) data whose order the data's receiver decides.
@@ -482,6 +482,17 @@ pub struct Engine {
     stop_asked: Mutex<Option<Failure>>,
 }
 
+/// Why [`Engine::run_until_idle`] returned.
+#[derive(Debug)]
+pub enum Until {
+    /// Nothing outstanding for the linger.
+    Idle,
+    /// Ends are held for the connection to hear.
+    Ends,
+    /// The engine stopped, for this reason.
+    Stopped(Failure),
+}
+
 /// This thread's number for [`Engine::owner`] (never 0).
 fn thread_no() -> u64 {
     static NEXT: AtomicU64 = AtomicU64::new(1);
@@ -581,27 +592,31 @@ impl Engine {
         self.round(&mut self.state.lock()).map(|_| ())
     }
 
-    /// The progress thread: runs until shutdown or failure; returns why it stopped.
-    /// Runs rounds until the engine stops (`Some`: why) or nothing has been
-    /// outstanding for `linger` (`None`: idle, to be run again when the
-    /// transport's waker or a new command calls for it).
-    pub fn run_until_idle(&self, linger: Duration) -> Option<Failure> {
+    /// The progress task: runs rounds until the engine stops
+    /// ([`Until::Stopped`]), a round holds transfer ends for the
+    /// connection to hear ([`Until::Ends`]: run it again after), or nothing
+    /// has been outstanding for `linger` ([`Until::Idle`]: to be run again
+    /// when the transport's waker or a new command calls for it).
+    pub fn run_until_idle(&self, linger: Duration, ends: &Ends) -> Until {
         let mut last_busy = Instant::now();
         loop {
             let (busy, outstanding) = {
                 let mut g = self.state.lock();
                 match self.owned_step(&mut g) {
-                    None => return Some(Failure::Lost("stopped".into())),
+                    None => return Until::Stopped(Failure::Lost("stopped".into())),
                     Some(Ok(b)) => (b, g.as_mut().is_some_and(|p| p.outstanding())),
-                    Some(Err(why)) => return Some(self.stop(&mut g, why)),
+                    Some(Err(why)) => return Until::Stopped(self.stop(&mut g, why)),
                 }
             };
+            if ends.waiting() {
+                return Until::Ends;
+            }
             if busy {
                 last_busy = Instant::now();
             } else if outstanding && (self.polling || last_busy.elapsed() < self.spin) {
                 std::thread::yield_now();
             } else if !outstanding && last_busy.elapsed() >= linger {
-                return None;
+                return Until::Idle;
             } else {
                 // Woken by the transport's waker or by a new command.
                 let nap = if outstanding {

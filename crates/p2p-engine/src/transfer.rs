@@ -94,15 +94,96 @@ pub enum Status {
     Failed(Failure),
 }
 
-type OnEnd = Box<dyn FnOnce(&Status) + Send>;
+/// What a connection's machine must hear of a transfer's end before the
+/// end is published (see [`Ends`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Watch {
+    /// Our receive number `seq`: its acknowledgement leaves first.
+    Recv { seq: u64 },
+    /// The requests serving the peer's accepted request `xfer` (what it
+    /// held, `weight`; a write is answered).
+    Served {
+        xfer: u64,
+        weight: usize,
+        write: bool,
+    },
+    /// A notification `msg` from us (`name`) once the transfer is done.
+    Notify { name: String, msg: Vec<u8> },
+}
+
+/// A watched transfer whose end is decided, held for its connection.
+pub struct Held {
+    pub transfer: Arc<Transfer>,
+    pub watch: Vec<Watch>,
+    pub status: Status,
+}
+
+/// A connection's ends to hear: a watched transfer's end is decided
+/// wherever its last event happens, and held here; the connection's own
+/// threads take them ([`Ends::take`]) after a round of progress or of its
+/// machine, feed them to the machine (an acknowledgement, a served
+/// request's answer, a notification leave), and only then publish each
+/// end ([`Transfer::finish`]), so that a waiter never acts on an end
+/// before what must precede it has left. Nothing is called on the thread
+/// that ends a transfer. Once closed (the connection failed or is gone),
+/// ends are published at once.
+#[derive(Default)]
+pub struct Ends {
+    held: Mutex<EndsInner>,
+    waiting: AtomicBool,
+}
+
+#[derive(Default)]
+struct EndsInner {
+    closed: bool,
+    held: Vec<Held>,
+}
+
+impl Ends {
+    pub fn new() -> Arc<Self> {
+        Arc::new(Ends::default())
+    }
+
+    /// Whether ends are held (lock-free).
+    pub fn waiting(&self) -> bool {
+        self.waiting.load(Ordering::Acquire)
+    }
+
+    /// The held ends, oldest first.
+    pub fn take(&self) -> Vec<Held> {
+        let mut g = self.held.lock();
+        self.waiting.store(false, Ordering::Release);
+        std::mem::take(&mut g.held)
+    }
+
+    /// Closes: what is held is returned (to be published by the caller)
+    /// and later ends are published at once.
+    pub fn close(&self) -> Vec<Held> {
+        let mut g = self.held.lock();
+        g.closed = true;
+        self.waiting.store(false, Ordering::Release);
+        std::mem::take(&mut g.held)
+    }
+
+    /// Holds `h` (false when closed: the caller publishes it).
+    fn hold(&self, h: Held) -> Result<(), Held> {
+        let mut g = self.held.lock();
+        if g.closed {
+            return Err(h);
+        }
+        g.held.push(h);
+        self.waiting.store(true, Ordering::Release);
+        Ok(())
+    }
+}
 
 /// A transfer's end as it is being decided: the outcome (set once, by the
-/// first to end it), the callbacks still to run, and the transfer it is a
-/// part of.
+/// first to end it), where it is held before it is published, and the
+/// transfer it is a part of.
 #[derive(Default)]
 struct Ending {
     outcome: Option<Status>,
-    callbacks: Vec<OnEnd>,
+    watch: Option<(Arc<Ends>, Arc<Transfer>, Vec<Watch>)>,
     whole: Option<Arc<Transfer>>,
 }
 
@@ -149,17 +230,32 @@ impl Transfer {
         t
     }
 
-    /// Runs `f` when the transfer ends (at once if it already has); several
-    /// run in the order they were given.
-    pub fn on_end(&self, f: impl FnOnce(&Status) + Send + 'static) {
+    /// Has the transfer's end held in `ends` with `w` before it is
+    /// published (see [`Ends`]). True when the end is decided already: it
+    /// is held with `w` now (published or not), for the caller to see to.
+    pub fn watch(self: &Arc<Self>, ends: &Arc<Ends>, w: Watch) -> bool {
         let outcome = {
             let mut e = self.ending.lock();
             match &e.outcome {
                 Some(s) => s.clone(),
-                None => return e.callbacks.push(Box::new(f)),
+                None => {
+                    match &mut e.watch {
+                        Some((_, _, ws)) => ws.push(w),
+                        None => e.watch = Some((ends.clone(), self.clone(), vec![w])),
+                    }
+                    return false;
+                }
             }
         };
-        f(&outcome);
+        let h = Held {
+            transfer: self.clone(),
+            watch: vec![w],
+            status: outcome,
+        };
+        if let Err(h) = ends.hold(h) {
+            h.transfer.finish(&h.status);
+        }
+        true
     }
 
     /// Makes this transfer one of `whole`'s events: its end counts one of
@@ -187,29 +283,49 @@ impl Transfer {
         whole.complete_one();
     }
 
-    /// Ends the transfer with `s` unless its end is decided already. The
-    /// callbacks run before the end is published, so that what they send
-    /// (a receive's acknowledgement, a notification after a transfer)
-    /// leaves before anyone waiting on the transfer can act on its end
-    /// (exit, and close the connection).
+    /// Ends the transfer with `s` unless its end is decided already. A
+    /// watched transfer's end is held for its connection, which publishes
+    /// it ([`Transfer::finish`]) once what must leave first has (a
+    /// receive's acknowledgement, a notification after a transfer), so
+    /// that nobody waiting on the transfer acts on its end (exits, closing
+    /// the connection) before.
     fn end(&self, s: Status) -> bool {
-        let (callbacks, whole) = {
+        let watch = {
             let mut e = self.ending.lock();
             if e.outcome.is_some() {
                 return false;
             }
             e.outcome = Some(s.clone());
-            (std::mem::take(&mut e.callbacks), e.whole.take())
+            e.watch.take()
         };
-        for f in callbacks {
-            f(&s);
+        if let Some((ends, me, watch)) = watch {
+            let h = Held {
+                transfer: me,
+                watch,
+                status: s,
+            };
+            if let Err(h) = ends.hold(h) {
+                h.transfer.finish(&h.status);
+            }
+            return true;
         }
+        self.finish(&s);
+        true
+    }
+
+    /// Publishes the transfer's decided end `s` (once; later calls do
+    /// nothing): counts it into its whole, wakes its waiters.
+    pub fn finish(&self, s: &Status) {
+        let whole = self.ending.lock().whole.take();
         if let Some(w) = whole {
-            Self::count_into(&w, &s);
+            Self::count_into(&w, s);
         }
         {
             let mut st = self.status.lock();
-            *st = s;
+            if *st != Status::Pending {
+                return;
+            }
+            *st = s.clone();
             self.ended.store(true, Ordering::Release);
             self.regions.lock().clear();
             tracing::trace!(xfer = self.id, "lat: ended");
@@ -218,7 +334,6 @@ impl Transfer {
         if let Some(t) = self.waiter.lock().as_ref() {
             t.unpark();
         }
-        true
     }
 
     /// One awaited event happened; the last one ends the transfer.
@@ -438,19 +553,12 @@ mod tests {
     #[test]
     fn ends_exactly_once() {
         let t = Transfer::new(1, 1, 2, vec![]);
-        let fired = Arc::new(AtomicUsize::new(0));
-        let f2 = fired.clone();
-        t.on_end(move |s| {
-            assert_eq!(*s, Status::Done);
-            f2.fetch_add(1, Ordering::SeqCst);
-        });
         t.complete_one();
         assert_eq!(t.status(), Status::Pending);
         t.complete_one();
         assert_eq!(t.status(), Status::Done);
         assert!(!t.fail(Failure::Lost("late".into())));
         assert_eq!(t.status(), Status::Done);
-        assert_eq!(fired.load(Ordering::SeqCst), 1);
     }
 
     #[test]
@@ -476,29 +584,6 @@ mod tests {
         assert!(t.fail(Failure::Refused("no".into())));
         t.complete_one();
         assert_eq!(t.status(), Status::Failed(Failure::Refused("no".into())));
-        let ran = Arc::new(AtomicBool::new(false));
-        let r2 = ran.clone();
-        t.on_end(move |_| r2.store(true, Ordering::SeqCst));
-        assert!(
-            ran.load(Ordering::SeqCst),
-            "on_end after the end runs at once"
-        );
-    }
-
-    #[test]
-    fn every_on_end_runs_once_in_order() {
-        let t = Transfer::new(1, 1, 1, vec![]);
-        let log = Arc::new(Mutex::new(Vec::new()));
-        for i in 0..3 {
-            let l = log.clone();
-            t.on_end(move |s| l.lock().push((i, s.clone())));
-        }
-        t.complete_one();
-        assert!(!t.fail(Failure::Lost("late".into())));
-        assert_eq!(
-            *log.lock(),
-            (0..3).map(|i| (i, Status::Done)).collect::<Vec<_>>()
-        );
     }
 
     #[test]
@@ -529,20 +614,76 @@ mod tests {
     }
 
     #[test]
-    fn callbacks_run_before_the_end_is_published() {
+    fn a_watched_end_is_held_for_its_connection_until_it_is_finished() {
         // A receive's acknowledgement must leave before its waiter can see
-        // the receive done (and exit, closing the connection under it).
+        // the receive done (and exit, closing the connection under it):
+        // the end waits in the connection's ends, unpublished.
+        let ends = Ends::new();
         let t = Transfer::new(1, 1, 1, vec![]);
-        let seen = Arc::new(Mutex::new(None));
-        let (weak, s2) = (Arc::downgrade(&t), seen.clone());
-        t.on_end(move |_| {
-            let t = weak.upgrade().expect("the transfer is alive");
-            *s2.lock() = Some((t.ended(), t.status()));
-        });
+        assert!(!t.watch(&ends, Watch::Recv { seq: 4 }));
+        let note = Watch::Notify {
+            name: "a".into(),
+            msg: b"m".to_vec(),
+        };
+        assert!(!t.watch(&ends, note.clone()));
+        assert!(!ends.waiting());
         t.complete_one();
-        assert_eq!(*seen.lock(), Some((false, Status::Pending)));
+        assert!(ends.waiting());
+        assert!(!t.ended(), "held, not published");
+        assert_eq!(t.status(), Status::Pending);
+        assert!(!t.fail(Failure::Lost("late".into())), "decided already");
+        let held = ends.take();
+        assert!(!ends.waiting());
+        assert_eq!(held.len(), 1);
+        assert_eq!(held[0].watch, vec![Watch::Recv { seq: 4 }, note]);
+        assert_eq!(held[0].status, Status::Done);
+        held[0].transfer.finish(&held[0].status);
         assert!(t.ended());
         assert_eq!(t.status(), Status::Done);
+        held[0].transfer.finish(&Status::Failed(Failure::Cancelled));
+        assert_eq!(t.status(), Status::Done, "published once");
+        // Watched once its end is decided: held at once, with its outcome.
+        assert!(t.watch(&ends, Watch::Recv { seq: 5 }));
+        let held = ends.take();
+        assert_eq!(held.len(), 1);
+        assert_eq!(held[0].status, Status::Done);
+        // Closed (the connection is gone): published at once.
+        let t = Transfer::new(2, 1, 1, vec![]);
+        t.watch(&ends, Watch::Recv { seq: 6 });
+        let u = Transfer::new(3, 1, 1, vec![]);
+        u.watch(&ends, Watch::Recv { seq: 7 });
+        u.fail(Failure::Lost("gone".into()));
+        let left = ends.close();
+        assert_eq!(left.len(), 1, "what was held is the closer's to publish");
+        t.complete_one();
+        assert!(t.ended());
+        assert!(!ends.waiting());
+    }
+
+    #[test]
+    fn a_watched_whole_is_held_after_its_last_part() {
+        let ends = Ends::new();
+        let whole = Transfer::new(9, 1, 2, vec![]);
+        whole.watch(
+            &ends,
+            Watch::Notify {
+                name: "a".into(),
+                msg: vec![],
+            },
+        );
+        let parts: Vec<_> = (0..2).map(|i| Transfer::new(i, 1, 1, vec![])).collect();
+        for p in &parts {
+            p.part_of(whole.clone());
+        }
+        parts[0].complete_one();
+        assert!(!ends.waiting());
+        parts[1].complete_one();
+        assert!(parts[1].ended());
+        assert!(!whole.ended());
+        let held = ends.take();
+        assert_eq!(held.len(), 1);
+        held[0].transfer.finish(&held[0].status);
+        assert_eq!(whole.status(), Status::Done);
     }
 
     #[test]

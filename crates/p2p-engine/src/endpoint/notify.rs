@@ -92,17 +92,13 @@ impl Endpoint {
         let local = self.resolve_local(bufs)?;
         let t = self.post_rma_any(&c, read, local, items, &regions)?;
         if let Some(m) = notif {
-            let (weak, name, msg) = (Arc::downgrade(&c), self.inner.name.clone(), m.to_vec());
-            t.on_end(move |s| {
-                if *s != Status::Done {
-                    return;
-                }
-                if let Some(c) = weak.upgrade() {
-                    if let Err(e) = c.send_notif(&name, &msg) {
-                        tracing::warn!(conn = c.id, "notification after a transfer not sent: {e}");
-                    }
-                }
-            });
+            c.watch(
+                &t,
+                crate::transfer::Watch::Notify {
+                    name: self.inner.name.clone(),
+                    msg: m.to_vec(),
+                },
+            );
         }
         Ok(self.publish(t))
     }
