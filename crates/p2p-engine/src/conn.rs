@@ -1106,6 +1106,16 @@ impl Conn {
     }
 }
 
+/// A connection let go with ends still held (its machine never failed):
+/// they are published as they ended, so that no waiter waits on them.
+impl Drop for Conn {
+    fn drop(&mut self) {
+        for h in self.ends.close() {
+            h.transfer.finish(&h.status);
+        }
+    }
+}
+
 /// The control connection's reader. While the peer speaks often (its last
 /// frame came within `spin`), it spins up to `spin` for the next frame
 /// before sleeping in the read: a blocking read's wake-up is one of the
