@@ -15,7 +15,11 @@
 #   suites   the GPU cases of the end-to-end tests (test_api -k cuda,
 #            test_uccl_compat, test_hostile_args) over the socket net and the
 #            plugin net (the TCPX stand-in), the benchmark's GPU cases
-#            (test_bench -k gpu), and the demo                  (~6 minutes)
+#            (test_bench -k gpu), and the demo. SUITE_NETS picks the nets
+#            (default "socket plugin"), SUITE_LIMIT each file group's limit
+#            in seconds (default 420): on 2 x H200 each test of the plugin
+#            net takes about 10 s, so one net is about one 10-minute call
+#            (SUITE_NETS=socket, then SUITE_NETS=plugin)     (~8 a net)
 #   core     the figures a change of the engine's core must keep, socket
 #            net, GPU 0 -> GPU 1: 256 MiB write pipelined, write 4 KiB /
 #            64 KiB one at a time (p50), KV 4,096 x 32 KiB, blocking send /
@@ -107,10 +111,11 @@ step() { # step NAME: one step for the build whose environment is set
   local PT="python3 -m pytest -p no:cacheprovider -q -rs" pre net
   case $1 in
     suites)
-      for net in socket plugin; do
+      local lim=${SUITE_LIMIT:-420}
+      for net in ${SUITE_NETS:-socket plugin}; do
         pre="env TCPX_P2P_NET=socket"; [ $net = plugin ] && pre=$PLUGIN
-        TAIL=3 run "suite_${net}_cuda" 200 $pre $PT tests/test_api.py -k cuda
-        TAIL=3 run "suite_${net}_uccl_compat" 200 $pre $PT tests/test_uccl_compat.py tests/test_hostile_args.py
+        TAIL=3 run "suite_${net}_cuda" "$lim" $pre $PT tests/test_api.py -k cuda
+        TAIL=3 run "suite_${net}_uccl_compat" "$lim" $pre $PT tests/test_uccl_compat.py tests/test_hostile_args.py
       done
       # The benchmark's GPU cases: its blocking floor's copies, and
       # --reference on one GPU printing its table with NCCL skipped.
