@@ -220,8 +220,6 @@ pub struct Conn {
     /// peer's, transfers with a notification after them), held until the
     /// machine has heard them ([`Conn::hear_ends`]).
     ends: Arc<Ends>,
-    /// A thread is feeding the machine held ends.
-    hearing: AtomicBool,
     /// Threads blocked in [`Conn::wait_on`]: the net's waker wakes them.
     waiters: Arc<Mutex<Vec<Thread>>>,
     /// The connection's tasks on the I/O workers (progress, control
@@ -414,7 +412,6 @@ impl Conn {
                 live: Live::default(),
             }),
             ends: ends.clone(),
-            hearing: AtomicBool::new(false),
             waiters,
             tasks: Mutex::new(Vec::new()),
             notifs: p.notifs.clone(),
@@ -578,26 +575,18 @@ impl Conn {
     /// Feeds the machine the ends held for it (see [`Ends`]), then
     /// publishes each: a receive's acknowledgement, a served request's
     /// answer and a notification after a transfer leave before anyone
-    /// waiting on the transfer sees it end. One thread at a time; one that
-    /// finds another hearing leaves the ends to it, which looks again
-    /// before it stops.
+    /// waiting on the transfer sees it end (one thread at a time:
+    /// [`Ends::hear`]).
     fn hear_ends(&self) {
-        while self.ends.waiting() {
-            if self.hearing.swap(true, Ordering::SeqCst) {
-                return;
+        self.ends.hear(|h| {
+            let outcome = match &h.status {
+                Status::Failed(f) => Err(f.clone()),
+                _ => Ok(()),
+            };
+            for w in &h.watch {
+                self.hear(w, &outcome);
             }
-            for h in self.ends.take() {
-                let outcome = match &h.status {
-                    Status::Failed(f) => Err(f.clone()),
-                    _ => Ok(()),
-                };
-                for w in &h.watch {
-                    self.hear(w, &outcome);
-                }
-                h.transfer.finish(&h.status);
-            }
-            self.hearing.store(false, Ordering::SeqCst);
-        }
+        });
     }
 
     /// The machine hears one watched end (`outcome`).

@@ -131,6 +131,8 @@ pub struct Held {
 pub struct Ends {
     held: Mutex<EndsInner>,
     waiting: AtomicBool,
+    /// A thread is hearing (see [`Ends::hear`]).
+    hearing: AtomicBool,
 }
 
 #[derive(Default)]
@@ -146,14 +148,31 @@ impl Ends {
 
     /// Whether ends are held (lock-free).
     pub fn waiting(&self) -> bool {
-        self.waiting.load(Ordering::Acquire)
+        self.waiting.load(Ordering::SeqCst)
     }
 
     /// The held ends, oldest first.
     pub fn take(&self) -> Vec<Held> {
         let mut g = self.held.lock();
-        self.waiting.store(false, Ordering::Release);
+        self.waiting.store(false, Ordering::SeqCst);
         std::mem::take(&mut g.held)
+    }
+
+    /// Hands every held end to `each`, then publishes it, until none is
+    /// held. One thread at a time: a thread that finds another hearing
+    /// leaves the ends to it, which looks again before it stops, so no
+    /// end held meanwhile is left behind.
+    pub fn hear(&self, mut each: impl FnMut(&Held)) {
+        while self.waiting() {
+            if self.hearing.swap(true, Ordering::SeqCst) {
+                return;
+            }
+            for h in self.take() {
+                each(&h);
+                h.transfer.finish(&h.status);
+            }
+            self.hearing.store(false, Ordering::SeqCst);
+        }
     }
 
     /// Closes: what is held is returned (to be published by the caller)
@@ -172,7 +191,7 @@ impl Ends {
             return Err(h);
         }
         g.held.push(h);
-        self.waiting.store(true, Ordering::Release);
+        self.waiting.store(true, Ordering::SeqCst);
         Ok(())
     }
 }
@@ -658,6 +677,51 @@ mod tests {
         t.complete_one();
         assert!(t.ended());
         assert!(!ends.waiting());
+    }
+
+    #[test]
+    fn ends_held_from_many_threads_are_each_heard_and_published_once() {
+        // Threads end watched transfers and hear, as a connection's
+        // threads do, each hearing slowly (as a machine writing its frames
+        // does): whoever hears, every end is heard once and then
+        // published, and none is left held once the last thread is done.
+        // In step (a barrier each round), so that the last ends come
+        // while another thread hears.
+        let ends = Ends::new();
+        let heard = Arc::new(Mutex::new(Vec::new()));
+        let step = Arc::new(std::sync::Barrier::new(6));
+        let threads: Vec<_> = (0..6u64)
+            .map(|k| {
+                let (ends, heard, step) = (ends.clone(), heard.clone(), step.clone());
+                std::thread::spawn(move || {
+                    let mut mine = Vec::new();
+                    for i in 0..300u64 {
+                        step.wait();
+                        let t = Transfer::new(k * 10_000 + i, 1, 1, vec![]);
+                        t.watch(&ends, Watch::Recv { seq: t.id });
+                        t.complete_one();
+                        ends.hear(|h| {
+                            assert!(!h.transfer.ended(), "heard before published");
+                            heard.lock().push(h.transfer.id);
+                            std::thread::sleep(Duration::from_micros(20));
+                        });
+                        mine.push(t);
+                    }
+                    mine
+                })
+            })
+            .collect();
+        let all: Vec<Arc<Transfer>> = threads
+            .into_iter()
+            .flat_map(|t| t.join().unwrap())
+            .collect();
+        assert!(!ends.waiting(), "an end was left held");
+        let mut heard = heard.lock().clone();
+        heard.sort_unstable();
+        let mut ids: Vec<u64> = all.iter().map(|t| t.id).collect();
+        ids.sort_unstable();
+        assert_eq!(heard, ids, "each end heard exactly once");
+        assert!(all.iter().all(|t| t.status() == Status::Done));
     }
 
     #[test]
