@@ -455,6 +455,7 @@ impl Task for ChanReader {
                 (ib.msgs.len() > before || done, done)
             };
             if news {
+                tracing::trace!("lat: same-host channel read");
                 (self.waker)();
             }
             if done {
@@ -961,7 +962,10 @@ impl SameHostSend {
             )));
         };
         match m {
-            NetMsg::Done { len, .. } if len == o.len => o.st = St::Done(len as usize),
+            NetMsg::Done { len, .. } if len == o.len => {
+                tracing::trace!(seq, "lat: same-host send done");
+                o.st = St::Done(len as usize)
+            }
             NetMsg::Done { len, .. } => {
                 return Err(protocol(format!(
                     "send {seq} of {} bytes reported done with {len}",
@@ -1040,6 +1044,7 @@ impl SendComm for SameHostSend {
         }) {
             return Err(self.ch.fail(e));
         }
+        tracing::trace!(seq, "lat: same-host send published");
         self.next_seq += 1;
         self.out.push_back(Out {
             seq,
@@ -1170,8 +1175,10 @@ impl SameHostRecv {
                 self.posted[i].st = St::Pushing { seq, len };
                 continue;
             }
+            tracing::trace!(seq, len, "lat: same-host paired");
             match self.ch.copy(true, &ours, &theirs, len) {
                 Ok(()) => {
+                    tracing::trace!(seq, "lat: same-host copied");
                     self.ch.send(&NetMsg::Done { seq, len })?;
                     self.posted[i].st = St::Done(len as usize);
                 }
