@@ -593,8 +593,8 @@ impl Engine {
     }
 
     /// The progress task: runs rounds until the engine stops
-    /// ([`Until::Stopped`]), a round holds transfer ends for the
-    /// connection to hear ([`Until::Ends`]: run it again after), or nothing
+    /// ([`Until::Stopped`]), transfer ends are held with no thread hearing
+    /// them ([`Until::Ends`]: hear them, then run it again), or nothing
     /// has been outstanding for `linger` ([`Until::Idle`]: to be run again
     /// when the transport's waker or a new command calls for it).
     pub fn run_until_idle(&self, linger: Duration, ends: &Ends) -> Until {
@@ -608,7 +608,7 @@ impl Engine {
                     Some(Err(why)) => return Until::Stopped(self.stop(&mut g, why)),
                 }
             };
-            if ends.waiting() {
+            if ends.unheard() {
                 return Until::Ends;
             }
             if busy {

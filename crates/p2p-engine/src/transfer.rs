@@ -158,6 +158,12 @@ impl Ends {
         std::mem::take(&mut g.held)
     }
 
+    /// Whether ends are held and no thread is hearing them (one that is
+    /// looks again before it stops: see [`Ends::hear`]).
+    pub fn unheard(&self) -> bool {
+        self.waiting() && !self.hearing.load(Ordering::SeqCst)
+    }
+
     /// Hands every held end to `each`, then publishes it, until none is
     /// held. One thread at a time: a thread that finds another hearing
     /// leaves the ends to it, which looks again before it stops, so no
@@ -722,6 +728,47 @@ mod tests {
         ids.sort_unstable();
         assert_eq!(heard, ids, "each end heard exactly once");
         assert!(all.iter().all(|t| t.status() == Status::Done));
+    }
+
+    #[test]
+    fn ends_held_while_a_thread_hears_are_its_to_hear() {
+        // The progress task hears only ends no thread is hearing: one
+        // held while another thread hears is taken by that thread before
+        // it stops.
+        let ends = Ends::new();
+        let first = Transfer::new(1, 1, 1, vec![]);
+        first.watch(&ends, Watch::Recv { seq: 1 });
+        first.complete_one();
+        assert!(ends.unheard());
+        let (inside, go) = (
+            Arc::new(std::sync::Barrier::new(2)),
+            Arc::new(std::sync::Barrier::new(2)),
+        );
+        let hearer = {
+            let (ends, inside, go) = (ends.clone(), inside.clone(), go.clone());
+            std::thread::spawn(move || {
+                let mut heard = Vec::new();
+                ends.hear(|h| {
+                    if h.transfer.id == 1 {
+                        inside.wait();
+                        go.wait();
+                    }
+                    heard.push(h.transfer.id);
+                });
+                heard
+            })
+        };
+        inside.wait();
+        let second = Transfer::new(2, 1, 1, vec![]);
+        second.watch(&ends, Watch::Recv { seq: 2 });
+        second.complete_one();
+        assert!(ends.waiting());
+        assert!(!ends.unheard(), "the hearing thread takes it");
+        ends.hear(|_| panic!("another thread is hearing"));
+        go.wait();
+        assert_eq!(hearer.join().unwrap(), vec![1, 2]);
+        assert!(!ends.waiting() && !ends.unheard());
+        assert!(first.ended() && second.ended());
     }
 
     #[test]
