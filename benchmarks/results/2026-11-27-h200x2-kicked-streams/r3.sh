@@ -1,5 +1,5 @@
 #!/bin/bash
-# Round 3: this session's final build (new = w7) beside the build it started from (old = w5 = 31b5f42), alternated: the core figures, blocking send / recv in UCCL's loop
+# Round 3: this work's final build (new = w7) beside the build it started from (old = w5 = 31b5f42), alternated: the core figures, blocking send / recv in UCCL's loop
 set -u
 D=${FILES:?a folder with the wheels w5/ and w7/}
 B="old=$(ls $D/w5/*.whl) new=$(ls $D/w7/*.whl)"
