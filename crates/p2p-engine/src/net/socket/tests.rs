@@ -245,14 +245,7 @@ fn small_messages_sent_ahead_of_their_receives_land_on_the_posting_thread() {
         let mut dst = vec![0u8; n + 8];
         let small = n <= 4096;
         if small {
-            let deadline = Instant::now() + Duration::from_secs(10);
-            while !r.holds(seq as u64) {
-                assert!(
-                    Instant::now() < deadline,
-                    "message {seq}'s header never held"
-                );
-                std::thread::sleep(Duration::from_millis(1));
-            }
+            wait_until_held(&r, seq);
         }
         let q = recv_into(&mut r, &mut dst);
         let got = if small {
@@ -289,13 +282,30 @@ fn a_run_of_small_messages_sent_ahead_lands_on_the_posting_thread_one_after_anot
     for (q, &n) in sreqs.into_iter().zip(&sizes) {
         assert_eq!(wait(|| s.test(q)), n);
     }
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !r.holds(0) {
-        assert!(Instant::now() < deadline, "the first header never held");
-        std::thread::sleep(Duration::from_millis(1));
-    }
+    wait_until_held(&r, 0);
     for (seq, src) in srcs.iter().enumerate() {
         recv_landed_by_the_poster(&mut r, seq, src);
+    }
+}
+
+/// Waits (10 s at most) until a stream of `r` holds message `seq`'s part:
+/// its header read before the receive is posted, every byte arrived.
+fn wait_until_held(r: &super::recv::SocketRecv, seq: usize) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !r.holds(seq as u64) {
+        assert!(
+            Instant::now() < deadline,
+            "message {seq}'s part never held whole"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// Socket buffers that hold a whole part of 1 MiB, on `streams` streams.
+fn big_buffers(streams: usize) -> SocketConfig {
+    SocketConfig {
+        sockbuf: 4 << 20,
+        ..cfg(streams)
     }
 }
 
@@ -327,24 +337,13 @@ fn larger_messages_sent_ahead_land_on_the_posting_thread_within_its_budget() {
     // when its `irecv` returns); a worker woken for each part took up to
     // milliseconds on a VM. (Socket buffers that hold a whole part: the
     // poster lands only parts all of whose bytes are here.)
-    let big = || SocketConfig {
-        sockbuf: 4 << 20,
-        ..cfg(1)
-    };
-    let (mut s, mut r) = test_pair_here(big(), big());
+    let (mut s, mut r) = test_pair_here(big_buffers(1), big_buffers(1));
     let sizes = [256usize << 10, 300_000, super::rx::POSTER_BUDGET];
     for (seq, &n) in sizes.iter().enumerate() {
         let src: Vec<u8> = (0..n).map(|i| (i * 7 + seq * 11 + 1) as u8).collect();
         let q = send_all(s.as_mut(), &src);
         assert_eq!(wait(|| s.test(q)), n);
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while !r.holds(seq as u64) {
-            assert!(
-                Instant::now() < deadline,
-                "message {seq}'s part never held whole"
-            );
-            std::thread::sleep(Duration::from_millis(1));
-        }
+        wait_until_held(&r, seq);
         recv_landed_by_the_poster(&mut r, seq, &src);
     }
 }
@@ -354,11 +353,7 @@ fn parts_sent_ahead_on_several_streams_land_between_the_poster_and_the_kicked_ta
     // A message of four parts, all arrived before its receive: the tasks
     // of the streams but the first are kicked, and the poster lands what
     // a task has not begun. Whoever lands a part, every byte lands once.
-    let big = || SocketConfig {
-        sockbuf: 4 << 20,
-        ..cfg(4)
-    };
-    let (mut s, mut r) = test_pair_here(big(), big());
+    let (mut s, mut r) = test_pair_here(big_buffers(4), big_buffers(4));
     let n = 1usize << 20;
     for seq in 0..24usize {
         let src: Vec<u8> = (0..n).map(|i| (i * 31 + seq * 7 + 3) as u8).collect();
@@ -366,11 +361,7 @@ fn parts_sent_ahead_on_several_streams_land_between_the_poster_and_the_kicked_ta
         assert_eq!(wait(|| s.test(q)), n);
         if seq > 0 {
             // The streams opened by the first message hold their parts.
-            let deadline = Instant::now() + Duration::from_secs(10);
-            while !r.holds(seq as u64) {
-                assert!(Instant::now() < deadline, "message {seq} never held");
-                std::thread::sleep(Duration::from_millis(1));
-            }
+            wait_until_held(&r, seq);
         }
         let mut dst = vec![0u8; n + 8];
         let q = recv_into(&mut r, &mut dst);
