@@ -783,9 +783,7 @@ impl Conn {
         }
         // The machine has failed: what is held is published as it ended,
         // and later ends at once.
-        for h in self.ends.close() {
-            h.transfer.finish(&h.status);
-        }
+        self.ends.close();
         for op in abandoned.into_iter().flatten() {
             op.xfer.fail(fl.clone());
         }
@@ -1099,9 +1097,7 @@ impl Conn {
 /// they are published as they ended, so that no waiter waits on them.
 impl Drop for Conn {
     fn drop(&mut self) {
-        for h in self.ends.close() {
-            h.transfer.finish(&h.status);
-        }
+        self.ends.close();
     }
 }
 
@@ -1141,9 +1137,7 @@ impl Task for ProgressTask {
                     }
                     None => {
                         // The connection is gone: nothing to tell.
-                        for h in self.ends.close() {
-                            h.transfer.finish(&h.status);
-                        }
+                        self.ends.close();
                         continue;
                     }
                 },

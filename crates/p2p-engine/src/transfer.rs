@@ -181,24 +181,34 @@ impl Ends {
         }
     }
 
-    /// Closes: what is held is returned (to be published by the caller)
-    /// and later ends are published at once.
-    pub fn close(&self) -> Vec<Held> {
-        let mut g = self.held.lock();
-        g.closed = true;
-        self.waiting.store(false, Ordering::Release);
-        std::mem::take(&mut g.held)
+    /// Closes (the connection failed or is gone): what is held is
+    /// published as it ended, unheard, and so is every later end. Returns
+    /// how many were held.
+    pub fn close(&self) -> usize {
+        let held = {
+            let mut g = self.held.lock();
+            g.closed = true;
+            self.waiting.store(false, Ordering::SeqCst);
+            std::mem::take(&mut g.held)
+        };
+        for h in &held {
+            h.transfer.finish(&h.status);
+        }
+        held.len()
     }
 
-    /// Holds `h` (false when closed: the caller publishes it).
-    fn hold(&self, h: Held) -> Result<(), Held> {
-        let mut g = self.held.lock();
-        if g.closed {
-            return Err(h);
+    /// Holds `h` for the connection to hear; publishes it at once once
+    /// closed.
+    fn hold(&self, h: Held) {
+        {
+            let mut g = self.held.lock();
+            if !g.closed {
+                g.held.push(h);
+                self.waiting.store(true, Ordering::SeqCst);
+                return;
+            }
         }
-        g.held.push(h);
-        self.waiting.store(true, Ordering::SeqCst);
-        Ok(())
+        h.transfer.finish(&h.status);
     }
 }
 
@@ -272,14 +282,11 @@ impl Transfer {
                 }
             }
         };
-        let h = Held {
+        ends.hold(Held {
             transfer: self.clone(),
             watch: vec![w],
             status: outcome,
-        };
-        if let Err(h) = ends.hold(h) {
-            h.transfer.finish(&h.status);
-        }
+        });
         true
     }
 
@@ -324,14 +331,11 @@ impl Transfer {
             e.watch.take()
         };
         if let Some((ends, me, watch)) = watch {
-            let h = Held {
+            ends.hold(Held {
                 transfer: me,
                 watch,
                 status: s,
-            };
-            if let Err(h) = ends.hold(h) {
-                h.transfer.finish(&h.status);
-            }
+            });
             return true;
         }
         self.finish(&s);
@@ -678,8 +682,9 @@ mod tests {
         let u = Transfer::new(3, 1, 1, vec![]);
         u.watch(&ends, Watch::Recv { seq: 7 });
         u.fail(Failure::Lost("gone".into()));
-        let left = ends.close();
-        assert_eq!(left.len(), 1, "what was held is the closer's to publish");
+        assert_eq!(ends.close(), 1, "what was held is published by the close");
+        assert!(u.ended());
+        assert_eq!(u.status(), Status::Failed(Failure::Lost("gone".into())));
         t.complete_one();
         assert!(t.ended());
         assert!(!ends.waiting());
