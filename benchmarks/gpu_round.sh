@@ -124,7 +124,7 @@ step() { # step NAME: one step for the build whose environment is set
     core)
       run core_pipelined 90 $B --op write --sizes 256M --json "$O/${P}core_pipelined.json"
       run core_blocking 90 $B --inflight 1 --op write --sizes 4K,64K --rounds 2 --out "$O/${P}core_blocking"
-      run core_kv 60 $B --inflight 1 --op write --kv-blocks 4096 --block-size 32K
+      run core_kv 60 $B --inflight 1 --op write --kv-blocks 4096 --block-size 32K --out "$O/${P}core_kv"
       run core_sendrecv 120 python3 benchmarks/sendrecv_loop.py --memory gpu --gpus "$GPUS" --sizes 256M --rounds 3 --json "$O/${P}core_sendrecv.json" ;;
     peers)
       TAIL=12 run peers_gpu 150 python3 -m tcpx_p2p.bench peers --memory gpu --gpus "$GPUS" --peers 8 --procs 2 --busy 8 --busy-size 16M --json "$O/${P}peers_gpu.json"
