@@ -136,3 +136,49 @@ def test_one_side_without_it_is_refused():
         assert "net" in ep.last_error()
     finally:
         peer.close()
+
+
+@pytest.mark.parametrize(
+    "writer_pulls,target_pulls",
+    [("1", "1"), ("0", "1"), ("1", "0")],
+    ids=["both-pull", "writer-sends", "target-cannot-pull"],
+)
+def test_writes_are_pulled_or_sent_as_each_side_allows(device, writer_pulls, target_pulls):
+    """A write the target copies itself (its writer offers it, the target
+    pulls) and one sent as before (either side with TCPX_P2P_SAME_HOST_PULL=0)
+    land the same bytes, single and scattered over several items."""
+    ep = endpoint(dict(ON, TCPX_P2P_SAME_HOST_PULL=writer_pulls))
+    bufs = peer_ops.Buffers(device, 0)
+    peer = Peer(device, PEER_GPU, dict(ON, TCPX_P2P_SAME_HOST_PULL=target_pulls))
+    try:
+        cid, pcid = connect(ep, peer)
+        guard = 4096
+        for i, n in enumerate([(1 << 20) + 3, 9 << 20]):
+            tb, tptr = peer.call("alloc", n + 2 * guard)
+            ok, tmr = peer.ep("reg", tptr, n + 2 * guard)
+            ok, meta = peer.ep("advertise", pcid, tmr, tptr + guard, n)
+            assert ok
+            sb, sptr = bufs.alloc(n, seed=40 + i)
+            ok, smr = ep.reg(sptr, n)
+            assert ep.write(cid, smr, sptr, n, meta), ep.last_error()
+            assert peer.call("digest", tb, guard, n) == bufs.digest(sb), f"write of {n}"
+            assert peer.call("data", tb, 0, guard) == bytes(guard)
+            assert peer.call("data", tb, guard + n, guard) == bytes(guard)
+        # 64 blocks of 64 KiB, the target's in reverse order (no two runs
+        # contiguous on both sides): one write of 64 runs.
+        nblk, bs = 64, 64 << 10
+        tb, tptr = peer.call("alloc", nblk * bs)
+        ok, tmr = peer.ep("reg", tptr, nblk * bs)
+        metas = []
+        for k in range(nblk):
+            ok, m = peer.ep("advertise", pcid, tmr, tptr + (nblk - 1 - k) * bs, bs)
+            assert ok
+            metas.append(m)
+        sb, sptr = bufs.alloc(nblk * bs, seed=50)
+        ok, smr = ep.reg(sptr, nblk * bs)
+        ptrs = [sptr + k * bs for k in range(nblk)]
+        assert ep.writev(cid, [smr] * nblk, ptrs, [bs] * nblk, metas, nblk), ep.last_error()
+        for k in range(nblk):
+            assert peer.call("digest", tb, (nblk - 1 - k) * bs, bs) == bufs.digest(sb, k * bs, bs), f"block {k}"
+    finally:
+        peer.close()

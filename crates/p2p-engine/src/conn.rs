@@ -35,8 +35,12 @@ use crate::progress::{ChunkOp, Cmd, Engine, Progress, Until};
 use crate::proto::{self, Effect, Payload, Proto, Requested, Serve, Setup, PEER_CLOSED};
 use crate::rma;
 use crate::transfer::{plan_ops, Ends, Failure, Gather, OpPlan, Status, Transfer, Watch};
-use crate::wire::{self, Control, RmaItem};
+use crate::wire::{self, Control, PullRun, RmaItem};
 use crate::workers::{Home, Step, Task, Workers};
+
+/// Most runs a write offered for pulling may have: their keys (about 110
+/// bytes each on the same-host net) stay well inside a control frame.
+const PULL_MAX_RUNS: usize = 4096;
 
 /// Longest a waiting thread sleeps before it looks again by itself.
 const WAIT_SLICE: Duration = Duration::from_millis(10);
@@ -198,6 +202,9 @@ pub struct Conn {
     pub remote_bdf: String,
     /// The name of the net this connection's data rides.
     pub net: String,
+    /// The net, where it has a one-sided path: our writes are offered to
+    /// the target to pull ([`Conn::pull_src`]).
+    exporter: Option<Arc<dyn Net>>,
     pub chunk: usize,
     /// How small items share a request on this connection's net.
     gather: Gather,
@@ -391,6 +398,7 @@ impl Conn {
             remote_gpu: theirs.gpu_index,
             remote_bdf: theirs.gpu_bdf.clone(),
             net: net.name().to_string(),
+            exporter: net.pulls().then(|| net.clone()),
             chunk,
             gather: Gather::new(chunk, net.max_segments()),
             oob: Mutex::new(crate::oob_out::OobOut::new(oob)),
@@ -408,6 +416,7 @@ impl Conn {
                     gather: Gather::new(chunk, net.max_segments()),
                     limits: p.limits,
                     now: now_ms(),
+                    pull: net.pulls(),
                 }),
                 live: Live::default(),
             }),
@@ -508,7 +517,12 @@ impl Conn {
                 } => {
                     let ops = match requests {
                         Requested::Ours(ops) => ops,
-                        Requested::Serve(s) => self.serving(s, done),
+                        Requested::Serve(s) => self.serving(s, None, done),
+                        Requested::Pull { serve, src } => {
+                            self.enqueue(Cmd::Pull(self.serving(serve, Some(src), done)));
+                            done.posted = true;
+                            continue;
+                        }
                         Requested::Fill(n) => {
                             let inner = Transfer::new(0, self.id, n, vec![]);
                             (0..n)
@@ -516,6 +530,7 @@ impl Conn {
                                     segs: vec![],
                                     xfer: inner.clone(),
                                     expect: None,
+                                    pull: vec![],
                                 })
                                 .collect()
                         }
@@ -631,7 +646,8 @@ impl Conn {
     /// The requests that serve a peer's accepted request, under a transfer
     /// whose end the machine hears ([`Watch::Served`]). It waits for one
     /// more event than its requests, given after the state lock is let go.
-    fn serving(&self, s: Serve, done: &mut Done) -> Vec<ChunkOp> {
+    /// With `pull`, each request copies from the peer's memory there.
+    fn serving(&self, s: Serve, pull: Option<Vec<PullRun>>, done: &mut Done) -> Vec<ChunkOp> {
         let inner = Transfer::new(0, self.id, s.plan.len() + 1, distinct_regions(&s.local));
         inner.watch(
             &self.ends,
@@ -641,10 +657,15 @@ impl Conn {
                 write: s.write,
             },
         );
+        let mut refs = pull
+            .map(|src| proto::pull_refs(&s.local, &s.plan, src))
+            .unwrap_or_default()
+            .into_iter();
         let ops = proto::requests(&s.local, &s.plan, true, |segs, expect| ChunkOp {
             segs,
             xfer: inner.clone(),
             expect,
+            pull: refs.next().unwrap_or_default(),
         });
         done.later.push(Later::Complete(inner));
         ops
@@ -879,6 +900,7 @@ impl Conn {
             segs,
             xfer: xfer.clone(),
             expect,
+            pull: vec![],
         })
     }
 
@@ -967,20 +989,40 @@ impl Conn {
         // +1: the target's WriteDone / ReadAck.
         let xfer = Transfer::new(xfer_id, self.id, plan.len() + 1, regions);
         let ops = Self::ops_for(&xfer, &local, &plan, true);
+        let pull = if read { None } else { self.pull_src(&local) };
         drop(local);
         // The request and, for a read, its receives' place in the order of
         // our requests for data are made under the state lock, in the order
         // the requests leave.
         self.drive(|st, done| {
             if Self::track(st, &xfer, done) {
-                if read {
-                    st.proto.post_read(xfer_id, ops, remote, runs);
-                } else {
-                    st.proto.post_write(xfer_id, ops, remote, runs);
+                match pull {
+                    _ if read => st.proto.post_read(xfer_id, ops, remote, runs),
+                    Some(src) => st.proto.post_write_pull(xfer_id, ops, remote, runs, src),
+                    None => st.proto.post_write(xfer_id, ops, remote, runs),
                 }
             }
         });
         Ok(xfer)
+    }
+
+    /// Where the target may pull a write of these runs from, on a net
+    /// with a one-sided path: one key per run. None sends the data: the
+    /// net exports nothing here, or the runs are too many for one request.
+    fn pull_src(&self, runs: &[(MemRef, Arc<crate::memory::Region>)]) -> Option<Vec<PullRun>> {
+        let net = self.exporter.as_ref()?;
+        if runs.len() > PULL_MAX_RUNS {
+            return None;
+        }
+        runs.iter()
+            .map(|(m, _)| {
+                let key = net.export(*m)?;
+                (key.len() <= wire::MAX_PULL_KEY).then_some(PullRun {
+                    gpu: matches!(m.kind, crate::memory::MemKind::Cuda(_)),
+                    key,
+                })
+            })
+            .collect()
     }
 
     /// Whether a small one-sided transfer may go inline now (see

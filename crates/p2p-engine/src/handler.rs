@@ -14,7 +14,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use crate::memory::{Region, Registry};
+use crate::memory::{MemKind, Region, Registry};
 use crate::net::MemRef;
 use crate::rma;
 use crate::transfer::{plan_len, plan_ops, Gather, OpPlan};
@@ -49,6 +49,9 @@ enum Awaiting {
     Cts,
     /// A cleared write: `WriteDone` (or a refusal) comes next.
     Done,
+    /// A write the target may pull: `WriteDone` once it has (or a
+    /// refusal), or `WriteCts` where it cannot pull (then as `Cts`).
+    Pull,
     /// A read: `ReadAck` (or a refusal).
     ReadAck,
     /// An inline read: `ReadData` of exactly `len` bytes (or a refusal).
@@ -85,6 +88,17 @@ pub enum Action {
         plan: Vec<OpPlan>,
         weight: usize,
     },
+    /// The peer's write is accepted, to be pulled: copy each run of `src`
+    /// (the peer's memory, one [`wire::PullRun`] per run of `local`) into
+    /// `local` per `plan`, then hand `weight` back with
+    /// [`Book::served_end`] and send `WriteDone`.
+    AcceptPull {
+        xfer: u64,
+        local: Vec<(MemRef, Arc<Region>)>,
+        plan: Vec<OpPlan>,
+        weight: usize,
+        src: Vec<wire::PullRun>,
+    },
     /// The peer's read is accepted: send `ReadAck`, then `local` per `plan`.
     AcceptRead {
         xfer: u64,
@@ -105,6 +119,11 @@ pub enum Action {
     },
     /// The peer cleared our write `xfer`: send its data.
     SendWrite {
+        xfer: u64,
+    },
+    /// The peer pulled every byte of our write `xfer`: it is done, and the
+    /// sends it had ready are never posted.
+    Pulled {
         xfer: u64,
     },
     /// The peer's one acknowledgement of our transfer `xfer`.
@@ -173,6 +192,9 @@ pub struct Ctx<'a> {
     pub conn: u64,
     pub chunk: usize,
     pub gather: Gather,
+    /// The connection's net has a one-sided path ([`crate::net::Net::export`]):
+    /// the peer's writes may be pulled.
+    pub pull: bool,
 }
 
 /// One connection's one-sided bookkeeping.
@@ -208,6 +230,12 @@ impl Book {
                 Awaiting::Cts
             },
         );
+    }
+
+    /// Our write `xfer` goes out for the target to pull: it awaits
+    /// `WriteDone`, or `WriteCts` where the target cannot pull.
+    pub fn expect_pull(&mut self, xfer: u64) {
+        self.ours.insert(xfer, Awaiting::Pull);
     }
 
     /// Our inline request `xfer` is about to go out: a write awaits
@@ -270,6 +298,40 @@ impl Book {
                 }
             }
             Control::WriteReq { xfer, items, runs } => match self.admit(cx, &items, &runs) {
+                Ok((local, plan, weight)) => Action::AcceptWrite {
+                    xfer,
+                    local,
+                    plan,
+                    weight,
+                },
+                Err(reason) => Action::RefuseWrite { xfer, reason },
+            },
+            Control::WritePull {
+                xfer,
+                items,
+                runs,
+                src,
+            } => match self.admit(cx, &items, &runs) {
+                // A pull reads the peer's host memory by cross-memory
+                // attach, which lands only in host memory: a run from the
+                // peer's host memory into our GPU memory is sent instead,
+                // as is every run on a net without a one-sided path.
+                Ok((local, plan, weight))
+                    if cx.pull
+                        && src.len() == local.len()
+                        && local
+                            .iter()
+                            .zip(&src)
+                            .all(|((m, _), s)| s.gpu || m.kind == MemKind::Host) =>
+                {
+                    Action::AcceptPull {
+                        xfer,
+                        local,
+                        plan,
+                        weight,
+                        src,
+                    }
+                }
                 Ok((local, plan, weight)) => Action::AcceptWrite {
                     xfer,
                     local,
@@ -363,7 +425,7 @@ impl Book {
                 }
             },
             Control::WriteCts { xfer } => match self.ours.get_mut(&xfer) {
-                Some(a @ Awaiting::Cts) => {
+                Some(a @ (Awaiting::Cts | Awaiting::Pull)) => {
                     *a = Awaiting::Done;
                     Action::SendWrite { xfer }
                 }
@@ -374,7 +436,13 @@ impl Book {
                     })
                 }
             },
-            Control::WriteDone { xfer } => self.answer(xfer, Awaiting::Done, "WriteDone")?,
+            Control::WriteDone { xfer } => match self.ours.get(&xfer) {
+                Some(Awaiting::Pull) => {
+                    self.ours.remove(&xfer);
+                    Action::Pulled { xfer }
+                }
+                _ => self.answer(xfer, Awaiting::Done, "WriteDone")?,
+            },
             Control::ReadAck { xfer } => match self.answer(xfer, Awaiting::ReadAck, "ReadAck")? {
                 Action::Acked { xfer } => Action::ReadAccepted { xfer },
                 a => a,
@@ -493,6 +561,7 @@ mod tests {
             conn: 1,
             chunk: 4096,
             gather: Gather::new(4096, 64),
+            pull: true,
         }
     }
 
@@ -600,6 +669,69 @@ mod tests {
             }
             a => panic!("{a:?}"),
         }
+    }
+
+    #[test]
+    fn a_write_offered_for_pulling_is_pulled_where_the_net_can_and_sent_otherwise() {
+        let f = fixture();
+        let offer = |xfer| Control::WritePull {
+            xfer,
+            items: vec![item(&f, 4096, 8192, f.token)],
+            runs: vec![1],
+            src: vec![wire::PullRun {
+                gpu: false,
+                key: vec![1; 16],
+            }],
+        };
+        let mut b = Book::new(Limits::default());
+        match b.on_control(cx(&f), offer(1)).unwrap() {
+            Action::AcceptPull { plan, src, .. } => {
+                assert_eq!(src.len(), 1);
+                assert_eq!(plan.len(), 2, "8 KiB in 4 KiB requests");
+            }
+            a => panic!("{a:?}"),
+        }
+        // On a net without a one-sided path: an ordinary write.
+        let mut no = cx(&f);
+        no.pull = false;
+        assert!(matches!(
+            b.on_control(no, offer(2)).unwrap(),
+            Action::AcceptWrite { xfer: 2, .. }
+        ));
+        // A forged item is refused as any write is.
+        let mut bad = offer(3);
+        if let Control::WritePull { items, .. } = &mut bad {
+            items[0].token.secret ^= 1;
+        }
+        assert!(matches!(
+            b.on_control(cx(&f), bad).unwrap(),
+            Action::RefuseWrite { xfer: 3, .. }
+        ));
+    }
+
+    #[test]
+    fn our_offered_write_ends_on_write_done_or_goes_on_after_a_clear_to_send() {
+        let f = fixture();
+        let mut b = Book::new(Limits::default());
+        b.expect_pull(1);
+        assert!(matches!(
+            b.on_control(cx(&f), Control::WriteDone { xfer: 1 }),
+            Ok(Action::Pulled { xfer: 1 })
+        ));
+        assert!(b
+            .on_control(cx(&f), Control::WriteDone { xfer: 1 })
+            .is_err());
+        b.expect_pull(2);
+        assert!(matches!(
+            b.on_control(cx(&f), Control::WriteCts { xfer: 2 }),
+            Ok(Action::SendWrite { xfer: 2 })
+        ));
+        assert!(b.on_control(cx(&f), Control::WriteCts { xfer: 2 }).is_err());
+        assert!(matches!(
+            b.on_control(cx(&f), Control::WriteDone { xfer: 2 }),
+            Ok(Action::Acked { xfer: 2 })
+        ));
+        assert_eq!(b.awaiting(), 0);
     }
 
     #[test]

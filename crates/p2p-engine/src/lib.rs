@@ -68,11 +68,11 @@ pub mod fuzzing {
     /// lengths. Panics if a part that passes would land outside the posted
     /// memory.
     pub use crate::net::socket::fuzz_part_header;
-    pub use crate::net::MemRef;
+    pub use crate::net::{MemRef, RemoteRef};
     pub use crate::notif::queue::NotifQueue;
     pub use crate::progress::Set;
     pub use crate::proto::{
-        requests, Effect, Landing, Payload, Proto, Requested, Serve, Setup, INLINE_READS,
+        pull_refs, requests, Effect, Landing, Payload, Proto, Requested, Serve, Setup, INLINE_READS,
     };
     pub use crate::rma_recvs::RmaRecvs;
     pub use crate::transfer::{plan_ops, Failure, Gather, OpPlan};

@@ -14,7 +14,7 @@ use parking_lot::Mutex;
 
 use crate::error::NetError;
 use crate::memory::{MemKind, Region};
-use crate::net::{MemRef, MrHandle, Net, RecvComm, ReqId, SendComm};
+use crate::net::{MemRef, MrHandle, Net, RecvComm, RemoteRef, ReqId, SendComm};
 use crate::transfer::{Ends, Failure, Transfer};
 
 /// The two sets of channels of a connection: two-sided messages, and the
@@ -33,11 +33,18 @@ pub struct ChunkOp {
     pub xfer: Arc<Transfer>,
     /// For receives: the bytes that must arrive (`None`: any up to `mem.len`).
     pub expect: Option<usize>,
+    /// A pull ([`RecvComm::ipull`]): the peer's memory the bytes are
+    /// copied from; empty for every other request.
+    pub pull: Vec<RemoteRef>,
 }
 
 pub enum Cmd {
     Send(Set, Vec<ChunkOp>),
     Recv(Set, Vec<ChunkOp>),
+    /// Pulls (each op's `pull` set), on the one-sided set's receive
+    /// comms: they pair with no send, so they are dealt by a cursor of
+    /// their own and leave the receives' order as it is.
+    Pull(Vec<ChunkOp>),
     /// A region was deregistered: drop its registrations with the comms.
     DropRegion(u64),
     Shutdown(Failure),
@@ -89,6 +96,7 @@ pub struct Progress {
     recvs: [Vec<CommState>; 2],
     send_cursor: [usize; 2],
     recv_cursor: [usize; 2],
+    pull_cursor: usize,
     cmds: Receiver<Cmd>,
     polling: bool,
     spin: Duration,
@@ -192,6 +200,7 @@ impl CommState {
             // One segment goes to `isend` / `irecv` (the trait's default).
             let posted = match &mut self.comm {
                 Comm::Send(c) => c.isendv(&mems, &mrs),
+                Comm::Recv(c) if !op.pull.is_empty() => c.ipull(&mems, &op.pull),
                 Comm::Recv(c) => c.irecvv(&mems, &mrs),
             }
             .map_err(Failure::Net)?;
@@ -374,6 +383,7 @@ impl Progress {
             recvs: [wr(r0, true), wr(r1, false)],
             send_cursor: [0; 2],
             recv_cursor: [0; 2],
+            pull_cursor: 0,
             cmds,
             polling,
             spin,
@@ -409,6 +419,11 @@ impl Progress {
                 let s = set as usize;
                 Self::deal(&mut self.recvs[s], &mut self.recv_cursor[s], ops)
             }
+            Cmd::Pull(ops) => Self::deal(
+                &mut self.recvs[Set::Rma as usize],
+                &mut self.pull_cursor,
+                ops,
+            ),
             Cmd::DropRegion(id) => self.all().for_each(|c| c.drop_region(id)),
             Cmd::Shutdown(why) => return Err(why),
         }
@@ -458,7 +473,7 @@ impl Progress {
             c.take_ops(&mut ops);
         }
         while let Ok(c) = self.cmds.try_recv() {
-            if let Cmd::Send(_, o) | Cmd::Recv(_, o) = c {
+            if let Cmd::Send(_, o) | Cmd::Recv(_, o) | Cmd::Pull(o) = c {
                 ops.extend(o);
             }
         }
@@ -748,6 +763,7 @@ mod tests {
                     segs: vec![(host(&dst[i]), r)],
                     xfer: x.clone(),
                     expect: Some(sizes[i]),
+                    pull: vec![],
                 });
                 x
             })

@@ -27,11 +27,11 @@ use std::sync::Arc;
 
 use crate::handler::{Action, Book, Ctx, Limits, ProtocolError};
 use crate::memory::{Region, Registry};
-use crate::net::MemRef;
+use crate::net::{MemRef, RemoteRef};
 use crate::progress::Set;
 use crate::rma_recvs::RmaRecvs;
 use crate::transfer::{Failure, Gather, OpPlan};
-use crate::wire::{Control, RmaItem};
+use crate::wire::{Control, PullRun, RmaItem};
 
 /// Buffers of ours, in order, with their regions: where an inline
 /// transfer's bytes come from or land, or what a served request covers.
@@ -84,6 +84,12 @@ pub enum Requested<O> {
     Ours(O),
     /// Requests that serve a peer's accepted request.
     Serve(Serve),
+    /// Pulls that serve a peer's accepted write: each request of the
+    /// plan copies its bytes from `src` (the peer's memory, one
+    /// [`PullRun`] per run of `serve.local`), posted on the receive comms
+    /// outside the order of the set's receives (a pull pairs with no
+    /// send).
+    Pull { serve: Serve, src: Vec<PullRun> },
     /// This many empty messages: they fill the receives the target posted
     /// for a write we cancelled before its clear-to-send came (the target
     /// then refuses it, and both sides stay in step).
@@ -151,6 +157,9 @@ pub enum Payload {
 enum PendingWrite<O> {
     /// Its requests, posted when cleared.
     Ours(O),
+    /// Its requests, posted if the target answers a clear-to-send rather
+    /// than pulling; not cancellable (the target may be copying already).
+    Offered(O),
     /// Cancelled by the application: this many empty messages fill the
     /// target's receives when cleared.
     Cancelled(usize),
@@ -190,6 +199,9 @@ pub struct Setup {
     pub gather: Gather,
     /// What the peer may make us hold.
     pub limits: Limits,
+    /// The connection's net has a one-sided path: the peer's writes may
+    /// be pulled ([`Control::WritePull`]).
+    pub pull: bool,
     /// The time the connection starts (ms, on the caller's clock).
     pub now: u64,
 }
@@ -282,7 +294,7 @@ impl<O: Requests> Proto<O> {
             }
         }
         for (_, w) in self.pending_writes.drain() {
-            if let PendingWrite::Ours(o) = w {
+            if let PendingWrite::Ours(o) | PendingWrite::Offered(o) = w {
                 self.out.push_back(Effect::Abandon(o, why.clone()));
             }
         }
@@ -414,6 +426,30 @@ impl<O: Requests> Proto<O> {
             .push_back(Effect::Send(Control::WriteReq { xfer, items, runs }));
     }
 
+    /// Our one-sided write `xfer` offered for the target to pull: `src`
+    /// tells its net where each run lies in our memory. The target
+    /// answers `WriteDone` once it has copied it all, or a clear-to-send
+    /// (where it cannot pull), and then `requests` are sent as for
+    /// [`Proto::post_write`].
+    pub fn post_write_pull(
+        &mut self,
+        xfer: u64,
+        requests: O,
+        items: Vec<RmaItem>,
+        runs: Vec<u32>,
+        src: Vec<PullRun>,
+    ) {
+        self.book.expect_pull(xfer);
+        self.pending_writes
+            .insert(xfer, PendingWrite::Offered(requests));
+        self.out.push_back(Effect::Send(Control::WritePull {
+            xfer,
+            items,
+            runs,
+            src,
+        }));
+    }
+
     /// Our one-sided read `xfer` of the peer's `items` by the receives
     /// `requests`: they take their place in the order of our requests for
     /// data now, and are posted once the peer accepts.
@@ -517,6 +553,7 @@ impl<O: Requests> Proto<O> {
             conn: s.conn,
             chunk: s.chunk,
             gather: s.gather,
+            pull: s.pull,
         };
         let conn = s.conn;
         let action = self.book.on_control(cx, m).map_err(breach)?;
@@ -575,7 +612,7 @@ impl<O: Requests> Proto<O> {
             }
             Action::SendWrite { xfer } => {
                 let requests = match self.pending_writes.remove(&xfer) {
-                    Some(PendingWrite::Ours(o)) => Requested::Ours(o),
+                    Some(PendingWrite::Ours(o) | PendingWrite::Offered(o)) => Requested::Ours(o),
                     // The target posted n receives: fill each with an empty
                     // message; it refuses the write, which nobody awaits.
                     Some(PendingWrite::Cancelled(n)) => Requested::Fill(n),
@@ -592,6 +629,32 @@ impl<O: Requests> Proto<O> {
                 });
             }
             Action::Acked { xfer } => self.out.push_back(Effect::Complete(xfer)),
+            // Every byte was copied by the target: the sends it had ready
+            // are never posted.
+            Action::Pulled { xfer } => {
+                self.pending_writes.remove(&xfer);
+                self.out.push_back(Effect::CompleteAll(xfer));
+            }
+            Action::AcceptPull {
+                xfer,
+                local,
+                plan,
+                weight,
+                src,
+            } => self.out.push_back(Effect::Post {
+                set: Set::Rma,
+                send: false,
+                requests: Requested::Pull {
+                    serve: Serve {
+                        xfer,
+                        local,
+                        plan,
+                        weight,
+                        write: true,
+                    },
+                    src,
+                },
+            }),
             Action::ReadAccepted { xfer } => {
                 // Only now may the peer's data land in the read's buffers.
                 if !self.rma_recvs.accepted(xfer) {
@@ -655,7 +718,9 @@ impl<O: Requests> Proto<O> {
             Action::PeerRefused { xfer, reason } => {
                 self.pending_reads.remove(&xfer);
                 // A refused write's requests were never posted.
-                if let Some(PendingWrite::Ours(o)) = self.pending_writes.remove(&xfer) {
+                if let Some(PendingWrite::Ours(o) | PendingWrite::Offered(o)) =
+                    self.pending_writes.remove(&xfer)
+                {
                     self.out
                         .push_back(Effect::Abandon(o, Failure::Refused(reason.clone())));
                 }
@@ -726,6 +791,34 @@ impl<O: Requests> Proto<O> {
             }));
         }
     }
+}
+
+/// Where each request of `plan` over `items` (a pulled write's runs)
+/// copies its bytes from: the peer's run `src[i]` for our run `items[i]`,
+/// at the same offsets (the runs of both sides have the same lengths; the
+/// peer's net checks its own against the ranges asked of it).
+pub fn pull_refs(
+    items: &[(MemRef, Arc<Region>)],
+    plan: &[OpPlan],
+    src: Vec<PullRun>,
+) -> Vec<Vec<RemoteRef>> {
+    let keys: Vec<Arc<[u8]>> = src.into_iter().map(|p| Arc::from(p.key)).collect();
+    plan.iter()
+        .map(|p| match *p {
+            OpPlan::Piece { item, off, len, .. } => vec![RemoteRef {
+                key: keys[item].clone(),
+                off: off as u64,
+                len: len as u64,
+            }],
+            OpPlan::Gather { start, end } => (start..end)
+                .map(|i| RemoteRef {
+                    key: keys[i].clone(),
+                    off: 0,
+                    len: items[i].0.len as u64,
+                })
+                .collect(),
+        })
+        .collect()
 }
 
 /// The requests of `plan` over `items`, each built by `make` from its

@@ -15,7 +15,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use tcpx_p2p::fuzzing::{Action, Book, Ctx, Gather, Limits, MemRef, OpPlan, Region, Registry};
-use tcpx_p2p_wire::{Control, RmaItem, Token, MAX_INLINE};
+use tcpx_p2p_wire::{Control, PullRun, RmaItem, Token, MAX_INLINE};
 
 use crate::bytes::Bytes;
 
@@ -104,6 +104,7 @@ impl Fixture {
             conn: CONN,
             chunk: 4096,
             gather: Gather::new(4096, 16),
+            pull: true,
         }
     }
 
@@ -275,6 +276,26 @@ fn request(b: &mut Bytes<'_>, write: bool, fx: &Fixture) -> Control {
             }
         }
         (true, false) => Control::ReadInline { xfer, items, runs },
+        (false, true) if inline & 4 == 4 => {
+            // One key per run, now and then one more or fewer.
+            let n = match inline >> 3 & 7 {
+                0 => runs.len() + 1,
+                1 => runs.len().saturating_sub(1),
+                _ => runs.len(),
+            };
+            let src = (0..n)
+                .map(|_| PullRun {
+                    gpu: b.u8() & 1 == 1,
+                    key: vec![0xAB; b.u8() as usize % 32],
+                })
+                .collect();
+            Control::WritePull {
+                xfer,
+                items,
+                runs,
+                src,
+            }
+        }
         (false, true) => Control::WriteReq { xfer, items, runs },
         (false, false) => Control::ReadReq { xfer, items, runs },
     }
@@ -383,6 +404,9 @@ fn local_event(b: &mut Bytes<'_>, book: &mut Book, model: &mut Model) {
                     book.expect_inline(xfer, read, len);
                     e.insert((read, if read { 3 } else { 2 }));
                     model.inline_len.insert(xfer, len);
+                } else if !read && inline & 2 == 2 {
+                    book.expect_pull(xfer);
+                    e.insert((false, 4));
                 } else {
                     book.expect(xfer, read);
                     e.insert((read, 0));
@@ -424,6 +448,19 @@ fn check_action(
             ..
         } => {
             seen.accepted += 1;
+            assert!(weight <= LIMITS.max_items && plan.len() <= LIMITS.max_items);
+            carry_out(fx, &local, &plan, write);
+            model.served.push(weight);
+        }
+        Action::AcceptPull {
+            local,
+            plan,
+            weight,
+            src,
+            ..
+        } => {
+            seen.accepted += 1;
+            assert_eq!(src.len(), local.len(), "a pull without one key per run");
             assert!(weight <= LIMITS.max_items && plan.len() <= LIMITS.max_items);
             carry_out(fx, &local, &plan, write);
             model.served.push(weight);
@@ -477,6 +514,7 @@ fn check_action(
         answer @ (Action::SendWrite { .. }
         | Action::Acked { .. }
         | Action::ReadAccepted { .. }
+        | Action::Pulled { .. }
         | Action::PeerRefused { .. }
         | Action::LandRead { .. }) => check_answer(answer, model),
     }
@@ -519,7 +557,10 @@ fn check_answer(action: Action, model: &mut Model) {
                 .asked
                 .get_mut(&xfer)
                 .expect("clear-to-send for a write we made");
-            assert!(!a.0 && a.1 == 0, "clear-to-send for a read or twice");
+            assert!(
+                !a.0 && (a.1 == 0 || a.1 == 4),
+                "clear-to-send for a read or twice"
+            );
             a.1 = 1;
         }
         Action::Acked { xfer } => {
@@ -531,6 +572,13 @@ fn check_answer(action: Action, model: &mut Model) {
                 !a.0 && (a.1 == 1 || a.1 == 2),
                 "a write acknowledged before it was cleared, or a read acknowledged as a write"
             );
+        }
+        Action::Pulled { xfer } => {
+            let a = model
+                .asked
+                .remove(&xfer)
+                .expect("a pulled write we offered");
+            assert!(!a.0 && a.1 == 4, "pulled: a write not offered to pull");
         }
         Action::ReadAccepted { xfer } => {
             let a = model

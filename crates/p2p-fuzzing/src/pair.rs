@@ -3,8 +3,10 @@
 //! an inline transfer's bytes after its frame), and the net requests both
 //! post are carried out by a mover that copies bytes between the two
 //! sides' memories, matching the k-th send of a set with the peer's k-th
-//! receive of that set, as the nets do. No sockets, no threads, no clock:
-//! the time is a number the test moves.
+//! receive of that set, as the nets do; where the pair pulls ([`Pair::pulling`]),
+//! a pulled write's requests copy straight from the writer's memory, as the
+//! same-host net's do (the key of a run: its address and length there). No
+//! sockets, no threads, no clock: the time is a number the test moves.
 //!
 //! A [`Side`] keeps what the engine's `Conn` keeps around its machine: its
 //! transfers (events left, how each ended), the requests it posted and not yet moved, the
@@ -15,11 +17,11 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 
 use tcpx_p2p::fuzzing::{
-    plan_ops, requests, Effect, Failure, Gather, Limits, MemRef, Payload, Proto, Region, Registry,
-    Requested, Set, Setup,
+    plan_ops, pull_refs, requests, Effect, Failure, Gather, Limits, MemRef, Payload, Proto, Region,
+    Registry, RemoteRef, Requested, Set, Setup,
 };
 use tcpx_p2p::MemKind;
-use tcpx_p2p_wire::{Control, RmaItem, Token};
+use tcpx_p2p_wire::{Control, PullRun, RmaItem, Token};
 
 /// The agreed chunk of the pair: small, so that short transfers take
 /// several requests.
@@ -44,6 +46,8 @@ pub struct Req {
     owner: Owner,
     segs: Vec<(u64, usize)>,
     expect: Option<usize>,
+    /// A pull: the peer's memory the bytes come from.
+    pull: Vec<RemoteRef>,
 }
 
 /// How a transfer ended.
@@ -93,6 +97,10 @@ pub struct Side {
     /// Requests posted and not yet moved, per set: sends, receives.
     sends: [VecDeque<Req>; 2],
     recvs: [VecDeque<Req>; 2],
+    /// Pulls posted and not yet made (they pair with no send).
+    pulls: VecDeque<Req>,
+    /// Our writes are offered for pulling, and the peer's pulled.
+    pull: bool,
     pub xfers: HashMap<u64, Xfer>,
     serving: HashMap<u64, Serving>,
     next: u64,
@@ -117,6 +125,17 @@ fn set_index(s: Set) -> usize {
 impl Side {
     /// A side with `mem` bytes of memory, its connection numbered `conn`.
     pub fn new(name: &'static str, conn: u64, mem: usize, limits: Limits) -> Side {
+        Side::with_pull(name, conn, mem, limits, false)
+    }
+
+    /// As [`Side::new`]; with `pull`, writes go as the same-host net's do.
+    pub fn with_pull(
+        name: &'static str,
+        conn: u64,
+        mem: usize,
+        limits: Limits,
+        pull: bool,
+    ) -> Side {
         let reg = Arc::new(Registry::new());
         let mem = vec![0u8; mem];
         let base = mem.as_ptr() as u64;
@@ -129,6 +148,7 @@ impl Side {
             gather,
             limits,
             now: 0,
+            pull,
         });
         Side {
             name,
@@ -139,6 +159,8 @@ impl Side {
             proto,
             sends: Default::default(),
             recvs: Default::default(),
+            pulls: VecDeque::new(),
+            pull,
             xfers: HashMap::new(),
             serving: HashMap::new(),
             next: 1,
@@ -207,6 +229,7 @@ impl Side {
             owner,
             segs: segs.iter().map(|(m, _)| (m.addr, m.len)).collect(),
             expect,
+            pull: vec![],
         });
         (reqs, n)
     }
@@ -298,6 +321,15 @@ impl Side {
         let id = self.new_xfer(n + 1);
         if read {
             self.proto.post_read(id, reqs, items, runs);
+        } else if self.pull {
+            let src = local
+                .iter()
+                .map(|(m, _)| PullRun {
+                    gpu: false,
+                    key: pull_key(m.addr, m.len),
+                })
+                .collect();
+            self.proto.post_write_pull(id, reqs, items, runs, src);
         } else {
             self.proto.post_write(id, reqs, items, runs);
         }
@@ -413,8 +445,17 @@ impl Side {
                     send,
                     requests: r,
                 } => {
+                    let (r, mut refs) = match r {
+                        Requested::Pull { serve, src } => {
+                            let refs = pull_refs(&serve.local, &serve.plan, src);
+                            (Requested::Serve(serve), Some(refs.into_iter()))
+                        }
+                        r => (r, None),
+                    };
+                    let pulled = refs.is_some();
                     let reqs = match r {
                         Requested::Ours(reqs) => reqs,
+                        Requested::Pull { .. } => unreachable!("made a serve above"),
                         Requested::Serve(s) => {
                             let key = self.next;
                             self.next += 1;
@@ -422,6 +463,7 @@ impl Side {
                                 owner: Owner::Serve(key),
                                 segs: segs.iter().map(|(m, _)| (m.addr, m.len)).collect(),
                                 expect,
+                                pull: refs.as_mut().and_then(|r| r.next()).unwrap_or_default(),
                             });
                             self.serving.insert(
                                 key,
@@ -443,10 +485,13 @@ impl Side {
                                 owner: Owner::Fill,
                                 segs: vec![],
                                 expect: None,
+                                pull: vec![],
                             })
                             .collect(),
                     };
-                    let q = if send {
+                    let q = if pulled {
+                        &mut self.pulls
+                    } else if send {
                         &mut self.sends[set_index(set)]
                     } else {
                         &mut self.recvs[set_index(set)]
@@ -530,6 +575,7 @@ impl Side {
         for q in self.sends.iter_mut().chain(self.recvs.iter_mut()) {
             mine.extend(q.drain(..));
         }
+        self.pulls.clear();
         self.serving.clear();
         self.out.clear();
         self.proto.abandon();
@@ -560,8 +606,17 @@ impl Side {
             .iter()
             .chain(self.recvs.iter())
             .map(|q| q.len())
-            .sum()
+            .sum::<usize>()
+            + self.pulls.len()
     }
+}
+
+/// The pair's pull key: the run's address and length in the writer's
+/// memory.
+fn pull_key(addr: u64, len: usize) -> Vec<u8> {
+    let mut k = addr.to_le_bytes().to_vec();
+    k.extend_from_slice(&(len as u64).to_le_bytes());
+    k
 }
 
 /// The two sides and the links between them.
@@ -587,6 +642,15 @@ impl Pair {
         Pair {
             a: Side::new("a", 1, mem, limits),
             b: Side::new("b", 2, mem, limits),
+        }
+    }
+
+    /// Two sides whose writes are pulled by their targets (the same-host
+    /// net's one-sided path).
+    pub fn pulling(mem: usize, limits: Limits) -> Pair {
+        Pair {
+            a: Side::with_pull("a", 1, mem, limits, true),
+            b: Side::with_pull("b", 2, mem, limits, true),
         }
     }
 
@@ -735,6 +799,65 @@ impl Pair {
         true
     }
 
+    /// Makes the oldest pull of the side `d` points to, copying from the
+    /// other side's memory; false if none waits. A piece outside what the
+    /// writer exported, or outside its memory, fails the request (the net
+    /// refuses it), and no byte of it lands.
+    pub fn pull_one(&mut self, d: Dir) -> bool {
+        let (from, to) = self.ends(d);
+        if from.failed.is_some() || to.failed.is_some() {
+            return false;
+        }
+        let Some(r) = to.pulls.pop_front() else {
+            return false;
+        };
+        let mut data = Vec::new();
+        let mut bad = false;
+        for p in &r.pull {
+            let (Ok(a), Ok(l)) = (
+                <[u8; 8]>::try_from(&p.key[..p.key.len().min(8)]),
+                <[u8; 8]>::try_from(&p.key[p.key.len().min(8)..]),
+            ) else {
+                bad = true;
+                break;
+            };
+            let (addr, len) = (u64::from_le_bytes(a), u64::from_le_bytes(l));
+            let inside = p.off.checked_add(p.len).is_some_and(|e| e <= len)
+                && addr >= from.base
+                && (addr - from.base)
+                    .checked_add(p.off + p.len)
+                    .is_some_and(|e| e <= from.mem.len() as u64);
+            if !inside {
+                bad = true;
+                break;
+            }
+            data.extend_from_slice(from.bytes(addr + p.off, p.len as usize));
+        }
+        let room: usize = r.segs.iter().map(|s| s.1).sum();
+        if bad || data.len() != room {
+            // As a net's refusal: the request fails, the connection lives.
+            to.finished(&r, usize::MAX, Set::Rma);
+            return true;
+        }
+        let mut at = 0;
+        for &(addr, len) in &r.segs {
+            to.write_bytes(addr, &data[at..at + len]);
+            at += len;
+        }
+        to.finished(&r, data.len(), Set::Rma);
+        true
+    }
+
+    /// Makes every pull the target of `d` can make, without delivering
+    /// what it writes back; returns how many.
+    pub fn settle_side(&mut self, d: Dir) -> usize {
+        let mut n = 0;
+        while self.pull_one(d) {
+            n += 1;
+        }
+        n
+    }
+
     /// Runs every step that can run (frames both ways, messages on both
     /// sets both ways) until none can; returns the steps taken.
     pub fn settle(&mut self) -> usize {
@@ -751,6 +874,10 @@ impl Pair {
                         any = true;
                         steps += 1;
                     }
+                }
+                while self.pull_one(d) {
+                    any = true;
+                    steps += 1;
                 }
             }
             if !any {

@@ -51,6 +51,8 @@ pub struct PairSeen {
     pub broken: u64,
     /// Transfers whose bytes were compared with their source.
     pub checked: u64,
+    /// Of those, writes between sides that pull.
+    pub checked_pulled: u64,
 }
 
 /// A transfer the harness posted: who posted it, where its bytes come
@@ -62,6 +64,7 @@ struct Posted {
     src: (Dir, usize),
     dst: (Dir, usize),
     len: usize,
+    read: bool,
 }
 
 fn side(p: &mut Pair, d: Dir) -> &mut Side {
@@ -148,8 +151,16 @@ fn forged_frame(b: &mut Bytes) -> Frame {
 pub fn proto_pair(data: &[u8]) -> PairSeen {
     let mut seen = PairSeen::default();
     let mut b = Bytes(data);
-    let mut p = Pair::with_limits(MEM, PAIR_LIMITS);
-    let inline = [0, 4096, 1 << 20][b.u8() as usize % 3];
+    // The first byte picks the inline limit and whether writes are pulled
+    // (as on the same-host net).
+    let mode = b.u8() as usize;
+    let mut p = if mode / 3 % 2 == 1 {
+        Pair::pulling(MEM, PAIR_LIMITS)
+    } else {
+        Pair::with_limits(MEM, PAIR_LIMITS)
+    };
+    let pulling = mode / 3 % 2 == 1;
+    let inline = [0, 4096, 1 << 20][mode % 3];
     p.a.inline_max = inline;
     p.b.inline_max = inline;
     for s in [&mut p.a, &mut p.b] {
@@ -210,6 +221,7 @@ pub fn proto_pair(data: &[u8]) -> PairSeen {
                         src,
                         dst,
                         len,
+                        read,
                     });
                 }
             }
@@ -244,10 +256,17 @@ pub fn proto_pair(data: &[u8]) -> PairSeen {
             5 | 6 => {
                 p.deliver(d);
             }
-            7 => {
-                let set = if b.u8() & 1 == 0 { Set::Msg } else { Set::Rma };
-                p.move_one(d, set);
-            }
+            7 => match b.u8() % 3 {
+                0 => {
+                    p.move_one(d, Set::Msg);
+                }
+                1 => {
+                    p.move_one(d, Set::Rma);
+                }
+                _ => {
+                    p.pull_one(d);
+                }
+            },
             8 => {
                 let id = u64::from(b.u8() % 32);
                 side(&mut p, d).cancel(id);
@@ -346,6 +365,7 @@ pub fn proto_pair(data: &[u8]) -> PairSeen {
             t.src
         );
         seen.checked += 1;
+        seen.checked_pulled += u64::from(pulling && !t.read);
     }
     seen
 }

@@ -144,16 +144,22 @@ fn a_pair_of_connection_machines_moves_the_right_bytes_under_any_order() {
         t.refused += s.refused;
         t.broken += s.broken;
         t.checked += s.checked;
+        t.checked_pulled += s.checked_pulled;
     });
     let largest = LARGEST.load(Ordering::Relaxed);
     println!(
         "proto_pair harness: {corpus} corpus + {random} random inputs in {secs:.0} s: \
-         {} steps, {} transfers done ({} checked byte for byte), {} refused, {} failed, \
-         {} runs with the connection broken",
-        t.steps, t.done, t.checked, t.refused, t.failed, t.broken
+         {} steps, {} transfers done ({} checked byte for byte, {} of them pulled writes), \
+         {} refused, {} failed, {} runs with the connection broken",
+        t.steps, t.done, t.checked, t.checked_pulled, t.refused, t.failed, t.broken
     );
     assert!(
-        t.done > 0 && t.checked > 0 && t.refused > 0 && t.failed > 0 && t.broken > 0,
+        t.done > 0
+            && t.checked > 0
+            && t.checked_pulled > 0
+            && t.refused > 0
+            && t.failed > 0
+            && t.broken > 0,
         "the harness reached every outcome"
     );
     assert!(largest <= MAX_ALLOC, "an allocation of {largest} bytes");

@@ -338,3 +338,88 @@ fn a_close_is_the_peer_closing_not_a_breach() {
     }
     let _ = Set::Msg;
 }
+
+#[test]
+fn a_pulled_write_is_copied_by_its_target_with_no_send_and_ends_on_write_done() {
+    let mut p = Pair::pulling(MEM, Limits::default());
+    fill(&mut p.a.mem, 0, 3 * CHUNK + 100, 21);
+    let items = vec![
+        p.b.advertise(8192, 3 * CHUNK, Some(2)),
+        p.b.advertise(65536, 100, Some(2)),
+    ];
+    let w =
+        p.a.rma(false, &[(0, 3 * CHUNK), (3 * CHUNK, 100)], items)
+            .unwrap();
+    // One frame, the offer; no send is posted, then or later.
+    assert_eq!(p.a.out.len(), 1);
+    assert!(matches!(
+        Control::decode(&p.a.out[0].body),
+        Ok(Control::WritePull { ref src, .. }) if src.len() == 2
+    ));
+    assert!(!p.a.cancel(w), "the target may be copying: not cancellable");
+    assert_eq!(p.a.queued(), 0);
+    p.deliver(Dir::AtoB);
+    assert_eq!(p.a.queued(), 0);
+    assert!(p.b.queued() > 0, "b's pulls wait to be made");
+    p.settle();
+    assert_eq!(p.a.end_of(w), End::Done);
+    assert_eq!(&p.b.mem[8192..8192 + 3 * CHUNK], &p.a.mem[..3 * CHUNK]);
+    assert_eq!(&p.b.mem[65536..65636], &p.a.mem[3 * CHUNK..3 * CHUNK + 100]);
+    assert_eq!(p.b.proto.held(), (0, 0, 0));
+    assert_eq!(p.a.queued() + p.b.queued(), 0);
+    assert!(p.a.failed.is_none() && p.b.failed.is_none());
+}
+
+#[test]
+fn a_target_that_cannot_pull_clears_the_offered_write_and_takes_it_sent() {
+    use tcpx_p2p_fuzzing::pair::Side;
+    let mut p = Pair {
+        a: Side::with_pull("a", 1, MEM, Limits::default(), true),
+        b: Side::new("b", 2, MEM, Limits::default()),
+    };
+    fill(&mut p.a.mem, 0, 2 * CHUNK, 5);
+    let item = p.b.advertise(4096, 2 * CHUNK, Some(2));
+    let w = p.a.rma(false, &[(0, 2 * CHUNK)], vec![item]).unwrap();
+    p.settle();
+    assert_eq!(p.a.end_of(w), End::Done);
+    assert_eq!(&p.b.mem[4096..4096 + 2 * CHUNK], &p.a.mem[..2 * CHUNK]);
+    assert_eq!(p.b.proto.held(), (0, 0, 0));
+}
+
+#[test]
+fn a_pull_past_what_the_writer_exported_is_refused_and_lands_nothing() {
+    use tcpx_p2p_wire::PullRun;
+    let mut p = Pair::pulling(MEM, Limits::default());
+    fill(&mut p.a.mem, 0, 2 * CHUNK, 17);
+    let item = p.b.advertise(4096, 2 * CHUNK, Some(2));
+    // The writer's key names half the run its request claims.
+    let mut key = (p.a.mem.as_ptr() as u64).to_le_bytes().to_vec();
+    key.extend_from_slice(&(CHUNK as u64).to_le_bytes());
+    p.inject(
+        Dir::AtoB,
+        encode(
+            Control::WritePull {
+                xfer: 77,
+                items: vec![item],
+                runs: vec![1],
+                src: vec![PullRun { gpu: false, key }],
+            },
+            vec![],
+        ),
+    );
+    assert_eq!(p.settle_side(Dir::AtoB), 2, "one pull per chunk");
+    // The first chunk lies inside what the key names and lands; the
+    // second would be read past it: refused, none of it lands.
+    assert_eq!(&p.b.mem[4096..4096 + CHUNK], &p.a.mem[..CHUNK]);
+    assert!(
+        p.b.mem[4096 + CHUNK..].iter().all(|&x| x == 0) && p.b.mem[..4096].iter().all(|&x| x == 0),
+        "no byte read past the writer's key landed"
+    );
+    assert_eq!(p.b.proto.held(), (0, 0, 0));
+    assert!(p.b.failed.is_none(), "a refusal, not a broken connection");
+    let answer = p.b.out.pop_front().expect("b answers");
+    assert!(matches!(
+        Control::decode(&answer.body),
+        Ok(Control::Refused { xfer: 77, .. })
+    ));
+}

@@ -340,7 +340,9 @@ pub const MAGIC: u64 = 0x3150_3250_5850_4354; // "TCPXP2P1"
 /// receiver would wait for every stream at accept). 10: a gathered
 /// message's shape digest hashes each segment length as one 64-bit word
 /// (an older peer hashed bytes, and would refuse every gathered part).
-pub const VERSION: u16 = 10;
+/// 11: a write may name where the target can copy its data from itself
+/// (`WritePull`, on nets with a one-sided path).
+pub const VERSION: u16 = 11;
 /// An ncclNet listen handle is at most this long.
 pub const NET_HANDLE_LEN: usize = 128;
 /// Most channels per set a connection may have.
@@ -537,6 +539,18 @@ pub enum Control {
         items: Vec<RmaItem>,
         runs: Vec<u32>,
     },
+    /// Initiator → target: a write the target may copy itself, straight
+    /// from the initiator's memory, on a net with a one-sided path: as a
+    /// `WriteReq`, plus where each run's data lies ([`PullRun`], one per
+    /// run). The target answers `WriteDone` once it has copied every run,
+    /// or, where it cannot pull, treats it as a `WriteReq` and answers
+    /// `WriteCts`.
+    WritePull {
+        xfer: u64,
+        items: Vec<RmaItem>,
+        runs: Vec<u32>,
+        src: Vec<PullRun>,
+    },
     /// Target → initiator: receives are posted, send the data.
     WriteCts { xfer: u64 },
     /// Target → initiator: every byte of the write has landed.
@@ -587,6 +601,19 @@ pub enum Control {
     MsgDone { count: u64 },
 }
 
+/// Where one run of a [`Control::WritePull`] lies in the initiator's
+/// memory, for the target's net: `key` is that net's description of it
+/// (its `Net::export`), opaque to the engine; `gpu` says whether it is
+/// device memory.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PullRun {
+    pub gpu: bool,
+    pub key: Vec<u8>,
+}
+
+/// Longest [`PullRun::key`].
+pub const MAX_PULL_KEY: usize = 256;
+
 /// Most payload bytes that follow one `WriteInline` or `ReadData` frame on
 /// the control connection. What a side sends inline is set by
 /// `TCPX_P2P_INLINE_MAX` (see `Config::inline_max`), never above this.
@@ -616,6 +643,7 @@ const T_WRITE_INLINE: u8 = 10;
 const T_READ_INLINE: u8 = 11;
 const T_READ_DATA: u8 = 12;
 const T_MSG_DONE: u8 = 13;
+const T_WRITE_PULL: u8 = 14;
 
 /// Longest notification message.
 pub const MAX_NOTIF: usize = 1 << 20;
@@ -630,6 +658,52 @@ fn put_items(out: &mut Vec<u8>, items: &[RmaItem]) {
         out.extend_from_slice(&it.addr.to_le_bytes());
         out.extend_from_slice(&it.len.to_le_bytes());
     }
+}
+
+fn put_pull(out: &mut Vec<u8>, src: &[PullRun]) {
+    out.extend_from_slice(&(src.len() as u32).to_le_bytes());
+    for p in src {
+        let key = &p.key[..p.key.len().min(MAX_PULL_KEY)];
+        out.push(p.gpu as u8);
+        out.extend_from_slice(&(key.len() as u16).to_le_bytes());
+        out.extend_from_slice(key);
+    }
+}
+
+/// One [`PullRun`] per run, each key at most [`MAX_PULL_KEY`] bytes.
+fn get_pull(r: &mut Reader<'_>, runs: usize) -> Result<Vec<PullRun>, WireError> {
+    let n = r.u32_le()? as usize;
+    if n != runs || n * 3 > r.remaining() {
+        return Err(WireError::BadLength {
+            what: "pull runs",
+            len: n,
+        });
+    }
+    let mut v = Vec::with_capacity(n);
+    for _ in 0..n {
+        let gpu = match r.u8()? {
+            0 => false,
+            1 => true,
+            x => {
+                return Err(WireError::BadValue {
+                    what: "pull run memory kind",
+                    value: x as u64,
+                })
+            }
+        };
+        let len = r.u16_le()? as usize;
+        if len > MAX_PULL_KEY {
+            return Err(WireError::BadLength {
+                what: "pull run key",
+                len,
+            });
+        }
+        v.push(PullRun {
+            gpu,
+            key: r.take(len)?.to_vec(),
+        });
+    }
+    Ok(v)
 }
 
 fn put_runs(out: &mut Vec<u8>, runs: &[u32]) {
@@ -718,6 +792,18 @@ impl Control {
                 put_items(out, items);
                 put_runs(out, runs);
             }
+            Control::WritePull {
+                xfer,
+                items,
+                runs,
+                src,
+            } => {
+                out.push(T_WRITE_PULL);
+                out.extend_from_slice(&xfer.to_le_bytes());
+                put_items(out, items);
+                put_runs(out, runs);
+                put_pull(out, src);
+            }
             Control::WriteCts { xfer } => {
                 out.push(T_WRITE_CTS);
                 out.extend_from_slice(&xfer.to_le_bytes());
@@ -785,6 +871,7 @@ impl Control {
         match self {
             Control::KeepAlive => "KeepAlive",
             Control::WriteReq { .. } => "WriteReq",
+            Control::WritePull { .. } => "WritePull",
             Control::WriteCts { .. } => "WriteCts",
             Control::WriteDone { .. } => "WriteDone",
             Control::ReadReq { .. } => "ReadReq",
@@ -804,6 +891,7 @@ impl Control {
     pub fn xfer(&self) -> Option<u64> {
         match self {
             Control::WriteReq { xfer, .. }
+            | Control::WritePull { xfer, .. }
             | Control::WriteCts { xfer }
             | Control::WriteDone { xfer }
             | Control::ReadReq { xfer, .. }
@@ -837,6 +925,18 @@ impl Control {
                 let items = get_items(&mut r)?;
                 let runs = get_runs(&mut r, items.len())?;
                 Control::WriteReq { xfer, items, runs }
+            }
+            T_WRITE_PULL => {
+                let xfer = r.u64_le()?;
+                let items = get_items(&mut r)?;
+                let runs = get_runs(&mut r, items.len())?;
+                let src = get_pull(&mut r, runs.len())?;
+                Control::WritePull {
+                    xfer,
+                    items,
+                    runs,
+                    src,
+                }
             }
             T_WRITE_CTS => Control::WriteCts { xfer: r.u64_le()? },
             T_WRITE_DONE => Control::WriteDone { xfer: r.u64_le()? },
@@ -1038,6 +1138,45 @@ mod tests {
     }
 
     #[test]
+    fn a_pull_must_describe_each_run_once_within_its_bounds() {
+        let item = RmaItem {
+            token: Token { id: 1, secret: 2 },
+            addr: 3,
+            len: 4,
+        };
+        let frame = |src: Vec<PullRun>| {
+            let mut v = Vec::new();
+            Control::WritePull {
+                xfer: 1,
+                items: vec![item; 2],
+                runs: vec![1, 1],
+                src,
+            }
+            .encode(&mut v);
+            v
+        };
+        let run = |n| PullRun {
+            gpu: false,
+            key: vec![0; n],
+        };
+        assert!(Control::decode(&frame(vec![run(8), run(8)])).is_ok());
+        // One run short, one too many.
+        assert!(Control::decode(&frame(vec![run(8)])).is_err());
+        assert!(Control::decode(&frame(vec![run(8); 3])).is_err());
+        // A key longer than the bound (written by hand: the encoder cuts).
+        let mut v = frame(vec![run(8), run(8)]);
+        let at = v.len() - 8 - 2;
+        v[at..at + 2].copy_from_slice(&((MAX_PULL_KEY + 1) as u16).to_le_bytes());
+        v.extend(std::iter::repeat_n(0, MAX_PULL_KEY + 1 - 8));
+        assert!(Control::decode(&v).is_err());
+        // A memory kind that is neither.
+        let mut v = frame(vec![run(0), run(0)]);
+        let at = v.len() - 3;
+        v[at] = 2;
+        assert!(Control::decode(&v).is_err());
+    }
+
+    #[test]
     fn control_round_trip() {
         let item = RmaItem {
             token: Token { id: 1, secret: 2 },
@@ -1050,6 +1189,21 @@ mod tests {
                 xfer: 1,
                 items: vec![item; 3],
                 runs: vec![2, 1],
+            },
+            Control::WritePull {
+                xfer: 7,
+                items: vec![item; 3],
+                runs: vec![2, 1],
+                src: vec![
+                    PullRun {
+                        gpu: false,
+                        key: vec![1; 17],
+                    },
+                    PullRun {
+                        gpu: true,
+                        key: vec![],
+                    },
+                ],
             },
             Control::WriteCts { xfer: 2 },
             Control::WriteDone { xfer: 3 },

@@ -180,6 +180,28 @@ fn get_segs(r: &mut Reader<'_>) -> Result<Vec<Seg>, WireError> {
     Ok(segs)
 }
 
+/// A range of a comm's memory its peer may pull from (the engine's pull
+/// key): one segment, encoded as in a message.
+pub fn encode_pull_key(seg: &Seg) -> Vec<u8> {
+    let mut v = Vec::with_capacity(SEG_MAX);
+    put_segs(&mut v, std::slice::from_ref(seg));
+    v
+}
+
+/// The segment of a pull key; exactly one, nothing after it.
+pub fn decode_pull_key(b: &[u8]) -> Result<Seg, WireError> {
+    let mut r = Reader::new(b, "same-host pull key");
+    let mut segs = get_segs(&mut r)?;
+    r.finish()?;
+    match (segs.pop(), segs.is_empty()) {
+        (Some(s), true) => Ok(s),
+        _ => Err(WireError::BadLength {
+            what: "same-host pull key segments",
+            len: segs.len() + 1,
+        }),
+    }
+}
+
 impl NetMsg {
     /// The body (the channel prefixes each with its u32 length).
     pub fn encode(&self, out: &mut Vec<u8>) {

@@ -151,6 +151,28 @@ pub trait Net: Send + Sync {
     fn handle_target(&self, _handle: &NetHandle) -> Result<Option<HandleTarget>, NetError> {
         Ok(None)
     }
+    /// The one-sided path: how the peer's receive comm may copy `mem`
+    /// straight out of our memory ([`RecvComm::ipull`]), with no send of
+    /// ours; the bytes travel to the peer (at most
+    /// [`crate::wire::MAX_PULL_KEY`]). None: this net has no such path, or
+    /// not for this memory (the engine then sends the data).
+    fn export(&self, _mem: MemRef) -> Option<Vec<u8>> {
+        None
+    }
+    /// Whether this net's receive comms pull ([`RecvComm::ipull`]): a
+    /// connection on it lets its peer's writes be pulled.
+    fn pulls(&self) -> bool {
+        false
+    }
+}
+
+/// A piece of the peer's memory a pull copies from: `len` bytes at `off`
+/// in a range the peer exported ([`Net::export`], its bytes in `key`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RemoteRef {
+    pub key: Arc<[u8]>,
+    pub off: u64,
+    pub len: u64,
 }
 
 /// What a listen handle asks its connector to dial (see [`Net::handle_target`]).
@@ -209,6 +231,17 @@ pub trait RecvComm: Send {
             ([m], [mr]) => self.irecv(*m, *mr),
             _ => Err(gather_unsupported(segs.len())),
         }
+    }
+    /// Posts a pull: the pieces of the peer's memory `src` (ranges it
+    /// exported, in order) copied into `segs` by this side, with no send
+    /// posted by the peer; tested as a receive. The pieces must cover
+    /// `segs` exactly. Nets without a one-sided path refuse it.
+    fn ipull(&mut self, segs: &[MemRef], src: &[RemoteRef]) -> Result<Option<ReqId>, NetError> {
+        let _ = (segs, src);
+        Err(NetError::Misuse {
+            net: "net",
+            reason: "a pull on a net without a one-sided path".into(),
+        })
     }
     /// `Some(bytes received)` once the data is in place (unpacked, where the
     /// transport needs that). Oldest request only.

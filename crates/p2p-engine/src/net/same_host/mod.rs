@@ -54,12 +54,15 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::{
-    DeviceProps, ListenComm, MemRef, MrHandle, Net, NetHandle, RecvComm, ReqId, SendComm, Waker,
+    DeviceProps, ListenComm, MemRef, MrHandle, Net, NetHandle, RecvComm, RemoteRef, ReqId,
+    SendComm, Waker,
 };
 use crate::error::NetError;
 use crate::gpu;
 use crate::memory::MemKind;
-use crate::wire::same_host_net::{NetHandleV1, NetMsg, Seg, MAX_FRAME, MAX_SEGS};
+use crate::wire::same_host_net::{
+    decode_pull_key, encode_pull_key, NetHandleV1, NetMsg, Seg, MAX_FRAME, MAX_SEGS,
+};
 use crate::workers::{Step, Task, Workers};
 
 const NET: &str = "same-host";
@@ -85,6 +88,10 @@ pub struct SameHostConfig {
     /// A channel's reader keeps its worker this long after a message, so
     /// that a busy comm's next one finds it awake (`TCPX_P2P_IO_LINGER_MS`).
     pub linger: Duration,
+    /// One-sided writes: the target copies straight from the writer's
+    /// memory ([`Net::export`], [`RecvComm::ipull`]) rather than pairing
+    /// a send with a receive (`TCPX_P2P_SAME_HOST_PULL=0` turns it off).
+    pub pull: bool,
 }
 
 impl SameHostConfig {
@@ -95,6 +102,7 @@ impl SameHostConfig {
             gpu,
             timeout,
             linger,
+            pull: std::env::var("TCPX_P2P_SAME_HOST_PULL").map_or(true, |v| v != "0"),
         }
     }
 }
@@ -267,6 +275,35 @@ impl Net for SameHostNet {
     /// 8 MiB requests: 5.6 GB/s; in one: 8.7, as the copy alone).
     fn preferred_chunk(&self) -> Option<usize> {
         Some(CHUNK)
+    }
+
+    /// Host memory as it is (the peer reads it by cross-memory attach);
+    /// GPU memory with its allocation's IPC handle (a peer in this process
+    /// uses the address itself). None where CUDA gives no handle (memory
+    /// of its virtual memory API): that write is sent instead.
+    fn export(&self, mem: MemRef) -> Option<Vec<u8>> {
+        if !self.cfg.pull {
+            return None;
+        }
+        let export = match mem.kind {
+            MemKind::Host => None,
+            MemKind::Cuda(d) => match cuda::export(d, mem.addr, false) {
+                Ok(e) => Some(e),
+                Err(e) => {
+                    tracing::debug!("no pull of GPU memory at {:#x}: {e}", mem.addr);
+                    return None;
+                }
+            },
+        };
+        Some(encode_pull_key(&Seg {
+            addr: mem.addr,
+            len: mem.len as u64,
+            export,
+        }))
+    }
+
+    fn pulls(&self) -> bool {
+        self.cfg.pull
     }
 }
 
@@ -1225,6 +1262,38 @@ impl RecvComm for SameHostRecv {
         Ok(Some(ReqId(id)))
     }
 
+    /// The copy is made here, at once, as a paired receive's is; the
+    /// request is then done (or failed) when tested.
+    fn ipull(&mut self, segs: &[MemRef], src: &[RemoteRef]) -> Result<Option<ReqId>, NetError> {
+        self.ch.check()?;
+        if segs.is_empty() || segs.len() > MAX_SEGS || src.is_empty() || src.len() > MAX_SEGS {
+            return Err(NetError::Misuse {
+                net: NET,
+                reason: format!(
+                    "a pull of {} pieces into {} segments (1 to {MAX_SEGS} each)",
+                    src.len(),
+                    segs.len()
+                ),
+            });
+        }
+        if self.posted.len() >= MAX_REQUESTS {
+            return Ok(None);
+        }
+        let st = match self.pulled(segs, src) {
+            Ok(len) => St::Done(len as usize),
+            Err((reason, true)) => return Err(self.ch.fail(protocol(reason))),
+            Err((reason, false)) => St::Failed(reason),
+        };
+        let id = self.next_id;
+        self.next_id += 1;
+        self.posted.push_back(In {
+            id,
+            segs: segs.to_vec(),
+            st,
+        });
+        Ok(Some(ReqId(id)))
+    }
+
     fn test(&mut self, req: ReqId) -> Result<Option<usize>, NetError> {
         self.pump()?;
         take_ended(
@@ -1237,6 +1306,54 @@ impl RecvComm for SameHostRecv {
     }
 }
 
+impl SameHostRecv {
+    /// Copies the peer's ranges `src` into `segs`: each must lie inside
+    /// what the peer exported, and together fill `segs` exactly.
+    /// Err(refusal, fatal), as [`Chan::copy`].
+    fn pulled(&mut self, segs: &[MemRef], src: &[RemoteRef]) -> Result<u64, (String, bool)> {
+        let mut theirs = Vec::with_capacity(src.len());
+        for (i, r) in src.iter().enumerate() {
+            let seg = decode_pull_key(&r.key)
+                .map_err(|e| (format!("pull piece {i}: the peer's key: {e}"), true))?;
+            if r.off.checked_add(r.len).is_none_or(|end| end > seg.len) {
+                return Err((
+                    format!(
+                        "pull piece {i}: {} bytes at {} of a range the peer exported with {}                          (its write's runs and ours differ)",
+                        r.len, r.off, seg.len
+                    ),
+                    false,
+                ));
+            }
+            let export = seg.export.map(|mut e| {
+                e.offset = e.offset.wrapping_add(r.off);
+                if self.ch.peer.same_process {
+                    // One process: the address itself (its handle cannot
+                    // be opened where it was made).
+                    e.direct = seg.addr + r.off;
+                }
+                e
+            });
+            theirs.push(Seg {
+                addr: seg.addr + r.off,
+                len: r.len,
+                export,
+            });
+        }
+        let len: u64 = theirs.iter().map(|s| s.len).sum();
+        let room = total(segs);
+        if len != room {
+            return Err((
+                format!("a pull of {len} bytes into {room} bytes of ours"),
+                false,
+            ));
+        }
+        tracing::trace!(len, "lat: same-host pull");
+        self.ch.copy(true, segs, &theirs, len)?;
+        tracing::trace!(len, "lat: same-host pulled");
+        Ok(len)
+    }
+}
+
 /// A connected comm pair (tests): a send comm and its receive comm.
 #[cfg(test)]
 pub(crate) fn test_pair() -> (Box<dyn SendComm>, Box<dyn RecvComm>) {
@@ -1245,6 +1362,7 @@ pub(crate) fn test_pair() -> (Box<dyn SendComm>, Box<dyn RecvComm>) {
         gpu: None,
         timeout: Duration::from_secs(5),
         linger: Duration::from_millis(5),
+        pull: true,
     });
     let waker: Waker = Arc::new(|| {});
     let mut l = net.listen_here().expect("listen");

@@ -209,6 +209,7 @@ fn net() -> SameHostNet {
         gpu: None,
         timeout: Duration::from_secs(5),
         linger: Duration::from_millis(5),
+        pull: true,
     })
 }
 
@@ -472,4 +473,101 @@ fn pair_cost() {
         eprintln!("same-host net pair, {n} bytes: p50 {:?}", t[t.len() / 2]);
         assert_eq!(dst, src);
     }
+}
+
+/// The pull key of `buf` (host memory), as a writer's net makes it.
+fn key_of(buf: &[u8]) -> Arc<[u8]> {
+    Arc::from(net().export(host(buf)).expect("host memory is exported"))
+}
+
+#[test]
+fn a_pull_copies_exported_ranges_across_other_cuts_and_leaves_the_pairing_alone() {
+    let (mut s, mut r) = test_pair();
+    let src = pattern(300_001, 5);
+    let key = key_of(&src);
+    let mut dst = vec![0u8; src.len() + 64];
+    // Two pieces of the one export, landing in two segments cut elsewhere.
+    let pieces = [
+        RemoteRef {
+            key: key.clone(),
+            off: 0,
+            len: 100_000,
+        },
+        RemoteRef {
+            key: key.clone(),
+            off: 100_000,
+            len: 200_001,
+        },
+    ];
+    let (a, b) = dst[..src.len()].split_at_mut(77_777);
+    let segs = [host(a), host(b)];
+    // A send published before the pull must pair with the next receive.
+    let msg = pattern(4096, 6);
+    let sq = s.isend(host(&msg), MrHandle(0)).unwrap().unwrap();
+    let pq = r.ipull(&segs, &pieces).unwrap().unwrap();
+    assert_eq!(wait(|q| r.test(q), pq).unwrap(), src.len());
+    assert_eq!(&dst[..src.len()], &src[..]);
+    assert!(dst[src.len()..].iter().all(|&x| x == 0), "past the pull");
+    let mut got = vec![0u8; 4096];
+    let rq = r.irecv(host(&got), MrHandle(0)).unwrap().unwrap();
+    let (sn, rn) = both(s.as_mut(), r.as_mut(), sq, rq);
+    assert_eq!((sn.unwrap(), rn.unwrap()), (4096, 4096));
+    got.truncate(4096);
+    assert_eq!(got, msg);
+}
+
+#[test]
+fn a_pull_past_its_export_or_of_the_wrong_length_is_refused_and_the_comm_goes_on() {
+    let (_s, mut r) = test_pair();
+    let src = pattern(8192, 8);
+    let key = key_of(&src[..4096]);
+    let dst = vec![0u8; 8192];
+    // Past the export's end (the writer exported 4096 bytes).
+    let past = [RemoteRef {
+        key: key.clone(),
+        off: 4096,
+        len: 4096,
+    }];
+    let q = r.ipull(&[host(&dst[..4096])], &past).unwrap().unwrap();
+    let e = wait(|q| r.test(q), q).unwrap_err();
+    assert!(e.to_string().contains("exported"), "{e}");
+    // Pieces shorter than the segments they fill.
+    let short = [RemoteRef {
+        key: key.clone(),
+        off: 0,
+        len: 100,
+    }];
+    let q = r.ipull(&[host(&dst[..4096])], &short).unwrap().unwrap();
+    let e = wait(|q| r.test(q), q).unwrap_err();
+    assert!(e.to_string().contains("into 4096 bytes"), "{e}");
+    assert!(dst.iter().all(|&x| x == 0), "a refused pull wrote");
+    // The comm still pulls.
+    let ok = [RemoteRef {
+        key,
+        off: 0,
+        len: 4096,
+    }];
+    let q = r.ipull(&[host(&dst[4096..])], &ok).unwrap().unwrap();
+    assert_eq!(wait(|q| r.test(q), q).unwrap(), 4096);
+    assert_eq!(&dst[4096..], &src[..4096]);
+}
+
+#[test]
+fn a_key_that_is_no_export_ends_the_comm() {
+    let (_s, mut r) = test_pair();
+    let dst = vec![0u8; 64];
+    let junk = [RemoteRef {
+        key: Arc::from(vec![7u8; 40]),
+        off: 0,
+        len: 64,
+    }];
+    assert!(r.ipull(&[host(&dst)], &junk).is_err());
+    let src = pattern(64, 1);
+    let ok = [RemoteRef {
+        key: key_of(&src),
+        off: 0,
+        len: 64,
+    }];
+    assert!(r.ipull(&[host(&dst)], &ok).is_err(), "the comm has ended");
+    assert!(dst.iter().all(|&x| x == 0));
 }
