@@ -143,10 +143,13 @@ def test_one_side_without_it_is_refused():
     [("1", "1"), ("0", "1"), ("1", "0")],
     ids=["both-pull", "writer-sends", "target-cannot-pull"],
 )
-def test_writes_are_pulled_or_sent_as_each_side_allows(device, writer_pulls, target_pulls):
-    """A write the target copies itself (its writer offers it, the target
-    pulls) and one sent as before (either side with TCPX_P2P_SAME_HOST_PULL=0)
-    land the same bytes, single and scattered over several items."""
+def test_one_sided_transfers_are_copied_by_the_target_or_sent_as_each_side_allows(
+    device, writer_pulls, target_pulls
+):
+    """A write the target copies from the writer itself (the writer offers
+    it, the target pulls), a read it copies into the reader (pushes), and
+    both sent as before (either side with TCPX_P2P_SAME_HOST_PULL=0) land
+    the same bytes, single and scattered over several items."""
     ep = endpoint(dict(ON, TCPX_P2P_SAME_HOST_PULL=writer_pulls))
     bufs = peer_ops.Buffers(device, 0)
     peer = Peer(device, PEER_GPU, dict(ON, TCPX_P2P_SAME_HOST_PULL=target_pulls))
@@ -164,6 +167,13 @@ def test_writes_are_pulled_or_sent_as_each_side_allows(device, writer_pulls, tar
             assert peer.call("digest", tb, guard, n) == bufs.digest(sb), f"write of {n}"
             assert peer.call("data", tb, 0, guard) == bytes(guard)
             assert peer.call("data", tb, guard + n, guard) == bytes(guard)
+            # Read back into a guarded buffer of ours.
+            rb, rptr = bufs.alloc(n + 2 * guard)
+            ok, rmr = ep.reg(rptr, n + 2 * guard)
+            assert ep.read(cid, rmr, rptr + guard, n, meta), ep.last_error()
+            assert bufs.digest(rb, guard, n) == bufs.digest(sb), f"read of {n}"
+            assert bufs.data(rb, 0, guard) == bytes(guard)
+            assert bufs.data(rb, guard + n, guard) == bytes(guard)
         # 64 blocks of 64 KiB, the target's in reverse order (no two runs
         # contiguous on both sides): one write of 64 runs.
         nblk, bs = 64, 64 << 10
@@ -180,5 +190,10 @@ def test_writes_are_pulled_or_sent_as_each_side_allows(device, writer_pulls, tar
         assert ep.writev(cid, [smr] * nblk, ptrs, [bs] * nblk, metas, nblk), ep.last_error()
         for k in range(nblk):
             assert peer.call("digest", tb, (nblk - 1 - k) * bs, bs) == bufs.digest(sb, k * bs, bs), f"block {k}"
+        rb, rptr = bufs.alloc(nblk * bs)
+        ok, rmr = ep.reg(rptr, nblk * bs)
+        rptrs = [rptr + k * bs for k in range(nblk)]
+        assert ep.readv(cid, [rmr] * nblk, rptrs, [bs] * nblk, metas, nblk), ep.last_error()
+        assert bufs.digest(rb) == bufs.digest(sb), "scattered read back"
     finally:
         peer.close()

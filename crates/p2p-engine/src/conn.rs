@@ -518,8 +518,15 @@ impl Conn {
                     let ops = match requests {
                         Requested::Ours(ops) => ops,
                         Requested::Serve(s) => self.serving(s, None, done),
+                        // Pulls and pushes pair with no request of the
+                        // peer's: dealt outside the set's order.
                         Requested::Pull { serve, src } => {
                             self.enqueue(Cmd::Pull(self.serving(serve, Some(src), done)));
+                            done.posted = true;
+                            continue;
+                        }
+                        Requested::Push { serve, dst } => {
+                            self.enqueue(Cmd::Push(self.serving(serve, Some(dst), done)));
                             done.posted = true;
                             continue;
                         }
@@ -530,7 +537,7 @@ impl Conn {
                                     segs: vec![],
                                     xfer: inner.clone(),
                                     expect: None,
-                                    pull: vec![],
+                                    remote: vec![],
                                 })
                                 .collect()
                         }
@@ -617,10 +624,10 @@ impl Conn {
             Watch::Served {
                 xfer,
                 weight,
-                write,
+                answer,
             } => self.drive(|st, _| {
                 st.proto
-                    .served_ended(*xfer, *weight, *write, outcome.clone())
+                    .served_ended(*xfer, *weight, *answer, outcome.clone())
             }),
             Watch::Notify { name, msg } => {
                 if outcome.is_ok() {
@@ -646,26 +653,27 @@ impl Conn {
     /// The requests that serve a peer's accepted request, under a transfer
     /// whose end the machine hears ([`Watch::Served`]). It waits for one
     /// more event than its requests, given after the state lock is let go.
-    /// With `pull`, each request copies from the peer's memory there.
-    fn serving(&self, s: Serve, pull: Option<Vec<PullRun>>, done: &mut Done) -> Vec<ChunkOp> {
+    /// With `remote`, each request copies from (a pull) or into (a push)
+    /// the peer's memory there.
+    fn serving(&self, s: Serve, remote: Option<Vec<PullRun>>, done: &mut Done) -> Vec<ChunkOp> {
         let inner = Transfer::new(0, self.id, s.plan.len() + 1, distinct_regions(&s.local));
         inner.watch(
             &self.ends,
             Watch::Served {
                 xfer: s.xfer,
                 weight: s.weight,
-                write: s.write,
+                answer: s.answer,
             },
         );
-        let mut refs = pull
-            .map(|src| proto::pull_refs(&s.local, &s.plan, src))
+        let mut refs = remote
+            .map(|runs| proto::pull_refs(&s.local, &s.plan, runs))
             .unwrap_or_default()
             .into_iter();
         let ops = proto::requests(&s.local, &s.plan, true, |segs, expect| ChunkOp {
             segs,
             xfer: inner.clone(),
             expect,
-            pull: refs.next().unwrap_or_default(),
+            remote: refs.next().unwrap_or_default(),
         });
         done.later.push(Later::Complete(inner));
         ops
@@ -900,7 +908,7 @@ impl Conn {
             segs,
             xfer: xfer.clone(),
             expect,
-            pull: vec![],
+            remote: vec![],
         })
     }
 
@@ -989,26 +997,28 @@ impl Conn {
         // +1: the target's WriteDone / ReadAck.
         let xfer = Transfer::new(xfer_id, self.id, plan.len() + 1, regions);
         let ops = Self::ops_for(&xfer, &local, &plan, true);
-        let pull = if read { None } else { self.pull_src(&local) };
+        let ours = self.pull_src(&local);
         drop(local);
         // The request and, for a read, its receives' place in the order of
         // our requests for data are made under the state lock, in the order
         // the requests leave.
         self.drive(|st, done| {
             if Self::track(st, &xfer, done) {
-                match pull {
-                    _ if read => st.proto.post_read(xfer_id, ops, remote, runs),
-                    Some(src) => st.proto.post_write_pull(xfer_id, ops, remote, runs, src),
-                    None => st.proto.post_write(xfer_id, ops, remote, runs),
+                match (read, ours) {
+                    (true, Some(dst)) => st.proto.post_read_push(xfer_id, ops, remote, runs, dst),
+                    (true, None) => st.proto.post_read(xfer_id, ops, remote, runs),
+                    (false, Some(src)) => st.proto.post_write_pull(xfer_id, ops, remote, runs, src),
+                    (false, None) => st.proto.post_write(xfer_id, ops, remote, runs),
                 }
             }
         });
         Ok(xfer)
     }
 
-    /// Where the target may pull a write of these runs from, on a net
-    /// with a one-sided path: one key per run. None sends the data: the
-    /// net exports nothing here, or the runs are too many for one request.
+    /// Where the target may pull a write of these runs from (or push a
+    /// read into), on a net with a one-sided path: one key per run. None
+    /// sends the data: the net exports nothing here, or the runs are too
+    /// many for one request.
     fn pull_src(&self, runs: &[(MemRef, Arc<crate::memory::Region>)]) -> Option<Vec<PullRun>> {
         let net = self.exporter.as_ref()?;
         if runs.len() > PULL_MAX_RUNS {

@@ -54,6 +54,9 @@ enum Awaiting {
     Pull,
     /// A read: `ReadAck` (or a refusal).
     ReadAck,
+    /// A read the target may push: `ReadDone` once it has (or a refusal),
+    /// or `ReadAck` where it cannot push (then as `ReadAck`).
+    Push,
     /// An inline read: `ReadData` of exactly `len` bytes (or a refusal).
     ReadData { len: u32 },
 }
@@ -106,6 +109,16 @@ pub enum Action {
         plan: Vec<OpPlan>,
         weight: usize,
     },
+    /// The peer's read is accepted, to be pushed: copy `local` per `plan`
+    /// into `dst` (the peer's memory, one [`wire::PullRun`] per run of
+    /// `local`), then hand `weight` back and send `ReadDone`.
+    AcceptPush {
+        xfer: u64,
+        local: Vec<(MemRef, Arc<Region>)>,
+        plan: Vec<OpPlan>,
+        weight: usize,
+        dst: Vec<wire::PullRun>,
+    },
     /// Refuse the peer's write or inline read: send `Refused`.
     RefuseWrite {
         xfer: u64,
@@ -124,6 +137,11 @@ pub enum Action {
     /// The peer pulled every byte of our write `xfer`: it is done, and the
     /// sends it had ready are never posted.
     Pulled {
+        xfer: u64,
+    },
+    /// The peer pushed every byte of our read `xfer`: it is done, and its
+    /// receives are never posted.
+    Pushed {
         xfer: u64,
     },
     /// The peer's one acknowledgement of our transfer `xfer`.
@@ -238,6 +256,12 @@ impl Book {
         self.ours.insert(xfer, Awaiting::Pull);
     }
 
+    /// Our read `xfer` goes out for the target to push: it awaits
+    /// `ReadDone`, or `ReadAck` where the target cannot push.
+    pub fn expect_push(&mut self, xfer: u64) {
+        self.ours.insert(xfer, Awaiting::Push);
+    }
+
     /// Our inline request `xfer` is about to go out: a write awaits
     /// `WriteDone`, a read its `len` bytes of `ReadData`.
     pub fn expect_inline(&mut self, xfer: u64, read: bool, len: u32) {
@@ -339,6 +363,40 @@ impl Book {
                     weight,
                 },
                 Err(reason) => Action::RefuseWrite { xfer, reason },
+            },
+            Control::ReadPush {
+                xfer,
+                items,
+                runs,
+                dst,
+            } => match self.admit(cx, &items, &runs) {
+                // A push writes the peer's host memory by cross-memory
+                // attach, which reads only host memory: a run of our GPU
+                // memory into the peer's host memory is sent instead, as
+                // is every run on a net without a one-sided path.
+                Ok((local, plan, weight))
+                    if cx.pull
+                        && dst.len() == local.len()
+                        && local
+                            .iter()
+                            .zip(&dst)
+                            .all(|((m, _), d)| d.gpu || m.kind == MemKind::Host) =>
+                {
+                    Action::AcceptPush {
+                        xfer,
+                        local,
+                        plan,
+                        weight,
+                        dst,
+                    }
+                }
+                Ok((local, plan, weight)) => Action::AcceptRead {
+                    xfer,
+                    local,
+                    plan,
+                    weight,
+                },
+                Err(reason) => Action::RefuseRead { xfer, reason },
             },
             Control::ReadReq { xfer, items, runs } => match self.admit(cx, &items, &runs) {
                 Ok((local, plan, weight)) => Action::AcceptRead {
@@ -443,9 +501,27 @@ impl Book {
                 }
                 _ => self.answer(xfer, Awaiting::Done, "WriteDone")?,
             },
-            Control::ReadAck { xfer } => match self.answer(xfer, Awaiting::ReadAck, "ReadAck")? {
-                Action::Acked { xfer } => Action::ReadAccepted { xfer },
-                a => a,
+            Control::ReadAck { xfer } => match self.ours.get(&xfer) {
+                Some(Awaiting::Push) => {
+                    self.ours.remove(&xfer);
+                    Action::ReadAccepted { xfer }
+                }
+                _ => match self.answer(xfer, Awaiting::ReadAck, "ReadAck")? {
+                    Action::Acked { xfer } => Action::ReadAccepted { xfer },
+                    a => a,
+                },
+            },
+            Control::ReadDone { xfer } => match self.ours.get(&xfer) {
+                Some(Awaiting::Push) => {
+                    self.ours.remove(&xfer);
+                    Action::Pushed { xfer }
+                }
+                _ => {
+                    return Err(ProtocolError::Unexpected {
+                        what: "ReadDone",
+                        xfer,
+                    })
+                }
             },
             Control::Refused { xfer, reason } => match self.ours.remove(&xfer) {
                 Some(_) => Action::PeerRefused { xfer, reason },
@@ -732,6 +808,47 @@ mod tests {
             Ok(Action::Acked { xfer: 2 })
         ));
         assert_eq!(b.awaiting(), 0);
+    }
+
+    #[test]
+    fn a_read_offered_for_pushing_is_pushed_where_the_net_can_and_sent_otherwise() {
+        let f = fixture();
+        let offer = |xfer| Control::ReadPush {
+            xfer,
+            items: vec![item(&f, 4096, 8192, f.token)],
+            runs: vec![1],
+            dst: vec![wire::PullRun {
+                gpu: false,
+                key: vec![1; 16],
+            }],
+        };
+        let mut b = Book::new(Limits::default());
+        assert!(matches!(
+            b.on_control(cx(&f), offer(1)).unwrap(),
+            Action::AcceptPush { xfer: 1, .. }
+        ));
+        let mut no = cx(&f);
+        no.pull = false;
+        assert!(matches!(
+            b.on_control(no, offer(2)).unwrap(),
+            Action::AcceptRead { xfer: 2, .. }
+        ));
+        // Ours: ended by ReadDone once, or taken as a read after ReadAck.
+        b.expect_push(7);
+        assert!(matches!(
+            b.on_control(cx(&f), Control::ReadDone { xfer: 7 }),
+            Ok(Action::Pushed { xfer: 7 })
+        ));
+        assert!(b.on_control(cx(&f), Control::ReadDone { xfer: 7 }).is_err());
+        b.expect_push(8);
+        assert!(matches!(
+            b.on_control(cx(&f), Control::ReadAck { xfer: 8 }),
+            Ok(Action::ReadAccepted { xfer: 8 })
+        ));
+        assert!(b.on_control(cx(&f), Control::ReadDone { xfer: 8 }).is_err());
+        // A plain read never takes a ReadDone.
+        b.expect(9, true);
+        assert!(b.on_control(cx(&f), Control::ReadDone { xfer: 9 }).is_err());
     }
 
     #[test]

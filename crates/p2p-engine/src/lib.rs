@@ -75,7 +75,7 @@ pub mod fuzzing {
         pull_refs, requests, Effect, Landing, Payload, Proto, Requested, Serve, Setup, INLINE_READS,
     };
     pub use crate::rma_recvs::RmaRecvs;
-    pub use crate::transfer::{plan_ops, Failure, Gather, OpPlan};
+    pub use crate::transfer::{plan_ops, Answer, Failure, Gather, OpPlan};
 }
 
 /// Sets up `tracing` output once, with the level from `TCPX_P2P_LOG`

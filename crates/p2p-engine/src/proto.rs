@@ -30,7 +30,7 @@ use crate::memory::{Region, Registry};
 use crate::net::{MemRef, RemoteRef};
 use crate::progress::Set;
 use crate::rma_recvs::RmaRecvs;
-use crate::transfer::{Failure, Gather, OpPlan};
+use crate::transfer::{Answer, Failure, Gather, OpPlan};
 use crate::wire::{Control, PullRun, RmaItem};
 
 /// Buffers of ours, in order, with their regions: where an inline
@@ -72,9 +72,10 @@ pub struct Serve {
     pub plan: Vec<OpPlan>,
     /// What the request holds against [`Limits`], given back at its end.
     pub weight: usize,
-    /// A write (we receive, and answer `WriteDone` at the end) or a read
-    /// (we send; `ReadAck` went before).
-    pub write: bool,
+    /// A write (we receive or pull, and answer `WriteDone` at the end), a
+    /// read (we send; `ReadAck` went before) or a pushed read (we copy into
+    /// the reader's memory, and answer `ReadDone` at the end).
+    pub answer: Answer,
 }
 
 /// Net requests to post, in order, on one set and direction.
@@ -90,6 +91,11 @@ pub enum Requested<O> {
     /// outside the order of the set's receives (a pull pairs with no
     /// send).
     Pull { serve: Serve, src: Vec<PullRun> },
+    /// Pushes that serve a peer's accepted read: each request of the plan
+    /// copies our bytes into `dst` (the peer's memory, one [`PullRun`] per
+    /// run of `serve.local`), posted on the send comms outside the order
+    /// of the set's sends (a push pairs with no receive).
+    Push { serve: Serve, dst: Vec<PullRun> },
     /// This many empty messages: they fill the receives the target posted
     /// for a write we cancelled before its clear-to-send came (the target
     /// then refuses it, and both sides stay in step).
@@ -450,6 +456,30 @@ impl<O: Requests> Proto<O> {
         }));
     }
 
+    /// Our one-sided read `xfer` offered for the target to push: `dst`
+    /// tells its net where each run of ours lies. The receives `requests`
+    /// take their place in the order of our requests for data now; the
+    /// target answers `ReadDone` once it has copied it all (they are then
+    /// never posted), or `ReadAck` (where it cannot push), and then they
+    /// are posted as for [`Proto::post_read`].
+    pub fn post_read_push(
+        &mut self,
+        xfer: u64,
+        requests: O,
+        items: Vec<RmaItem>,
+        runs: Vec<u32>,
+        dst: Vec<PullRun>,
+    ) {
+        self.book.expect_push(xfer);
+        self.rma_recvs.asked(xfer, Requested::Ours(requests));
+        self.out.push_back(Effect::Send(Control::ReadPush {
+            xfer,
+            items,
+            runs,
+            dst,
+        }));
+    }
+
     /// Our one-sided read `xfer` of the peer's `items` by the receives
     /// `requests`: they take their place in the order of our requests for
     /// data now, and are posted once the peer accepts.
@@ -577,7 +607,7 @@ impl<O: Requests> Proto<O> {
                     local,
                     plan,
                     weight,
-                    write: true,
+                    answer: Answer::Write,
                 }));
                 self.post_due();
                 self.out.push_back(Effect::Send(Control::WriteCts { xfer }));
@@ -599,7 +629,7 @@ impl<O: Requests> Proto<O> {
                         local,
                         plan,
                         weight,
-                        write: false,
+                        answer: Answer::Read,
                     }),
                 });
             }
@@ -650,11 +680,39 @@ impl<O: Requests> Proto<O> {
                         local,
                         plan,
                         weight,
-                        write: true,
+                        answer: Answer::Write,
                     },
                     src,
                 },
             }),
+            Action::AcceptPush {
+                xfer,
+                local,
+                plan,
+                weight,
+                dst,
+            } => self.out.push_back(Effect::Post {
+                set: Set::Rma,
+                send: true,
+                requests: Requested::Push {
+                    serve: Serve {
+                        xfer,
+                        local,
+                        plan,
+                        weight,
+                        answer: Answer::Pushed,
+                    },
+                    dst,
+                },
+            }),
+            // Every byte landed in the read's buffers: its receives, which
+            // held their place in the order, are never posted, and those
+            // behind them may be due.
+            Action::Pushed { xfer } => {
+                drop(self.rma_recvs.refused(xfer));
+                self.post_due();
+                self.out.push_back(Effect::CompleteAll(xfer));
+            }
             Action::ReadAccepted { xfer } => {
                 // Only now may the peer's data land in the read's buffers.
                 if !self.rma_recvs.accepted(xfer) {
@@ -772,24 +830,28 @@ impl<O: Requests> Proto<O> {
     }
 
     /// The requests serving the peer's request `xfer` ended (`Ok`: every
-    /// one did). What it held goes back; a write is answered.
+    /// one did). What it held goes back; a write and a pushed read are
+    /// answered.
     pub fn served_ended(
         &mut self,
         xfer: u64,
         weight: usize,
-        write: bool,
+        answer: Answer,
         outcome: Result<(), Failure>,
     ) {
         self.book.served_end(weight);
-        if write {
-            self.out.push_back(Effect::Send(match outcome {
-                Ok(()) => Control::WriteDone { xfer },
-                Err(f) => Control::Refused {
-                    xfer,
-                    reason: f.to_string(),
-                },
-            }));
-        }
+        let done = match answer {
+            Answer::Write => Control::WriteDone { xfer },
+            Answer::Pushed => Control::ReadDone { xfer },
+            Answer::Read => return,
+        };
+        self.out.push_back(Effect::Send(match outcome {
+            Ok(()) => done,
+            Err(f) => Control::Refused {
+                xfer,
+                reason: f.to_string(),
+            },
+        }));
     }
 }
 

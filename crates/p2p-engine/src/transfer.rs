@@ -101,14 +101,26 @@ pub enum Watch {
     /// Our receive number `seq`: its acknowledgement leaves first.
     Recv { seq: u64 },
     /// The requests serving the peer's accepted request `xfer` (what it
-    /// held, `weight`; a write is answered).
+    /// held, `weight`), answered as `answer` says.
     Served {
         xfer: u64,
         weight: usize,
-        write: bool,
+        answer: Answer,
     },
     /// A notification `msg` from us (`name`) once the transfer is done.
     Notify { name: String, msg: Vec<u8> },
+}
+
+/// How the end of the requests serving a peer's accepted one-sided
+/// request is answered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Answer {
+    /// A write (we received it, or pulled it): `WriteDone`, or `Refused`.
+    Write,
+    /// A read whose data we sent: nothing (the reader's receives end it).
+    Read,
+    /// A read we pushed into the reader's memory: `ReadDone`, or `Refused`.
+    Pushed,
 }
 
 /// A watched transfer whose end is decided, held for its connection.

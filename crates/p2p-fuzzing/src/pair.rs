@@ -17,8 +17,8 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 
 use tcpx_p2p::fuzzing::{
-    plan_ops, pull_refs, requests, Effect, Failure, Gather, Limits, MemRef, Payload, Proto, Region,
-    Registry, RemoteRef, Requested, Set, Setup,
+    plan_ops, pull_refs, requests, Answer, Effect, Failure, Gather, Limits, MemRef, Payload, Proto,
+    Region, Registry, RemoteRef, Requested, Set, Setup,
 };
 use tcpx_p2p::MemKind;
 use tcpx_p2p_wire::{Control, PullRun, RmaItem, Token};
@@ -46,8 +46,8 @@ pub struct Req {
     owner: Owner,
     segs: Vec<(u64, usize)>,
     expect: Option<usize>,
-    /// A pull: the peer's memory the bytes come from.
-    pull: Vec<RemoteRef>,
+    /// A pull or a push: the peer's memory the bytes come from or go to.
+    remote: Vec<RemoteRef>,
 }
 
 /// How a transfer ended.
@@ -74,7 +74,7 @@ pub struct Xfer {
 struct Serving {
     xfer: u64,
     weight: usize,
-    write: bool,
+    answer: Answer,
     left: usize,
     poison: Option<Failure>,
 }
@@ -97,8 +97,9 @@ pub struct Side {
     /// Requests posted and not yet moved, per set: sends, receives.
     sends: [VecDeque<Req>; 2],
     recvs: [VecDeque<Req>; 2],
-    /// Pulls posted and not yet made (they pair with no send).
+    /// Pulls and pushes posted and not yet made (they pair with nothing).
     pulls: VecDeque<Req>,
+    pushes: VecDeque<Req>,
     /// Our writes are offered for pulling, and the peer's pulled.
     pull: bool,
     pub xfers: HashMap<u64, Xfer>,
@@ -160,6 +161,7 @@ impl Side {
             sends: Default::default(),
             recvs: Default::default(),
             pulls: VecDeque::new(),
+            pushes: VecDeque::new(),
             pull,
             xfers: HashMap::new(),
             serving: HashMap::new(),
@@ -229,7 +231,7 @@ impl Side {
             owner,
             segs: segs.iter().map(|(m, _)| (m.addr, m.len)).collect(),
             expect,
-            pull: vec![],
+            remote: vec![],
         });
         (reqs, n)
     }
@@ -319,17 +321,21 @@ impl Side {
         let id = self.next;
         let (reqs, n) = self.reqs(Owner::Ours(id), &local, true);
         let id = self.new_xfer(n + 1);
-        if read {
-            self.proto.post_read(id, reqs, items, runs);
-        } else if self.pull {
-            let src = local
+        let keys = || {
+            local
                 .iter()
                 .map(|(m, _)| PullRun {
                     gpu: false,
                     key: pull_key(m.addr, m.len),
                 })
-                .collect();
-            self.proto.post_write_pull(id, reqs, items, runs, src);
+                .collect()
+        };
+        if read && self.pull {
+            self.proto.post_read_push(id, reqs, items, runs, keys());
+        } else if read {
+            self.proto.post_read(id, reqs, items, runs);
+        } else if self.pull {
+            self.proto.post_write_pull(id, reqs, items, runs, keys());
         } else {
             self.proto.post_write(id, reqs, items, runs);
         }
@@ -446,16 +452,19 @@ impl Side {
                     requests: r,
                 } => {
                     let (r, mut refs) = match r {
-                        Requested::Pull { serve, src } => {
-                            let refs = pull_refs(&serve.local, &serve.plan, src);
+                        Requested::Pull { serve, src: runs }
+                        | Requested::Push { serve, dst: runs } => {
+                            let refs = pull_refs(&serve.local, &serve.plan, runs);
                             (Requested::Serve(serve), Some(refs.into_iter()))
                         }
                         r => (r, None),
                     };
-                    let pulled = refs.is_some();
+                    let one_sided = refs.is_some();
                     let reqs = match r {
                         Requested::Ours(reqs) => reqs,
-                        Requested::Pull { .. } => unreachable!("made a serve above"),
+                        Requested::Pull { .. } | Requested::Push { .. } => {
+                            unreachable!("made a serve above")
+                        }
                         Requested::Serve(s) => {
                             let key = self.next;
                             self.next += 1;
@@ -463,14 +472,14 @@ impl Side {
                                 owner: Owner::Serve(key),
                                 segs: segs.iter().map(|(m, _)| (m.addr, m.len)).collect(),
                                 expect,
-                                pull: refs.as_mut().and_then(|r| r.next()).unwrap_or_default(),
+                                remote: refs.as_mut().and_then(|r| r.next()).unwrap_or_default(),
                             });
                             self.serving.insert(
                                 key,
                                 Serving {
                                     xfer: s.xfer,
                                     weight: s.weight,
-                                    write: s.write,
+                                    answer: s.answer,
                                     left: exact.len(),
                                     poison: None,
                                 },
@@ -485,11 +494,13 @@ impl Side {
                                 owner: Owner::Fill,
                                 segs: vec![],
                                 expect: None,
-                                pull: vec![],
+                                remote: vec![],
                             })
                             .collect(),
                     };
-                    let q = if pulled {
+                    let q = if one_sided && send {
+                        &mut self.pushes
+                    } else if one_sided {
                         &mut self.pulls
                     } else if send {
                         &mut self.sends[set_index(set)]
@@ -519,7 +530,7 @@ impl Side {
                 (Ok(()), Some(p)) => Err(p),
                 (o, _) => o,
             };
-            self.proto.served_ended(s.xfer, s.weight, s.write, outcome);
+            self.proto.served_ended(s.xfer, s.weight, s.answer, outcome);
         }
     }
 
@@ -576,6 +587,7 @@ impl Side {
             mine.extend(q.drain(..));
         }
         self.pulls.clear();
+        self.pushes.clear();
         self.serving.clear();
         self.out.clear();
         self.proto.abandon();
@@ -608,11 +620,35 @@ impl Side {
             .map(|q| q.len())
             .sum::<usize>()
             + self.pulls.len()
+            + self.pushes.len()
     }
 }
 
+/// Where the pieces `refs` lie in `exporter`'s memory, as (address,
+/// length): each inside the range its key names and inside the memory,
+/// together `room` bytes; None otherwise (a net refuses such a request).
+fn exported(exporter: &Side, refs: &[RemoteRef], room: usize) -> Option<Vec<(u64, usize)>> {
+    let mut out = Vec::with_capacity(refs.len());
+    let mut total = 0usize;
+    for p in refs {
+        let (a, l) = p.key.split_at_checked(8)?;
+        let (addr, len) = (
+            u64::from_le_bytes(a.try_into().ok()?),
+            u64::from_le_bytes(l.try_into().ok()?),
+        );
+        let end = p.off.checked_add(p.len)?;
+        let off = addr.checked_sub(exporter.base)?.checked_add(p.off)?;
+        if end > len || off.checked_add(p.len)? > exporter.mem.len() as u64 {
+            return None;
+        }
+        out.push((addr + p.off, p.len as usize));
+        total += p.len as usize;
+    }
+    (total == room).then_some(out)
+}
+
 /// The pair's pull key: the run's address and length in the writer's
-/// memory.
+/// memory (or the reader's, for a push).
 fn pull_key(addr: u64, len: usize) -> Vec<u8> {
     let mut k = addr.to_le_bytes().to_vec();
     k.extend_from_slice(&(len as u64).to_le_bytes());
@@ -811,48 +847,60 @@ impl Pair {
         let Some(r) = to.pulls.pop_front() else {
             return false;
         };
-        let mut data = Vec::new();
-        let mut bad = false;
-        for p in &r.pull {
-            let (Ok(a), Ok(l)) = (
-                <[u8; 8]>::try_from(&p.key[..p.key.len().min(8)]),
-                <[u8; 8]>::try_from(&p.key[p.key.len().min(8)..]),
-            ) else {
-                bad = true;
-                break;
-            };
-            let (addr, len) = (u64::from_le_bytes(a), u64::from_le_bytes(l));
-            let inside = p.off.checked_add(p.len).is_some_and(|e| e <= len)
-                && addr >= from.base
-                && (addr - from.base)
-                    .checked_add(p.off + p.len)
-                    .is_some_and(|e| e <= from.mem.len() as u64);
-            if !inside {
-                bad = true;
-                break;
-            }
-            data.extend_from_slice(from.bytes(addr + p.off, p.len as usize));
-        }
         let room: usize = r.segs.iter().map(|s| s.1).sum();
-        if bad || data.len() != room {
+        let Some(theirs) = exported(from, &r.remote, room) else {
             // As a net's refusal: the request fails, the connection lives.
             to.finished(&r, usize::MAX, Set::Rma);
             return true;
+        };
+        let mut data = Vec::new();
+        for &(addr, len) in &theirs {
+            data.extend_from_slice(from.bytes(addr, len));
         }
         let mut at = 0;
         for &(addr, len) in &r.segs {
             to.write_bytes(addr, &data[at..at + len]);
             at += len;
         }
-        to.finished(&r, data.len(), Set::Rma);
+        to.finished(&r, room, Set::Rma);
         true
     }
 
-    /// Makes every pull the target of `d` can make, without delivering
-    /// what it writes back; returns how many.
+    /// Makes the oldest push of the side `d` comes from, copying into the
+    /// other side's memory; false if none waits. A piece outside what the
+    /// reader exported, or outside its memory, fails the request, and no
+    /// byte of it lands.
+    pub fn push_one(&mut self, d: Dir) -> bool {
+        let (from, to) = self.ends(d);
+        if from.failed.is_some() || to.failed.is_some() {
+            return false;
+        }
+        let Some(r) = from.pushes.pop_front() else {
+            return false;
+        };
+        let room: usize = r.segs.iter().map(|s| s.1).sum();
+        let Some(theirs) = exported(to, &r.remote, room) else {
+            from.finished(&r, usize::MAX, Set::Rma);
+            return true;
+        };
+        let mut data = Vec::new();
+        for &(addr, len) in &r.segs {
+            data.extend_from_slice(from.bytes(addr, len));
+        }
+        let mut at = 0;
+        for &(addr, len) in &theirs {
+            to.write_bytes(addr, &data[at..at + len]);
+            at += len;
+        }
+        from.finished(&r, room, Set::Rma);
+        true
+    }
+
+    /// Makes every pull and push whose bytes go the way of `d`, without
+    /// delivering what either side writes; returns how many.
     pub fn settle_side(&mut self, d: Dir) -> usize {
         let mut n = 0;
-        while self.pull_one(d) {
+        while self.pull_one(d) || self.push_one(d) {
             n += 1;
         }
         n
@@ -875,7 +923,7 @@ impl Pair {
                         steps += 1;
                     }
                 }
-                while self.pull_one(d) {
+                while self.pull_one(d) || self.push_one(d) {
                     any = true;
                     steps += 1;
                 }

@@ -51,7 +51,7 @@ pub struct PairSeen {
     pub broken: u64,
     /// Transfers whose bytes were compared with their source.
     pub checked: u64,
-    /// Of those, writes between sides that pull.
+    /// Of those, pulled writes and pushed reads (between sides that do).
     pub checked_pulled: u64,
 }
 
@@ -365,7 +365,7 @@ pub fn proto_pair(data: &[u8]) -> PairSeen {
             t.src
         );
         seen.checked += 1;
-        seen.checked_pulled += u64::from(pulling && !t.read);
+        seen.checked_pulled += u64::from(pulling);
     }
     seen
 }

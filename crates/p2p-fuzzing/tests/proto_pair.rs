@@ -3,7 +3,7 @@
 //! copies bytes between the two sides' memories. Each test asserts on the
 //! bytes that landed and on how each transfer ended.
 
-use tcpx_p2p::fuzzing::{Failure, Limits, Set};
+use tcpx_p2p::fuzzing::{Answer, Failure, Limits, Set};
 use tcpx_p2p_fuzzing::pair::{Dir, End, Frame, Pair, CHUNK};
 use tcpx_p2p_wire::Control;
 
@@ -282,7 +282,7 @@ fn a_peer_breaking_the_protocol_fails_the_connection_and_every_transfer() {
         // And the failed machine takes nothing more, and writes nothing.
         assert!(p.a.proto.on_control(Control::KeepAlive).is_err());
         p.a.proto.send_notif("late".into(), vec![1]);
-        p.a.proto.served_ended(3, 0, true, Ok(()));
+        p.a.proto.served_ended(3, 0, Answer::Write, Ok(()));
         assert!(
             p.a.proto.poll().is_none(),
             "{bad:?}: a frame after the failure"
@@ -422,4 +422,84 @@ fn a_pull_past_what_the_writer_exported_is_refused_and_lands_nothing() {
         Control::decode(&answer.body),
         Ok(Control::Refused { xfer: 77, .. })
     ));
+}
+
+#[test]
+fn a_pushed_read_is_copied_into_the_reader_by_its_target_with_no_receive() {
+    let mut p = Pair::pulling(MEM, Limits::default());
+    fill(&mut p.b.mem, 4096, 3 * CHUNK + 10, 23);
+    let item = p.b.advertise(4096, 3 * CHUNK + 10, None);
+    let r =
+        p.a.rma(true, &[(200_000, 3 * CHUNK + 10)], vec![item])
+            .unwrap();
+    assert!(matches!(
+        Control::decode(&p.a.out[0].body),
+        Ok(Control::ReadPush { ref dst, .. }) if dst.len() == 1
+    ));
+    assert!(!p.a.cancel(r), "the target may be copying: not cancellable");
+    p.settle();
+    assert_eq!(p.a.end_of(r), End::Done);
+    assert_eq!(
+        &p.a.mem[200_000..200_000 + 3 * CHUNK + 10],
+        &p.b.mem[4096..4096 + 3 * CHUNK + 10]
+    );
+    assert_eq!(p.a.proto.held(), (0, 0, 0), "no receive held its place");
+    assert_eq!(p.b.proto.held(), (0, 0, 0));
+    assert_eq!(p.a.queued() + p.b.queued(), 0);
+    // A read offered behind it, to a target that cannot push, still
+    // takes its turn and lands.
+    let mut q = Pair {
+        a: tcpx_p2p_fuzzing::pair::Side::with_pull("a", 1, MEM, Limits::default(), true),
+        b: tcpx_p2p_fuzzing::pair::Side::new("b", 2, MEM, Limits::default()),
+    };
+    fill(&mut q.b.mem, 0, 2 * CHUNK, 29);
+    let i1 = q.b.advertise(0, CHUNK, None);
+    let i2 = q.b.advertise(CHUNK, CHUNK, None);
+    let r1 = q.a.rma(true, &[(100_000, CHUNK)], vec![i1]).unwrap();
+    let r2 = q.a.rma(true, &[(300_000, CHUNK)], vec![i2]).unwrap();
+    q.settle();
+    assert_eq!((q.a.end_of(r1), q.a.end_of(r2)), (End::Done, End::Done));
+    assert_eq!(&q.a.mem[100_000..100_000 + CHUNK], &q.b.mem[..CHUNK]);
+    assert_eq!(
+        &q.a.mem[300_000..300_000 + CHUNK],
+        &q.b.mem[CHUNK..2 * CHUNK]
+    );
+}
+
+#[test]
+fn a_push_past_what_the_reader_exported_is_refused_and_lands_nothing_past_it() {
+    use tcpx_p2p_wire::PullRun;
+    let mut p = Pair::pulling(MEM, Limits::default());
+    fill(&mut p.b.mem, 0, 2 * CHUNK, 31);
+    let item = p.b.advertise(0, 2 * CHUNK, Some(2));
+    // The reader's key names a range of half the run it asks for.
+    let mut key = (p.a.mem.as_ptr() as u64 + 500_000).to_le_bytes().to_vec();
+    key.extend_from_slice(&(CHUNK as u64).to_le_bytes());
+    p.inject(
+        Dir::AtoB,
+        encode(
+            Control::ReadPush {
+                xfer: 5,
+                items: vec![item],
+                runs: vec![1],
+                dst: vec![PullRun { gpu: false, key }],
+            },
+            vec![],
+        ),
+    );
+    // b pushes (its bytes go from b to a): the first chunk lies inside
+    // what the key names and lands, the second is refused.
+    assert_eq!(p.settle_side(Dir::BtoA), 2);
+    assert_eq!(&p.a.mem[500_000..500_000 + CHUNK], &p.b.mem[..CHUNK]);
+    assert!(
+        p.a.mem[500_000 + CHUNK..].iter().all(|&x| x == 0),
+        "no byte pushed past the reader's key"
+    );
+    assert!(p.b.failed.is_none());
+    let answer = p.b.out.pop_front().expect("b answers");
+    assert!(matches!(
+        Control::decode(&answer.body),
+        Ok(Control::Refused { xfer: 5, .. })
+    ));
+    assert_eq!(p.b.proto.held(), (0, 0, 0));
 }

@@ -186,6 +186,7 @@ impl SameHostNet {
         Ok(SameHostSend {
             ch,
             next_seq: 0,
+            pushes: 0,
             out: VecDeque::new(),
         })
     }
@@ -673,6 +674,52 @@ impl Chan {
         }
     }
 
+    /// The peer's segments that the pieces `refs` name, for a pull into
+    /// (or a push from) `ours`: each piece inside what the peer exported,
+    /// together exactly as long as `ours`. A key that is no export is a
+    /// breach (fatal); a piece past its export, or a length that differs,
+    /// a refusal.
+    fn remote_segs(&self, ours: &[MemRef], refs: &[RemoteRef]) -> Result<Vec<Seg>, (String, bool)> {
+        let mut theirs = Vec::with_capacity(refs.len());
+        for (i, r) in refs.iter().enumerate() {
+            let seg = decode_pull_key(&r.key)
+                .map_err(|e| (format!("piece {i}: the peer's key: {e}"), true))?;
+            if r.off.checked_add(r.len).is_none_or(|end| end > seg.len) {
+                return Err((
+                    format!(
+                        "piece {i}: {} bytes at {} of a range the peer exported with {} \
+                         (its request's runs and ours differ)",
+                        r.len, r.off, seg.len
+                    ),
+                    false,
+                ));
+            }
+            let export = seg.export.map(|mut e| {
+                e.offset = e.offset.wrapping_add(r.off);
+                if self.peer.same_process {
+                    // One process: the address itself (its handle cannot
+                    // be opened where it was made).
+                    e.direct = seg.addr + r.off;
+                }
+                e
+            });
+            theirs.push(Seg {
+                addr: seg.addr + r.off,
+                len: r.len,
+                export,
+            });
+        }
+        let len: u64 = theirs.iter().map(|s| s.len).sum();
+        let room = total(ours);
+        if len != room {
+            return Err((
+                format!("{len} bytes of the peer's against {room} bytes of ours"),
+                false,
+            ));
+        }
+        Ok(theirs)
+    }
+
     /// How the peer maps our segments (GPU ones exported).
     fn publish(&self, segs: &[MemRef]) -> Result<Vec<Seg>, NetError> {
         segs.iter()
@@ -957,8 +1004,13 @@ struct Out {
 struct SameHostSend {
     ch: Chan,
     next_seq: u64,
+    /// Pushes posted (their ids count from [`PUSH_IDS`]).
+    pushes: u64,
     out: VecDeque<Out>,
 }
+
+/// The first push's request id: far above any send's number.
+const PUSH_IDS: u64 = 1 << 62;
 
 fn protocol(reason: String) -> NetError {
     NetError::Protocol { net: NET, reason }
@@ -1090,6 +1142,48 @@ impl SendComm for SameHostSend {
             st: St::Waiting,
         });
         Ok(Some(ReqId(seq)))
+    }
+
+    /// The copy is made here, at once; the request is then done (or
+    /// failed) when tested. Its id lies outside the sends' numbers (a
+    /// push is not published, and the receiver's numbering skips it).
+    fn ipush(&mut self, segs: &[MemRef], dst: &[RemoteRef]) -> Result<Option<ReqId>, NetError> {
+        self.pump()?;
+        if segs.is_empty() || segs.len() > MAX_SEGS || dst.is_empty() || dst.len() > MAX_SEGS {
+            return Err(NetError::Misuse {
+                net: NET,
+                reason: format!(
+                    "a push of {} segments into {} pieces (1 to {MAX_SEGS} each)",
+                    segs.len(),
+                    dst.len()
+                ),
+            });
+        }
+        if self.out.len() >= MAX_REQUESTS {
+            return Ok(None);
+        }
+        let len = total(segs);
+        let copied = self.ch.remote_segs(segs, dst).and_then(|theirs| {
+            tracing::trace!(len, "lat: same-host push");
+            self.ch.copy(false, segs, &theirs, len)
+        });
+        let st = match copied {
+            Ok(()) => {
+                tracing::trace!(len, "lat: same-host pushed");
+                St::Done(len as usize)
+            }
+            Err((reason, true)) => return Err(self.ch.fail(protocol(reason))),
+            Err((reason, false)) => St::Failed(reason),
+        };
+        let id = PUSH_IDS + self.pushes;
+        self.pushes += 1;
+        self.out.push_back(Out {
+            seq: id,
+            segs: segs.to_vec(),
+            len,
+            st,
+        });
+        Ok(Some(ReqId(id)))
     }
 
     fn test(&mut self, req: ReqId) -> Result<Option<usize>, NetError> {
@@ -1307,46 +1401,11 @@ impl RecvComm for SameHostRecv {
 }
 
 impl SameHostRecv {
-    /// Copies the peer's ranges `src` into `segs`: each must lie inside
-    /// what the peer exported, and together fill `segs` exactly.
-    /// Err(refusal, fatal), as [`Chan::copy`].
+    /// Copies the peer's ranges `src` into `segs` (see
+    /// [`Chan::remote_segs`]). Err(refusal, fatal), as [`Chan::copy`].
     fn pulled(&mut self, segs: &[MemRef], src: &[RemoteRef]) -> Result<u64, (String, bool)> {
-        let mut theirs = Vec::with_capacity(src.len());
-        for (i, r) in src.iter().enumerate() {
-            let seg = decode_pull_key(&r.key)
-                .map_err(|e| (format!("pull piece {i}: the peer's key: {e}"), true))?;
-            if r.off.checked_add(r.len).is_none_or(|end| end > seg.len) {
-                return Err((
-                    format!(
-                        "pull piece {i}: {} bytes at {} of a range the peer exported with {}                          (its write's runs and ours differ)",
-                        r.len, r.off, seg.len
-                    ),
-                    false,
-                ));
-            }
-            let export = seg.export.map(|mut e| {
-                e.offset = e.offset.wrapping_add(r.off);
-                if self.ch.peer.same_process {
-                    // One process: the address itself (its handle cannot
-                    // be opened where it was made).
-                    e.direct = seg.addr + r.off;
-                }
-                e
-            });
-            theirs.push(Seg {
-                addr: seg.addr + r.off,
-                len: r.len,
-                export,
-            });
-        }
-        let len: u64 = theirs.iter().map(|s| s.len).sum();
-        let room = total(segs);
-        if len != room {
-            return Err((
-                format!("a pull of {len} bytes into {room} bytes of ours"),
-                false,
-            ));
-        }
+        let theirs = self.ch.remote_segs(segs, src)?;
+        let len = total(segs);
         tracing::trace!(len, "lat: same-host pull");
         self.ch.copy(true, segs, &theirs, len)?;
         tracing::trace!(len, "lat: same-host pulled");

@@ -539,7 +539,7 @@ fn a_pull_past_its_export_or_of_the_wrong_length_is_refused_and_the_comm_goes_on
     }];
     let q = r.ipull(&[host(&dst[..4096])], &short).unwrap().unwrap();
     let e = wait(|q| r.test(q), q).unwrap_err();
-    assert!(e.to_string().contains("into 4096 bytes"), "{e}");
+    assert!(e.to_string().contains("against 4096 bytes of ours"), "{e}");
     assert!(dst.iter().all(|&x| x == 0), "a refused pull wrote");
     // The comm still pulls.
     let ok = [RemoteRef {
@@ -570,4 +570,47 @@ fn a_key_that_is_no_export_ends_the_comm() {
     }];
     assert!(r.ipull(&[host(&dst)], &ok).is_err(), "the comm has ended");
     assert!(dst.iter().all(|&x| x == 0));
+}
+
+#[test]
+fn a_push_copies_into_exported_ranges_and_leaves_the_sends_numbering_alone() {
+    let (mut s, mut r) = test_pair();
+    let src = pattern(200_003, 12);
+    let dst = vec![0u8; src.len() + 64];
+    let key = key_of(&dst[..src.len()]);
+    let pieces = [
+        RemoteRef {
+            key: key.clone(),
+            off: 0,
+            len: 3,
+        },
+        RemoteRef {
+            key: key.clone(),
+            off: 3,
+            len: 200_000,
+        },
+    ];
+    let (a, b) = src.split_at(150_000);
+    let pq = s.ipush(&[host(a), host(b)], &pieces).unwrap().unwrap();
+    // A send after the push is still the receiver's next message.
+    let msg = pattern(4096, 13);
+    let sq = s.isend(host(&msg), MrHandle(0)).unwrap().unwrap();
+    assert_eq!(wait(|q| s.test(q), pq).unwrap(), src.len());
+    assert_eq!(&dst[..src.len()], &src[..]);
+    assert!(dst[src.len()..].iter().all(|&x| x == 0), "past the push");
+    let got = vec![0u8; 4096];
+    let rq = r.irecv(host(&got), MrHandle(0)).unwrap().unwrap();
+    let (sn, rn) = both(s.as_mut(), r.as_mut(), sq, rq);
+    assert_eq!((sn.unwrap(), rn.unwrap()), (4096, 4096));
+    assert_eq!(got, msg);
+    // Past the export: refused, nothing written, the comm goes on.
+    let before = dst.clone();
+    let past = [RemoteRef {
+        key,
+        off: 200_000,
+        len: 4096,
+    }];
+    let q = s.ipush(&[host(&msg)], &past).unwrap().unwrap();
+    assert!(wait(|q| s.test(q), q).is_err());
+    assert_eq!(dst, before, "a refused push wrote");
 }
