@@ -64,7 +64,6 @@ struct Posted {
     src: (Dir, usize),
     dst: (Dir, usize),
     len: usize,
-    read: bool,
 }
 
 fn side(p: &mut Pair, d: Dir) -> &mut Side {
@@ -221,7 +220,6 @@ pub fn proto_pair(data: &[u8]) -> PairSeen {
                         src,
                         dst,
                         len,
-                        read,
                     });
                 }
             }
