@@ -5,7 +5,10 @@ Two processes on one host (on a GPU machine: on one GPU, or on two with
 --peer-gpu). The target process advertises one buffer twice: with
 `advertise_ipc` on a same-host connection and with `advertise` on a TCP
 connection of the same endpoints (over loopback). This process then times,
-per size, blocking `write_ipc` and `read_ipc`, blocking `write` over TCP, and
+per size, blocking `write_ipc` and `read_ipc`, blocking `write` and `read`
+over the connection made by `connect` / `accept` (loopback TCP; with
+TCPX_P2P_SAME_HOST_NET=1 on both, the same-host net, whose writes and reads
+the target copies itself unless TCPX_P2P_SAME_HOST_PULL=0), and
 a plain copy of the same size in one process (device-to-device `copy_` on a
 GPU, `memmove` on the host): p50/p99 latency in µs and GB/s (size / p50).
 The ways are timed in turn, iteration by iteration, so that all see the
@@ -132,7 +135,8 @@ def main():
     src = Buf(maxsize, a.device, a.gpu, fill=7)
     dst = Buf(maxsize, a.device, a.gpu)
     ok, smr = ep.reg(src.ptr, maxsize)
-    assert ok
+    ok2, dmr = ep.reg(dst.ptr, maxsize)
+    assert ok and ok2
 
     if a.device == "gpu":
         import torch
@@ -172,17 +176,21 @@ def main():
         ]
         if n <= tcp_max:
             cases.append(("tcp_write", lambda: check(ep.write(tcp, smr, src.ptr, n, fifo))))
+            cases.append(("tcp_read", lambda: check(ep.read(tcp, dmr, dst.ptr, n, fifo))))
         for name, (p50, p99) in zip([c[0] for c in cases], interleaved([c[1] for c in cases], iters, a.warmup)):
             row[name] = {"p50_us": p50 * 1e6, "p99_us": p99 * 1e6, "GBps": n / p50 / 1e9}
         if "tcp_write" in row:
             row["write_ipc_vs_tcp"] = row["write_ipc"]["GBps"] / row["tcp_write"]["GBps"]
+            row["read_ipc_vs_tcp"] = row["read_ipc"]["GBps"] / row["tcp_read"]["GBps"]
         row["write_ipc_vs_plain"] = row["write_ipc"]["GBps"] / row[plain_name]["GBps"]
         rows.append(row)
         tw = row.get("tcp_write", {})
+        tr = row.get("tcp_read", {})
         print(
             f"{n:>11} B  write_ipc {row['write_ipc']['p50_us']:9.1f} µs p50 {row['write_ipc']['p99_us']:9.1f} p99 "
             f"{row['write_ipc']['GBps']:8.2f} GB/s | read_ipc {row['read_ipc']['GBps']:8.2f} GB/s | "
-            f"tcp {tw.get('GBps', float('nan')):7.2f} GB/s ({tw.get('p50_us', float('nan')):9.1f} µs) | "
+            f"tcp {tw.get('GBps', float('nan')):7.2f} GB/s ({tw.get('p50_us', float('nan')):9.1f} µs) "
+            f"read {tr.get('GBps', float('nan')):7.2f} GB/s ({tr.get('p50_us', float('nan')):9.1f} µs) | "
             f"{plain_name} {row[plain_name]['GBps']:8.2f} GB/s",
             flush=True,
         )
@@ -195,6 +203,7 @@ def main():
         "host": platform.node(),
         "cpus": os.cpu_count(),
         "plain": plain_name,
+        "settings": {k: v for k, v in env.items() if k in ("TCPX_P2P_SAME_HOST_NET", "TCPX_P2P_SAME_HOST_PULL")},
         "rows": rows,
     }
     if a.device == "gpu":
