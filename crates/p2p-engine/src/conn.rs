@@ -520,13 +520,9 @@ impl Conn {
                         Requested::Serve(s) => self.serving(s, None, done),
                         // Pulls and pushes pair with no request of the
                         // peer's: dealt outside the set's order.
-                        Requested::Pull { serve, src } => {
-                            self.enqueue(Cmd::Pull(self.serving(serve, Some(src), done)));
-                            done.posted = true;
-                            continue;
-                        }
-                        Requested::Push { serve, dst } => {
-                            self.enqueue(Cmd::Push(self.serving(serve, Some(dst), done)));
+                        Requested::Remote { serve, runs } => {
+                            let ops = self.serving(serve, Some(runs), done);
+                            self.enqueue(if send { Cmd::Push(ops) } else { Cmd::Pull(ops) });
                             done.posted = true;
                             continue;
                         }

@@ -336,18 +336,7 @@ impl Book {
                 runs,
                 src,
             } => match self.admit(cx, &items, &runs) {
-                // A pull reads the peer's host memory by cross-memory
-                // attach, which lands only in host memory: a run from the
-                // peer's host memory into our GPU memory is sent instead,
-                // as is every run on a net without a one-sided path.
-                Ok((local, plan, weight))
-                    if cx.pull
-                        && src.len() == local.len()
-                        && local
-                            .iter()
-                            .zip(&src)
-                            .all(|((m, _), s)| s.gpu || m.kind == MemKind::Host) =>
-                {
+                Ok((local, plan, weight)) if copies_itself(&cx, &local, &src) => {
                     Action::AcceptPull {
                         xfer,
                         local,
@@ -370,18 +359,7 @@ impl Book {
                 runs,
                 dst,
             } => match self.admit(cx, &items, &runs) {
-                // A push writes the peer's host memory by cross-memory
-                // attach, which reads only host memory: a run of our GPU
-                // memory into the peer's host memory is sent instead, as
-                // is every run on a net without a one-sided path.
-                Ok((local, plan, weight))
-                    if cx.pull
-                        && dst.len() == local.len()
-                        && local
-                            .iter()
-                            .zip(&dst)
-                            .all(|((m, _), d)| d.gpu || m.kind == MemKind::Host) =>
-                {
+                Ok((local, plan, weight)) if copies_itself(&cx, &local, &dst) => {
                     Action::AcceptPush {
                         xfer,
                         local,
@@ -609,6 +587,20 @@ impl Book {
         self.served_items += weight as usize;
         Ok((local, plan, weight as usize))
     }
+}
+
+/// Whether we copy a peer's offered request (`WritePull`, `ReadPush`)
+/// ourselves, between our runs `local` and its `runs`: on a net with a
+/// one-sided path, one key per run, and no run pairing the peer's host
+/// memory with our GPU memory (cross-memory attach moves host memory
+/// only). Otherwise the request is served as a `WriteReq` / `ReadReq`.
+fn copies_itself(cx: &Ctx<'_>, local: &[(MemRef, Arc<Region>)], runs: &[wire::PullRun]) -> bool {
+    cx.pull
+        && runs.len() == local.len()
+        && local
+            .iter()
+            .zip(runs)
+            .all(|((m, _), r)| r.gpu || m.kind == MemKind::Host)
 }
 
 #[cfg(test)]

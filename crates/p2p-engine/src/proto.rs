@@ -85,17 +85,12 @@ pub enum Requested<O> {
     Ours(O),
     /// Requests that serve a peer's accepted request.
     Serve(Serve),
-    /// Pulls that serve a peer's accepted write: each request of the
-    /// plan copies its bytes from `src` (the peer's memory, one
-    /// [`PullRun`] per run of `serve.local`), posted on the receive comms
-    /// outside the order of the set's receives (a pull pairs with no
-    /// send).
-    Pull { serve: Serve, src: Vec<PullRun> },
-    /// Pushes that serve a peer's accepted read: each request of the plan
-    /// copies our bytes into `dst` (the peer's memory, one [`PullRun`] per
-    /// run of `serve.local`), posted on the send comms outside the order
-    /// of the set's sends (a push pairs with no receive).
-    Push { serve: Serve, dst: Vec<PullRun> },
+    /// Requests that serve a peer's offered write or read by copying
+    /// straight from or into its memory (`runs`: one [`PullRun`] per run of
+    /// `serve.local`): receives that pull a write, sends that push a read.
+    /// They pair with no request of the peer's, so they are posted outside
+    /// the order of the set's receives and sends.
+    Remote { serve: Serve, runs: Vec<PullRun> },
     /// This many empty messages: they fill the receives the target posted
     /// for a write we cancelled before its clear-to-send came (the target
     /// then refuses it, and both sides stay in step).
@@ -560,6 +555,16 @@ impl<O: Requests> Proto<O> {
         }
     }
 
+    /// Serves a peer's offered request by copying from (`push` false) or
+    /// into its memory at `runs`.
+    fn serve_remote(&mut self, push: bool, serve: Serve, runs: Vec<PullRun>) {
+        self.out.push_back(Effect::Post {
+            set: Set::Rma,
+            send: push,
+            requests: Requested::Remote { serve, runs },
+        });
+    }
+
     /// Queues the one-sided receives whose turn has come, in order.
     fn post_due(&mut self) {
         for requests in self.rma_recvs.due() {
@@ -671,40 +676,32 @@ impl<O: Requests> Proto<O> {
                 plan,
                 weight,
                 src,
-            } => self.out.push_back(Effect::Post {
-                set: Set::Rma,
-                send: false,
-                requests: Requested::Pull {
-                    serve: Serve {
-                        xfer,
-                        local,
-                        plan,
-                        weight,
-                        answer: Answer::Write,
-                    },
-                    src,
-                },
-            }),
+            } => {
+                let serve = Serve {
+                    xfer,
+                    local,
+                    plan,
+                    weight,
+                    answer: Answer::Write,
+                };
+                self.serve_remote(false, serve, src)
+            }
             Action::AcceptPush {
                 xfer,
                 local,
                 plan,
                 weight,
                 dst,
-            } => self.out.push_back(Effect::Post {
-                set: Set::Rma,
-                send: true,
-                requests: Requested::Push {
-                    serve: Serve {
-                        xfer,
-                        local,
-                        plan,
-                        weight,
-                        answer: Answer::Pushed,
-                    },
-                    dst,
-                },
-            }),
+            } => {
+                let serve = Serve {
+                    xfer,
+                    local,
+                    plan,
+                    weight,
+                    answer: Answer::Pushed,
+                };
+                self.serve_remote(true, serve, dst)
+            }
             // Every byte landed in the read's buffers: its receives, which
             // held their place in the order, are never posted, and those
             // behind them may be due.

@@ -452,8 +452,7 @@ impl Side {
                     requests: r,
                 } => {
                     let (r, mut refs) = match r {
-                        Requested::Pull { serve, src: runs }
-                        | Requested::Push { serve, dst: runs } => {
+                        Requested::Remote { serve, runs } => {
                             let refs = pull_refs(&serve.local, &serve.plan, runs);
                             (Requested::Serve(serve), Some(refs.into_iter()))
                         }
@@ -462,9 +461,7 @@ impl Side {
                     let one_sided = refs.is_some();
                     let reqs = match r {
                         Requested::Ours(reqs) => reqs,
-                        Requested::Pull { .. } | Requested::Push { .. } => {
-                            unreachable!("made a serve above")
-                        }
+                        Requested::Remote { .. } => unreachable!("made a serve above"),
                         Requested::Serve(s) => {
                             let key = self.next;
                             self.next += 1;

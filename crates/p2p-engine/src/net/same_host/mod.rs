@@ -592,6 +592,22 @@ fn pieces(ours: &[MemRef], theirs: &[Seg], len: u64) -> Vec<Piece> {
     out
 }
 
+/// A pull or push takes 1 to [`MAX_SEGS`] segments of ours and pieces of
+/// the peer's.
+fn one_sided_counts(what: &str, segs: &[MemRef], refs: &[RemoteRef]) -> Result<(), NetError> {
+    if segs.is_empty() || segs.len() > MAX_SEGS || refs.is_empty() || refs.len() > MAX_SEGS {
+        return Err(NetError::Misuse {
+            net: NET,
+            reason: format!(
+                "a {what} between {} segments and {} pieces of the peer's (1 to {MAX_SEGS} each)",
+                segs.len(),
+                refs.len()
+            ),
+        });
+    }
+    Ok(())
+}
+
 fn total(segs: &[MemRef]) -> u64 {
     segs.iter().map(|m| m.len as u64).sum()
 }
@@ -718,6 +734,32 @@ impl Chan {
             ));
         }
         Ok(theirs)
+    }
+
+    /// A pull (into `ours` from the peer's pieces `refs`) or a push (out
+    /// of `ours` into them), made now: the request's state, done or
+    /// refused. A breach (see [`Chan::remote_segs`], [`Chan::copy`]) ends
+    /// the comm.
+    fn one_sided(
+        &mut self,
+        pull: bool,
+        ours: &[MemRef],
+        refs: &[RemoteRef],
+    ) -> Result<St, NetError> {
+        let len = total(ours);
+        let what = if pull { "pull" } else { "push" };
+        tracing::trace!(len, "lat: same-host {what}");
+        let copied = self
+            .remote_segs(ours, refs)
+            .and_then(|theirs| self.copy(pull, ours, &theirs, len));
+        match copied {
+            Ok(()) => {
+                tracing::trace!(len, "lat: same-host {what} done");
+                Ok(St::Done(len as usize))
+            }
+            Err((reason, true)) => Err(self.fail(protocol(reason))),
+            Err((reason, false)) => Ok(St::Failed(reason)),
+        }
     }
 
     /// How the peer maps our segments (GPU ones exported).
@@ -1149,38 +1191,17 @@ impl SendComm for SameHostSend {
     /// push is not published, and the receiver's numbering skips it).
     fn ipush(&mut self, segs: &[MemRef], dst: &[RemoteRef]) -> Result<Option<ReqId>, NetError> {
         self.pump()?;
-        if segs.is_empty() || segs.len() > MAX_SEGS || dst.is_empty() || dst.len() > MAX_SEGS {
-            return Err(NetError::Misuse {
-                net: NET,
-                reason: format!(
-                    "a push of {} segments into {} pieces (1 to {MAX_SEGS} each)",
-                    segs.len(),
-                    dst.len()
-                ),
-            });
-        }
+        one_sided_counts("push", segs, dst)?;
         if self.out.len() >= MAX_REQUESTS {
             return Ok(None);
         }
-        let len = total(segs);
-        let copied = self.ch.remote_segs(segs, dst).and_then(|theirs| {
-            tracing::trace!(len, "lat: same-host push");
-            self.ch.copy(false, segs, &theirs, len)
-        });
-        let st = match copied {
-            Ok(()) => {
-                tracing::trace!(len, "lat: same-host pushed");
-                St::Done(len as usize)
-            }
-            Err((reason, true)) => return Err(self.ch.fail(protocol(reason))),
-            Err((reason, false)) => St::Failed(reason),
-        };
+        let st = self.ch.one_sided(false, segs, dst)?;
         let id = PUSH_IDS + self.pushes;
         self.pushes += 1;
         self.out.push_back(Out {
             seq: id,
             segs: segs.to_vec(),
-            len,
+            len: total(segs),
             st,
         });
         Ok(Some(ReqId(id)))
@@ -1360,24 +1381,11 @@ impl RecvComm for SameHostRecv {
     /// request is then done (or failed) when tested.
     fn ipull(&mut self, segs: &[MemRef], src: &[RemoteRef]) -> Result<Option<ReqId>, NetError> {
         self.ch.check()?;
-        if segs.is_empty() || segs.len() > MAX_SEGS || src.is_empty() || src.len() > MAX_SEGS {
-            return Err(NetError::Misuse {
-                net: NET,
-                reason: format!(
-                    "a pull of {} pieces into {} segments (1 to {MAX_SEGS} each)",
-                    src.len(),
-                    segs.len()
-                ),
-            });
-        }
+        one_sided_counts("pull", segs, src)?;
         if self.posted.len() >= MAX_REQUESTS {
             return Ok(None);
         }
-        let st = match self.pulled(segs, src) {
-            Ok(len) => St::Done(len as usize),
-            Err((reason, true)) => return Err(self.ch.fail(protocol(reason))),
-            Err((reason, false)) => St::Failed(reason),
-        };
+        let st = self.ch.one_sided(true, segs, src)?;
         let id = self.next_id;
         self.next_id += 1;
         self.posted.push_back(In {
@@ -1397,19 +1405,6 @@ impl RecvComm for SameHostRecv {
             "receive",
             "receive",
         )
-    }
-}
-
-impl SameHostRecv {
-    /// Copies the peer's ranges `src` into `segs` (see
-    /// [`Chan::remote_segs`]). Err(refusal, fatal), as [`Chan::copy`].
-    fn pulled(&mut self, segs: &[MemRef], src: &[RemoteRef]) -> Result<u64, (String, bool)> {
-        let theirs = self.ch.remote_segs(segs, src)?;
-        let len = total(segs);
-        tracing::trace!(len, "lat: same-host pull");
-        self.ch.copy(true, segs, &theirs, len)?;
-        tracing::trace!(len, "lat: same-host pulled");
-        Ok(len)
     }
 }
 
