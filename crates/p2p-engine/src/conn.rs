@@ -993,7 +993,7 @@ impl Conn {
         // +1: the target's WriteDone / ReadAck.
         let xfer = Transfer::new(xfer_id, self.id, plan.len() + 1, regions);
         let ops = Self::ops_for(&xfer, &local, &plan, true);
-        let ours = self.pull_src(&local);
+        let ours = self.pull_src(&local, remote.len());
         drop(local);
         // The request and, for a read, its receives' place in the order of
         // our requests for data are made under the state lock, in the order
@@ -1014,13 +1014,19 @@ impl Conn {
     /// Where the target may pull a write of these runs from (or push a
     /// read into), on a net with a one-sided path: one key per run. None
     /// sends the data: the net exports nothing here, or the runs are too
-    /// many for one request.
-    fn pull_src(&self, runs: &[(MemRef, Arc<crate::memory::Region>)]) -> Option<Vec<PullRun>> {
+    /// many for one request (of `items` items: the frame must stay within
+    /// what the peer takes).
+    fn pull_src(
+        &self,
+        runs: &[(MemRef, Arc<crate::memory::Region>)],
+        items: usize,
+    ) -> Option<Vec<PullRun>> {
         let net = self.exporter.as_ref()?;
         if runs.len() > PULL_MAX_RUNS {
             return None;
         }
-        runs.iter()
+        let src: Vec<PullRun> = runs
+            .iter()
             .map(|(m, _)| {
                 let key = net.export(*m)?;
                 (key.len() <= wire::MAX_PULL_KEY).then_some(PullRun {
@@ -1028,7 +1034,9 @@ impl Conn {
                     key,
                 })
             })
-            .collect()
+            .collect::<Option<_>>()?;
+        let keys = src.iter().map(|p| p.key.len()).sum();
+        (wire::pull_frame_len(items, src.len(), keys) <= wire::MAX_FRAME).then_some(src)
     }
 
     /// Whether a small one-sided transfer may go inline now (see

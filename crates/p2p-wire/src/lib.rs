@@ -629,6 +629,13 @@ pub struct PullRun {
 /// Longest [`PullRun::key`].
 pub const MAX_PULL_KEY: usize = 256;
 
+/// The encoded length of a [`Control::WritePull`] or [`Control::ReadPush`]
+/// of `items` items in `runs` runs whose keys add up to `key_bytes`: a
+/// sender keeps it within [`MAX_FRAME`] (the peer refuses a longer frame).
+pub fn pull_frame_len(items: usize, runs: usize, key_bytes: usize) -> usize {
+    1 + 8 + 4 + items * 32 + 4 + runs * 4 + 4 + runs * 3 + key_bytes
+}
+
 /// Most payload bytes that follow one `WriteInline` or `ReadData` frame on
 /// the control connection. What a side sends inline is set by
 /// `TCPX_P2P_INLINE_MAX` (see `Config::inline_max`), never above this.
@@ -1185,6 +1192,34 @@ mod tests {
         );
         assert!(HandshakeMsg::decode(&[2, 0]).is_err(), "no handles");
         assert!(HandshakeMsg::decode(&[9]).is_err());
+    }
+
+    #[test]
+    fn the_pull_frame_length_is_the_encoded_length() {
+        let item = RmaItem {
+            token: Token { id: 1, secret: 2 },
+            addr: 3,
+            len: 4,
+        };
+        let src = vec![
+            PullRun {
+                gpu: true,
+                key: vec![9; 113],
+            },
+            PullRun {
+                gpu: false,
+                key: vec![9; 40],
+            },
+        ];
+        let mut v = Vec::new();
+        Control::ReadPush {
+            xfer: 1,
+            items: vec![item; 5],
+            runs: vec![3, 2],
+            dst: src,
+        }
+        .encode(&mut v);
+        assert_eq!(v.len(), pull_frame_len(5, 2, 153));
     }
 
     #[test]
