@@ -147,9 +147,10 @@ def test_one_sided_transfers_are_copied_by_the_target_or_sent_as_each_side_allow
     device, writer_pulls, target_pulls
 ):
     """A write the target copies from the writer itself (the writer offers
-    it, the target pulls), a read it copies into the reader (pushes), and
-    both sent as before (either side with TCPX_P2P_SAME_HOST_PULL=0) land
-    the same bytes, single and scattered over several items."""
+    it, the target pulls) and one sent as before (either side with
+    TCPX_P2P_SAME_HOST_PULL=0) land the same bytes, single and scattered
+    over several items; reads (copied by the reader, whose memory it is)
+    bring them back."""
     ep = endpoint(dict(ON, TCPX_P2P_SAME_HOST_PULL=writer_pulls))
     bufs = peer_ops.Buffers(device, 0)
     peer = Peer(device, PEER_GPU, dict(ON, TCPX_P2P_SAME_HOST_PULL=target_pulls))

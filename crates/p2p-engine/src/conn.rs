@@ -518,11 +518,11 @@ impl Conn {
                     let ops = match requests {
                         Requested::Ours(ops) => ops,
                         Requested::Serve(s) => self.serving(s, None, done),
-                        // Pulls and pushes pair with no request of the
-                        // peer's: dealt outside the set's order.
+                        // Pulls pair with no send of the peer's: dealt
+                        // outside the set's order.
                         Requested::Remote { serve, runs } => {
                             let ops = self.serving(serve, Some(runs), done);
-                            self.enqueue(if send { Cmd::Push(ops) } else { Cmd::Pull(ops) });
+                            self.enqueue(Cmd::Pull(ops));
                             done.posted = true;
                             continue;
                         }
@@ -649,8 +649,7 @@ impl Conn {
     /// The requests that serve a peer's accepted request, under a transfer
     /// whose end the machine hears ([`Watch::Served`]). It waits for one
     /// more event than its requests, given after the state lock is let go.
-    /// With `remote`, each request copies from (a pull) or into (a push)
-    /// the peer's memory there.
+    /// With `remote`, each request pulls from the peer's memory there.
     fn serving(&self, s: Serve, remote: Option<Vec<PullRun>>, done: &mut Done) -> Vec<ChunkOp> {
         let inner = Transfer::new(0, self.id, s.plan.len() + 1, distinct_regions(&s.local));
         inner.watch(
@@ -993,26 +992,31 @@ impl Conn {
         // +1: the target's WriteDone / ReadAck.
         let xfer = Transfer::new(xfer_id, self.id, plan.len() + 1, regions);
         let ops = Self::ops_for(&xfer, &local, &plan, true);
-        let ours = self.pull_src(&local, remote.len());
+        // Only a write is offered: a read's bytes are written into our
+        // memory by us alone (see `Net::export`).
+        let ours = if read {
+            None
+        } else {
+            self.pull_src(&local, remote.len())
+        };
         drop(local);
         // The request and, for a read, its receives' place in the order of
         // our requests for data are made under the state lock, in the order
         // the requests leave.
         self.drive(|st, done| {
             if Self::track(st, &xfer, done) {
-                match (read, ours) {
-                    (true, Some(dst)) => st.proto.post_read_push(xfer_id, ops, remote, runs, dst),
-                    (true, None) => st.proto.post_read(xfer_id, ops, remote, runs),
-                    (false, Some(src)) => st.proto.post_write_pull(xfer_id, ops, remote, runs, src),
-                    (false, None) => st.proto.post_write(xfer_id, ops, remote, runs),
+                match ours {
+                    _ if read => st.proto.post_read(xfer_id, ops, remote, runs),
+                    Some(src) => st.proto.post_write_pull(xfer_id, ops, remote, runs, src),
+                    None => st.proto.post_write(xfer_id, ops, remote, runs),
                 }
             }
         });
         Ok(xfer)
     }
 
-    /// Where the target may pull a write of these runs from (or push a
-    /// read into), on a net with a one-sided path: one key per run. None
+    /// Where the target may pull a write of these runs from, on a net with
+    /// a one-sided path: one key per run. None
     /// sends the data: the net exports nothing here, or the runs are too
     /// many for one request (of `items` items: the frame must stay within
     /// what the peer takes).

@@ -54,9 +54,6 @@ enum Awaiting {
     Pull,
     /// A read: `ReadAck` (or a refusal).
     ReadAck,
-    /// A read the target may push: `ReadDone` once it has (or a refusal),
-    /// or `ReadAck` where it cannot push (then as `ReadAck`).
-    Push,
     /// An inline read: `ReadData` of exactly `len` bytes (or a refusal).
     ReadData { len: u32 },
 }
@@ -109,16 +106,6 @@ pub enum Action {
         plan: Vec<OpPlan>,
         weight: usize,
     },
-    /// The peer's read is accepted, to be pushed: copy `local` per `plan`
-    /// into `dst` (the peer's memory, one [`wire::PullRun`] per run of
-    /// `local`), then hand `weight` back and send `ReadDone`.
-    AcceptPush {
-        xfer: u64,
-        local: Vec<(MemRef, Arc<Region>)>,
-        plan: Vec<OpPlan>,
-        weight: usize,
-        dst: Vec<wire::PullRun>,
-    },
     /// Refuse the peer's write or inline read: send `Refused`.
     RefuseWrite {
         xfer: u64,
@@ -137,11 +124,6 @@ pub enum Action {
     /// The peer pulled every byte of our write `xfer`: it is done, and the
     /// sends it had ready are never posted.
     Pulled {
-        xfer: u64,
-    },
-    /// The peer pushed every byte of our read `xfer`: it is done, and its
-    /// receives are never posted.
-    Pushed {
         xfer: u64,
     },
     /// The peer's one acknowledgement of our transfer `xfer`.
@@ -256,12 +238,6 @@ impl Book {
         self.ours.insert(xfer, Awaiting::Pull);
     }
 
-    /// Our read `xfer` goes out for the target to push: it awaits
-    /// `ReadDone`, or `ReadAck` where the target cannot push.
-    pub fn expect_push(&mut self, xfer: u64) {
-        self.ours.insert(xfer, Awaiting::Push);
-    }
-
     /// Our inline request `xfer` is about to go out: a write awaits
     /// `WriteDone`, a read its `len` bytes of `ReadData`.
     pub fn expect_inline(&mut self, xfer: u64, read: bool, len: u32) {
@@ -352,29 +328,6 @@ impl Book {
                     weight,
                 },
                 Err(reason) => Action::RefuseWrite { xfer, reason },
-            },
-            Control::ReadPush {
-                xfer,
-                items,
-                runs,
-                dst,
-            } => match self.admit(cx, &items, &runs) {
-                Ok((local, plan, weight)) if copies_itself(&cx, &local, &dst) => {
-                    Action::AcceptPush {
-                        xfer,
-                        local,
-                        plan,
-                        weight,
-                        dst,
-                    }
-                }
-                Ok((local, plan, weight)) => Action::AcceptRead {
-                    xfer,
-                    local,
-                    plan,
-                    weight,
-                },
-                Err(reason) => Action::RefuseRead { xfer, reason },
             },
             Control::ReadReq { xfer, items, runs } => match self.admit(cx, &items, &runs) {
                 Ok((local, plan, weight)) => Action::AcceptRead {
@@ -479,27 +432,9 @@ impl Book {
                 }
                 _ => self.answer(xfer, Awaiting::Done, "WriteDone")?,
             },
-            Control::ReadAck { xfer } => match self.ours.get(&xfer) {
-                Some(Awaiting::Push) => {
-                    self.ours.remove(&xfer);
-                    Action::ReadAccepted { xfer }
-                }
-                _ => match self.answer(xfer, Awaiting::ReadAck, "ReadAck")? {
-                    Action::Acked { xfer } => Action::ReadAccepted { xfer },
-                    a => a,
-                },
-            },
-            Control::ReadDone { xfer } => match self.ours.get(&xfer) {
-                Some(Awaiting::Push) => {
-                    self.ours.remove(&xfer);
-                    Action::Pushed { xfer }
-                }
-                _ => {
-                    return Err(ProtocolError::Unexpected {
-                        what: "ReadDone",
-                        xfer,
-                    })
-                }
+            Control::ReadAck { xfer } => match self.answer(xfer, Awaiting::ReadAck, "ReadAck")? {
+                Action::Acked { xfer } => Action::ReadAccepted { xfer },
+                a => a,
             },
             Control::Refused { xfer, reason } => match self.ours.remove(&xfer) {
                 Some(_) => Action::PeerRefused { xfer, reason },
@@ -589,11 +524,11 @@ impl Book {
     }
 }
 
-/// Whether we copy a peer's offered request (`WritePull`, `ReadPush`)
-/// ourselves, between our runs `local` and its `runs`: on a net with a
-/// one-sided path, one key per run, and no run pairing the peer's host
-/// memory with our GPU memory (cross-memory attach moves host memory
-/// only). Otherwise the request is served as a `WriteReq` / `ReadReq`.
+/// Whether we copy a peer's offered write (`WritePull`) ourselves, from
+/// its `runs` into our runs `local`: on a net with a one-sided path, one
+/// key per run, and no run from the peer's host memory into our GPU
+/// memory (cross-memory attach moves host memory only). Otherwise the
+/// write is served as a `WriteReq`.
 fn copies_itself(cx: &Ctx<'_>, local: &[(MemRef, Arc<Region>)], runs: &[wire::PullRun]) -> bool {
     cx.pull
         && runs.len() == local.len()
@@ -800,47 +735,6 @@ mod tests {
             Ok(Action::Acked { xfer: 2 })
         ));
         assert_eq!(b.awaiting(), 0);
-    }
-
-    #[test]
-    fn a_read_offered_for_pushing_is_pushed_where_the_net_can_and_sent_otherwise() {
-        let f = fixture();
-        let offer = |xfer| Control::ReadPush {
-            xfer,
-            items: vec![item(&f, 4096, 8192, f.token)],
-            runs: vec![1],
-            dst: vec![wire::PullRun {
-                gpu: false,
-                key: vec![1; 16],
-            }],
-        };
-        let mut b = Book::new(Limits::default());
-        assert!(matches!(
-            b.on_control(cx(&f), offer(1)).unwrap(),
-            Action::AcceptPush { xfer: 1, .. }
-        ));
-        let mut no = cx(&f);
-        no.pull = false;
-        assert!(matches!(
-            b.on_control(no, offer(2)).unwrap(),
-            Action::AcceptRead { xfer: 2, .. }
-        ));
-        // Ours: ended by ReadDone once, or taken as a read after ReadAck.
-        b.expect_push(7);
-        assert!(matches!(
-            b.on_control(cx(&f), Control::ReadDone { xfer: 7 }),
-            Ok(Action::Pushed { xfer: 7 })
-        ));
-        assert!(b.on_control(cx(&f), Control::ReadDone { xfer: 7 }).is_err());
-        b.expect_push(8);
-        assert!(matches!(
-            b.on_control(cx(&f), Control::ReadAck { xfer: 8 }),
-            Ok(Action::ReadAccepted { xfer: 8 })
-        ));
-        assert!(b.on_control(cx(&f), Control::ReadDone { xfer: 8 }).is_err());
-        // A plain read never takes a ReadDone.
-        b.expect(9, true);
-        assert!(b.on_control(cx(&f), Control::ReadDone { xfer: 9 }).is_err());
     }
 
     #[test]

@@ -72,9 +72,8 @@ pub struct Serve {
     pub plan: Vec<OpPlan>,
     /// What the request holds against [`Limits`], given back at its end.
     pub weight: usize,
-    /// A write (we receive or pull, and answer `WriteDone` at the end), a
-    /// read (we send; `ReadAck` went before) or a pushed read (we copy into
-    /// the reader's memory, and answer `ReadDone` at the end).
+    /// A write (we receive or pull, and answer `WriteDone` at the end) or
+    /// a read (we send; `ReadAck` went before).
     pub answer: Answer,
 }
 
@@ -85,11 +84,10 @@ pub enum Requested<O> {
     Ours(O),
     /// Requests that serve a peer's accepted request.
     Serve(Serve),
-    /// Requests that serve a peer's offered write or read by copying
-    /// straight from or into its memory (`runs`: one [`PullRun`] per run of
-    /// `serve.local`): receives that pull a write, sends that push a read.
-    /// They pair with no request of the peer's, so they are posted outside
-    /// the order of the set's receives and sends.
+    /// Receives that serve a peer's offered write by copying straight from
+    /// its memory (`runs`: one [`PullRun`] per run of `serve.local`). They
+    /// pair with no send of the peer's, so they are posted outside the
+    /// order of the set's receives.
     Remote { serve: Serve, runs: Vec<PullRun> },
     /// This many empty messages: they fill the receives the target posted
     /// for a write we cancelled before its clear-to-send came (the target
@@ -451,30 +449,6 @@ impl<O: Requests> Proto<O> {
         }));
     }
 
-    /// Our one-sided read `xfer` offered for the target to push: `dst`
-    /// tells its net where each run of ours lies. The receives `requests`
-    /// take their place in the order of our requests for data now; the
-    /// target answers `ReadDone` once it has copied it all (they are then
-    /// never posted), or `ReadAck` (where it cannot push), and then they
-    /// are posted as for [`Proto::post_read`].
-    pub fn post_read_push(
-        &mut self,
-        xfer: u64,
-        requests: O,
-        items: Vec<RmaItem>,
-        runs: Vec<u32>,
-        dst: Vec<PullRun>,
-    ) {
-        self.book.expect_push(xfer);
-        self.rma_recvs.asked(xfer, Requested::Ours(requests));
-        self.out.push_back(Effect::Send(Control::ReadPush {
-            xfer,
-            items,
-            runs,
-            dst,
-        }));
-    }
-
     /// Our one-sided read `xfer` of the peer's `items` by the receives
     /// `requests`: they take their place in the order of our requests for
     /// data now, and are posted once the peer accepts.
@@ -553,16 +527,6 @@ impl<O: Requests> Proto<O> {
             }
             _ => false,
         }
-    }
-
-    /// Serves a peer's offered request by copying from (`push` false) or
-    /// into its memory at `runs`.
-    fn serve_remote(&mut self, push: bool, serve: Serve, runs: Vec<PullRun>) {
-        self.out.push_back(Effect::Post {
-            set: Set::Rma,
-            send: push,
-            requests: Requested::Remote { serve, runs },
-        });
     }
 
     /// Queues the one-sided receives whose turn has come, in order.
@@ -684,31 +648,11 @@ impl<O: Requests> Proto<O> {
                     weight,
                     answer: Answer::Write,
                 };
-                self.serve_remote(false, serve, src)
-            }
-            Action::AcceptPush {
-                xfer,
-                local,
-                plan,
-                weight,
-                dst,
-            } => {
-                let serve = Serve {
-                    xfer,
-                    local,
-                    plan,
-                    weight,
-                    answer: Answer::Pushed,
-                };
-                self.serve_remote(true, serve, dst)
-            }
-            // Every byte landed in the read's buffers: its receives, which
-            // held their place in the order, are never posted, and those
-            // behind them may be due.
-            Action::Pushed { xfer } => {
-                drop(self.rma_recvs.refused(xfer));
-                self.post_due();
-                self.out.push_back(Effect::CompleteAll(xfer));
+                self.out.push_back(Effect::Post {
+                    set: Set::Rma,
+                    send: false,
+                    requests: Requested::Remote { serve, runs: src },
+                });
             }
             Action::ReadAccepted { xfer } => {
                 // Only now may the peer's data land in the read's buffers.
@@ -827,8 +771,7 @@ impl<O: Requests> Proto<O> {
     }
 
     /// The requests serving the peer's request `xfer` ended (`Ok`: every
-    /// one did). What it held goes back; a write and a pushed read are
-    /// answered.
+    /// one did). What it held goes back; a write is answered.
     pub fn served_ended(
         &mut self,
         xfer: u64,
@@ -839,7 +782,6 @@ impl<O: Requests> Proto<O> {
         self.book.served_end(weight);
         let done = match answer {
             Answer::Write => Control::WriteDone { xfer },
-            Answer::Pushed => Control::ReadDone { xfer },
             Answer::Read => return,
         };
         self.out.push_back(Effect::Send(match outcome {

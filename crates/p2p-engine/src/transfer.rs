@@ -119,8 +119,6 @@ pub enum Answer {
     Write,
     /// A read whose data we sent: nothing (the reader's receives end it).
     Read,
-    /// A read we pushed into the reader's memory: `ReadDone`, or `Refused`.
-    Pushed,
 }
 
 /// A watched transfer whose end is decided, held for its connection.

@@ -297,25 +297,6 @@ fn request(b: &mut Bytes<'_>, write: bool, fx: &Fixture) -> Control {
             }
         }
         (false, true) => Control::WriteReq { xfer, items, runs },
-        (false, false) if inline & 4 == 4 => {
-            let n = match inline >> 3 & 7 {
-                0 => runs.len() + 1,
-                1 => runs.len().saturating_sub(1),
-                _ => runs.len(),
-            };
-            let dst = (0..n)
-                .map(|_| PullRun {
-                    gpu: b.u8() & 1 == 1,
-                    key: vec![0xCD; b.u8() as usize % 32],
-                })
-                .collect();
-            Control::ReadPush {
-                xfer,
-                items,
-                runs,
-                dst,
-            }
-        }
         (false, false) => Control::ReadReq { xfer, items, runs },
     }
 }
@@ -370,7 +351,6 @@ fn answer(b: &mut Bytes<'_>, op: u8, model: &Model) -> Option<Control> {
     Some(match op {
         2 => Control::WriteCts { xfer },
         3 => Control::WriteDone { xfer },
-        4 if b.u8() & 3 == 0 => Control::ReadDone { xfer },
         4 => Control::ReadAck { xfer },
         _ if b.u8() & 1 == 1 => {
             let awaited = model.inline_len.get(&xfer).copied().unwrap_or(0);
@@ -427,9 +407,6 @@ fn local_event(b: &mut Bytes<'_>, book: &mut Book, model: &mut Model) {
                 } else if !read && inline & 2 == 2 {
                     book.expect_pull(xfer);
                     e.insert((false, 4));
-                } else if read && inline & 2 == 2 {
-                    book.expect_push(xfer);
-                    e.insert((true, 5));
                 } else {
                     book.expect(xfer, read);
                     e.insert((read, 0));
@@ -480,13 +457,6 @@ fn check_action(
             plan,
             weight,
             src,
-            ..
-        }
-        | Action::AcceptPush {
-            local,
-            plan,
-            weight,
-            dst: src,
             ..
         } => {
             seen.accepted += 1;
@@ -545,7 +515,6 @@ fn check_action(
         | Action::Acked { .. }
         | Action::ReadAccepted { .. }
         | Action::Pulled { .. }
-        | Action::Pushed { .. }
         | Action::PeerRefused { .. }
         | Action::LandRead { .. }) => check_answer(answer, model),
     }
@@ -611,17 +580,13 @@ fn check_answer(action: Action, model: &mut Model) {
                 .expect("a pulled write we offered");
             assert!(!a.0 && a.1 == 4, "pulled: a write not offered to pull");
         }
-        Action::Pushed { xfer } => {
-            let a = model.asked.remove(&xfer).expect("a pushed read we offered");
-            assert!(a.0 && a.1 == 5, "pushed: a read not offered to push");
-        }
         Action::ReadAccepted { xfer } => {
             let a = model
                 .asked
                 .remove(&xfer)
                 .expect("an answer to a request we made");
             assert!(
-                a.0 && (a.1 == 0 || a.1 == 5),
+                a.0 && a.1 == 0,
                 "a read acceptance for no read awaiting one"
             );
         }

@@ -46,7 +46,7 @@ pub struct Req {
     owner: Owner,
     segs: Vec<(u64, usize)>,
     expect: Option<usize>,
-    /// A pull or a push: the peer's memory the bytes come from or go to.
+    /// A pull: the peer's memory the bytes come from.
     remote: Vec<RemoteRef>,
 }
 
@@ -97,9 +97,8 @@ pub struct Side {
     /// Requests posted and not yet moved, per set: sends, receives.
     sends: [VecDeque<Req>; 2],
     recvs: [VecDeque<Req>; 2],
-    /// Pulls and pushes posted and not yet made (they pair with nothing).
+    /// Pulls posted and not yet made (they pair with no send).
     pulls: VecDeque<Req>,
-    pushes: VecDeque<Req>,
     /// Our writes are offered for pulling, and the peer's pulled.
     pull: bool,
     pub xfers: HashMap<u64, Xfer>,
@@ -161,7 +160,6 @@ impl Side {
             sends: Default::default(),
             recvs: Default::default(),
             pulls: VecDeque::new(),
-            pushes: VecDeque::new(),
             pull,
             xfers: HashMap::new(),
             serving: HashMap::new(),
@@ -321,21 +319,17 @@ impl Side {
         let id = self.next;
         let (reqs, n) = self.reqs(Owner::Ours(id), &local, true);
         let id = self.new_xfer(n + 1);
-        let keys = || {
-            local
+        if read {
+            self.proto.post_read(id, reqs, items, runs);
+        } else if self.pull {
+            let src = local
                 .iter()
                 .map(|(m, _)| PullRun {
                     gpu: false,
                     key: pull_key(m.addr, m.len),
                 })
-                .collect()
-        };
-        if read && self.pull {
-            self.proto.post_read_push(id, reqs, items, runs, keys());
-        } else if read {
-            self.proto.post_read(id, reqs, items, runs);
-        } else if self.pull {
-            self.proto.post_write_pull(id, reqs, items, runs, keys());
+                .collect();
+            self.proto.post_write_pull(id, reqs, items, runs, src);
         } else {
             self.proto.post_write(id, reqs, items, runs);
         }
@@ -495,9 +489,7 @@ impl Side {
                             })
                             .collect(),
                     };
-                    let q = if one_sided && send {
-                        &mut self.pushes
-                    } else if one_sided {
+                    let q = if one_sided {
                         &mut self.pulls
                     } else if send {
                         &mut self.sends[set_index(set)]
@@ -584,7 +576,6 @@ impl Side {
             mine.extend(q.drain(..));
         }
         self.pulls.clear();
-        self.pushes.clear();
         self.serving.clear();
         self.out.clear();
         self.proto.abandon();
@@ -617,7 +608,6 @@ impl Side {
             .map(|q| q.len())
             .sum::<usize>()
             + self.pulls.len()
-            + self.pushes.len()
     }
 }
 
@@ -645,7 +635,7 @@ fn exported(exporter: &Side, refs: &[RemoteRef], room: usize) -> Option<Vec<(u64
 }
 
 /// The pair's pull key: the run's address and length in the writer's
-/// memory (or the reader's, for a push).
+/// memory.
 fn pull_key(addr: u64, len: usize) -> Vec<u8> {
     let mut k = addr.to_le_bytes().to_vec();
     k.extend_from_slice(&(len as u64).to_le_bytes());
@@ -863,41 +853,11 @@ impl Pair {
         true
     }
 
-    /// Makes the oldest push of the side `d` comes from, copying into the
-    /// other side's memory; false if none waits. A piece outside what the
-    /// reader exported, or outside its memory, fails the request, and no
-    /// byte of it lands.
-    pub fn push_one(&mut self, d: Dir) -> bool {
-        let (from, to) = self.ends(d);
-        if from.failed.is_some() || to.failed.is_some() {
-            return false;
-        }
-        let Some(r) = from.pushes.pop_front() else {
-            return false;
-        };
-        let room: usize = r.segs.iter().map(|s| s.1).sum();
-        let Some(theirs) = exported(to, &r.remote, room) else {
-            from.finished(&r, usize::MAX, Set::Rma);
-            return true;
-        };
-        let mut data = Vec::new();
-        for &(addr, len) in &r.segs {
-            data.extend_from_slice(from.bytes(addr, len));
-        }
-        let mut at = 0;
-        for &(addr, len) in &theirs {
-            to.write_bytes(addr, &data[at..at + len]);
-            at += len;
-        }
-        from.finished(&r, room, Set::Rma);
-        true
-    }
-
-    /// Makes every pull and push whose bytes go the way of `d`, without
-    /// delivering what either side writes; returns how many.
+    /// Makes every pull the target of `d` can make, without delivering
+    /// what it writes back; returns how many.
     pub fn settle_side(&mut self, d: Dir) -> usize {
         let mut n = 0;
-        while self.pull_one(d) || self.push_one(d) {
+        while self.pull_one(d) {
             n += 1;
         }
         n
@@ -920,7 +880,7 @@ impl Pair {
                         steps += 1;
                     }
                 }
-                while self.pull_one(d) || self.push_one(d) {
+                while self.pull_one(d) {
                     any = true;
                     steps += 1;
                 }

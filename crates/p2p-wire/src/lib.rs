@@ -341,8 +341,7 @@ pub const MAGIC: u64 = 0x3150_3250_5850_4354; // "TCPXP2P1"
 /// message's shape digest hashes each segment length as one 64-bit word
 /// (an older peer hashed bytes, and would refuse every gathered part).
 /// 11: a write may name where the target can copy its data from itself
-/// (`WritePull`), and a read where the target can copy its data to
-/// (`ReadPush`, answered `ReadDone`), on nets with a one-sided path.
+/// (`WritePull`), on nets with a one-sided path.
 pub const VERSION: u16 = 11;
 /// An ncclNet listen handle is at most this long.
 pub const NET_HANDLE_LEN: usize = 128;
@@ -565,20 +564,6 @@ pub enum Control {
     },
     /// Target → initiator: the read was accepted and its data is coming.
     ReadAck { xfer: u64 },
-    /// Initiator → target: a read the target may copy itself, straight
-    /// into the initiator's memory, on a net with a one-sided path: as a
-    /// `ReadReq` (the initiator posts no receive yet), plus where each
-    /// run's data must land ([`PullRun`], one per run). The target answers
-    /// `ReadDone` once it has copied every run, or, where it cannot push,
-    /// treats it as a `ReadReq` and answers `ReadAck`.
-    ReadPush {
-        xfer: u64,
-        items: Vec<RmaItem>,
-        runs: Vec<u32>,
-        dst: Vec<PullRun>,
-    },
-    /// Target → initiator: every byte of a pushed read has landed.
-    ReadDone { xfer: u64 },
     /// Either way: the request was refused; nothing was written.
     Refused { xfer: u64, reason: String },
     /// Orderly close.
@@ -616,8 +601,8 @@ pub enum Control {
     MsgDone { count: u64 },
 }
 
-/// Where one run of a [`Control::WritePull`] (or [`Control::ReadPush`])
-/// lies in the initiator's memory, for the target's net: `key` is that net's description of it
+/// Where one run of a [`Control::WritePull`] lies in the initiator's
+/// memory, for the target's net: `key` is that net's description of it
 /// (its `Net::export`), opaque to the engine; `gpu` says whether it is
 /// device memory.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -629,8 +614,7 @@ pub struct PullRun {
 /// Longest [`PullRun::key`].
 pub const MAX_PULL_KEY: usize = 256;
 
-/// The encoded length of a [`Control::WritePull`] or [`Control::ReadPush`]
-/// of `items` items in `runs` runs whose keys add up to `key_bytes`: a
+/// The encoded length of a [`Control::WritePull`] of `items` items in `runs` runs whose keys add up to `key_bytes`: a
 /// sender keeps it within [`MAX_FRAME`] (the peer refuses a longer frame).
 pub fn pull_frame_len(items: usize, runs: usize, key_bytes: usize) -> usize {
     1 + 8 + 4 + items * 32 + 4 + runs * 4 + 4 + runs * 3 + key_bytes
@@ -666,8 +650,6 @@ const T_READ_INLINE: u8 = 11;
 const T_READ_DATA: u8 = 12;
 const T_MSG_DONE: u8 = 13;
 const T_WRITE_PULL: u8 = 14;
-const T_READ_PUSH: u8 = 15;
-const T_READ_DONE: u8 = 16;
 
 /// Longest notification message.
 pub const MAX_NOTIF: usize = 1 << 20;
@@ -846,22 +828,6 @@ impl Control {
                 out.push(T_READ_ACK);
                 out.extend_from_slice(&xfer.to_le_bytes());
             }
-            Control::ReadPush {
-                xfer,
-                items,
-                runs,
-                dst,
-            } => {
-                out.push(T_READ_PUSH);
-                out.extend_from_slice(&xfer.to_le_bytes());
-                put_items(out, items);
-                put_runs(out, runs);
-                put_pull(out, dst);
-            }
-            Control::ReadDone { xfer } => {
-                out.push(T_READ_DONE);
-                out.extend_from_slice(&xfer.to_le_bytes());
-            }
             Control::Refused { xfer, reason } => {
                 out.push(T_REFUSED);
                 out.extend_from_slice(&xfer.to_le_bytes());
@@ -916,8 +882,6 @@ impl Control {
             Control::WriteDone { .. } => "WriteDone",
             Control::ReadReq { .. } => "ReadReq",
             Control::ReadAck { .. } => "ReadAck",
-            Control::ReadPush { .. } => "ReadPush",
-            Control::ReadDone { .. } => "ReadDone",
             Control::Refused { .. } => "Refused",
             Control::Close => "Close",
             Control::WriteInline { .. } => "WriteInline",
@@ -938,8 +902,6 @@ impl Control {
             | Control::WriteDone { xfer }
             | Control::ReadReq { xfer, .. }
             | Control::ReadAck { xfer }
-            | Control::ReadPush { xfer, .. }
-            | Control::ReadDone { xfer }
             | Control::Refused { xfer, .. }
             | Control::WriteInline { xfer, .. }
             | Control::ReadInline { xfer, .. }
@@ -991,19 +953,6 @@ impl Control {
                 Control::ReadReq { xfer, items, runs }
             }
             T_READ_ACK => Control::ReadAck { xfer: r.u64_le()? },
-            T_READ_PUSH => {
-                let xfer = r.u64_le()?;
-                let items = get_items(&mut r)?;
-                let runs = get_runs(&mut r, items.len())?;
-                let dst = get_pull(&mut r, runs.len())?;
-                Control::ReadPush {
-                    xfer,
-                    items,
-                    runs,
-                    dst,
-                }
-            }
-            T_READ_DONE => Control::ReadDone { xfer: r.u64_le()? },
             T_REFUSED => Control::Refused {
                 xfer: r.u64_le()?,
                 reason: r.string(MAX_REASON)?,
@@ -1212,11 +1161,11 @@ mod tests {
             },
         ];
         let mut v = Vec::new();
-        Control::ReadPush {
+        Control::WritePull {
             xfer: 1,
             items: vec![item; 5],
             runs: vec![3, 2],
-            dst: src,
+            src,
         }
         .encode(&mut v);
         assert_eq!(v.len(), pull_frame_len(5, 2, 153));
@@ -1292,19 +1241,6 @@ mod tests {
             },
             Control::WriteCts { xfer: 2 },
             Control::WriteDone { xfer: 3 },
-            Control::ReadPush {
-                xfer: 8,
-                items: vec![item; 2],
-                runs: vec![1, 1],
-                dst: vec![
-                    PullRun {
-                        gpu: true,
-                        key: vec![2; 100],
-                    };
-                    2
-                ],
-            },
-            Control::ReadDone { xfer: 9 },
             Control::ReadReq {
                 xfer: 4,
                 items: vec![item],

@@ -151,24 +151,25 @@ pub trait Net: Send + Sync {
     fn handle_target(&self, _handle: &NetHandle) -> Result<Option<HandleTarget>, NetError> {
         Ok(None)
     }
-    /// The one-sided path: how the peer's comms may copy `mem` straight
-    /// out of our memory ([`RecvComm::ipull`]) or into it
-    /// ([`SendComm::ipush`]), with no send or receive of ours; the bytes
-    /// travel to the peer (at most
+    /// The one-sided path: how the peer's receive comm may copy `mem`
+    /// straight out of our memory ([`RecvComm::ipull`]), with no send of
+    /// ours; the bytes travel to the peer (at most
     /// [`crate::wire::MAX_PULL_KEY`]). None: this net has no such path, or
-    /// not for this memory (the engine then sends the data).
+    /// not for this memory (the engine then sends the data). Only writes
+    /// are offered so (the target reads our memory): a read offered to be
+    /// copied into our memory by the target could land after we gave it
+    /// up, into memory we have let go.
     fn export(&self, _mem: MemRef) -> Option<Vec<u8>> {
         None
     }
-    /// Whether this net's comms pull and push ([`RecvComm::ipull`],
-    /// [`SendComm::ipush`]): a connection on it lets its peer's writes be
-    /// pulled and its reads pushed.
+    /// Whether this net's receive comms pull ([`RecvComm::ipull`]): a
+    /// connection on it lets its peer's writes be pulled.
     fn pulls(&self) -> bool {
         false
     }
 }
 
-/// A piece of the peer's memory a pull copies from (or a push into):
+/// A piece of the peer's memory a pull copies from:
 /// `len` bytes at `off` in a range the peer exported ([`Net::export`], its bytes in `key`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RemoteRef {
@@ -210,17 +211,6 @@ pub trait SendComm: Send {
             ([m], [mr]) => self.isend(*m, *mr),
             _ => Err(gather_unsupported(segs.len())),
         }
-    }
-    /// Posts a push: `segs` copied by this side straight into the pieces
-    /// of the peer's memory `dst` (ranges it exported, in order), with no
-    /// receive posted by the peer; tested as a send. The pieces must cover
-    /// `segs` exactly. Nets without a one-sided path refuse it.
-    fn ipush(&mut self, segs: &[MemRef], dst: &[RemoteRef]) -> Result<Option<ReqId>, NetError> {
-        let _ = (segs, dst);
-        Err(NetError::Misuse {
-            net: "net",
-            reason: "a push on a net without a one-sided path".into(),
-        })
     }
     /// `Some(bytes)` once the request is done. Call only on the oldest
     /// request not yet completed on this comm.

@@ -186,7 +186,6 @@ impl SameHostNet {
         Ok(SameHostSend {
             ch,
             next_seq: 0,
-            pushes: 0,
             out: VecDeque::new(),
         })
     }
@@ -592,14 +591,14 @@ fn pieces(ours: &[MemRef], theirs: &[Seg], len: u64) -> Vec<Piece> {
     out
 }
 
-/// A pull or push takes 1 to [`MAX_SEGS`] segments of ours and pieces of
-/// the peer's.
-fn one_sided_counts(what: &str, segs: &[MemRef], refs: &[RemoteRef]) -> Result<(), NetError> {
+/// A pull takes 1 to [`MAX_SEGS`] segments of ours and pieces of the
+/// peer's.
+fn pull_counts(segs: &[MemRef], refs: &[RemoteRef]) -> Result<(), NetError> {
     if segs.is_empty() || segs.len() > MAX_SEGS || refs.is_empty() || refs.len() > MAX_SEGS {
         return Err(NetError::Misuse {
             net: NET,
             reason: format!(
-                "a {what} between {} segments and {} pieces of the peer's (1 to {MAX_SEGS} each)",
+                "a pull between {} segments and {} pieces of the peer's (1 to {MAX_SEGS} each)",
                 segs.len(),
                 refs.len()
             ),
@@ -691,7 +690,7 @@ impl Chan {
     }
 
     /// The peer's segments that the pieces `refs` name, for a pull into
-    /// (or a push from) `ours`: each piece inside what the peer exported,
+    /// `ours`: each piece inside what the peer exported,
     /// together exactly as long as `ours`. A key that is no export is a
     /// breach (fatal); a piece past its export, or a length that differs,
     /// a refusal.
@@ -736,25 +735,18 @@ impl Chan {
         Ok(theirs)
     }
 
-    /// A pull (into `ours` from the peer's pieces `refs`) or a push (out
-    /// of `ours` into them), made now: the request's state, done or
-    /// refused. A breach (see [`Chan::remote_segs`], [`Chan::copy`]) ends
-    /// the comm.
-    fn one_sided(
-        &mut self,
-        pull: bool,
-        ours: &[MemRef],
-        refs: &[RemoteRef],
-    ) -> Result<St, NetError> {
+    /// A pull into `ours` from the peer's pieces `refs`, made now: the
+    /// request's state, done or refused. A breach (see
+    /// [`Chan::remote_segs`], [`Chan::copy`]) ends the comm.
+    fn pull(&mut self, ours: &[MemRef], refs: &[RemoteRef]) -> Result<St, NetError> {
         let len = total(ours);
-        let what = if pull { "pull" } else { "push" };
-        tracing::trace!(len, "lat: same-host {what}");
+        tracing::trace!(len, "lat: same-host pull");
         let copied = self
             .remote_segs(ours, refs)
-            .and_then(|theirs| self.copy(pull, ours, &theirs, len));
+            .and_then(|theirs| self.copy(true, ours, &theirs, len));
         match copied {
             Ok(()) => {
-                tracing::trace!(len, "lat: same-host {what} done");
+                tracing::trace!(len, "lat: same-host pull done");
                 Ok(St::Done(len as usize))
             }
             Err((reason, true)) => Err(self.fail(protocol(reason))),
@@ -1046,13 +1038,8 @@ struct Out {
 struct SameHostSend {
     ch: Chan,
     next_seq: u64,
-    /// Pushes posted (their ids count from [`PUSH_IDS`]).
-    pushes: u64,
     out: VecDeque<Out>,
 }
-
-/// The first push's request id: far above any send's number.
-const PUSH_IDS: u64 = 1 << 62;
 
 fn protocol(reason: String) -> NetError {
     NetError::Protocol { net: NET, reason }
@@ -1184,27 +1171,6 @@ impl SendComm for SameHostSend {
             st: St::Waiting,
         });
         Ok(Some(ReqId(seq)))
-    }
-
-    /// The copy is made here, at once; the request is then done (or
-    /// failed) when tested. Its id lies outside the sends' numbers (a
-    /// push is not published, and the receiver's numbering skips it).
-    fn ipush(&mut self, segs: &[MemRef], dst: &[RemoteRef]) -> Result<Option<ReqId>, NetError> {
-        self.pump()?;
-        one_sided_counts("push", segs, dst)?;
-        if self.out.len() >= MAX_REQUESTS {
-            return Ok(None);
-        }
-        let st = self.ch.one_sided(false, segs, dst)?;
-        let id = PUSH_IDS + self.pushes;
-        self.pushes += 1;
-        self.out.push_back(Out {
-            seq: id,
-            segs: segs.to_vec(),
-            len: total(segs),
-            st,
-        });
-        Ok(Some(ReqId(id)))
     }
 
     fn test(&mut self, req: ReqId) -> Result<Option<usize>, NetError> {
@@ -1381,11 +1347,11 @@ impl RecvComm for SameHostRecv {
     /// request is then done (or failed) when tested.
     fn ipull(&mut self, segs: &[MemRef], src: &[RemoteRef]) -> Result<Option<ReqId>, NetError> {
         self.ch.check()?;
-        one_sided_counts("pull", segs, src)?;
+        pull_counts(segs, src)?;
         if self.posted.len() >= MAX_REQUESTS {
             return Ok(None);
         }
-        let st = self.ch.one_sided(true, segs, src)?;
+        let st = self.ch.pull(segs, src)?;
         let id = self.next_id;
         self.next_id += 1;
         self.posted.push_back(In {
