@@ -466,6 +466,11 @@ def test_release_in_flight_aborts_and_the_agent_goes_on():
         b.close()
 
 
+@pytest.mark.skipif(
+    os.environ.get("TCPX_P2P_SAME_HOST_NET") == "1" and os.environ.get("TCPX_P2P_SAME_HOST_PULL", "1") != "0",
+    reason="on the same-host net a write is offered for the target to pull and cannot be called back "
+    "at once (docs/SAME_HOST.md); set TCPX_P2P_SAME_HOST_PULL=0 for this behaviour there",
+)
 def test_release_aborts_that_transfer_alone():
     """Two writes to a peer that has not cleared them yet (it is stopped):
     releasing one calls it back at once and no byte of it lands; the other,
