@@ -135,6 +135,10 @@ struct State {
     /// User transfers of this connection, by id: completed and failed as
     /// the machine says, failed together if the connection breaks.
     live: Live,
+    /// The peer's reads we granted, by its transfer id: each holds the
+    /// granted range's regions until the peer's `ReadDone` (or the
+    /// connection's end) completes it.
+    grants: HashMap<u64, Arc<Transfer>>,
 }
 
 /// A connection's user transfers by id. Ended ones are let go as new ones
@@ -419,6 +423,7 @@ impl Conn {
                     pull: net.pulls(),
                 }),
                 live: Live::default(),
+                grants: HashMap::new(),
             }),
             ends: ends.clone(),
             waiters,
@@ -526,6 +531,10 @@ impl Conn {
                             done.posted = true;
                             continue;
                         }
+                        Requested::Granted { xfer, ops, src } => {
+                            self.granted(st, xfer, ops, src, done);
+                            continue;
+                        }
                         Requested::Fill(n) => {
                             let inner = Transfer::new(0, self.id, n, vec![]);
                             (0..n)
@@ -534,6 +543,7 @@ impl Conn {
                                     xfer: inner.clone(),
                                     expect: None,
                                     remote: vec![],
+                                    plan: None,
                                 })
                                 .collect()
                         }
@@ -561,6 +571,12 @@ impl Conn {
                     }
                 }
                 Effect::Abandon(ops, f) => done.later.push(Later::Abandon(ops, f)),
+                Effect::Grant(serve) => self.grant(st, serve, done),
+                Effect::Release(xfer) => {
+                    if let Some(t) = st.grants.remove(&xfer) {
+                        done.later.push(Later::Complete(t));
+                    }
+                }
             }
         }
     }
@@ -625,6 +641,7 @@ impl Conn {
                 st.proto
                     .served_ended(*xfer, *weight, *answer, outcome.clone())
             }),
+            Watch::Granted { xfer } => self.drive(|st, _| st.proto.granted_ended(*xfer)),
             Watch::Notify { name, msg } => {
                 if outcome.is_ok() {
                     if let Err(e) = self.send_notif(name, msg) {
@@ -644,6 +661,88 @@ impl Conn {
         if t.watch(&self.ends, w) {
             self.hear_ends();
         }
+    }
+
+    /// Grants the peer's accepted read: `ReadGrant` with the keys of its
+    /// runs, and a transfer holding the range's regions until the peer's
+    /// `ReadDone`, whose end the machine hears ([`Watch::Served`]). Where
+    /// the net gives no key for a run (or the keys would not fit one
+    /// frame), the read is served by sending instead.
+    fn grant(&self, st: &mut State, serve: Serve, done: &mut Done) {
+        let src: Option<Vec<PullRun>> = self.exporter.as_ref().and_then(|net| {
+            serve
+                .local
+                .iter()
+                .map(|(m, _)| {
+                    let key = net.export(*m).filter(|k| k.len() <= wire::MAX_PULL_KEY)?;
+                    Some(PullRun {
+                        gpu: matches!(m.kind, crate::memory::MemKind::Cuda(_)),
+                        key,
+                    })
+                })
+                .collect()
+        });
+        let fits = |src: &Vec<PullRun>| {
+            let keys: usize = src.iter().map(|p| p.key.len()).sum();
+            wire::pull_frame_len(0, src.len(), keys) <= wire::MAX_FRAME
+        };
+        let Some(src) = src.filter(fits) else {
+            st.proto.grant_failed(serve);
+            return;
+        };
+        let held = Transfer::new(0, self.id, 1, distinct_regions(&serve.local));
+        held.watch(
+            &self.ends,
+            Watch::Served {
+                xfer: serve.xfer,
+                weight: serve.weight,
+                answer: serve.answer,
+            },
+        );
+        st.grants.insert(serve.xfer, held);
+        done.frames.push((
+            Control::ReadGrant {
+                xfer: serve.xfer,
+                src,
+            },
+            None,
+        ));
+    }
+
+    /// Our offered read `xfer` was granted: its receives `ops` copy from
+    /// the peer's memory (`src`, a key per run of the read), and its end is
+    /// answered `ReadDone` ([`Watch::Granted`]). A grant whose keys do not
+    /// match the read's runs fails it.
+    fn granted(
+        &self,
+        st: &mut State,
+        xfer: u64,
+        mut ops: Vec<ChunkOp>,
+        src: Vec<PullRun>,
+        done: &mut Done,
+    ) {
+        if let Some(t) = st.live.get(xfer) {
+            t.watch(&self.ends, Watch::Granted { xfer });
+        }
+        let keys: Vec<Arc<[u8]>> = src.into_iter().map(|p| Arc::from(p.key)).collect();
+        let mut bad = None;
+        for op in &mut ops {
+            let lens: Vec<usize> = op.segs.iter().map(|(m, _)| m.len).collect();
+            match proto::op_refs(op.plan, &lens, &keys) {
+                Some(r) => op.remote = r,
+                None => bad = Some(op.plan),
+            }
+        }
+        if let Some(p) = bad {
+            let why = Failure::Protocol(format!(
+                "the peer granted read {xfer} {} keys, which do not cover its request {p:?}",
+                keys.len()
+            ));
+            done.later.push(Later::Abandon(ops, why));
+            return;
+        }
+        self.enqueue(Cmd::Pull(ops));
+        done.posted = true;
     }
 
     /// The requests that serve a peer's accepted request, under a transfer
@@ -669,6 +768,7 @@ impl Conn {
             xfer: inner.clone(),
             expect,
             remote: refs.next().unwrap_or_default(),
+            plan: None,
         });
         done.later.push(Later::Complete(inner));
         ops
@@ -799,7 +899,8 @@ impl Conn {
                     abandoned.push(ops);
                 }
             }
-            let live = st.live.take_all();
+            let mut live = st.live.take_all();
+            live.extend(st.grants.drain().map(|(_, t)| t));
             (live, abandoned)
         };
         for t in live {
@@ -899,12 +1000,17 @@ impl Conn {
         plan: &[OpPlan],
         exact: bool,
     ) -> Vec<ChunkOp> {
-        proto::requests(items, plan, exact, |segs, expect| ChunkOp {
+        let mut ops = proto::requests(items, plan, exact, |segs, expect| ChunkOp {
             segs,
             xfer: xfer.clone(),
             expect,
             remote: vec![],
-        })
+            plan: None,
+        });
+        for (op, p) in ops.iter_mut().zip(plan) {
+            op.plan = Some(*p);
+        }
+        ops
     }
 
     /// Two-sided send or receive of a list of buffers.
@@ -992,23 +1098,34 @@ impl Conn {
         // +1: the target's WriteDone / ReadAck.
         let xfer = Transfer::new(xfer_id, self.id, plan.len() + 1, regions);
         let ops = Self::ops_for(&xfer, &local, &plan, true);
-        // Only a write is offered: a read's bytes are written into our
-        // memory by us alone (see `Net::export`).
+        // A write is offered with our keys, for the target to pull; a read
+        // is offered for us to copy from keys the target grants (our
+        // memory is written by us alone: see `Net::export`).
         let ours = if read {
             None
         } else {
             self.pull_src(&local, remote.len())
         };
+        let offer_read =
+            (read && self.exporter.is_some() && remote.len() <= PULL_MAX_RUNS).then(|| {
+                local
+                    .iter()
+                    .map(|(m, _)| matches!(m.kind, crate::memory::MemKind::Cuda(_)))
+                    .collect::<Vec<bool>>()
+            });
         drop(local);
         // The request and, for a read, its receives' place in the order of
         // our requests for data are made under the state lock, in the order
         // the requests leave.
         self.drive(|st, done| {
             if Self::track(st, &xfer, done) {
-                match ours {
+                match (ours, offer_read) {
+                    (_, Some(dst_gpu)) => st
+                        .proto
+                        .post_read_offer(xfer_id, ops, remote, runs, dst_gpu),
                     _ if read => st.proto.post_read(xfer_id, ops, remote, runs),
-                    Some(src) => st.proto.post_write_pull(xfer_id, ops, remote, runs, src),
-                    None => st.proto.post_write(xfer_id, ops, remote, runs),
+                    (Some(src), _) => st.proto.post_write_pull(xfer_id, ops, remote, runs, src),
+                    (None, _) => st.proto.post_write(xfer_id, ops, remote, runs),
                 }
             }
         });

@@ -11,7 +11,7 @@
 //! requests gets exactly one answer, and any other answer is a protocol
 //! error.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use crate::memory::{MemKind, Region, Registry};
@@ -54,6 +54,9 @@ enum Awaiting {
     Pull,
     /// A read: `ReadAck` (or a refusal).
     ReadAck,
+    /// A read we offered to copy ourselves: `ReadGrant`, or `ReadAck`
+    /// where the target sends it (or a refusal).
+    Offer,
     /// An inline read: `ReadData` of exactly `len` bytes (or a refusal).
     ReadData { len: u32 },
 }
@@ -106,6 +109,21 @@ pub enum Action {
         plan: Vec<OpPlan>,
         weight: usize,
     },
+    /// The peer's offered read is accepted, for the peer to copy: send
+    /// `ReadGrant` with where each run of `local` lies, and hold `local`
+    /// (and `weight`) until the peer's `ReadDone`
+    /// ([`Action::ReadReleased`]).
+    GrantRead {
+        xfer: u64,
+        local: Vec<(MemRef, Arc<Region>)>,
+        plan: Vec<OpPlan>,
+        weight: usize,
+    },
+    /// The peer will copy no more of the read `xfer` we granted: let its
+    /// range go.
+    ReadReleased {
+        xfer: u64,
+    },
     /// Refuse the peer's write or inline read: send `Refused`.
     RefuseWrite {
         xfer: u64,
@@ -125,6 +143,12 @@ pub enum Action {
     /// sends it had ready are never posted.
     Pulled {
         xfer: u64,
+    },
+    /// The peer granted our offered read `xfer`: copy each run from
+    /// `src`, then say `ReadDone`.
+    ReadGranted {
+        xfer: u64,
+        src: Vec<wire::PullRun>,
     },
     /// The peer's one acknowledgement of our transfer `xfer`.
     Acked {
@@ -205,6 +229,8 @@ pub struct Book {
     ours: HashMap<u64, Awaiting>,
     /// Accepted requests of the peer not yet finished, and their pieces.
     served: usize,
+    /// The peer's reads we granted and it has not released yet.
+    granted: HashSet<u64>,
     served_items: usize,
     /// Our two-sided messages posted, and how many the peer has
     /// acknowledged (see [`Control::MsgDone`]).
@@ -230,6 +256,18 @@ impl Book {
                 Awaiting::Cts
             },
         );
+    }
+
+    /// Our read `xfer` goes out offered for us to copy: it awaits
+    /// `ReadGrant`, or `ReadAck` where the target sends it.
+    pub fn expect_offer(&mut self, xfer: u64) {
+        self.ours.insert(xfer, Awaiting::Offer);
+    }
+
+    /// Our grant of the peer's read `xfer` could not be made (our net gave
+    /// no key for its memory): it is served as a `ReadReq` instead.
+    pub fn grant_failed(&mut self, xfer: u64) {
+        self.granted.remove(&xfer);
     }
 
     /// Our write `xfer` goes out for the target to pull: it awaits
@@ -329,6 +367,40 @@ impl Book {
                 },
                 Err(reason) => Action::RefuseWrite { xfer, reason },
             },
+            Control::ReadOffer {
+                xfer,
+                items,
+                runs,
+                dst_gpu,
+            } => match self.admit(cx, &items, &runs) {
+                Ok((local, plan, weight))
+                    if reader_copies(&cx, &local, &dst_gpu) && !self.granted.contains(&xfer) =>
+                {
+                    self.granted.insert(xfer);
+                    Action::GrantRead {
+                        xfer,
+                        local,
+                        plan,
+                        weight,
+                    }
+                }
+                Ok((local, plan, weight)) => Action::AcceptRead {
+                    xfer,
+                    local,
+                    plan,
+                    weight,
+                },
+                Err(reason) => Action::RefuseRead { xfer, reason },
+            },
+            Control::ReadDone { xfer } => {
+                if !self.granted.remove(&xfer) {
+                    return Err(ProtocolError::Unexpected {
+                        what: "ReadDone",
+                        xfer,
+                    });
+                }
+                Action::ReadReleased { xfer }
+            }
             Control::ReadReq { xfer, items, runs } => match self.admit(cx, &items, &runs) {
                 Ok((local, plan, weight)) => Action::AcceptRead {
                     xfer,
@@ -432,9 +504,27 @@ impl Book {
                 }
                 _ => self.answer(xfer, Awaiting::Done, "WriteDone")?,
             },
-            Control::ReadAck { xfer } => match self.answer(xfer, Awaiting::ReadAck, "ReadAck")? {
-                Action::Acked { xfer } => Action::ReadAccepted { xfer },
-                a => a,
+            Control::ReadAck { xfer } => match self.ours.get(&xfer) {
+                Some(Awaiting::Offer) => {
+                    self.ours.remove(&xfer);
+                    Action::ReadAccepted { xfer }
+                }
+                _ => match self.answer(xfer, Awaiting::ReadAck, "ReadAck")? {
+                    Action::Acked { xfer } => Action::ReadAccepted { xfer },
+                    a => a,
+                },
+            },
+            Control::ReadGrant { xfer, src } => match self.ours.get(&xfer) {
+                Some(Awaiting::Offer) => {
+                    self.ours.remove(&xfer);
+                    Action::ReadGranted { xfer, src }
+                }
+                _ => {
+                    return Err(ProtocolError::Unexpected {
+                        what: "ReadGrant",
+                        xfer,
+                    })
+                }
             },
             Control::Refused { xfer, reason } => match self.ours.remove(&xfer) {
                 Some(_) => Action::PeerRefused { xfer, reason },
@@ -522,6 +612,20 @@ impl Book {
         self.served_items += weight as usize;
         Ok((local, plan, weight as usize))
     }
+}
+
+/// Whether the peer copies its offered read (`ReadOffer`) itself, from our
+/// runs `local` into its runs (`dst_gpu`: which are device memory): on a
+/// net with a one-sided path, one flag per run, and no run from our host
+/// memory into its GPU memory (cross-memory attach moves host memory
+/// only). Otherwise the read is served as a `ReadReq`.
+fn reader_copies(cx: &Ctx<'_>, local: &[(MemRef, Arc<Region>)], dst_gpu: &[bool]) -> bool {
+    cx.pull
+        && dst_gpu.len() == local.len()
+        && local
+            .iter()
+            .zip(dst_gpu)
+            .all(|((m, _), &gpu)| !gpu || m.kind != MemKind::Host)
 }
 
 /// Whether we copy a peer's offered write (`WritePull`) ourselves, from
@@ -735,6 +839,68 @@ mod tests {
             Ok(Action::Acked { xfer: 2 })
         ));
         assert_eq!(b.awaiting(), 0);
+    }
+
+    #[test]
+    fn an_offered_read_is_granted_where_the_reader_can_copy_and_released_once() {
+        let f = fixture();
+        let offer = |xfer, gpu| Control::ReadOffer {
+            xfer,
+            items: vec![item(&f, 4096, 8192, f.token)],
+            runs: vec![1],
+            dst_gpu: vec![gpu],
+        };
+        let mut b = Book::new(Limits::default());
+        assert!(matches!(
+            b.on_control(cx(&f), offer(1, false)).unwrap(),
+            Action::GrantRead { xfer: 1, .. }
+        ));
+        // Our host memory into the reader's GPU memory: sent instead.
+        assert!(matches!(
+            b.on_control(cx(&f), offer(2, true)).unwrap(),
+            Action::AcceptRead { xfer: 2, .. }
+        ));
+        let mut no = cx(&f);
+        no.pull = false;
+        assert!(matches!(
+            b.on_control(no, offer(3, false)).unwrap(),
+            Action::AcceptRead { xfer: 3, .. }
+        ));
+        assert!(matches!(
+            b.on_control(cx(&f), Control::ReadDone { xfer: 1 }),
+            Ok(Action::ReadReleased { xfer: 1 })
+        ));
+        // Once; and never for a read that was not granted.
+        assert!(b.on_control(cx(&f), Control::ReadDone { xfer: 1 }).is_err());
+        assert!(b.on_control(cx(&f), Control::ReadDone { xfer: 2 }).is_err());
+    }
+
+    #[test]
+    fn our_offered_read_takes_a_grant_or_an_acknowledgement_once() {
+        let f = fixture();
+        let grant = |xfer| Control::ReadGrant {
+            xfer,
+            src: vec![wire::PullRun {
+                gpu: false,
+                key: vec![1; 16],
+            }],
+        };
+        let mut b = Book::new(Limits::default());
+        b.expect_offer(1);
+        assert!(matches!(
+            b.on_control(cx(&f), grant(1)),
+            Ok(Action::ReadGranted { xfer: 1, .. })
+        ));
+        assert!(b.on_control(cx(&f), grant(1)).is_err());
+        b.expect_offer(2);
+        assert!(matches!(
+            b.on_control(cx(&f), Control::ReadAck { xfer: 2 }),
+            Ok(Action::ReadAccepted { xfer: 2 })
+        ));
+        assert!(b.on_control(cx(&f), grant(2)).is_err());
+        // A plain read takes no grant.
+        b.expect(3, true);
+        assert!(b.on_control(cx(&f), grant(3)).is_err());
     }
 
     #[test]

@@ -72,7 +72,8 @@ pub mod fuzzing {
     pub use crate::notif::queue::NotifQueue;
     pub use crate::progress::Set;
     pub use crate::proto::{
-        pull_refs, requests, Effect, Landing, Payload, Proto, Requested, Serve, Setup, INLINE_READS,
+        op_refs, pull_refs, requests, Effect, Landing, Payload, Proto, Requested, Serve, Setup,
+        INLINE_READS,
     };
     pub use crate::rma_recvs::RmaRecvs;
     pub use crate::transfer::{plan_ops, Answer, Failure, Gather, OpPlan};

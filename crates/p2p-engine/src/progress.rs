@@ -36,6 +36,9 @@ pub struct ChunkOp {
     /// A pull ([`RecvComm::ipull`]): the peer's memory the bytes are
     /// copied from; empty for every other request.
     pub remote: Vec<RemoteRef>,
+    /// Where in its transfer's runs this request lies (our own transfers):
+    /// a granted read's pull keys are found from it ([`crate::proto::op_refs`]).
+    pub plan: Option<crate::transfer::OpPlan>,
 }
 
 pub enum Cmd {
@@ -764,6 +767,7 @@ mod tests {
                     xfer: x.clone(),
                     expect: Some(sizes[i]),
                     remote: vec![],
+                    plan: None,
                 });
                 x
             })

@@ -89,6 +89,14 @@ pub enum Requested<O> {
     /// pair with no send of the peer's, so they are posted outside the
     /// order of the set's receives.
     Remote { serve: Serve, runs: Vec<PullRun> },
+    /// Our offered read `xfer`'s receives, granted: each copies from `src`
+    /// (the peer's memory, one [`PullRun`] per run of the read), outside the
+    /// order of the set's receives.
+    Granted {
+        xfer: u64,
+        ops: O,
+        src: Vec<PullRun>,
+    },
     /// This many empty messages: they fill the receives the target posted
     /// for a write we cancelled before its clear-to-send came (the target
     /// then refuses it, and both sides stay in step).
@@ -121,6 +129,12 @@ pub enum Effect<O> {
     /// These requests of ours will never be posted (the connection ended,
     /// or the transfer was cancelled): their transfers end with the reason.
     Abandon(O, Failure),
+    /// Grant the peer's accepted read: send `ReadGrant` with the keys of
+    /// `serve.local` and hold it until [`Effect::Release`], or, where the
+    /// net gives no key, [`Proto::grant_failed`].
+    Grant(Serve),
+    /// The peer released the read `xfer` we granted.
+    Release(u64),
 }
 
 /// What the reader of the control connection must do with the bytes that
@@ -449,6 +463,58 @@ impl<O: Requests> Proto<O> {
         }));
     }
 
+    /// Our one-sided read `xfer` offered for us to copy from the peer's
+    /// memory (`dst_gpu`: which of our runs are device memory). The
+    /// receives `requests` take their place in the order of our requests
+    /// for data now; the target answers `ReadGrant` (they then copy from
+    /// its memory and we answer `ReadDone` once they end,
+    /// [`Proto::granted_ended`]) or `ReadAck` (they are posted as for
+    /// [`Proto::post_read`]).
+    pub fn post_read_offer(
+        &mut self,
+        xfer: u64,
+        requests: O,
+        items: Vec<RmaItem>,
+        runs: Vec<u32>,
+        dst_gpu: Vec<bool>,
+    ) {
+        self.book.expect_offer(xfer);
+        self.rma_recvs.asked(xfer, Requested::Ours(requests));
+        self.out.push_back(Effect::Send(Control::ReadOffer {
+            xfer,
+            items,
+            runs,
+            dst_gpu,
+        }));
+    }
+
+    /// Our granted read `xfer` ended (done or failed): the target may let
+    /// its range go.
+    pub fn granted_ended(&mut self, xfer: u64) {
+        self.out.push_back(Effect::Send(Control::ReadDone { xfer }));
+    }
+
+    /// Our grant of the peer's read (`serve`) could not be made: it is
+    /// served as a `ReadReq`.
+    pub fn grant_failed(&mut self, serve: Serve) {
+        self.book.grant_failed(serve.xfer);
+        self.accept_read(serve);
+    }
+
+    /// Serves the peer's accepted read by sending: `ReadAck`, then sends
+    /// for its plan.
+    fn accept_read(&mut self, serve: Serve) {
+        // The reader posted one receive per request of its plan of the
+        // runs' lengths: ours pairs with it request for request.
+        self.out
+            .push_back(Effect::Send(Control::ReadAck { xfer: serve.xfer }));
+        self.out.push_back(Effect::Post {
+            set: Set::Rma,
+            send: true,
+            requests: Requested::Serve(serve),
+        });
+    }
+
     /// Our one-sided read `xfer` of the peer's `items` by the receives
     /// `requests`: they take their place in the order of our requests for
     /// data now, and are posted once the peer accepts.
@@ -586,20 +652,40 @@ impl<O: Requests> Proto<O> {
                 local,
                 plan,
                 weight,
-            } => {
-                // The reader posted one receive per request of its plan of
-                // the runs' lengths: ours pairs with it request for request.
-                self.out.push_back(Effect::Send(Control::ReadAck { xfer }));
+            } => self.accept_read(Serve {
+                xfer,
+                local,
+                plan,
+                weight,
+                answer: Answer::Read,
+            }),
+            Action::GrantRead {
+                xfer,
+                local,
+                plan,
+                weight,
+            } => self.out.push_back(Effect::Grant(Serve {
+                xfer,
+                local,
+                plan,
+                weight,
+                answer: Answer::Read,
+            })),
+            Action::ReadReleased { xfer } => self.out.push_back(Effect::Release(xfer)),
+            Action::ReadGranted { xfer, src } => {
+                // Our receives held their place for the paired path: they
+                // give it up, and copy from the peer's memory instead.
+                let Some(Requested::Ours(ops)) = self.rma_recvs.refused(xfer) else {
+                    return Err(Failure::Protocol(format!(
+                        "a grant for read {xfer}, which waits for none"
+                    )));
+                };
+                self.post_due();
+                self.out.push_back(Effect::Complete(xfer));
                 self.out.push_back(Effect::Post {
                     set: Set::Rma,
-                    send: true,
-                    requests: Requested::Serve(Serve {
-                        xfer,
-                        local,
-                        plan,
-                        weight,
-                        answer: Answer::Read,
-                    }),
+                    send: false,
+                    requests: Requested::Granted { xfer, ops, src },
                 });
             }
             Action::RefuseRead { xfer, reason } => {
@@ -820,6 +906,35 @@ pub fn pull_refs(
                 .collect(),
         })
         .collect()
+}
+
+/// Where one request of ours (`plan`, over segments of lengths `lens`)
+/// copies from, given a key per run of its transfer (`keys`): a piece of
+/// one run at its offset, or a gathered request's runs whole. None if the
+/// keys do not cover it.
+pub fn op_refs(plan: Option<OpPlan>, lens: &[usize], keys: &[Arc<[u8]>]) -> Option<Vec<RemoteRef>> {
+    match plan? {
+        OpPlan::Piece { item, off, len, .. } => Some(vec![RemoteRef {
+            key: keys.get(item)?.clone(),
+            off: off as u64,
+            len: len as u64,
+        }]),
+        OpPlan::Gather { start, end } => {
+            if end - start != lens.len() {
+                return None;
+            }
+            (start..end)
+                .zip(lens)
+                .map(|(i, &len)| {
+                    Some(RemoteRef {
+                        key: keys.get(i)?.clone(),
+                        off: 0,
+                        len: len as u64,
+                    })
+                })
+                .collect()
+        }
+    }
 }
 
 /// The requests of `plan` over `items`, each built by `make` from its

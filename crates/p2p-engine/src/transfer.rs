@@ -107,6 +107,9 @@ pub enum Watch {
         weight: usize,
         answer: Answer,
     },
+    /// Our read the peer granted (`xfer`): its end, done or failed, is
+    /// answered `ReadDone`.
+    Granted { xfer: u64 },
     /// A notification `msg` from us (`name`) once the transfer is done.
     Notify { name: String, msg: Vec<u8> },
 }

@@ -130,8 +130,11 @@ fn inside_ours(off: u64, len: u64) -> bool {
 #[derive(Default)]
 struct Model {
     /// Our requests awaiting an answer: (is a read, stage). Stage 0: sent;
-    /// 1: a write cleared to send; 2: an inline write; 3: an inline read.
+    /// 1: a write cleared to send; 2: an inline write; 3: an inline read;
+    /// 4: a write offered for pulling; 5: a read offered for us to copy.
     asked: HashMap<u64, (bool, u8)>,
+    /// The peer's reads we granted and it has not released.
+    granted: std::collections::HashSet<u64>,
     /// Weights of the peer's requests being served.
     served: Vec<usize>,
     /// The payload length each of our inline requests awaits.
@@ -297,6 +300,19 @@ fn request(b: &mut Bytes<'_>, write: bool, fx: &Fixture) -> Control {
             }
         }
         (false, true) => Control::WriteReq { xfer, items, runs },
+        (false, false) if inline & 4 == 4 => {
+            let n = match inline >> 3 & 7 {
+                0 => runs.len() + 1,
+                _ => runs.len(),
+            };
+            let dst_gpu = (0..n).map(|_| b.u8() & 1 == 1).collect();
+            Control::ReadOffer {
+                xfer,
+                items,
+                runs,
+                dst_gpu,
+            }
+        }
         (false, false) => Control::ReadReq { xfer, items, runs },
     }
 }
@@ -350,7 +366,19 @@ fn answer(b: &mut Bytes<'_>, op: u8, model: &Model) -> Option<Control> {
     let xfer = pick(b, model)?;
     Some(match op {
         2 => Control::WriteCts { xfer },
+        3 if b.u8() & 3 == 0 => Control::ReadDone {
+            xfer: u64::from(b.u8() % 16),
+        },
         3 => Control::WriteDone { xfer },
+        4 if b.u8() & 3 == 0 => Control::ReadGrant {
+            xfer,
+            src: (0..1 + b.u8() % 4)
+                .map(|_| PullRun {
+                    gpu: false,
+                    key: vec![7; usize::from(b.u8() % 24)],
+                })
+                .collect(),
+        },
         4 => Control::ReadAck { xfer },
         _ if b.u8() & 1 == 1 => {
             let awaited = model.inline_len.get(&xfer).copied().unwrap_or(0);
@@ -407,6 +435,9 @@ fn local_event(b: &mut Bytes<'_>, book: &mut Book, model: &mut Model) {
                 } else if !read && inline & 2 == 2 {
                     book.expect_pull(xfer);
                     e.insert((false, 4));
+                } else if read && inline & 2 == 2 {
+                    book.expect_offer(xfer);
+                    e.insert((true, 5));
                 } else {
                     book.expect(xfer, read);
                     e.insert((read, 0));
@@ -465,6 +496,27 @@ fn check_action(
             carry_out(fx, &local, &plan, write);
             model.served.push(weight);
         }
+        Action::GrantRead {
+            xfer,
+            local,
+            plan,
+            weight,
+        } => {
+            seen.accepted += 1;
+            assert!(weight <= LIMITS.max_items && plan.len() <= LIMITS.max_items);
+            carry_out(fx, &local, &plan, write);
+            assert!(
+                model.granted.insert(xfer),
+                "granted twice before its release"
+            );
+            model.served.push(weight);
+        }
+        Action::ReadReleased { xfer } => {
+            assert!(
+                model.granted.remove(&xfer),
+                "a release of a read not granted"
+            );
+        }
         Action::RefuseWrite { .. } | Action::RefuseRead { .. } => {
             // A refusal holds nothing, whatever the request claimed.
             seen.refused += 1;
@@ -515,6 +567,7 @@ fn check_action(
         | Action::Acked { .. }
         | Action::ReadAccepted { .. }
         | Action::Pulled { .. }
+        | Action::ReadGranted { .. }
         | Action::PeerRefused { .. }
         | Action::LandRead { .. }) => check_answer(answer, model),
     }
@@ -580,13 +633,20 @@ fn check_answer(action: Action, model: &mut Model) {
                 .expect("a pulled write we offered");
             assert!(!a.0 && a.1 == 4, "pulled: a write not offered to pull");
         }
+        Action::ReadGranted { xfer, .. } => {
+            let a = model
+                .asked
+                .remove(&xfer)
+                .expect("a grant of a read we offered");
+            assert!(a.0 && a.1 == 5, "granted: a read not offered");
+        }
         Action::ReadAccepted { xfer } => {
             let a = model
                 .asked
                 .remove(&xfer)
                 .expect("an answer to a request we made");
             assert!(
-                a.0 && a.1 == 0,
+                a.0 && (a.1 == 0 || a.1 == 5),
                 "a read acceptance for no read awaiting one"
             );
         }

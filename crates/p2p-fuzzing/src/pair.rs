@@ -17,8 +17,8 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 
 use tcpx_p2p::fuzzing::{
-    plan_ops, pull_refs, requests, Answer, Effect, Failure, Gather, Limits, MemRef, Payload, Proto,
-    Region, Registry, RemoteRef, Requested, Set, Setup,
+    op_refs, plan_ops, pull_refs, requests, Answer, Effect, Failure, Gather, Limits, MemRef,
+    OpPlan, Payload, Proto, Region, Registry, RemoteRef, Requested, Set, Setup,
 };
 use tcpx_p2p::MemKind;
 use tcpx_p2p_wire::{Control, PullRun, RmaItem, Token};
@@ -48,6 +48,9 @@ pub struct Req {
     expect: Option<usize>,
     /// A pull: the peer's memory the bytes come from.
     remote: Vec<RemoteRef>,
+    /// Where in its transfer's runs one of ours lies (to find a grant's
+    /// keys).
+    plan: Option<OpPlan>,
 }
 
 /// How a transfer ended.
@@ -99,8 +102,13 @@ pub struct Side {
     recvs: [VecDeque<Req>; 2],
     /// Pulls posted and not yet made (they pair with no send).
     pulls: VecDeque<Req>,
-    /// Our writes are offered for pulling, and the peer's pulled.
+    /// Our writes are offered for pulling, and the peer's pulled; our reads
+    /// are offered for us to copy, and the peer's granted.
     pull: bool,
+    /// Our reads the peer granted: their ends are answered `ReadDone`.
+    granted: std::collections::HashSet<u64>,
+    /// The peer's reads we granted: the key of the requests serving each.
+    grants: HashMap<u64, u64>,
     pub xfers: HashMap<u64, Xfer>,
     serving: HashMap<u64, Serving>,
     next: u64,
@@ -160,6 +168,8 @@ impl Side {
             sends: Default::default(),
             recvs: Default::default(),
             pulls: VecDeque::new(),
+            granted: Default::default(),
+            grants: HashMap::new(),
             pull,
             xfers: HashMap::new(),
             serving: HashMap::new(),
@@ -225,12 +235,16 @@ impl Side {
         let lens: Vec<usize> = local.iter().map(|(m, _)| m.len).collect();
         let plan = plan_ops(&lens, CHUNK, self.gather);
         let n = plan.len();
-        let reqs = requests(local, &plan, exact, |segs, expect| Req {
+        let mut reqs = requests(local, &plan, exact, |segs, expect| Req {
             owner,
             segs: segs.iter().map(|(m, _)| (m.addr, m.len)).collect(),
             expect,
             remote: vec![],
+            plan: None,
         });
+        for (r, p) in reqs.iter_mut().zip(&plan) {
+            r.plan = Some(*p);
+        }
         (reqs, n)
     }
 
@@ -319,7 +333,10 @@ impl Side {
         let id = self.next;
         let (reqs, n) = self.reqs(Owner::Ours(id), &local, true);
         let id = self.new_xfer(n + 1);
-        if read {
+        if read && self.pull {
+            let dst_gpu = vec![false; runs.len()];
+            self.proto.post_read_offer(id, reqs, items, runs, dst_gpu);
+        } else if read {
             self.proto.post_read(id, reqs, items, runs);
         } else if self.pull {
             let src = local
@@ -372,6 +389,9 @@ impl Side {
         x.end = end.clone();
         if let Some(seq) = x.recv_seq {
             self.recv_ended(seq, end);
+        }
+        if self.granted.remove(&id) {
+            self.proto.granted_ended(id);
         }
     }
 
@@ -445,6 +465,33 @@ impl Side {
                     send,
                     requests: r,
                 } => {
+                    let r = match r {
+                        Requested::Granted { xfer, ops, src } => {
+                            self.granted.insert(xfer);
+                            let keys: Vec<Arc<[u8]>> =
+                                src.into_iter().map(|p| Arc::from(p.key)).collect();
+                            let mut pulls = Vec::new();
+                            let mut bad = false;
+                            for mut op in ops {
+                                let lens: Vec<usize> = op.segs.iter().map(|s| s.1).collect();
+                                match op_refs(op.plan, &lens, &keys) {
+                                    Some(refs) => op.remote = refs,
+                                    None => bad = true,
+                                }
+                                pulls.push(op);
+                            }
+                            if bad {
+                                self.end(
+                                    xfer,
+                                    End::Failed(Failure::Protocol("a grant short of keys".into())),
+                                );
+                            } else {
+                                self.pulls.extend(pulls);
+                            }
+                            continue;
+                        }
+                        r => r,
+                    };
                     let (r, mut refs) = match r {
                         Requested::Remote { serve, runs } => {
                             let refs = pull_refs(&serve.local, &serve.plan, runs);
@@ -455,7 +502,9 @@ impl Side {
                     let one_sided = refs.is_some();
                     let reqs = match r {
                         Requested::Ours(reqs) => reqs,
-                        Requested::Remote { .. } => unreachable!("made a serve above"),
+                        Requested::Remote { .. } | Requested::Granted { .. } => {
+                            unreachable!("made a serve above, or taken before")
+                        }
                         Requested::Serve(s) => {
                             let key = self.next;
                             self.next += 1;
@@ -464,6 +513,7 @@ impl Side {
                                 segs: segs.iter().map(|(m, _)| (m.addr, m.len)).collect(),
                                 expect,
                                 remote: refs.as_mut().and_then(|r| r.next()).unwrap_or_default(),
+                                plan: None,
                             });
                             self.serving.insert(
                                 key,
@@ -486,6 +536,7 @@ impl Side {
                                 segs: vec![],
                                 expect: None,
                                 remote: vec![],
+                                plan: None,
                             })
                             .collect(),
                     };
@@ -501,6 +552,44 @@ impl Side {
                 Effect::Complete(x) => self.complete_one(x),
                 Effect::CompleteAll(x) => self.complete_all(x),
                 Effect::Fail(x, f) => self.end(x, End::Failed(f)),
+                Effect::Grant(serve) => {
+                    let key = self.next;
+                    self.next += 1;
+                    let src = serve
+                        .local
+                        .iter()
+                        .map(|(m, _)| PullRun {
+                            gpu: false,
+                            key: pull_key(m.addr, m.len),
+                        })
+                        .collect();
+                    let mut body = Vec::new();
+                    Control::ReadGrant {
+                        xfer: serve.xfer,
+                        src,
+                    }
+                    .encode(&mut body);
+                    self.out.push_back(Frame {
+                        body,
+                        payload: Vec::new(),
+                    });
+                    self.serving.insert(
+                        key,
+                        Serving {
+                            xfer: serve.xfer,
+                            weight: serve.weight,
+                            answer: serve.answer,
+                            left: 1,
+                            poison: None,
+                        },
+                    );
+                    self.grants.insert(serve.xfer, key);
+                }
+                Effect::Release(xfer) => {
+                    if let Some(key) = self.grants.remove(&xfer) {
+                        self.served(key, Ok(()));
+                    }
+                }
                 Effect::Abandon(reqs, f) => {
                     for r in reqs {
                         if let Owner::Ours(x) = r.owner {
@@ -576,6 +665,7 @@ impl Side {
             mine.extend(q.drain(..));
         }
         self.pulls.clear();
+        self.grants.clear();
         self.serving.clear();
         self.out.clear();
         self.proto.abandon();

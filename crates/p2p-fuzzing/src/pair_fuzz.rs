@@ -51,7 +51,7 @@ pub struct PairSeen {
     pub broken: u64,
     /// Transfers whose bytes were compared with their source.
     pub checked: u64,
-    /// Of those, writes the target pulled.
+    /// Of those, writes the target pulled and reads copied from a grant.
     pub checked_pulled: u64,
 }
 
@@ -64,7 +64,6 @@ struct Posted {
     src: (Dir, usize),
     dst: (Dir, usize),
     len: usize,
-    read: bool,
 }
 
 fn side(p: &mut Pair, d: Dir) -> &mut Side {
@@ -221,7 +220,6 @@ pub fn proto_pair(data: &[u8]) -> PairSeen {
                         src,
                         dst,
                         len,
-                        read,
                     });
                 }
             }
@@ -365,7 +363,7 @@ pub fn proto_pair(data: &[u8]) -> PairSeen {
             t.src
         );
         seen.checked += 1;
-        seen.checked_pulled += u64::from(pulling && !t.read);
+        seen.checked_pulled += u64::from(pulling);
     }
     seen
 }

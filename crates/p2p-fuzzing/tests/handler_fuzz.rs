@@ -149,7 +149,7 @@ fn a_pair_of_connection_machines_moves_the_right_bytes_under_any_order() {
     let largest = LARGEST.load(Ordering::Relaxed);
     println!(
         "proto_pair harness: {corpus} corpus + {random} random inputs in {secs:.0} s: \
-         {} steps, {} transfers done ({} checked byte for byte, {} of them writes the target pulled), \
+         {} steps, {} transfers done ({} checked byte for byte, {} of them pulled writes or granted reads), \
          {} refused, {} failed, {} runs with the connection broken",
         t.steps, t.done, t.checked, t.checked_pulled, t.refused, t.failed, t.broken
     );

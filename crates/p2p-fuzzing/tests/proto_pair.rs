@@ -423,3 +423,59 @@ fn a_pull_past_what_the_writer_exported_is_refused_and_lands_nothing() {
         Ok(Control::Refused { xfer: 77, .. })
     ));
 }
+
+#[test]
+fn a_granted_read_is_copied_by_its_reader_and_released_once_it_ends() {
+    let mut p = Pair::pulling(MEM, Limits::default());
+    fill(&mut p.b.mem, 4096, 3 * CHUNK + 10, 23);
+    let item = p.b.advertise(4096, 3 * CHUNK + 10, None);
+    let r =
+        p.a.rma(true, &[(200_000, 3 * CHUNK + 10)], vec![item])
+            .unwrap();
+    assert!(matches!(
+        Control::decode(&p.a.out[0].body),
+        Ok(Control::ReadOffer { ref dst_gpu, .. }) if dst_gpu == &[false]
+    ));
+    // The offer reaches b, whose grant reaches a: a's copies wait to be
+    // made, and b holds the range meanwhile.
+    p.deliver(Dir::AtoB);
+    assert!(matches!(
+        Control::decode(&p.b.out[0].body),
+        Ok(Control::ReadGrant { ref src, .. }) if src.len() == 1
+    ));
+    p.deliver(Dir::BtoA);
+    assert!(p.a.queued() > 0, "a's pulls wait to be made");
+    assert_eq!(p.b.proto.held().1, 1, "b holds the granted read");
+    p.settle();
+    assert_eq!(p.a.end_of(r), End::Done);
+    assert_eq!(
+        &p.a.mem[200_000..200_000 + 3 * CHUNK + 10],
+        &p.b.mem[4096..4096 + 3 * CHUNK + 10]
+    );
+    assert_eq!(p.a.proto.held(), (0, 0, 0));
+    assert_eq!(p.b.proto.held(), (0, 0, 0), "released by a's ReadDone");
+    assert!(p.a.failed.is_none() && p.b.failed.is_none());
+}
+
+#[test]
+fn a_grant_short_of_keys_fails_the_read_and_still_releases_the_target() {
+    let mut p = Pair::pulling(MEM, Limits::default());
+    fill(&mut p.b.mem, 0, 2 * CHUNK, 5);
+    let i1 = p.b.advertise(0, CHUNK, None);
+    let i2 = p.b.advertise(CHUNK + 512, CHUNK, None);
+    let r =
+        p.a.rma(true, &[(100_000, CHUNK), (300_000, CHUNK)], vec![i1, i2])
+            .unwrap();
+    p.deliver(Dir::AtoB);
+    // b's grant, replaced by one key for two runs.
+    let g = p.b.out.pop_front().expect("b grants");
+    let Ok(Control::ReadGrant { xfer, mut src }) = Control::decode(&g.body) else {
+        panic!("not a grant");
+    };
+    src.truncate(1);
+    p.inject(Dir::BtoA, encode(Control::ReadGrant { xfer, src }, vec![]));
+    p.settle();
+    assert!(matches!(p.a.end_of(r), End::Failed(Failure::Protocol(_))));
+    assert_eq!(p.b.proto.held(), (0, 0, 0), "released by a's ReadDone");
+    assert!(p.a.failed.is_none() && p.b.failed.is_none());
+}

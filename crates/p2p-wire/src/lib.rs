@@ -341,8 +341,10 @@ pub const MAGIC: u64 = 0x3150_3250_5850_4354; // "TCPXP2P1"
 /// message's shape digest hashes each segment length as one 64-bit word
 /// (an older peer hashed bytes, and would refuse every gathered part).
 /// 11: a write may name where the target can copy its data from itself
-/// (`WritePull`), on nets with a one-sided path.
-pub const VERSION: u16 = 11;
+/// (`WritePull`), on nets with a one-sided path. 12: a reader may offer to
+/// copy a read itself (`ReadOffer`): the target answers where its data
+/// lies (`ReadGrant`) and the reader says when it is done (`ReadDone`).
+pub const VERSION: u16 = 12;
 /// An ncclNet listen handle is at most this long.
 pub const NET_HANDLE_LEN: usize = 128;
 /// Most channels per set a connection may have.
@@ -564,6 +566,25 @@ pub enum Control {
     },
     /// Target → initiator: the read was accepted and its data is coming.
     ReadAck { xfer: u64 },
+    /// Initiator → target: a read the initiator may copy itself, straight
+    /// from the target's memory, on a net with a one-sided path: as a
+    /// `ReadReq` (no receive is posted yet), plus whether each run lands in
+    /// device memory (`dst_gpu`, one per run). The target answers
+    /// `ReadGrant` where the reader can copy, else treats it as a `ReadReq`
+    /// and answers `ReadAck`.
+    ReadOffer {
+        xfer: u64,
+        items: Vec<RmaItem>,
+        runs: Vec<u32>,
+        dst_gpu: Vec<bool>,
+    },
+    /// Target → initiator: where each run of an offered read lies in the
+    /// target's memory (one [`PullRun`] per run); the reader copies it and
+    /// answers `ReadDone`. The target holds the range until then.
+    ReadGrant { xfer: u64, src: Vec<PullRun> },
+    /// Initiator → target: the reader will copy no more of a granted read
+    /// (done or failed): the target lets its range go.
+    ReadDone { xfer: u64 },
     /// Either way: the request was refused; nothing was written.
     Refused { xfer: u64, reason: String },
     /// Orderly close.
@@ -650,6 +671,9 @@ const T_READ_INLINE: u8 = 11;
 const T_READ_DATA: u8 = 12;
 const T_MSG_DONE: u8 = 13;
 const T_WRITE_PULL: u8 = 14;
+const T_READ_OFFER: u8 = 15;
+const T_READ_GRANT: u8 = 16;
+const T_READ_DONE: u8 = 17;
 
 /// Longest notification message.
 pub const MAX_NOTIF: usize = 1 << 20;
@@ -685,6 +709,11 @@ fn get_pull(r: &mut Reader<'_>, runs: usize) -> Result<Vec<PullRun>, WireError> 
             len: n,
         });
     }
+    get_pull_runs(r, n)
+}
+
+/// `n` [`PullRun`]s, each key at most [`MAX_PULL_KEY`] bytes.
+fn get_pull_runs(r: &mut Reader<'_>, n: usize) -> Result<Vec<PullRun>, WireError> {
     let mut v = Vec::with_capacity(n);
     for _ in 0..n {
         let gpu = match r.u8()? {
@@ -710,6 +739,46 @@ fn get_pull(r: &mut Reader<'_>, runs: usize) -> Result<Vec<PullRun>, WireError> 
         });
     }
     Ok(v)
+}
+
+fn put_flags(out: &mut Vec<u8>, flags: &[bool]) {
+    out.extend_from_slice(&(flags.len() as u32).to_le_bytes());
+    out.extend(flags.iter().map(|&f| f as u8));
+}
+
+/// One flag per run, each 0 or 1.
+fn get_flags(r: &mut Reader<'_>, runs: usize) -> Result<Vec<bool>, WireError> {
+    let n = r.u32_le()? as usize;
+    if n != runs || n > r.remaining() {
+        return Err(WireError::BadLength {
+            what: "run flags",
+            len: n,
+        });
+    }
+    r.take(n)?
+        .iter()
+        .map(|&b| match b {
+            0 => Ok(false),
+            1 => Ok(true),
+            x => Err(WireError::BadValue {
+                what: "run flag",
+                value: x as u64,
+            }),
+        })
+        .collect()
+}
+
+/// Keys of a grant: as many as the grant says, at most [`MAX_RMA_ITEMS`]
+/// (the reader checks the count against its own runs).
+fn get_grant(r: &mut Reader<'_>) -> Result<Vec<PullRun>, WireError> {
+    let n = r.u32_le()? as usize;
+    if n == 0 || n > MAX_RMA_ITEMS || n * 3 > r.remaining() {
+        return Err(WireError::BadLength {
+            what: "grant runs",
+            len: n,
+        });
+    }
+    get_pull_runs(r, n)
 }
 
 fn put_runs(out: &mut Vec<u8>, runs: &[u32]) {
@@ -810,6 +879,27 @@ impl Control {
                 put_runs(out, runs);
                 put_pull(out, src);
             }
+            Control::ReadOffer {
+                xfer,
+                items,
+                runs,
+                dst_gpu,
+            } => {
+                out.push(T_READ_OFFER);
+                out.extend_from_slice(&xfer.to_le_bytes());
+                put_items(out, items);
+                put_runs(out, runs);
+                put_flags(out, dst_gpu);
+            }
+            Control::ReadGrant { xfer, src } => {
+                out.push(T_READ_GRANT);
+                out.extend_from_slice(&xfer.to_le_bytes());
+                put_pull(out, src);
+            }
+            Control::ReadDone { xfer } => {
+                out.push(T_READ_DONE);
+                out.extend_from_slice(&xfer.to_le_bytes());
+            }
             Control::WriteCts { xfer } => {
                 out.push(T_WRITE_CTS);
                 out.extend_from_slice(&xfer.to_le_bytes());
@@ -882,6 +972,9 @@ impl Control {
             Control::WriteDone { .. } => "WriteDone",
             Control::ReadReq { .. } => "ReadReq",
             Control::ReadAck { .. } => "ReadAck",
+            Control::ReadOffer { .. } => "ReadOffer",
+            Control::ReadGrant { .. } => "ReadGrant",
+            Control::ReadDone { .. } => "ReadDone",
             Control::Refused { .. } => "Refused",
             Control::Close => "Close",
             Control::WriteInline { .. } => "WriteInline",
@@ -902,6 +995,9 @@ impl Control {
             | Control::WriteDone { xfer }
             | Control::ReadReq { xfer, .. }
             | Control::ReadAck { xfer }
+            | Control::ReadOffer { xfer, .. }
+            | Control::ReadGrant { xfer, .. }
+            | Control::ReadDone { xfer }
             | Control::Refused { xfer, .. }
             | Control::WriteInline { xfer, .. }
             | Control::ReadInline { xfer, .. }
@@ -953,6 +1049,23 @@ impl Control {
                 Control::ReadReq { xfer, items, runs }
             }
             T_READ_ACK => Control::ReadAck { xfer: r.u64_le()? },
+            T_READ_OFFER => {
+                let xfer = r.u64_le()?;
+                let items = get_items(&mut r)?;
+                let runs = get_runs(&mut r, items.len())?;
+                let dst_gpu = get_flags(&mut r, runs.len())?;
+                Control::ReadOffer {
+                    xfer,
+                    items,
+                    runs,
+                    dst_gpu,
+                }
+            }
+            T_READ_GRANT => Control::ReadGrant {
+                xfer: r.u64_le()?,
+                src: get_grant(&mut r)?,
+            },
+            T_READ_DONE => Control::ReadDone { xfer: r.u64_le()? },
             T_REFUSED => Control::Refused {
                 xfer: r.u64_le()?,
                 reason: r.string(MAX_REASON)?,
@@ -1241,6 +1354,23 @@ mod tests {
             },
             Control::WriteCts { xfer: 2 },
             Control::WriteDone { xfer: 3 },
+            Control::ReadOffer {
+                xfer: 10,
+                items: vec![item; 3],
+                runs: vec![1, 2],
+                dst_gpu: vec![true, false],
+            },
+            Control::ReadGrant {
+                xfer: 11,
+                src: vec![
+                    PullRun {
+                        gpu: false,
+                        key: vec![3; 20],
+                    };
+                    2
+                ],
+            },
+            Control::ReadDone { xfer: 12 },
             Control::ReadReq {
                 xfer: 4,
                 items: vec![item],
