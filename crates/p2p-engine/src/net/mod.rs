@@ -153,17 +153,18 @@ pub trait Net: Send + Sync {
     }
     /// The one-sided path: how the peer's receive comm may copy `mem`
     /// straight out of our memory ([`RecvComm::ipull`]), with no send of
-    /// ours; the bytes travel to the peer (at most
+    /// ours: the target of our write, or the reader of a read we grant.
+    /// The bytes travel to the peer (at most
     /// [`crate::wire::MAX_PULL_KEY`]). None: this net has no such path, or
-    /// not for this memory (the engine then sends the data). Only writes
-    /// are offered so (the target reads our memory): a read offered to be
-    /// copied into our memory by the target could land after we gave it
-    /// up, into memory we have let go.
+    /// not for this memory (the engine then sends the data). A key lets the
+    /// peer read our memory, never write it: a copy into memory of a peer
+    /// that gave the transfer up could land in memory it has let go.
     fn export(&self, _mem: MemRef) -> Option<Vec<u8>> {
         None
     }
-    /// Whether this net's receive comms pull ([`RecvComm::ipull`]): a
-    /// connection on it lets its peer's writes be pulled.
+    /// Whether this net's receive comms pull ([`RecvComm::ipull`]): on a
+    /// connection over it, writes are pulled by their target and reads by
+    /// their reader.
     fn pulls(&self) -> bool {
         false
     }
