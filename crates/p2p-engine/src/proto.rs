@@ -972,3 +972,51 @@ pub fn requests<T>(
         })
         .collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn keys(n: usize) -> Vec<Arc<[u8]>> {
+        (0..n).map(|i| Arc::from(vec![i as u8; 4])).collect()
+    }
+
+    #[test]
+    fn a_request_finds_its_pieces_of_the_granted_runs_from_its_place_in_the_plan() {
+        let k = keys(3);
+        // A piece of run 1 at offset 4096.
+        let piece = OpPlan::Piece {
+            item: 1,
+            off: 4096,
+            len: 1000,
+            pieces: 2,
+        };
+        let r = op_refs(Some(piece), &[1000], &k).unwrap();
+        assert_eq!(r.len(), 1);
+        assert_eq!((&*r[0].key, r[0].off, r[0].len), (&*k[1], 4096, 1000));
+        // Runs 1 and 2 gathered whole.
+        let gather = OpPlan::Gather { start: 1, end: 3 };
+        let r = op_refs(Some(gather), &[10, 20], &k).unwrap();
+        let got: Vec<(&[u8], u64, u64)> = r.iter().map(|p| (&*p.key, p.off, p.len)).collect();
+        assert_eq!(got, vec![(&*k[1], 0, 10), (&*k[2], 0, 20)]);
+    }
+
+    #[test]
+    fn a_grant_that_does_not_cover_a_request_finds_nothing() {
+        let k = keys(2);
+        let piece = OpPlan::Piece {
+            item: 2,
+            off: 0,
+            len: 8,
+            pieces: 1,
+        };
+        assert!(op_refs(Some(piece), &[8], &k).is_none(), "no key for run 2");
+        let gather = OpPlan::Gather { start: 0, end: 3 };
+        assert!(op_refs(Some(gather), &[1, 2, 3], &k).is_none());
+        // A gathered request whose segments are not its runs'.
+        let gather = OpPlan::Gather { start: 0, end: 2 };
+        assert!(op_refs(Some(gather), &[1], &k).is_none());
+        // A request with no place in a plan (not one of ours).
+        assert!(op_refs(None, &[8], &k).is_none());
+    }
+}
