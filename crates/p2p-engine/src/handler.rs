@@ -335,63 +335,19 @@ impl Book {
                     to: count,
                 }
             }
-            Control::WriteReq { xfer, items, runs } => match self.admit(cx, &items, &runs) {
-                Ok((local, plan, weight)) => Action::AcceptWrite {
-                    xfer,
-                    local,
-                    plan,
-                    weight,
-                },
-                Err(reason) => Action::RefuseWrite { xfer, reason },
-            },
+            Control::WriteReq { xfer, items, runs } => self.write(cx, xfer, &items, &runs, None),
             Control::WritePull {
                 xfer,
                 items,
                 runs,
                 src,
-            } => match self.admit(cx, &items, &runs) {
-                Ok((local, plan, weight)) if copies_itself(&cx, &local, &src) => {
-                    Action::AcceptPull {
-                        xfer,
-                        local,
-                        plan,
-                        weight,
-                        src,
-                    }
-                }
-                Ok((local, plan, weight)) => Action::AcceptWrite {
-                    xfer,
-                    local,
-                    plan,
-                    weight,
-                },
-                Err(reason) => Action::RefuseWrite { xfer, reason },
-            },
+            } => self.write(cx, xfer, &items, &runs, Some(src)),
             Control::ReadOffer {
                 xfer,
                 items,
                 runs,
                 dst_gpu,
-            } => match self.admit(cx, &items, &runs) {
-                Ok((local, plan, weight))
-                    if reader_copies(&cx, &local, &dst_gpu) && !self.granted.contains(&xfer) =>
-                {
-                    self.granted.insert(xfer);
-                    Action::GrantRead {
-                        xfer,
-                        local,
-                        plan,
-                        weight,
-                    }
-                }
-                Ok((local, plan, weight)) => Action::AcceptRead {
-                    xfer,
-                    local,
-                    plan,
-                    weight,
-                },
-                Err(reason) => Action::RefuseRead { xfer, reason },
-            },
+            } => self.read(cx, xfer, &items, &runs, Some(&dst_gpu)),
             Control::ReadDone { xfer } => {
                 if !self.granted.remove(&xfer) {
                     return Err(ProtocolError::Unexpected {
@@ -401,16 +357,7 @@ impl Book {
                 }
                 Action::ReadReleased { xfer }
             }
-            Control::ReadReq { xfer, items, runs } => match self.admit(cx, &items, &runs) {
-                Ok((local, plan, weight)) => Action::AcceptRead {
-                    xfer,
-                    local,
-                    plan,
-                    weight,
-                },
-                // Nothing is sized from the claim, and nothing is held.
-                Err(reason) => Action::RefuseRead { xfer, reason },
-            },
+            Control::ReadReq { xfer, items, runs } => self.read(cx, xfer, &items, &runs, None),
             Control::WriteInline {
                 xfer,
                 items,
@@ -549,6 +496,72 @@ impl Book {
             Ok(Action::Acked { xfer })
         } else {
             Err(ProtocolError::Unexpected { what, xfer })
+        }
+    }
+
+    /// The peer's write `xfer` of `items` in `runs`, offered for us to pull
+    /// from `src` or not: pulled where we can copy it ourselves
+    /// ([`copies_itself`]), else received as sent.
+    fn write(
+        &mut self,
+        cx: Ctx<'_>,
+        xfer: u64,
+        items: &[RmaItem],
+        runs: &[u32],
+        src: Option<Vec<wire::PullRun>>,
+    ) -> Action {
+        match (self.admit(cx, items, runs), src) {
+            (Ok((local, plan, weight)), Some(src)) if copies_itself(&cx, &local, &src) => {
+                Action::AcceptPull {
+                    xfer,
+                    local,
+                    plan,
+                    weight,
+                    src,
+                }
+            }
+            (Ok((local, plan, weight)), _) => Action::AcceptWrite {
+                xfer,
+                local,
+                plan,
+                weight,
+            },
+            (Err(reason), _) => Action::RefuseWrite { xfer, reason },
+        }
+    }
+
+    /// The peer's read `xfer` of `items` in `runs`, offered for it to copy
+    /// itself (`dst_gpu`: which of its runs are device memory) or not:
+    /// granted where it can ([`reader_copies`]; one grant per id at a
+    /// time), else sent.
+    fn read(
+        &mut self,
+        cx: Ctx<'_>,
+        xfer: u64,
+        items: &[RmaItem],
+        runs: &[u32],
+        dst_gpu: Option<&[bool]>,
+    ) -> Action {
+        match (self.admit(cx, items, runs), dst_gpu) {
+            (Ok((local, plan, weight)), Some(dst_gpu))
+                if reader_copies(&cx, &local, dst_gpu) && !self.granted.contains(&xfer) =>
+            {
+                self.granted.insert(xfer);
+                Action::GrantRead {
+                    xfer,
+                    local,
+                    plan,
+                    weight,
+                }
+            }
+            (Ok((local, plan, weight)), _) => Action::AcceptRead {
+                xfer,
+                local,
+                plan,
+                weight,
+            },
+            // Nothing is sized from the claim, and nothing is held.
+            (Err(reason), _) => Action::RefuseRead { xfer, reason },
         }
     }
 
