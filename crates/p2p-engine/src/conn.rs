@@ -207,7 +207,7 @@ pub struct Conn {
     /// The name of the net this connection's data rides.
     pub net: String,
     /// The net, where it has a one-sided path: our writes are offered to
-    /// the target to pull ([`Conn::pull_src`]).
+    /// the target to pull, and reads granted ([`Conn::keys`]).
     exporter: Option<Arc<dyn Net>>,
     pub chunk: usize,
     /// How small items share a request on this connection's net.
@@ -669,24 +669,7 @@ impl Conn {
     /// the net gives no key for a run (or the keys would not fit one
     /// frame), the read is served by sending instead.
     fn grant(&self, st: &mut State, serve: Serve, done: &mut Done) {
-        let src: Option<Vec<PullRun>> = self.exporter.as_ref().and_then(|net| {
-            serve
-                .local
-                .iter()
-                .map(|(m, _)| {
-                    let key = net.export(*m).filter(|k| k.len() <= wire::MAX_PULL_KEY)?;
-                    Some(PullRun {
-                        gpu: matches!(m.kind, crate::memory::MemKind::Cuda(_)),
-                        key,
-                    })
-                })
-                .collect()
-        });
-        let fits = |src: &Vec<PullRun>| {
-            let keys: usize = src.iter().map(|p| p.key.len()).sum();
-            wire::pull_frame_len(0, src.len(), keys) <= wire::MAX_FRAME
-        };
-        let Some(src) = src.filter(fits) else {
+        let Some(src) = self.keys(&serve.local, 0) else {
             st.proto.grant_failed(serve);
             return;
         };
@@ -1104,7 +1087,7 @@ impl Conn {
         let ours = if read {
             None
         } else {
-            self.pull_src(&local, remote.len())
+            self.keys(&local, remote.len())
         };
         let offer_read =
             (read && self.exporter.is_some() && remote.len() <= PULL_MAX_RUNS).then(|| {
@@ -1132,12 +1115,12 @@ impl Conn {
         Ok(xfer)
     }
 
-    /// Where the target may pull a write of these runs from, on a net with
-    /// a one-sided path: one key per run. None
-    /// sends the data: the net exports nothing here, or the runs are too
-    /// many for one request (of `items` items: the frame must stay within
-    /// what the peer takes).
-    fn pull_src(
+    /// Where the peer may copy these runs of ours from, on a net with a
+    /// one-sided path: one key per run (a write's, for its target; a
+    /// granted read's, for its reader). None sends the data: the net
+    /// exports nothing here, or the runs are too many for one frame of
+    /// `items` items more (the peer takes no longer one).
+    fn keys(
         &self,
         runs: &[(MemRef, Arc<crate::memory::Region>)],
         items: usize,
