@@ -477,12 +477,7 @@ fn check_action(
             plan,
             weight,
             ..
-        } => {
-            seen.accepted += 1;
-            assert!(weight <= LIMITS.max_items && plan.len() <= LIMITS.max_items);
-            carry_out(fx, &local, &plan, write);
-            model.served.push(weight);
-        }
+        } => accepted(fx, model, seen, &local, &plan, weight, write),
         Action::AcceptPull {
             local,
             plan,
@@ -490,11 +485,8 @@ fn check_action(
             src,
             ..
         } => {
-            seen.accepted += 1;
             assert_eq!(src.len(), local.len(), "a pull without one key per run");
-            assert!(weight <= LIMITS.max_items && plan.len() <= LIMITS.max_items);
-            carry_out(fx, &local, &plan, write);
-            model.served.push(weight);
+            accepted(fx, model, seen, &local, &plan, weight, write);
         }
         Action::GrantRead {
             xfer,
@@ -502,14 +494,11 @@ fn check_action(
             plan,
             weight,
         } => {
-            seen.accepted += 1;
-            assert!(weight <= LIMITS.max_items && plan.len() <= LIMITS.max_items);
-            carry_out(fx, &local, &plan, write);
             assert!(
                 model.granted.insert(xfer),
                 "granted twice before its release"
             );
-            model.served.push(weight);
+            accepted(fx, model, seen, &local, &plan, weight, write);
         }
         Action::ReadReleased { xfer } => {
             assert!(
@@ -571,6 +560,23 @@ fn check_action(
         | Action::PeerRefused { .. }
         | Action::LandRead { .. }) => check_answer(answer, model),
     }
+}
+
+/// An accepted request: within the limits, its memory checked and carried
+/// out ([`carry_out`]), its weight held until our side ends it.
+fn accepted(
+    fx: &mut Fixture,
+    model: &mut Model,
+    seen: &mut Seen,
+    local: &[(MemRef, Arc<Region>)],
+    plan: &[OpPlan],
+    weight: usize,
+    write: bool,
+) {
+    seen.accepted += 1;
+    assert!(weight <= LIMITS.max_items && plan.len() <= LIMITS.max_items);
+    carry_out(fx, local, plan, write);
+    model.served.push(weight);
 }
 
 /// An accepted request's memory: inside our advertisements, each piece of

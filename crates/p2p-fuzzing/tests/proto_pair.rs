@@ -21,23 +21,31 @@ fn encode(m: Control, payload: Vec<u8>) -> Frame {
     Frame { body, payload }
 }
 
-#[test]
-fn a_write_lands_its_bytes_and_ends_once_on_both_sides() {
-    let mut p = Pair::new(MEM);
-    fill(&mut p.a.mem, 0, 3 * CHUNK + 100, 7);
-    // Two items: one over several chunks, one small.
+/// a writes two items into b: one over several chunks, one small.
+fn write_two_items(p: &mut Pair, seed: u8) -> u64 {
+    fill(&mut p.a.mem, 0, 3 * CHUNK + 100, seed);
     let items = vec![
         p.b.advertise(8192, 3 * CHUNK, Some(2)),
         p.b.advertise(65536, 100, Some(2)),
     ];
-    let w =
-        p.a.rma(false, &[(0, 3 * CHUNK), (3 * CHUNK, 100)], items)
-            .unwrap();
+    p.a.rma(false, &[(0, 3 * CHUNK), (3 * CHUNK, 100)], items)
+        .unwrap()
+}
+
+/// The two items of [`write_two_items`] are at b.
+fn assert_two_items_landed(p: &Pair) {
+    assert_eq!(&p.b.mem[8192..8192 + 3 * CHUNK], &p.a.mem[..3 * CHUNK]);
+    assert_eq!(&p.b.mem[65536..65636], &p.a.mem[3 * CHUNK..3 * CHUNK + 100]);
+}
+
+#[test]
+fn a_write_lands_its_bytes_and_ends_once_on_both_sides() {
+    let mut p = Pair::new(MEM);
+    let w = write_two_items(&mut p, 7);
     assert_eq!(p.a.end_of(w), End::Pending);
     p.settle();
     assert_eq!(p.a.end_of(w), End::Done);
-    assert_eq!(&p.b.mem[8192..8192 + 3 * CHUNK], &p.a.mem[..3 * CHUNK]);
-    assert_eq!(&p.b.mem[65536..65636], &p.a.mem[3 * CHUNK..3 * CHUNK + 100]);
+    assert_two_items_landed(&p);
     // Nothing else of b's memory changed, and b holds nothing for a now.
     let touched = p.b.mem.iter().enumerate().filter(|&(i, &x)| {
         x != 0 && !(8192..8192 + 3 * CHUNK).contains(&i) && !(65536..65636).contains(&i)
@@ -342,14 +350,7 @@ fn a_close_is_the_peer_closing_not_a_breach() {
 #[test]
 fn a_pulled_write_is_copied_by_its_target_with_no_send_and_ends_on_write_done() {
     let mut p = Pair::pulling(MEM, Limits::default());
-    fill(&mut p.a.mem, 0, 3 * CHUNK + 100, 21);
-    let items = vec![
-        p.b.advertise(8192, 3 * CHUNK, Some(2)),
-        p.b.advertise(65536, 100, Some(2)),
-    ];
-    let w =
-        p.a.rma(false, &[(0, 3 * CHUNK), (3 * CHUNK, 100)], items)
-            .unwrap();
+    let w = write_two_items(&mut p, 21);
     // One frame, the offer; no send is posted, then or later.
     assert_eq!(p.a.out.len(), 1);
     assert!(matches!(
@@ -363,8 +364,7 @@ fn a_pulled_write_is_copied_by_its_target_with_no_send_and_ends_on_write_done() 
     assert!(p.b.queued() > 0, "b's pulls wait to be made");
     p.settle();
     assert_eq!(p.a.end_of(w), End::Done);
-    assert_eq!(&p.b.mem[8192..8192 + 3 * CHUNK], &p.a.mem[..3 * CHUNK]);
-    assert_eq!(&p.b.mem[65536..65636], &p.a.mem[3 * CHUNK..3 * CHUNK + 100]);
+    assert_two_items_landed(&p);
     assert_eq!(p.b.proto.held(), (0, 0, 0));
     assert_eq!(p.a.queued() + p.b.queued(), 0);
     assert!(p.a.failed.is_none() && p.b.failed.is_none());
