@@ -49,6 +49,26 @@ def endpoint(env):
                 os.environ[k] = v
 
 
+GUARD = 4096
+
+
+def guarded_write(ep, peer, bufs, cid, pcid, n, seed):
+    """Writes `n` bytes of ours into a range the peer advertised between
+    two untouched guards; checks the bytes and the guards. Returns the
+    advertisement and our source buffer."""
+    tb, tptr = peer.call("alloc", n + 2 * GUARD)
+    ok, tmr = peer.ep("reg", tptr, n + 2 * GUARD)
+    ok, meta = peer.ep("advertise", pcid, tmr, tptr + GUARD, n)
+    assert ok
+    sb, sptr = bufs.alloc(n, seed=seed)
+    ok, smr = ep.reg(sptr, n)
+    assert ep.write(cid, smr, sptr, n, meta), ep.last_error()
+    assert peer.call("digest", tb, GUARD, n) == bufs.digest(sb), f"write of {n}"
+    assert peer.call("data", tb, 0, GUARD) == bytes(GUARD)
+    assert peer.call("data", tb, GUARD + n, GUARD) == bytes(GUARD)
+    return tb, meta, sb, smr, sptr
+
+
 def test_send_recv_and_write_read(device):
     ep = endpoint(ON)
     bufs = peer_ops.Buffers(device, 0)
@@ -80,18 +100,8 @@ def test_send_recv_and_write_read(device):
         assert bufs.digest(rb) == peer.call("digest", pb), "send back"
         # One-sided, with guards around the advertised range; small ones
         # ride the control connection, the rest the net.
-        guard = 4096
         for i, n in enumerate([1000, (1 << 20) + 3, 16 << 20]):
-            tb, tptr = peer.call("alloc", n + 2 * guard)
-            ok, tmr = peer.ep("reg", tptr, n + 2 * guard)
-            ok, meta = peer.ep("advertise", pcid, tmr, tptr + guard, n)
-            assert ok
-            sb, sptr = bufs.alloc(n, seed=20 + i)
-            ok, smr = ep.reg(sptr, n)
-            assert ep.write(cid, smr, sptr, n, meta), ep.last_error()
-            assert peer.call("digest", tb, guard, n) == bufs.digest(sb), f"write of {n}"
-            assert peer.call("data", tb, 0, guard) == bytes(guard)
-            assert peer.call("data", tb, guard + n, guard) == bytes(guard)
+            tb, meta, sb, smr, sptr = guarded_write(ep, peer, bufs, cid, pcid, n, 20 + i)
             rb, rptr = bufs.alloc(n)
             ok, rmr = ep.reg(rptr, n)
             assert ep.read(cid, rmr, rptr, n, meta), ep.last_error()
@@ -99,9 +109,9 @@ def test_send_recv_and_write_read(device):
             # A descriptor moved before the range is refused, nothing written.
             forged = bytearray(meta)
             addr = int.from_bytes(forged[0:8], "little")
-            forged[0:8] = (addr - guard).to_bytes(8, "little")
+            forged[0:8] = (addr - GUARD).to_bytes(8, "little")
             assert not ep.write(cid, smr, sptr, n, bytes(forged))
-            assert peer.call("data", tb, 0, guard) == bytes(guard), "forged write wrote"
+            assert peer.call("data", tb, 0, GUARD) == bytes(GUARD), "forged write wrote"
     finally:
         peer.close()
 
@@ -156,25 +166,15 @@ def test_one_sided_transfers_are_copied_by_the_target_or_sent_as_each_side_allow
     peer = Peer(device, PEER_GPU, dict(ON, TCPX_P2P_SAME_HOST_PULL=target_pulls))
     try:
         cid, pcid = connect(ep, peer)
-        guard = 4096
         for i, n in enumerate([(1 << 20) + 3, 9 << 20]):
-            tb, tptr = peer.call("alloc", n + 2 * guard)
-            ok, tmr = peer.ep("reg", tptr, n + 2 * guard)
-            ok, meta = peer.ep("advertise", pcid, tmr, tptr + guard, n)
-            assert ok
-            sb, sptr = bufs.alloc(n, seed=40 + i)
-            ok, smr = ep.reg(sptr, n)
-            assert ep.write(cid, smr, sptr, n, meta), ep.last_error()
-            assert peer.call("digest", tb, guard, n) == bufs.digest(sb), f"write of {n}"
-            assert peer.call("data", tb, 0, guard) == bytes(guard)
-            assert peer.call("data", tb, guard + n, guard) == bytes(guard)
+            _tb, meta, sb, _smr, _sptr = guarded_write(ep, peer, bufs, cid, pcid, n, 40 + i)
             # Read back into a guarded buffer of ours.
-            rb, rptr = bufs.alloc(n + 2 * guard)
-            ok, rmr = ep.reg(rptr, n + 2 * guard)
-            assert ep.read(cid, rmr, rptr + guard, n, meta), ep.last_error()
-            assert bufs.digest(rb, guard, n) == bufs.digest(sb), f"read of {n}"
-            assert bufs.data(rb, 0, guard) == bytes(guard)
-            assert bufs.data(rb, guard + n, guard) == bytes(guard)
+            rb, rptr = bufs.alloc(n + 2 * GUARD)
+            ok, rmr = ep.reg(rptr, n + 2 * GUARD)
+            assert ep.read(cid, rmr, rptr + GUARD, n, meta), ep.last_error()
+            assert bufs.digest(rb, GUARD, n) == bufs.digest(sb), f"read of {n}"
+            assert bufs.data(rb, 0, GUARD) == bytes(GUARD)
+            assert bufs.data(rb, GUARD + n, GUARD) == bytes(GUARD)
         # 64 blocks of 64 KiB, the target's in reverse order (no two runs
         # contiguous on both sides): one write of 64 runs.
         nblk, bs = 64, 64 << 10
