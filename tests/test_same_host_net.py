@@ -198,3 +198,116 @@ def test_one_sided_transfers_are_copied_by_the_target_or_sent_as_each_side_allow
         assert bufs.digest(rb) == bufs.digest(sb), "scattered read back"
     finally:
         peer.close()
+
+
+def sub(meta, off, n):
+    """The peer's descriptor `meta` narrowed to `n` bytes at `off` in it."""
+    d = bytearray(meta)
+    addr = int.from_bytes(d[0:8], "little")
+    d[0:8] = (addr + off).to_bytes(8, "little")
+    d[8:12] = n.to_bytes(4, "little")
+    return bytes(d)
+
+
+def test_reads_of_a_leased_advertisement_need_no_request_until_it_is_deregistered(device):
+    """A granted read leases the advertisement it names: later reads of
+    any range inside it copy straight from the target's memory with no
+    request, so they complete with the target process stopped, and they
+    see what the target's memory holds now. Deregistering the region
+    revokes the lease (the reader answers), and a read after that is
+    refused: the lease is gone with the record."""
+    import signal
+
+    ep = endpoint(ON)
+    bufs = peer_ops.Buffers(device, 0)
+    peer = Peer(device, PEER_GPU, ON)
+    try:
+        cid, pcid = connect(ep, peer)
+        n = 1 << 20
+        tb, tptr = peer.call("alloc", n + 2 * GUARD, 59)
+        ok, tmr = peer.ep("reg", tptr, n + 2 * GUARD)
+        ok, meta = peer.ep("advertise", pcid, tmr, tptr + GUARD, n)
+        assert ok
+        rb, rptr = bufs.alloc(n + 2 * GUARD)
+        ok, rmr = ep.reg(rptr, n + 2 * GUARD)
+        dst = rptr + GUARD
+        # The first read is offered and granted; the grant leases `meta`.
+        assert ep.read(cid, rmr, dst, n, meta), ep.last_error()
+        assert bufs.digest(rb, GUARD, n) == peer.call("digest", tb, GUARD, n)
+        # New bytes in the target's memory (a write it pulls itself).
+        sb, sptr = bufs.alloc(n, seed=61)
+        ok, smr = ep.reg(sptr, n)
+        assert ep.write(cid, smr, sptr, n, meta), ep.last_error()
+        os.kill(peer.proc.pid, signal.SIGSTOP)
+        try:
+            for off, m in [(0, 4096), (3 * 4096 + 5, 70_000), (n - 100, 100), (0, n)]:
+                ok, x = ep.read_async(cid, rmr, dst + off, m, sub(meta, off, m))
+                assert ok, ep.last_error()
+                assert ep.wait(x, 20.0), f"leased read of {m} at {off}: {ep.last_error()}"
+                assert bufs.digest(rb, GUARD + off, m) == bufs.digest(sb, off, m), f"{m} at {off}"
+            # A range running past the advertisement is no lease's: it is
+            # asked for, and waits for the stopped target.
+            ok, past = ep.read_async(cid, rmr, dst, n, sub(meta, 8, n))
+            assert ok
+            assert not ep.wait(past, 0.5), "a read past the lease completed with the target stopped"
+        finally:
+            os.kill(peer.proc.pid, signal.SIGCONT)
+        # The target answers it now: refused, nothing read past the guards.
+        assert not ep.wait(past, 20.0)
+        assert bufs.data(rb, 0, GUARD) == bytes(GUARD)
+        assert bufs.data(rb, GUARD + n, GUARD) == bytes(GUARD)
+        # Deregistration revokes the lease and waits for its answer; the
+        # record is gone, so a read of it is asked for, and refused.
+        assert peer.ep("dereg", tmr), "dereg of a leased region"
+        assert not ep.read(cid, rmr, dst, 4096, sub(meta, 0, 4096))
+        assert "refused" in ep.last_error() or "descriptor" in ep.last_error(), ep.last_error()
+        # The connection goes on: a new record, read and leased again.
+        ok, tmr = peer.ep("reg", tptr, n + 2 * GUARD)
+        ok, meta = peer.ep("advertise", pcid, tmr, tptr + GUARD, n)
+        assert ep.read(cid, rmr, dst, n, meta), ep.last_error()
+        assert bufs.digest(rb, GUARD, n) == bufs.digest(sb)
+        assert peer.ep("dereg", tmr)
+    finally:
+        peer.close()
+
+
+def test_a_reader_that_does_not_answer_a_revoke_keeps_the_region_registered_for_a_bounded_wait(device):
+    """The target's deregistration of a leased region waits for the
+    reader's answer at most TCPX_P2P_DEREG_WAIT_MS, then refuses with the
+    region still registered (no read may copy from memory its owner
+    believes released); once the reader answers, it succeeds."""
+    import signal
+
+    ep = endpoint(dict(ON, TCPX_P2P_DEREG_WAIT_MS="300"))
+    bufs = peer_ops.Buffers(device, 0)
+    peer = Peer(device, PEER_GPU, ON)
+    try:
+        cid, pcid = connect(ep, peer)
+        n = 256 << 10
+        tb, tptr = bufs.alloc(n, seed=70)
+        ok, tmr = ep.reg(tptr, n)
+        ok, meta = ep.advertise(cid, tmr, tptr, n)
+        assert ok
+        rb, rptr = peer.call("alloc", n)
+        ok, rmr = peer.ep("reg", rptr, n)
+        # The peer's read is granted, and leases our advertisement.
+        assert peer.ep("read", pcid, rmr, rptr, n, meta)
+        assert peer.call("digest", rb) == bufs.digest(tb)
+        os.kill(peer.proc.pid, signal.SIGSTOP)
+        try:
+            t0 = time.time()
+            assert not ep.dereg(tmr), "dereg with the reader stopped"
+            waited = time.time() - t0
+            assert "still in use" in ep.last_error(), ep.last_error()
+            assert 0.25 < waited < 10, waited
+        finally:
+            os.kill(peer.proc.pid, signal.SIGCONT)
+        # The reader answers the revoke: the region goes now.
+        deadline = time.time() + 20
+        while not ep.dereg(tmr):
+            assert time.time() < deadline, ep.last_error()
+            time.sleep(0.05)
+        # Its record is gone: the peer's read is refused.
+        assert not peer.ep("read", pcid, rmr, rptr, 4096, sub(meta, 0, 4096))
+    finally:
+        peer.close()

@@ -571,7 +571,7 @@ impl Conn {
                     }
                 }
                 Effect::Abandon(ops, f) => done.later.push(Later::Abandon(ops, f)),
-                Effect::Grant(serve) => self.grant(st, serve, done),
+                Effect::Grant { serve, tokens } => self.grant(st, serve, &tokens, done),
                 Effect::Release(xfer) => {
                     if let Some(t) = st.grants.remove(&xfer) {
                         done.later.push(Later::Complete(t));
@@ -642,6 +642,7 @@ impl Conn {
                     .served_ended(*xfer, *weight, *answer, outcome.clone())
             }),
             Watch::Granted { xfer } => self.drive(|st, _| st.proto.granted_ended(*xfer)),
+            Watch::Leased { used } => self.drive(|st, _| st.proto.leased_read_ended(used)),
             Watch::Notify { name, msg } => {
                 if outcome.is_ok() {
                     if let Err(e) = self.send_notif(name, msg) {
@@ -667,12 +668,17 @@ impl Conn {
     /// runs, and a transfer holding the range's regions until the peer's
     /// `ReadDone`, whose end the machine hears ([`Watch::Served`]). Where
     /// the net gives no key for a run (or the keys would not fit one
-    /// frame), the read is served by sending instead.
-    fn grant(&self, st: &mut State, serve: Serve, done: &mut Done) {
+    /// frame), the read is served by sending instead. The grant also
+    /// leases what it can of `tokens`, the advertisements the read names
+    /// ([`Conn::leases`]).
+    fn grant(&self, st: &mut State, serve: Serve, tokens: &[wire::Token], done: &mut Done) {
         let Some(src) = self.keys(&serve.local, 0) else {
             st.proto.grant_failed(serve);
             return;
         };
+        let key_bytes = src.iter().map(|p| p.key.len()).sum();
+        let room = wire::MAX_FRAME.saturating_sub(wire::pull_frame_len(0, src.len(), key_bytes));
+        let leases = self.leases(st, tokens, room);
         let held = Transfer::new(0, self.id, 1, distinct_regions(&serve.local));
         held.watch(
             &self.ends,
@@ -687,9 +693,99 @@ impl Conn {
             Control::ReadGrant {
                 xfer: serve.xfer,
                 src,
+                leases,
             },
             None,
         ));
+    }
+
+    /// Leases of the advertisements `tokens` for a grant, within `room`
+    /// bytes of its frame: each still ours for this peer, exported whole,
+    /// and recorded by the machine, which holds its region until the
+    /// peer's `Revoked` (see [`crate::lease`]).
+    fn leases(&self, st: &mut State, tokens: &[wire::Token], room: usize) -> Vec<wire::Lease> {
+        let Some(net) = self.exporter.as_ref() else {
+            return Vec::new();
+        };
+        let mut out: Vec<wire::Lease> = Vec::new();
+        for token in st.proto.lease_wanted(tokens) {
+            // Looked up under the state lock: a deregistration that removed
+            // the advertisement already has revoked what it found, and
+            // finds this lease if it comes after.
+            let Ok((addr, len, region)) = self.registry.leasable(token, self.id) else {
+                continue;
+            };
+            let mem = MemRef {
+                addr,
+                len: len as usize,
+                kind: region.kind,
+            };
+            let Some(key) = net.export(mem).filter(|k| k.len() <= wire::MAX_PULL_KEY) else {
+                continue;
+            };
+            let lease = wire::Lease {
+                token,
+                addr,
+                len,
+                gpu: matches!(region.kind, crate::memory::MemKind::Cuda(_)),
+                key,
+            };
+            let mut with = out.clone();
+            with.push(lease.clone());
+            if wire::leases_len(&with) > room {
+                break;
+            }
+            st.proto.lease_given(token, region);
+            out = with;
+        }
+        out
+    }
+
+    /// Region `id` is being deregistered: the machine revokes the peer's
+    /// leases over it (their holds end when it answers `Revoked`).
+    pub(crate) fn revoke_region(&self, id: u64) {
+        self.drive(|st, _| st.proto.revoke_region(id));
+    }
+
+    /// Our read of `remote` (in `runs`) into `local`, where leases the
+    /// peer gave cover it: its receives copy straight from the peer's
+    /// memory, with no request and no answer, and its end tells the
+    /// machine which leases it no longer uses ([`Watch::Leased`]). None
+    /// where leases do not cover it.
+    fn post_leased_read(
+        &self,
+        xfer_id: u64,
+        local: &[(MemRef, Arc<crate::memory::Region>)],
+        remote: &[RmaItem],
+        runs: &[u32],
+    ) -> Option<Arc<Transfer>> {
+        let dst_gpu: Vec<bool> = local
+            .iter()
+            .map(|(m, _)| matches!(m.kind, crate::memory::MemKind::Cuda(_)))
+            .collect();
+        let (srcs, used) = self.drive(|st, _| st.proto.leased_read(remote, runs, &dst_gpu))?;
+        let plan = self.plan(local.iter().map(|(m, _)| m.len));
+        let xfer = Transfer::new(xfer_id, self.id, plan.len(), distinct_regions(local));
+        let mut ops = Self::ops_for(&xfer, local, &plan, true);
+        for op in &mut ops {
+            let lens: Vec<usize> = op.segs.iter().map(|(m, _)| m.len).collect();
+            match proto::op_refs(op.plan, &lens, &srcs) {
+                Some(r) => op.remote = r,
+                None => {
+                    self.drive(|st, _| st.proto.leased_read_ended(&used));
+                    return None;
+                }
+            }
+        }
+        tracing::trace!(xfer = xfer_id, leases = used.len(), "lat: leased read");
+        self.watch(&xfer, Watch::Leased { used });
+        self.drive(|st, done| {
+            if Self::track(st, &xfer, done) {
+                self.enqueue(Cmd::Pull(ops));
+                done.posted = true;
+            }
+        });
+        Some(xfer)
     }
 
     /// Our offered read `xfer` was granted: its receives `ops` copy from
@@ -707,7 +803,8 @@ impl Conn {
         if let Some(t) = st.live.get(xfer) {
             t.watch(&self.ends, Watch::Granted { xfer });
         }
-        let keys: Vec<Arc<[u8]>> = src.into_iter().map(|p| Arc::from(p.key)).collect();
+        let keys: Vec<crate::lease::RunSrc> =
+            src.into_iter().map(|p| (Arc::from(p.key), 0)).collect();
         let mut bad = None;
         for op in &mut ops {
             let lens: Vec<usize> = op.segs.iter().map(|(m, _)| m.len).collect();
@@ -1059,6 +1156,12 @@ impl Conn {
         let runs = rma::plan_runs(&ids, &remote, remote_region);
         let local = rma::merge_runs(local, &runs).map_err(|e| Error::invalid(e.to_string()))?;
         let total = crate::inline::total(&local);
+        if read && total > 0 && self.exporter.is_some() {
+            // A read the peer's leases cover needs no request at all.
+            if let Some(t) = self.post_leased_read(xfer_id, &local, &remote, &runs) {
+                return Ok(t);
+            }
+        }
         if total <= self.inline_max && total > 0 && self.inline_room(read) {
             // A one-sided transfer whose data goes on the control
             // connection: a write's right after its request, a read's in

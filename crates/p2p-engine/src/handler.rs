@@ -118,6 +118,10 @@ pub enum Action {
         local: Vec<(MemRef, Arc<Region>)>,
         plan: Vec<OpPlan>,
         weight: usize,
+        /// The advertisements the read names (each once, at most
+        /// [`wire::MAX_GRANT_LEASES`]): the grant may lease them
+        /// ([`crate::lease`]).
+        tokens: Vec<wire::Token>,
     },
     /// The peer will copy no more of the read `xfer` we granted: let its
     /// range go.
@@ -149,6 +153,15 @@ pub enum Action {
     ReadGranted {
         xfer: u64,
         src: Vec<wire::PullRun>,
+        leases: Vec<wire::Lease>,
+    },
+    /// The peer revokes its lease `token` (see [`crate::lease`]).
+    Revoke {
+        token: wire::Token,
+    },
+    /// The peer no longer reads from our lease `token`.
+    Revoked {
+        token: wire::Token,
     },
     /// The peer's one acknowledgement of our transfer `xfer`.
     Acked {
@@ -358,6 +371,8 @@ impl Book {
                 Action::ReadReleased { xfer }
             }
             Control::ReadReq { xfer, items, runs } => self.read(cx, xfer, &items, &runs, None),
+            Control::Revoke { token } => Action::Revoke { token },
+            Control::Revoked { token } => Action::Revoked { token },
             Control::WriteInline {
                 xfer,
                 items,
@@ -461,10 +476,10 @@ impl Book {
                     a => a,
                 },
             },
-            Control::ReadGrant { xfer, src } => match self.ours.get(&xfer) {
+            Control::ReadGrant { xfer, src, leases } => match self.ours.get(&xfer) {
                 Some(Awaiting::Offer) => {
                     self.ours.remove(&xfer);
-                    Action::ReadGranted { xfer, src }
+                    Action::ReadGranted { xfer, src, leases }
                 }
                 _ => {
                     return Err(ProtocolError::Unexpected {
@@ -552,6 +567,7 @@ impl Book {
                     local,
                     plan,
                     weight,
+                    tokens: distinct_tokens(items),
                 }
             }
             (Ok((local, plan, weight)), _) => Action::AcceptRead {
@@ -625,6 +641,42 @@ impl Book {
         self.served_items += weight as usize;
         Ok((local, plan, weight as usize))
     }
+}
+
+#[cfg(test)]
+mod token_tests {
+    use super::*;
+
+    #[test]
+    fn a_read_names_each_advertisement_once_up_to_the_lease_bound() {
+        let it = |id| RmaItem {
+            token: wire::Token { id, secret: 1 },
+            addr: 0,
+            len: 1,
+        };
+        let items: Vec<RmaItem> = [1, 1, 2, 1, 3, 2].into_iter().map(it).collect();
+        let ids: Vec<u64> = distinct_tokens(&items).iter().map(|t| t.id).collect();
+        assert_eq!(ids, [1, 2, 3]);
+        let many: Vec<RmaItem> = (0..100).map(it).collect();
+        assert_eq!(distinct_tokens(&many).len(), wire::MAX_GRANT_LEASES);
+    }
+}
+
+/// The advertisements `items` name, each once, at most
+/// [`wire::MAX_GRANT_LEASES`] (a block list names one advertisement
+/// 100,000 times: one comparison each).
+fn distinct_tokens(items: &[RmaItem]) -> Vec<wire::Token> {
+    let mut out: Vec<wire::Token> = Vec::new();
+    for it in items {
+        if out.last() == Some(&it.token) || out.contains(&it.token) {
+            continue;
+        }
+        if out.len() == wire::MAX_GRANT_LEASES {
+            break;
+        }
+        out.push(it.token);
+    }
+    out
 }
 
 /// Whether the peer copies its offered read (`ReadOffer`) itself, from our
@@ -864,10 +916,13 @@ mod tests {
             dst_gpu: vec![gpu],
         };
         let mut b = Book::new(Limits::default());
-        assert!(matches!(
-            b.on_control(cx(&f), offer(1, false)).unwrap(),
-            Action::GrantRead { xfer: 1, .. }
-        ));
+        // The grant names the read's advertisement, once, for a lease.
+        match b.on_control(cx(&f), offer(1, false)).unwrap() {
+            Action::GrantRead {
+                xfer: 1, tokens, ..
+            } => assert_eq!(tokens, vec![f.token]),
+            a => panic!("not a grant: {a:?}"),
+        }
         // Our host memory into the reader's GPU memory: sent instead.
         assert!(matches!(
             b.on_control(cx(&f), offer(2, true)).unwrap(),
@@ -893,6 +948,7 @@ mod tests {
         let f = fixture();
         let grant = |xfer| Control::ReadGrant {
             xfer,
+            leases: vec![],
             src: vec![wire::PullRun {
                 gpu: false,
                 key: vec![1; 16],

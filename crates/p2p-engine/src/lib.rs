@@ -23,6 +23,7 @@ mod error;
 mod handler;
 mod handshake;
 mod inline;
+mod lease;
 mod local;
 mod memory;
 pub mod net;

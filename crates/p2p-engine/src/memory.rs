@@ -307,7 +307,21 @@ impl Registry {
     /// are posted into it holds it too). If some remain, puts the region
     /// and its advertisements back and refuses: no byte may land in memory
     /// its owner believes released.
+    #[cfg_attr(not(any(test, feature = "fuzzing")), allow(dead_code))]
     pub fn deregister(&self, id: u64, wait: Duration) -> Result<()> {
+        self.deregister_revoking(id, wait, |_| {})
+    }
+
+    /// [`Registry::deregister`], calling `revoke` with the region's id once
+    /// its advertisements are gone and before the wait: leases of them
+    /// (see `crate::lease`) are revoked, and their holds end as the peers
+    /// answer.
+    pub fn deregister_revoking(
+        &self,
+        id: u64,
+        wait: Duration,
+        revoke: impl FnOnce(u64),
+    ) -> Result<()> {
         let r = self
             .regions
             .write()
@@ -320,6 +334,7 @@ impl Registry {
             }
             a.region != id
         });
+        revoke(id);
         let deadline = crate::timeout::deadline_after(wait);
         while Arc::strong_count(&r) > 1 && deadline.is_none_or(|d| Instant::now() < d) {
             std::thread::sleep(Duration::from_millis(1));
@@ -369,6 +384,17 @@ impl Registry {
         let (a, region) = self.advert(token, conn)?;
         bounded(&a, token, addr, len)?;
         Ok(region)
+    }
+
+    /// The whole range advertisement `token` offers `conn`, and its region:
+    /// what a lease of it covers.
+    pub fn leasable(
+        &self,
+        token: Token,
+        conn: u64,
+    ) -> std::result::Result<(u64, u64, Arc<Region>), String> {
+        let (a, region) = self.advert(token, conn)?;
+        Ok((a.addr, a.len as u64, region))
     }
 
     /// The advertisement `token` names, usable by `conn`, and its region.

@@ -26,12 +26,13 @@ use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::sync::Arc;
 
 use crate::handler::{Action, Book, Ctx, Limits, ProtocolError};
+use crate::lease::{Leases, RunSrc};
 use crate::memory::{Region, Registry};
 use crate::net::{MemRef, RemoteRef};
 use crate::progress::Set;
 use crate::rma_recvs::RmaRecvs;
 use crate::transfer::{Answer, Failure, Gather, OpPlan};
-use crate::wire::{Control, PullRun, RmaItem};
+use crate::wire::{Control, PullRun, RmaItem, Token};
 
 /// Buffers of ours, in order, with their regions: where an inline
 /// transfer's bytes come from or land, or what a served request covers.
@@ -131,8 +132,9 @@ pub enum Effect<O> {
     Abandon(O, Failure),
     /// Grant the peer's accepted read: send `ReadGrant` with the keys of
     /// `serve.local` and hold it until [`Effect::Release`], or, where the
-    /// net gives no key, [`Proto::grant_failed`].
-    Grant(Serve),
+    /// net gives no key, [`Proto::grant_failed`]. The grant may lease
+    /// `tokens`, the advertisements the read names ([`Proto::lease_wanted`]).
+    Grant { serve: Serve, tokens: Vec<Token> },
     /// The peer released the read `xfer` we granted.
     Release(u64),
 }
@@ -240,6 +242,8 @@ pub struct Proto<O> {
     last_rx: u64,
     last_tx: u64,
     out: VecDeque<Effect<O>>,
+    /// Advertisements leased to the peer and by it ([`crate::lease`]).
+    leases: Leases,
 }
 
 fn breach(e: ProtocolError) -> Failure {
@@ -263,6 +267,7 @@ impl<O: Requests> Proto<O> {
             recvs: RecvAcks::default(),
             sends: VecDeque::new(),
             out: VecDeque::new(),
+            leases: Leases::default(),
         }
     }
 
@@ -301,6 +306,8 @@ impl<O: Requests> Proto<O> {
             .unwrap_or_else(|| Failure::Lost("connection ended".into()));
         self.pending_reads.clear();
         self.sends.clear();
+        // The peer reads from no lease of ours on a connection that ended.
+        self.leases = Leases::default();
         for r in self.rma_recvs.clear() {
             if let Requested::Ours(o) = r {
                 self.out.push_back(Effect::Abandon(o, why.clone()));
@@ -488,6 +495,56 @@ impl<O: Requests> Proto<O> {
         }));
     }
 
+    /// Which of `tokens` a grant should lease ([`Leases::wanted`]).
+    pub fn lease_wanted(&self, tokens: &[Token]) -> Vec<Token> {
+        if self.failed.is_some() {
+            return Vec::new();
+        }
+        self.leases.wanted(tokens)
+    }
+
+    /// A grant going out leases `token`, over `region`.
+    pub fn lease_given(&mut self, token: Token, region: Arc<Region>) {
+        self.leases.give(token, region);
+    }
+
+    /// Region `id` is being deregistered: `Revoke` for each lease of ours
+    /// over it.
+    pub fn revoke_region(&mut self, id: u64) {
+        for token in self.leases.revoke_region(id) {
+            self.out.push_back(Effect::Send(Control::Revoke { token }));
+        }
+    }
+
+    /// Our read of `items` in `runs` (`dst_gpu` per run), if the peer's
+    /// leases cover it: where each run copies from, and the leases it
+    /// uses until [`Proto::leased_read_ended`].
+    pub fn leased_read(
+        &mut self,
+        items: &[RmaItem],
+        runs: &[u32],
+        dst_gpu: &[bool],
+    ) -> Option<(Vec<RunSrc>, Vec<u64>)> {
+        if self.failed.is_some() {
+            return None;
+        }
+        self.leases.read(items, runs, dst_gpu)
+    }
+
+    /// A read from leases `used` ended: `Revoked` for each revoked lease it
+    /// was the last to use.
+    pub fn leased_read_ended(&mut self, used: &[u64]) {
+        for token in self.leases.ended(used) {
+            self.out.push_back(Effect::Send(Control::Revoked { token }));
+        }
+    }
+
+    /// Leases given and held on this connection (for tests).
+    #[cfg_attr(not(any(test, feature = "fuzzing")), allow(dead_code))]
+    pub fn leases(&self) -> (usize, usize) {
+        (self.leases.given(), self.leases.held())
+    }
+
     /// Our granted read `xfer` ended (done or failed): the target may let
     /// its range go.
     pub fn granted_ended(&mut self, xfer: u64) {
@@ -664,15 +721,26 @@ impl<O: Requests> Proto<O> {
                 local,
                 plan,
                 weight,
-            } => self.out.push_back(Effect::Grant(Serve {
-                xfer,
-                local,
-                plan,
-                weight,
-                answer: Answer::Read,
-            })),
+                tokens,
+            } => self.out.push_back(Effect::Grant {
+                serve: Serve {
+                    xfer,
+                    local,
+                    plan,
+                    weight,
+                    answer: Answer::Read,
+                },
+                tokens,
+            }),
+            Action::Revoke { token } => {
+                if self.leases.revoke(token) {
+                    self.out.push_back(Effect::Send(Control::Revoked { token }));
+                }
+            }
+            Action::Revoked { token } => self.leases.revoked(token).map_err(Failure::Protocol)?,
             Action::ReadReleased { xfer } => self.out.push_back(Effect::Release(xfer)),
-            Action::ReadGranted { xfer, src } => {
+            Action::ReadGranted { xfer, src, leases } => {
+                self.leases.hold(leases);
                 // Our receives held their place for the paired path: they
                 // give it up, and copy from the peer's memory instead.
                 let Some(Requested::Ours(ops)) = self.rma_recvs.refused(xfer) else {
@@ -909,16 +977,19 @@ pub fn pull_refs(
 }
 
 /// Where one request of ours (`plan`, over segments of lengths `lens`)
-/// copies from, given a key per run of its transfer (`keys`): a piece of
-/// one run at its offset, or a gathered request's runs whole. None if the
-/// keys do not cover it.
-pub fn op_refs(plan: Option<OpPlan>, lens: &[usize], keys: &[Arc<[u8]>]) -> Option<Vec<RemoteRef>> {
+/// copies from, given where each run of its transfer lies (`runs`: a key
+/// and the run's offset in it): a piece of one run at its offset, or a
+/// gathered request's runs whole. None if the runs do not cover it.
+pub fn op_refs(plan: Option<OpPlan>, lens: &[usize], runs: &[RunSrc]) -> Option<Vec<RemoteRef>> {
     match plan? {
-        OpPlan::Piece { item, off, len, .. } => Some(vec![RemoteRef {
-            key: keys.get(item)?.clone(),
-            off: off as u64,
-            len: len as u64,
-        }]),
+        OpPlan::Piece { item, off, len, .. } => {
+            let (key, base) = runs.get(item)?;
+            Some(vec![RemoteRef {
+                key: key.clone(),
+                off: base.checked_add(off as u64)?,
+                len: len as u64,
+            }])
+        }
         OpPlan::Gather { start, end } => {
             if end - start != lens.len() {
                 return None;
@@ -926,9 +997,10 @@ pub fn op_refs(plan: Option<OpPlan>, lens: &[usize], keys: &[Arc<[u8]>]) -> Opti
             (start..end)
                 .zip(lens)
                 .map(|(i, &len)| {
+                    let (key, base) = runs.get(i)?;
                     Some(RemoteRef {
-                        key: keys.get(i)?.clone(),
-                        off: 0,
+                        key: key.clone(),
+                        off: *base,
                         len: len as u64,
                     })
                 })
@@ -977,8 +1049,8 @@ pub fn requests<T>(
 mod tests {
     use super::*;
 
-    fn keys(n: usize) -> Vec<Arc<[u8]>> {
-        (0..n).map(|i| Arc::from(vec![i as u8; 4])).collect()
+    fn keys(n: usize) -> Vec<RunSrc> {
+        (0..n).map(|i| (Arc::from(vec![i as u8; 4]), 0)).collect()
     }
 
     #[test]
@@ -993,12 +1065,25 @@ mod tests {
         };
         let r = op_refs(Some(piece), &[1000], &k).unwrap();
         assert_eq!(r.len(), 1);
-        assert_eq!((&*r[0].key, r[0].off, r[0].len), (&*k[1], 4096, 1000));
+        assert_eq!((&*r[0].key, r[0].off, r[0].len), (&*k[1].0, 4096, 1000));
         // Runs 1 and 2 gathered whole.
         let gather = OpPlan::Gather { start: 1, end: 3 };
         let r = op_refs(Some(gather), &[10, 20], &k).unwrap();
         let got: Vec<(&[u8], u64, u64)> = r.iter().map(|p| (&*p.key, p.off, p.len)).collect();
-        assert_eq!(got, vec![(&*k[1], 0, 10), (&*k[2], 0, 20)]);
+        assert_eq!(got, vec![(&*k[1].0, 0, 10), (&*k[2].0, 0, 20)]);
+        // Runs that lie inside a lease start at their offsets in it.
+        let mut k = k;
+        k[1].1 = 100;
+        k[2].1 = 7;
+        let r = op_refs(Some(piece), &[1000], &k).unwrap();
+        assert_eq!(r[0].off, 4196);
+        let r = op_refs(Some(gather), &[10, 20], &k).unwrap();
+        assert_eq!((r[0].off, r[1].off), (100, 7));
+        k[1].1 = u64::MAX;
+        assert!(
+            op_refs(Some(piece), &[1000], &k).is_none(),
+            "no offset past the end"
+        );
     }
 
     #[test]

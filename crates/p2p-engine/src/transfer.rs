@@ -110,6 +110,9 @@ pub enum Watch {
     /// Our read the peer granted (`xfer`): its end, done or failed, is
     /// answered `ReadDone`.
     Granted { xfer: u64 },
+    /// Our read copied from the peer's leases `used` (token ids): they are
+    /// free of it, and a revoked one is answered `Revoked`.
+    Leased { used: Vec<u64> },
     /// A notification `msg` from us (`name`) once the transfer is done.
     Notify { name: String, msg: Vec<u8> },
 }

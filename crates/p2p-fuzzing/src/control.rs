@@ -15,7 +15,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use tcpx_p2p::fuzzing::{Action, Book, Ctx, Gather, Limits, MemRef, OpPlan, Region, Registry};
-use tcpx_p2p_wire::{Control, PullRun, RmaItem, Token, MAX_INLINE};
+use tcpx_p2p_wire::{self as wire, Control, PullRun, RmaItem, Token, MAX_INLINE};
 
 use crate::bytes::Bytes;
 
@@ -231,6 +231,17 @@ fn next_message(
                 _ => b.u64(),
             },
         },
+        6 if b.u8() & 3 == 0 => {
+            let token = Token {
+                id: u64::from(b.u8() % 8),
+                secret: u64::from(b.u8() % 2),
+            };
+            if b.u8() & 1 == 0 {
+                Control::Revoke { token }
+            } else {
+                Control::Revoked { token }
+            }
+        }
         6 => Control::KeepAlive,
         7 => {
             local_event(b, book, model);
@@ -378,6 +389,18 @@ fn answer(b: &mut Bytes<'_>, op: u8, model: &Model) -> Option<Control> {
                     key: vec![7; usize::from(b.u8() % 24)],
                 })
                 .collect(),
+            leases: (0..b.u8() % 3)
+                .map(|_| wire::Lease {
+                    token: Token {
+                        id: u64::from(b.u8() % 8),
+                        secret: u64::from(b.u8() % 2),
+                    },
+                    addr: b.u64(),
+                    len: b.u64(),
+                    gpu: b.u8() & 1 == 1,
+                    key: vec![8; usize::from(b.u8() % 24)],
+                })
+                .collect(),
         },
         4 => Control::ReadAck { xfer },
         _ if b.u8() & 1 == 1 => {
@@ -493,11 +516,18 @@ fn check_action(
             local,
             plan,
             weight,
+            tokens,
         } => {
             assert!(
                 model.granted.insert(xfer),
                 "granted twice before its release"
             );
+            // Each advertisement once, within the bound, and only ours.
+            assert!(tokens.len() <= wire::MAX_GRANT_LEASES);
+            for (i, t) in tokens.iter().enumerate() {
+                assert!(!tokens[..i].contains(t), "a token named twice for a lease");
+                assert!(fx.tokens.contains(t), "a lease of a token not ours");
+            }
             accepted(fx, model, seen, &local, &plan, weight, write);
         }
         Action::ReadReleased { xfer } => {
@@ -551,7 +581,9 @@ fn check_action(
             );
             model.msgs_acked = to;
         }
-        Action::Nothing => {}
+        // The book holds nothing for leases: the machine's bookkeeping does
+        // (crate::lease), and its tests check it.
+        Action::Nothing | Action::Revoke { .. } | Action::Revoked { .. } => {}
         answer @ (Action::SendWrite { .. }
         | Action::Acked { .. }
         | Action::ReadAccepted { .. }

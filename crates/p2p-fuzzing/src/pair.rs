@@ -468,8 +468,8 @@ impl Side {
                     let r = match r {
                         Requested::Granted { xfer, ops, src } => {
                             self.granted.insert(xfer);
-                            let keys: Vec<Arc<[u8]>> =
-                                src.into_iter().map(|p| Arc::from(p.key)).collect();
+                            let keys: Vec<(Arc<[u8]>, u64)> =
+                                src.into_iter().map(|p| (Arc::from(p.key), 0)).collect();
                             let mut pulls = Vec::new();
                             let mut bad = false;
                             for mut op in ops {
@@ -552,7 +552,7 @@ impl Side {
                 Effect::Complete(x) => self.complete_one(x),
                 Effect::CompleteAll(x) => self.complete_all(x),
                 Effect::Fail(x, f) => self.end(x, End::Failed(f)),
-                Effect::Grant(serve) => {
+                Effect::Grant { serve, .. } => {
                     let key = self.next;
                     self.next += 1;
                     let src = serve
@@ -567,6 +567,7 @@ impl Side {
                     Control::ReadGrant {
                         xfer: serve.xfer,
                         src,
+                        leases: Vec::new(),
                     }
                     .encode(&mut body);
                     self.out.push_back(Frame {

@@ -469,11 +469,19 @@ fn a_grant_short_of_keys_fails_the_read_and_still_releases_the_target() {
     p.deliver(Dir::AtoB);
     // b's grant, replaced by one key for two runs.
     let g = p.b.out.pop_front().expect("b grants");
-    let Ok(Control::ReadGrant { xfer, mut src }) = Control::decode(&g.body) else {
+    let Ok(Control::ReadGrant {
+        xfer,
+        mut src,
+        leases,
+    }) = Control::decode(&g.body)
+    else {
         panic!("not a grant");
     };
     src.truncate(1);
-    p.inject(Dir::BtoA, encode(Control::ReadGrant { xfer, src }, vec![]));
+    p.inject(
+        Dir::BtoA,
+        encode(Control::ReadGrant { xfer, src, leases }, vec![]),
+    );
     p.settle();
     assert!(matches!(p.a.end_of(r), End::Failed(Failure::Protocol(_))));
     assert_eq!(p.b.proto.held(), (0, 0, 0), "released by a's ReadDone");

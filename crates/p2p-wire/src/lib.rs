@@ -344,7 +344,10 @@ pub const MAGIC: u64 = 0x3150_3250_5850_4354; // "TCPXP2P1"
 /// (`WritePull`), on nets with a one-sided path. 12: a reader may offer to
 /// copy a read itself (`ReadOffer`): the target answers where its data
 /// lies (`ReadGrant`) and the reader says when it is done (`ReadDone`).
-pub const VERSION: u16 = 12;
+/// 13: a grant may lease whole advertisements to the reader for later
+/// reads ([`Lease`]), which the target calls back (`Revoke` / `Revoked`)
+/// before their memory is deregistered.
+pub const VERSION: u16 = 13;
 /// An ncclNet listen handle is at most this long.
 pub const NET_HANDLE_LEN: usize = 128;
 /// Most channels per set a connection may have.
@@ -580,11 +583,24 @@ pub enum Control {
     },
     /// Target → initiator: where each run of an offered read lies in the
     /// target's memory (one [`PullRun`] per run); the reader copies it and
-    /// answers `ReadDone`. The target holds the range until then.
-    ReadGrant { xfer: u64, src: Vec<PullRun> },
+    /// answers `ReadDone`. The target holds the range until then. `leases`
+    /// (at most [`MAX_GRANT_LEASES`]) offer whole advertisements for later
+    /// reads with no request at all, until the target revokes them.
+    ReadGrant {
+        xfer: u64,
+        src: Vec<PullRun>,
+        leases: Vec<Lease>,
+    },
     /// Initiator → target: the reader will copy no more of a granted read
     /// (done or failed): the target lets its range go.
     ReadDone { xfer: u64 },
+    /// Target → reader: the lease of advertisement `token` ends; the reader
+    /// starts no read from it and answers `Revoked` once its reads from it
+    /// have ended.
+    Revoke { token: Token },
+    /// Reader → target: no read of ours copies from the lease `token` any
+    /// more: the target may let its memory go.
+    Revoked { token: Token },
     /// Either way: the request was refused; nothing was written.
     Refused { xfer: u64, reason: String },
     /// Orderly close.
@@ -632,6 +648,31 @@ pub struct PullRun {
     pub key: Vec<u8>,
 }
 
+/// An advertisement of the target's, leased to a reader on a net with a
+/// one-sided path: the reader may copy any range inside `[addr, addr+len)`
+/// named by `token` straight from `key` (the range's export), with no
+/// request, until the target revokes the lease (`Revoke`). `gpu`: the
+/// range is device memory.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Lease {
+    pub token: Token,
+    pub addr: u64,
+    pub len: u64,
+    pub gpu: bool,
+    pub key: Vec<u8>,
+}
+
+/// Most leases one grant carries.
+pub const MAX_GRANT_LEASES: usize = 8;
+
+/// The encoded length of `leases` in a [`Control::ReadGrant`].
+pub fn leases_len(leases: &[Lease]) -> usize {
+    4 + leases
+        .iter()
+        .map(|l| 16 + 8 + 8 + 3 + l.key.len())
+        .sum::<usize>()
+}
+
 /// Longest [`PullRun::key`].
 pub const MAX_PULL_KEY: usize = 256;
 
@@ -674,6 +715,8 @@ const T_WRITE_PULL: u8 = 14;
 const T_READ_OFFER: u8 = 15;
 const T_READ_GRANT: u8 = 16;
 const T_READ_DONE: u8 = 17;
+const T_REVOKE: u8 = 18;
+const T_REVOKED: u8 = 19;
 
 /// Longest notification message.
 pub const MAX_NOTIF: usize = 1 << 20;
@@ -736,6 +779,61 @@ fn get_pull_runs(r: &mut Reader<'_>, n: usize) -> Result<Vec<PullRun>, WireError
         v.push(PullRun {
             gpu,
             key: r.take(len)?.to_vec(),
+        });
+    }
+    Ok(v)
+}
+
+fn put_token(out: &mut Vec<u8>, t: Token) {
+    out.extend_from_slice(&t.id.to_le_bytes());
+    out.extend_from_slice(&t.secret.to_le_bytes());
+}
+
+fn get_token(r: &mut Reader<'_>) -> Result<Token, WireError> {
+    Ok(Token {
+        id: r.u64_le()?,
+        secret: r.u64_le()?,
+    })
+}
+
+fn put_leases(out: &mut Vec<u8>, leases: &[Lease]) {
+    out.extend_from_slice(&(leases.len() as u32).to_le_bytes());
+    for l in leases {
+        let key = &l.key[..l.key.len().min(MAX_PULL_KEY)];
+        put_token(out, l.token);
+        out.extend_from_slice(&l.addr.to_le_bytes());
+        out.extend_from_slice(&l.len.to_le_bytes());
+        out.push(l.gpu as u8);
+        out.extend_from_slice(&(key.len() as u16).to_le_bytes());
+        out.extend_from_slice(key);
+    }
+}
+
+/// At most [`MAX_GRANT_LEASES`] leases, each key at most [`MAX_PULL_KEY`]
+/// bytes.
+fn get_leases(r: &mut Reader<'_>) -> Result<Vec<Lease>, WireError> {
+    let n = r.u32_le()? as usize;
+    if n > MAX_GRANT_LEASES {
+        return Err(WireError::BadLength {
+            what: "grant leases",
+            len: n,
+        });
+    }
+    let mut v = Vec::with_capacity(n);
+    for _ in 0..n {
+        let token = get_token(r)?;
+        let addr = r.u64_le()?;
+        let len = r.u64_le()?;
+        let run = get_pull_runs(r, 1)?.pop().ok_or(WireError::BadLength {
+            what: "lease key",
+            len: 0,
+        })?;
+        v.push(Lease {
+            token,
+            addr,
+            len,
+            gpu: run.gpu,
+            key: run.key,
         });
     }
     Ok(v)
@@ -891,10 +989,19 @@ impl Control {
                 put_runs(out, runs);
                 put_flags(out, dst_gpu);
             }
-            Control::ReadGrant { xfer, src } => {
+            Control::ReadGrant { xfer, src, leases } => {
                 out.push(T_READ_GRANT);
                 out.extend_from_slice(&xfer.to_le_bytes());
                 put_pull(out, src);
+                put_leases(out, leases);
+            }
+            Control::Revoke { token } => {
+                out.push(T_REVOKE);
+                put_token(out, *token);
+            }
+            Control::Revoked { token } => {
+                out.push(T_REVOKED);
+                put_token(out, *token);
             }
             Control::ReadDone { xfer } => {
                 out.push(T_READ_DONE);
@@ -975,6 +1082,8 @@ impl Control {
             Control::ReadOffer { .. } => "ReadOffer",
             Control::ReadGrant { .. } => "ReadGrant",
             Control::ReadDone { .. } => "ReadDone",
+            Control::Revoke { .. } => "Revoke",
+            Control::Revoked { .. } => "Revoked",
             Control::Refused { .. } => "Refused",
             Control::Close => "Close",
             Control::WriteInline { .. } => "WriteInline",
@@ -1004,6 +1113,8 @@ impl Control {
             | Control::ReadData { xfer, .. } => Some(*xfer),
             Control::KeepAlive
             | Control::Close
+            | Control::Revoke { .. }
+            | Control::Revoked { .. }
             | Control::Notif { .. }
             | Control::MsgDone { .. } => None,
         }
@@ -1064,6 +1175,13 @@ impl Control {
             T_READ_GRANT => Control::ReadGrant {
                 xfer: r.u64_le()?,
                 src: get_grant(&mut r)?,
+                leases: get_leases(&mut r)?,
+            },
+            T_REVOKE => Control::Revoke {
+                token: get_token(&mut r)?,
+            },
+            T_REVOKED => Control::Revoked {
+                token: get_token(&mut r)?,
             },
             T_READ_DONE => Control::ReadDone { xfer: r.u64_le()? },
             T_REFUSED => Control::Refused {
@@ -1285,6 +1403,46 @@ mod tests {
     }
 
     #[test]
+    fn a_grant_carries_at_most_its_bound_of_leases_with_keys_in_bounds() {
+        let lease = |n| Lease {
+            token: Token { id: 1, secret: 2 },
+            addr: 3,
+            len: 4,
+            gpu: false,
+            key: vec![0; n],
+        };
+        let frame = |leases: Vec<Lease>| {
+            let mut v = Vec::new();
+            Control::ReadGrant {
+                xfer: 1,
+                src: vec![PullRun {
+                    gpu: false,
+                    key: vec![1; 8],
+                }],
+                leases,
+            }
+            .encode(&mut v);
+            v
+        };
+        let ok = frame(vec![lease(8); MAX_GRANT_LEASES]);
+        assert!(Control::decode(&ok).is_ok());
+        assert_eq!(
+            ok.len(),
+            1 + 8 + 4 + 3 + 8 + leases_len(&vec![lease(8); MAX_GRANT_LEASES])
+        );
+        assert!(Control::decode(&frame(vec![lease(8); MAX_GRANT_LEASES + 1])).is_err());
+        // A lease key longer than the bound (written by hand: the encoder cuts).
+        let mut v = frame(vec![lease(8)]);
+        let at = v.len() - 8 - 2;
+        v[at..at + 2].copy_from_slice(&((MAX_PULL_KEY + 1) as u16).to_le_bytes());
+        v.extend(std::iter::repeat_n(0, MAX_PULL_KEY + 1 - 8));
+        assert!(Control::decode(&v).is_err());
+        // Cut short.
+        let v = frame(vec![lease(8)]);
+        assert!(Control::decode(&v[..v.len() - 1]).is_err());
+    }
+
+    #[test]
     fn a_pull_must_describe_each_run_once_within_its_bounds() {
         let item = RmaItem {
             token: Token { id: 1, secret: 2 },
@@ -1369,8 +1527,38 @@ mod tests {
                     };
                     2
                 ],
+                leases: vec![],
+            },
+            Control::ReadGrant {
+                xfer: 13,
+                src: vec![PullRun {
+                    gpu: true,
+                    key: vec![4; 9],
+                }],
+                leases: vec![
+                    Lease {
+                        token: Token { id: 5, secret: 6 },
+                        addr: 7,
+                        len: 8,
+                        gpu: true,
+                        key: vec![9; 30],
+                    },
+                    Lease {
+                        token: Token { id: 10, secret: 11 },
+                        addr: 12,
+                        len: 13,
+                        gpu: false,
+                        key: vec![],
+                    },
+                ],
             },
             Control::ReadDone { xfer: 12 },
+            Control::Revoke {
+                token: Token { id: 14, secret: 15 },
+            },
+            Control::Revoked {
+                token: Token { id: 16, secret: 17 },
+            },
             Control::ReadReq {
                 xfer: 4,
                 items: vec![item],

@@ -480,9 +480,17 @@ impl Endpoint {
     /// registered (and advertised) as before, so that no byte can land in
     /// memory the caller believes released. Ok means no byte will land.
     pub fn dereg(&self, mr: u64) -> Result<()> {
+        // Leases of the region's advertisements are revoked once the
+        // advertisements are gone; the wait covers the peers' answers.
+        let revoke = |id| {
+            let conns: Vec<Arc<Conn>> = self.inner.conns.read().values().cloned().collect();
+            for c in conns {
+                c.revoke_region(id);
+            }
+        };
         self.inner
             .registry
-            .deregister(mr, self.inner.cfg.dereg_wait)?;
+            .deregister_revoking(mr, self.inner.cfg.dereg_wait, revoke)?;
         for c in self.inner.conns.read().values() {
             c.drop_region(mr);
         }
