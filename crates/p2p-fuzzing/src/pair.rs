@@ -21,7 +21,7 @@ use tcpx_p2p::fuzzing::{
     OpPlan, Payload, Proto, Region, Registry, RemoteRef, Requested, Set, Setup,
 };
 use tcpx_p2p::MemKind;
-use tcpx_p2p_wire::{Control, PullRun, RmaItem, Token};
+use tcpx_p2p_wire::{Control, Lease, PullRun, RmaItem, Token};
 
 /// The agreed chunk of the pair: small, so that short transfers take
 /// several requests.
@@ -109,6 +109,17 @@ pub struct Side {
     granted: std::collections::HashSet<u64>,
     /// The peer's reads we granted: the key of the requests serving each.
     grants: HashMap<u64, u64>,
+    /// Our reads copying from the peer's leases: the leases (token ids)
+    /// each uses, told to the machine at its end.
+    leased: HashMap<u64, Vec<u64>>,
+    /// Leases we answered `Revoked` for and have not used since: no pull
+    /// of ours may copy from them any more.
+    revoked_sent: std::collections::HashSet<u64>,
+    /// This side's connection id (what advertisements are made for).
+    conn: u64,
+    /// Reads of ours that copied from leases, and revokes we answered.
+    pub leased_reads: u64,
+    pub revokes_answered: u64,
     pub xfers: HashMap<u64, Xfer>,
     serving: HashMap<u64, Serving>,
     next: u64,
@@ -170,6 +181,11 @@ impl Side {
             pulls: VecDeque::new(),
             granted: Default::default(),
             grants: HashMap::new(),
+            leased: HashMap::new(),
+            revoked_sent: Default::default(),
+            conn,
+            leased_reads: 0,
+            revokes_answered: 0,
             pull,
             xfers: HashMap::new(),
             serving: HashMap::new(),
@@ -330,6 +346,27 @@ impl Side {
             self.effects();
             return Some(id);
         }
+        if read && self.pull && total > 0 {
+            // A read the peer's leases cover: pulled with no request.
+            let dst_gpu = vec![false; runs.len()];
+            if let Some((srcs, used)) = self.proto.leased_read(&items, &runs, &dst_gpu) {
+                let id = self.next;
+                let (mut reqs, n) = self.reqs(Owner::Ours(id), &local, true);
+                for r in &mut reqs {
+                    let lens: Vec<usize> = r.segs.iter().map(|s| s.1).collect();
+                    r.remote = op_refs(r.plan, &lens, &srcs).expect("a lease covers its read");
+                }
+                for t in &used {
+                    self.revoked_sent.remove(t);
+                }
+                let id = self.new_xfer(n);
+                self.leased.insert(id, used);
+                self.leased_reads += 1;
+                self.pulls.extend(reqs);
+                self.effects();
+                return Some(id);
+            }
+        }
         let id = self.next;
         let (reqs, n) = self.reqs(Owner::Ours(id), &local, true);
         let id = self.new_xfer(n + 1);
@@ -393,6 +430,23 @@ impl Side {
         if self.granted.remove(&id) {
             self.proto.granted_ended(id);
         }
+        if let Some(used) = self.leased.remove(&id) {
+            self.proto.leased_read_ended(&used);
+        }
+    }
+
+    /// Our region is being deregistered: the machine revokes the leases
+    /// of it (the memory itself stays, for the test to go on).
+    pub fn revoke_leases(&mut self) {
+        if self.alive() {
+            self.proto.revoke_region(self.region.id);
+            self.effects();
+        }
+    }
+
+    /// Leases given and held (see `Proto::leases`).
+    pub fn leases(&self) -> (usize, usize) {
+        self.proto.leases()
     }
 
     fn recv_ended(&mut self, seq: u64, end: End) {
@@ -444,6 +498,10 @@ impl Side {
         while let Some(e) = self.proto.poll() {
             match e {
                 Effect::Send(m) => {
+                    if let Control::Revoked { token } = &m {
+                        self.revoked_sent.insert(token.id);
+                        self.revokes_answered += 1;
+                    }
                     let mut body = Vec::new();
                     m.encode(&mut body);
                     self.out.push_back(Frame {
@@ -552,7 +610,7 @@ impl Side {
                 Effect::Complete(x) => self.complete_one(x),
                 Effect::CompleteAll(x) => self.complete_all(x),
                 Effect::Fail(x, f) => self.end(x, End::Failed(f)),
-                Effect::Grant { serve, .. } => {
+                Effect::Grant { serve, tokens } => {
                     let key = self.next;
                     self.next += 1;
                     let src = serve
@@ -564,10 +622,23 @@ impl Side {
                         })
                         .collect();
                     let mut body = Vec::new();
+                    let mut leases = Vec::new();
+                    for t in self.proto.lease_wanted(&tokens) {
+                        if let Ok((addr, len, region)) = self.reg.leasable(t, self.conn) {
+                            leases.push(Lease {
+                                token: t,
+                                addr,
+                                len,
+                                gpu: false,
+                                key: pull_key(addr, len as usize),
+                            });
+                            self.proto.lease_given(t, region);
+                        }
+                    }
                     Control::ReadGrant {
                         xfer: serve.xfer,
                         src,
-                        leases: Vec::new(),
+                        leases,
                     }
                     .encode(&mut body);
                     self.out.push_back(Frame {
@@ -925,6 +996,14 @@ impl Pair {
         let Some(r) = to.pulls.pop_front() else {
             return false;
         };
+        if let Owner::Ours(x) = r.owner {
+            let used = to.leased.get(&x).map_or(&[][..], |u| &u[..]);
+            assert!(
+                used.iter().all(|t| !to.revoked_sent.contains(t)),
+                "{}: a pull from a lease after answering its revoke",
+                to.name
+            );
+        }
         let room: usize = r.segs.iter().map(|s| s.1).sum();
         let Some(theirs) = exported(from, &r.remote, room) else {
             // As a net's refusal: the request fails, the connection lives.

@@ -53,6 +53,9 @@ pub struct PairSeen {
     pub checked: u64,
     /// Of those, writes the target pulled and reads copied from a grant.
     pub checked_pulled: u64,
+    /// Reads copied from leases with no request, and revokes answered.
+    pub leased: u64,
+    pub revoked: u64,
 }
 
 /// A transfer the harness posted: who posted it, where its bytes come
@@ -88,13 +91,34 @@ fn conn_of(d: Dir) -> u64 {
     }
 }
 
+/// Advertisements a side made once for its peer, by (peer's connection,
+/// advertisement): reads of them again and again are what leases serve.
+type Standing = std::collections::HashMap<(u64, usize), RmaItem>;
+
 /// A window into one of the peer's advertisements (sometimes past its end,
-/// or with a forged token).
-fn remote_item(b: &mut Bytes, peer: &Side, peer_conn: u64) -> (RmaItem, usize) {
-    let (off, len) = ADVERTS[b.u8() as usize % ADVERTS.len()];
+/// or with a forged token; often under an advertisement made before).
+fn remote_item(
+    b: &mut Bytes,
+    peer: &Side,
+    peer_conn: u64,
+    standing: &mut Standing,
+) -> (RmaItem, usize) {
+    let which = b.u8() as usize % ADVERTS.len();
+    let (off, len) = ADVERTS[which];
     let at = (b.u16() as usize) % len;
     let n = 1 + (b.u16() as usize) % (len - at);
     let item = match b.u8() % 16 {
+        // A window of the advertisement made before for the whole range.
+        3..=8 => {
+            let whole = *standing
+                .entry((peer_conn, which))
+                .or_insert_with(|| peer.advertise(off, len, Some(peer_conn)));
+            RmaItem {
+                token: whole.token,
+                addr: whole.addr + at as u64,
+                len: n as u64,
+            }
+        }
         // Past the advertisement's end.
         0 => {
             let mut it = peer.advertise(off + at, n, Some(peer_conn));
@@ -181,6 +205,7 @@ pub fn proto_pair(data: &[u8]) -> PairSeen {
     let seq_len = |k: usize| LENS[(k * 7 + salt) % LENS.len()];
     let mut forged = false;
     let mut now = 0u64;
+    let mut standing = Standing::new();
     for _ in 0..STEPS {
         if b.done() {
             break;
@@ -197,7 +222,7 @@ pub fn proto_pair(data: &[u8]) -> PairSeen {
                         Dir::AtoB => &p.b,
                         Dir::BtoA => &p.a,
                     };
-                    remote_item(&mut b, peer, conn_of(other(d)))
+                    remote_item(&mut b, peer, conn_of(other(d)), &mut standing)
                 };
                 // The caller's lengths match its descriptors (the endpoint
                 // checks that); the claim may still be refused by the peer.
@@ -274,15 +299,18 @@ pub fn proto_pair(data: &[u8]) -> PairSeen {
                 now += u64::from(b.u8());
                 side(&mut p, d).tick(now, 1000, 10_000);
             }
-            _ => {
-                if b.u8() % 64 == 0 {
+            _ => match b.u8() % 64 {
+                0 => {
                     forged = true;
                     let f = forged_frame(&mut b);
                     p.inject(d, f);
-                } else {
+                }
+                // `d` deregisters: the leases of its memory are revoked.
+                1..=4 => side(&mut p, d).revoke_leases(),
+                _ => {
                     p.settle();
                 }
-            }
+            },
         }
         for s in [&p.a, &p.b] {
             let (_, requests, pieces) = s.proto.held();
@@ -310,6 +338,8 @@ pub fn proto_pair(data: &[u8]) -> PairSeen {
     }
     let broken = p.a.failed.is_some() || p.b.failed.is_some();
     seen.broken += u64::from(broken);
+    seen.leased += p.a.leased_reads + p.b.leased_reads;
+    seen.revoked += p.a.revokes_answered + p.b.revokes_answered;
     for s in [&p.a, &p.b] {
         for x in s.xfers.values() {
             match &x.end {

@@ -145,18 +145,31 @@ fn a_pair_of_connection_machines_moves_the_right_bytes_under_any_order() {
         t.broken += s.broken;
         t.checked += s.checked;
         t.checked_pulled += s.checked_pulled;
+        t.leased += s.leased;
+        t.revoked += s.revoked;
     });
     let largest = LARGEST.load(Ordering::Relaxed);
     println!(
         "proto_pair harness: {corpus} corpus + {random} random inputs in {secs:.0} s: \
          {} steps, {} transfers done ({} checked byte for byte, {} of them pulled writes or granted reads), \
+         {} reads copied from leases, {} revokes answered, \
          {} refused, {} failed, {} runs with the connection broken",
-        t.steps, t.done, t.checked, t.checked_pulled, t.refused, t.failed, t.broken
+        t.steps,
+        t.done,
+        t.checked,
+        t.checked_pulled,
+        t.leased,
+        t.revoked,
+        t.refused,
+        t.failed,
+        t.broken
     );
     assert!(
         t.done > 0
             && t.checked > 0
             && t.checked_pulled > 0
+            && t.leased > 0
+            && t.revoked > 0
             && t.refused > 0
             && t.failed > 0
             && t.broken > 0,

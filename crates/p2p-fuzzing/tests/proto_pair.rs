@@ -5,7 +5,7 @@
 
 use tcpx_p2p::fuzzing::{Answer, Failure, Limits, Set};
 use tcpx_p2p_fuzzing::pair::{Dir, End, Frame, Pair, CHUNK};
-use tcpx_p2p_wire::Control;
+use tcpx_p2p_wire::{Control, RmaItem};
 
 const MEM: usize = 1 << 20;
 
@@ -486,4 +486,87 @@ fn a_grant_short_of_keys_fails_the_read_and_still_releases_the_target() {
     assert!(matches!(p.a.end_of(r), End::Failed(Failure::Protocol(_))));
     assert_eq!(p.b.proto.held(), (0, 0, 0), "released by a's ReadDone");
     assert!(p.a.failed.is_none() && p.b.failed.is_none());
+}
+
+#[test]
+fn a_leased_advertisement_is_read_again_with_no_frame_until_its_revoke_is_answered() {
+    let mut p = Pair::pulling(MEM, Limits::default());
+    fill(&mut p.b.mem, 0, 4 * CHUNK, 31);
+    let whole = p.b.advertise(0, 4 * CHUNK, None);
+    let window = |off: u64, len: u64| RmaItem {
+        token: whole.token,
+        addr: whole.addr + off,
+        len,
+    };
+    // The first read is offered and granted; the grant leases the whole
+    // advertisement.
+    let r =
+        p.a.rma(true, &[(100_000, CHUNK)], vec![window(0, CHUNK as u64)]);
+    p.settle();
+    assert_eq!(p.a.end_of(r.unwrap()), End::Done);
+    assert_eq!((p.b.leases().0, p.a.leases().1), (1, 1));
+    // Later reads of windows of it: no frame, copied at their offsets.
+    fill(&mut p.b.mem, 0, 4 * CHUNK, 32);
+    let r2 =
+        p.a.rma(
+            true,
+            &[(200_000, 2 * CHUNK + 7)],
+            vec![window(CHUNK as u64 - 3, 2 * CHUNK as u64 + 7)],
+        )
+        .unwrap();
+    let r3 =
+        p.a.rma(true, &[(300_000, 5)], vec![window(4 * CHUNK as u64 - 5, 5)])
+            .unwrap();
+    assert!(p.a.out.is_empty(), "a leased read sends nothing");
+    assert_eq!(
+        p.b.proto.held(),
+        (0, 0, 0),
+        "the target holds no request for it"
+    );
+    // b deregisters: its revoke waits for a's reads to end.
+    p.b.revoke_leases();
+    p.deliver(Dir::BtoA);
+    assert!(p.a.out.is_empty(), "not answered while reads copy from it");
+    // A read of the revoked lease is asked for again.
+    let r4 = p.a.rma(true, &[(400_000, 8)], vec![window(0, 8)]).unwrap();
+    assert!(matches!(
+        Control::decode(&p.a.out[0].body),
+        Ok(Control::ReadOffer { .. })
+    ));
+    // Only r2 and r3's pulls, then the answer.
+    while p.pull_one(Dir::BtoA) {}
+    assert_eq!((p.a.end_of(r2), p.a.end_of(r3)), (End::Done, End::Done));
+    assert!(p.a.out.iter().any(|f| matches!(
+        Control::decode(&f.body),
+        Ok(Control::Revoked { token }) if token == whole.token
+    )));
+    assert_eq!(
+        &p.a.mem[200_000..200_000 + 2 * CHUNK + 7],
+        &p.b.mem[CHUNK - 3..3 * CHUNK + 4]
+    );
+    assert_eq!(
+        &p.a.mem[300_000..300_005],
+        &p.b.mem[4 * CHUNK - 5..4 * CHUNK]
+    );
+    p.settle();
+    assert_eq!(p.a.end_of(r4), End::Done);
+    // The answer let b's hold go. r4's grant came while the revoke was
+    // pending, so it leased nothing; the next grant leases it anew.
+    assert_eq!((p.b.leases().0, p.a.leases().1), (0, 0));
+    let r5 = p.a.rma(true, &[(500_000, 8)], vec![window(8, 8)]).unwrap();
+    p.settle();
+    assert_eq!(p.a.end_of(r5), End::Done);
+    assert_eq!((p.b.leases().0, p.a.leases().1), (1, 1));
+    assert!(p.a.failed.is_none() && p.b.failed.is_none());
+}
+
+#[test]
+fn a_revoked_that_was_never_asked_for_breaks_the_protocol() {
+    let mut p = Pair::pulling(MEM, Limits::default());
+    let item = p.b.advertise(0, CHUNK, None);
+    p.inject(
+        Dir::AtoB,
+        encode(Control::Revoked { token: item.token }, vec![]),
+    );
+    assert!(matches!(p.b.failed, Some(Failure::Protocol(_))));
 }
