@@ -1162,7 +1162,11 @@ impl Conn {
                 return Ok(t);
             }
         }
-        if total <= self.inline_max && total > 0 && self.inline_room(read) {
+        // On a net with a one-sided path a read is never inline: offered,
+        // its grant costs the same round trip, and leases what it names
+        // for the reads after it.
+        let offered = read && self.exporter.is_some();
+        if total <= self.inline_max && total > 0 && !offered && self.inline_room(read) {
             // A one-sided transfer whose data goes on the control
             // connection: a write's right after its request, a read's in
             // the answer. Its one event is the target's `WriteDone`, or the
