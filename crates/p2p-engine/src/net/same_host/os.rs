@@ -413,12 +413,17 @@ pub unsafe fn cma(pid: i32, pull: bool, spans: &[Span]) -> io::Result<()> {
 /// Requests of at least this many bytes are copied by several threads.
 const PARALLEL_MIN: u64 = 4 << 20;
 
-/// The cores this process may run on, asked once: the standard library
-/// reads the cgroup's files on every call (seven reads and three opens,
-/// tens of microseconds: more than a 4 KiB copy).
+/// The cores the calling thread may run on, asked once per thread: the
+/// standard library reads the cgroup's files on every call (seven reads
+/// and three opens, tens of microseconds: more than a 4 KiB copy). Per
+/// thread, because the answer is the thread's own affinity: an I/O worker
+/// pinned to one core (pinned when it starts, before any copy) copies on
+/// its own rather than splitting a copy onto that same core.
 fn cpus() -> usize {
-    static CPUS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *CPUS.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+    thread_local! {
+        static CPUS: usize = std::thread::available_parallelism().map_or(1, |n| n.get());
+    }
+    CPUS.with(|n| *n)
 }
 
 /// As [`cma`], split across up to four threads (the CPUs allowing) when the
