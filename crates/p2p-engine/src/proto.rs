@@ -540,7 +540,7 @@ impl<O: Requests> Proto<O> {
     }
 
     /// Leases given and held on this connection (for tests).
-    #[cfg_attr(not(any(test, feature = "fuzzing")), allow(dead_code))]
+    #[cfg_attr(not(feature = "fuzzing"), allow(dead_code))]
     pub fn leases(&self) -> (usize, usize) {
         (self.leases.given(), self.leases.held())
     }
