@@ -78,46 +78,41 @@ pub enum ProtocolError {
     Closed,
 }
 
+/// A peer's one-sided request `xfer`, admitted against our records: our
+/// memory it names (`local`, its runs), the requests that serve it
+/// (`plan`) and what it holds against [`Limits`] until it ends (`weight`).
+#[derive(Debug)]
+pub struct Admitted {
+    pub xfer: u64,
+    pub local: Vec<(MemRef, Arc<Region>)>,
+    pub plan: Vec<OpPlan>,
+    pub weight: usize,
+}
+
 /// What the connection must do about a control message.
 #[derive(Debug)]
 pub enum Action {
     Nothing,
-    /// The peer's write is accepted: post receives for `plan` over `local`,
-    /// then send `WriteCts`. Hand `weight` back with [`Book::served_end`]
-    /// when the receives end.
-    AcceptWrite {
-        xfer: u64,
-        local: Vec<(MemRef, Arc<Region>)>,
-        plan: Vec<OpPlan>,
-        weight: usize,
-    },
+    /// The peer's write is accepted: post receives for its plan over its
+    /// memory, then send `WriteCts`. Hand its weight back with
+    /// [`Book::served_end`] when the receives end.
+    AcceptWrite(Admitted),
     /// The peer's write is accepted, to be pulled: copy each run of `src`
-    /// (the peer's memory, one [`wire::PullRun`] per run of `local`) into
-    /// `local` per `plan`, then hand `weight` back with
+    /// (the peer's memory, one [`wire::PullRun`] per run of ours) into our
+    /// memory per the plan, then hand the weight back with
     /// [`Book::served_end`] and send `WriteDone`.
     AcceptPull {
-        xfer: u64,
-        local: Vec<(MemRef, Arc<Region>)>,
-        plan: Vec<OpPlan>,
-        weight: usize,
+        req: Admitted,
         src: Vec<wire::PullRun>,
     },
-    /// The peer's read is accepted: send `ReadAck`, then `local` per `plan`.
-    AcceptRead {
-        xfer: u64,
-        local: Vec<(MemRef, Arc<Region>)>,
-        plan: Vec<OpPlan>,
-        weight: usize,
-    },
+    /// The peer's read is accepted: send `ReadAck`, then our memory per
+    /// the plan.
+    AcceptRead(Admitted),
     /// The peer's offered read is accepted, for the peer to copy: send
-    /// `ReadGrant` with where each run of `local` lies, and hold `local`
-    /// (and `weight`) until the peer's `ReadDone`
-    /// ([`Action::ReadReleased`]).
+    /// `ReadGrant` with where each run of ours lies, and hold it (and its
+    /// weight) until the peer's `ReadDone` ([`Action::ReadReleased`]).
     GrantRead {
-        xfer: u64,
-        local: Vec<(MemRef, Arc<Region>)>,
-        plan: Vec<OpPlan>,
-        weight: usize,
+        req: Admitted,
         /// The advertisements the read names (each once, at most
         /// [`wire::MAX_GRANT_LEASES`]): the grant may lease them
         /// ([`crate::lease`]).
@@ -380,8 +375,8 @@ impl Book {
                 len,
             } => {
                 let len = len as usize;
-                match self.admit(cx, &items, &runs) {
-                    Ok((local, _, weight)) => {
+                match self.admit(cx, xfer, &items, &runs) {
+                    Ok(Admitted { local, weight, .. }) => {
                         // Our records' length, not the claim's, must match
                         // the bytes that follow.
                         let total: usize = local.iter().map(|(m, _)| m.len).sum();
@@ -406,29 +401,31 @@ impl Book {
                     Err(reason) => Action::DropWrite { xfer, reason, len },
                 }
             }
-            Control::ReadInline { xfer, items, runs } => match self.admit(cx, &items, &runs) {
-                Ok((local, _, weight)) => {
-                    let len: usize = local.iter().map(|(m, _)| m.len).sum();
-                    if len <= wire::MAX_INLINE {
-                        Action::SendReadData {
-                            xfer,
-                            local,
-                            len,
-                            weight,
-                        }
-                    } else {
-                        self.served_end(weight);
-                        Action::RefuseWrite {
-                            xfer,
-                            reason: format!(
-                                "inline read of {len} bytes exceeds the inline limit of {}",
-                                wire::MAX_INLINE
-                            ),
+            Control::ReadInline { xfer, items, runs } => {
+                match self.admit(cx, xfer, &items, &runs) {
+                    Ok(Admitted { local, weight, .. }) => {
+                        let len: usize = local.iter().map(|(m, _)| m.len).sum();
+                        if len <= wire::MAX_INLINE {
+                            Action::SendReadData {
+                                xfer,
+                                local,
+                                len,
+                                weight,
+                            }
+                        } else {
+                            self.served_end(weight);
+                            Action::RefuseWrite {
+                                xfer,
+                                reason: format!(
+                                    "inline read of {len} bytes exceeds the inline limit of {}",
+                                    wire::MAX_INLINE
+                                ),
+                            }
                         }
                     }
+                    Err(reason) => Action::RefuseWrite { xfer, reason },
                 }
-                Err(reason) => Action::RefuseWrite { xfer, reason },
-            },
+            }
             Control::ReadData { xfer, len } => match self.ours.get(&xfer) {
                 Some(&Awaiting::ReadData { len: want }) if want == len => {
                     self.ours.remove(&xfer);
@@ -525,22 +522,11 @@ impl Book {
         runs: &[u32],
         src: Option<Vec<wire::PullRun>>,
     ) -> Action {
-        match (self.admit(cx, items, runs), src) {
-            (Ok((local, plan, weight)), Some(src)) if copies_itself(&cx, &local, &src) => {
-                Action::AcceptPull {
-                    xfer,
-                    local,
-                    plan,
-                    weight,
-                    src,
-                }
+        match (self.admit(cx, xfer, items, runs), src) {
+            (Ok(req), Some(src)) if copies_itself(&cx, &req.local, &src) => {
+                Action::AcceptPull { req, src }
             }
-            (Ok((local, plan, weight)), _) => Action::AcceptWrite {
-                xfer,
-                local,
-                plan,
-                weight,
-            },
+            (Ok(req), _) => Action::AcceptWrite(req),
             (Err(reason), _) => Action::RefuseWrite { xfer, reason },
         }
     }
@@ -557,25 +543,17 @@ impl Book {
         runs: &[u32],
         dst_gpu: Option<&[bool]>,
     ) -> Action {
-        match (self.admit(cx, items, runs), dst_gpu) {
-            (Ok((local, plan, weight)), Some(dst_gpu))
-                if reader_copies(&cx, &local, dst_gpu) && !self.granted.contains(&xfer) =>
+        match (self.admit(cx, xfer, items, runs), dst_gpu) {
+            (Ok(req), Some(dst_gpu))
+                if reader_copies(&cx, &req.local, dst_gpu) && !self.granted.contains(&xfer) =>
             {
                 self.granted.insert(xfer);
                 Action::GrantRead {
-                    xfer,
-                    local,
-                    plan,
-                    weight,
+                    req,
                     tokens: distinct_tokens(items),
                 }
             }
-            (Ok((local, plan, weight)), _) => Action::AcceptRead {
-                xfer,
-                local,
-                plan,
-                weight,
-            },
+            (Ok(req), _) => Action::AcceptRead(req),
             // Nothing is sized from the claim, and nothing is held.
             (Err(reason), _) => Action::RefuseRead { xfer, reason },
         }
@@ -584,13 +562,13 @@ impl Book {
     /// Admits a request of the peer: within the limits, every item inside
     /// an advertisement of ours, each run contiguous in one region. Sizes
     /// come from our records only once they have bounded the claim.
-    #[allow(clippy::type_complexity)]
     fn admit(
         &mut self,
         cx: Ctx<'_>,
+        xfer: u64,
         items: &[RmaItem],
         runs: &[u32],
-    ) -> Result<(Vec<(MemRef, Arc<Region>)>, Vec<OpPlan>, usize), String> {
+    ) -> Result<Admitted, String> {
         let Limits {
             max_requests,
             max_items,
@@ -639,7 +617,12 @@ impl Book {
         let plan = plan_ops(&lens, cx.chunk, cx.gather);
         self.served += 1;
         self.served_items += weight as usize;
-        Ok((local, plan, weight as usize))
+        Ok(Admitted {
+            xfer,
+            local,
+            plan,
+            weight: weight as usize,
+        })
     }
 }
 
@@ -786,7 +769,7 @@ mod tests {
         };
         assert!(matches!(
             b.on_control(cx(&f), m),
-            Ok(Action::AcceptRead { xfer: 9, .. })
+            Ok(Action::AcceptRead(Admitted { xfer: 9, .. }))
         ));
     }
 
@@ -803,12 +786,12 @@ mod tests {
             runs: vec![1],
         };
         match b.on_control(cx(&f), w(1, 4096, 8192)).unwrap() {
-            Action::AcceptWrite {
+            Action::AcceptWrite(Admitted {
                 local,
                 plan,
                 weight,
                 ..
-            } => {
+            }) => {
                 assert_eq!(local[0].0.addr, f.buf.as_ptr() as u64 + 4096);
                 assert_eq!(plan.len(), 2);
                 assert_eq!(weight, 3);
@@ -857,9 +840,9 @@ mod tests {
         };
         let mut b = Book::new(Limits::default());
         match b.on_control(cx(&f), offer(1)).unwrap() {
-            Action::AcceptPull { plan, src, .. } => {
+            Action::AcceptPull { req, src } => {
                 assert_eq!(src.len(), 1);
-                assert_eq!(plan.len(), 2, "8 KiB in 4 KiB requests");
+                assert_eq!(req.plan.len(), 2, "8 KiB in 4 KiB requests");
             }
             a => panic!("{a:?}"),
         }
@@ -868,7 +851,7 @@ mod tests {
         no.pull = false;
         assert!(matches!(
             b.on_control(no, offer(2)).unwrap(),
-            Action::AcceptWrite { xfer: 2, .. }
+            Action::AcceptWrite(Admitted { xfer: 2, .. })
         ));
         // A forged item is refused as any write is.
         let mut bad = offer(3);
@@ -918,21 +901,21 @@ mod tests {
         let mut b = Book::new(Limits::default());
         // The grant names the read's advertisement, once, for a lease.
         match b.on_control(cx(&f), offer(1, false)).unwrap() {
-            Action::GrantRead {
-                xfer: 1, tokens, ..
-            } => assert_eq!(tokens, vec![f.token]),
+            Action::GrantRead { req, tokens } if req.xfer == 1 => {
+                assert_eq!(tokens, vec![f.token])
+            }
             a => panic!("not a grant: {a:?}"),
         }
         // Our host memory into the reader's GPU memory: sent instead.
         assert!(matches!(
             b.on_control(cx(&f), offer(2, true)).unwrap(),
-            Action::AcceptRead { xfer: 2, .. }
+            Action::AcceptRead(Admitted { xfer: 2, .. })
         ));
         let mut no = cx(&f);
         no.pull = false;
         assert!(matches!(
             b.on_control(no, offer(3, false)).unwrap(),
-            Action::AcceptRead { xfer: 3, .. }
+            Action::AcceptRead(Admitted { xfer: 3, .. })
         ));
         assert!(matches!(
             b.on_control(cx(&f), Control::ReadDone { xfer: 1 }),

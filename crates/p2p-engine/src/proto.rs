@@ -25,7 +25,7 @@
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::sync::Arc;
 
-use crate::handler::{Action, Book, Ctx, Limits, ProtocolError};
+use crate::handler::{Action, Admitted, Book, Ctx, Limits, ProtocolError};
 use crate::lease::{Leases, RunSrc};
 use crate::memory::{Region, Registry};
 use crate::net::{MemRef, RemoteRef};
@@ -76,6 +76,26 @@ pub struct Serve {
     /// A write (we receive or pull, and answer `WriteDone` at the end) or
     /// a read (we send; `ReadAck` went before).
     pub answer: Answer,
+}
+
+impl Serve {
+    /// The requests serving the peer's admitted request `req`, answered as
+    /// `answer` says.
+    pub fn of(req: Admitted, answer: Answer) -> Serve {
+        let Admitted {
+            xfer,
+            local,
+            plan,
+            weight,
+        } = req;
+        Serve {
+            xfer,
+            local,
+            plan,
+            weight,
+            answer,
+        }
+    }
 }
 
 /// Net requests to post, in order, on one set and direction.
@@ -686,50 +706,18 @@ impl<O: Requests> Proto<O> {
                 self.out
                     .push_back(Effect::Send(Control::Refused { xfer, reason }));
             }
-            Action::AcceptWrite {
-                xfer,
-                local,
-                plan,
-                weight,
-            } => {
+            Action::AcceptWrite(req) => {
+                let xfer = req.xfer;
                 // Our receives take their place in the order of our requests
                 // for data, before the clear-to-send goes out.
-                self.rma_recvs.cleared(Requested::Serve(Serve {
-                    xfer,
-                    local,
-                    plan,
-                    weight,
-                    answer: Answer::Write,
-                }));
+                self.rma_recvs
+                    .cleared(Requested::Serve(Serve::of(req, Answer::Write)));
                 self.post_due();
                 self.out.push_back(Effect::Send(Control::WriteCts { xfer }));
             }
-            Action::AcceptRead {
-                xfer,
-                local,
-                plan,
-                weight,
-            } => self.accept_read(Serve {
-                xfer,
-                local,
-                plan,
-                weight,
-                answer: Answer::Read,
-            }),
-            Action::GrantRead {
-                xfer,
-                local,
-                plan,
-                weight,
-                tokens,
-            } => self.out.push_back(Effect::Grant {
-                serve: Serve {
-                    xfer,
-                    local,
-                    plan,
-                    weight,
-                    answer: Answer::Read,
-                },
+            Action::AcceptRead(req) => self.accept_read(Serve::of(req, Answer::Read)),
+            Action::GrantRead { req, tokens } => self.out.push_back(Effect::Grant {
+                serve: Serve::of(req, Answer::Read),
                 tokens,
             }),
             Action::Revoke { token } => {
@@ -788,24 +776,14 @@ impl<O: Requests> Proto<O> {
                 self.pending_writes.remove(&xfer);
                 self.out.push_back(Effect::CompleteAll(xfer));
             }
-            Action::AcceptPull {
-                xfer,
-                local,
-                plan,
-                weight,
-                src,
-            } => {
-                let serve = Serve {
-                    xfer,
-                    local,
-                    plan,
-                    weight,
-                    answer: Answer::Write,
-                };
+            Action::AcceptPull { req, src } => {
                 self.out.push_back(Effect::Post {
                     set: Set::Rma,
                     send: false,
-                    requests: Requested::Remote { serve, runs: src },
+                    requests: Requested::Remote {
+                        serve: Serve::of(req, Answer::Write),
+                        runs: src,
+                    },
                 });
             }
             Action::ReadAccepted { xfer } => {

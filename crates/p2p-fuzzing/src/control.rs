@@ -14,7 +14,9 @@ use std::collections::hash_map::Entry;
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use tcpx_p2p::fuzzing::{Action, Book, Ctx, Gather, Limits, MemRef, OpPlan, Region, Registry};
+use tcpx_p2p::fuzzing::{
+    Action, Admitted, Book, Ctx, Gather, Limits, MemRef, OpPlan, Region, Registry,
+};
 use tcpx_p2p_wire::{self as wire, Control, PullRun, RmaItem, Token, MAX_INLINE};
 
 use crate::bytes::Bytes;
@@ -489,35 +491,20 @@ fn check_action(
     seen: &mut Seen,
 ) {
     match action {
-        Action::AcceptWrite {
-            local,
-            plan,
-            weight,
-            ..
+        Action::AcceptWrite(req) | Action::AcceptRead(req) => {
+            accepted(fx, model, seen, &req.local, &req.plan, req.weight, write)
         }
-        | Action::AcceptRead {
-            local,
-            plan,
-            weight,
-            ..
-        } => accepted(fx, model, seen, &local, &plan, weight, write),
-        Action::AcceptPull {
-            local,
-            plan,
-            weight,
-            src,
-            ..
-        } => {
-            assert_eq!(src.len(), local.len(), "a pull without one key per run");
-            accepted(fx, model, seen, &local, &plan, weight, write);
+        Action::AcceptPull { req, src } => {
+            assert_eq!(src.len(), req.local.len(), "a pull without one key per run");
+            accepted(fx, model, seen, &req.local, &req.plan, req.weight, write);
         }
-        Action::GrantRead {
-            xfer,
-            local,
-            plan,
-            weight,
-            tokens,
-        } => {
+        Action::GrantRead { req, tokens } => {
+            let Admitted {
+                xfer,
+                local,
+                plan,
+                weight,
+            } = req;
             assert!(
                 model.granted.insert(xfer),
                 "granted twice before its release"
