@@ -334,3 +334,85 @@ def test_a_reader_that_does_not_answer_a_revoke_keeps_the_region_registered_for_
         assert not peer.ep("read", pcid, rmr, rptr, 4096, sub(meta, 0, 4096))
     finally:
         peer.close()
+
+
+def test_the_ipc_calls_run_on_a_connection_of_the_same_host_net(device):
+    """`advertise_ipc`, `write_ipc` / `read_ipc` (and their `v` forms) and
+    `send_ipc` / `recv_ipc` on a connection made by `connect` / `accept`
+    with the same-host net: ordinary transfers over memory registered for
+    the call, checked byte for byte; a read of an `advertise_ipc` range is
+    leased after the first (it completes with the target stopped); a
+    descriptor of another connection is refused; on a connection of
+    another net the calls are refused with the reason."""
+    ep = endpoint(ON)
+    bufs = peer_ops.Buffers(device, 0)
+    peer = Peer(device, PEER_GPU, ON)
+    try:
+        cid, pcid = connect(ep, peer)
+        n = (1 << 20) + 5
+        tb, tptr = peer.call("alloc", n + 2 * GUARD)
+        ok, info = peer.ep("advertise_ipc", pcid, tptr + GUARD, n)
+        assert ok, "advertise_ipc on the same-host net"
+        sb, sptr = bufs.alloc(n, seed=80)
+        assert ep.write_ipc(cid, sptr, n, info), ep.last_error()
+        assert peer.call("digest", tb, GUARD, n) == bufs.digest(sb)
+        assert peer.call("data", tb, 0, GUARD) == bytes(GUARD)
+        assert peer.call("data", tb, GUARD + n, GUARD) == bytes(GUARD)
+        rb, rptr = bufs.alloc(n)
+        assert ep.read_ipc(cid, rptr, n, info), ep.last_error()
+        assert bufs.digest(rb) == bufs.digest(sb)
+        # Leased now: a read completes with the target stopped.
+        rb2, rptr2 = bufs.alloc(n)
+        stopped(peer.proc.pid)
+        try:
+            ok, x = ep.read_ipc_async(cid, rptr2, n, info)
+            assert ok, ep.last_error()
+            assert ep.wait(x, 20.0), ep.last_error()
+        finally:
+            import signal
+
+            os.kill(peer.proc.pid, signal.SIGCONT)
+        assert bufs.digest(rb2) == bufs.digest(sb)
+        # Several ranges in one call, both ways.
+        k, bs = 8, 64 << 10
+        vb, vptr = peer.call("alloc", k * bs)
+        ok, infos = peer.ep("advertisev_ipc", pcid, [vptr + i * bs for i in range(k)], [bs] * k)
+        assert ok
+        src, src_ptr = bufs.alloc(k * bs, seed=81)
+        assert ep.writev_ipc(cid, [src_ptr + i * bs for i in range(k)], [bs] * k, infos), ep.last_error()
+        assert peer.call("digest", vb) == bufs.digest(src)
+        back, back_ptr = bufs.alloc(k * bs)
+        assert ep.readv_ipc(cid, [back_ptr + i * bs for i in range(k)], [bs] * k, infos), ep.last_error()
+        assert bufs.digest(back) == bufs.digest(src)
+        # Two-sided.
+        m = 300_001
+        mb, mptr = peer.call("alloc", m)
+        ok, rx = peer.ep("recv_ipc_async", pcid, mptr, m)
+        assert ok
+        xb, xptr = bufs.alloc(m, seed=82)
+        assert ep.send_ipc(cid, xptr, m), ep.last_error()
+        assert peer.ep("wait", rx)
+        assert peer.call("digest", mb) == bufs.digest(xb)
+        # A descriptor made for another connection of the same peers.
+        cid2, pcid2 = connect(ep, peer)
+        assert not ep.write_ipc(cid2, sptr, n, info)
+        assert "another connection" in ep.last_error(), ep.last_error()
+    finally:
+        peer.close()
+
+
+def test_the_ipc_calls_are_refused_on_a_connection_of_another_net():
+    ep = endpoint({"TCPX_P2P_SAME_HOST_NET": "0"})
+    peer = Peer("cpu", None, {"TCPX_P2P_SAME_HOST_NET": "0"})
+    try:
+        cid, _pcid = connect(ep, peer)
+        assert ep.conn_net(cid) != "same-host"
+        buf = bytearray(4096)
+        import ctypes
+
+        ptr = ctypes.addressof((ctypes.c_char * 4096).from_buffer(buf))
+        ok, _info = ep.advertise_ipc(cid, ptr, 4096)
+        assert not ok
+        assert "not a same-host connection" in ep.last_error(), ep.last_error()
+    finally:
+        peer.close()

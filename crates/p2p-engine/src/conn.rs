@@ -209,6 +209,9 @@ pub struct Conn {
     /// The net, where it has a one-sided path: our writes are offered to
     /// the target to pull, and reads granted ([`Conn::keys`]).
     exporter: Option<Arc<dyn Net>>,
+    /// Regions registered on the caller's behalf by `advertise_ipc` on this
+    /// connection: they live as long as it does.
+    ipc_regions: Mutex<Vec<u64>>,
     pub chunk: usize,
     /// How small items share a request on this connection's net.
     gather: Gather,
@@ -403,6 +406,7 @@ impl Conn {
             remote_bdf: theirs.gpu_bdf.clone(),
             net: net.name().to_string(),
             exporter: net.pulls().then(|| net.clone()),
+            ipc_regions: Mutex::new(Vec::new()),
             chunk,
             gather: Gather::new(chunk, net.max_segments()),
             oob: Mutex::new(crate::oob_out::OobOut::new(oob)),
@@ -993,6 +997,32 @@ impl Conn {
             op.xfer.fail(fl.clone());
         }
         self.registry.forget_conn(self.id);
+        for id in std::mem::take(&mut *self.ipc_regions.lock()) {
+            self.registry.forget(id);
+        }
+    }
+
+    /// Whether this connection's net has a one-sided path (the same-host
+    /// net): the `*_ipc` calls run on it.
+    pub(crate) fn pulls(&self) -> bool {
+        self.exporter.is_some()
+    }
+
+    /// Keeps region `id` (registered by `advertise_ipc`) until the
+    /// connection ends; at most [`MAX_IPC_REGIONS`].
+    pub(crate) fn keep_ipc_region(&self, id: u64) -> Result<()> {
+        let mut v = self.ipc_regions.lock();
+        if v.len() >= MAX_IPC_REGIONS {
+            return Err(Error::invalid(format!(
+                "connection {}: {MAX_IPC_REGIONS} advertise_ipc records already; they live as long as the connection",
+                self.id
+            )));
+        }
+        if self.broken.load(Ordering::Acquire) || self.closed.load(Ordering::Acquire) {
+            return Err(Error::invalid(format!("connection {} has ended", self.id)));
+        }
+        v.push(id);
+        Ok(())
     }
 
     /// Orderly close: waits (up to the deadline) until the peer has
@@ -1417,6 +1447,10 @@ impl Task for ProgressTask {
         }
     }
 }
+
+/// `advertise_ipc` records one connection may hold (as a same-host
+/// connection's).
+const MAX_IPC_REGIONS: usize = 1 << 20;
 
 /// The control connection's reader on the I/O workers: reads and handles
 /// frames while they come, then waits (no thread) for the next.

@@ -452,6 +452,16 @@ impl Registry {
         }
     }
 
+    /// Removes region `id` and its advertisements at once, without waiting:
+    /// transfers that resolved it hold it until they end. For memory
+    /// registered on the caller's behalf (the `*_ipc` calls on a connection
+    /// of the same-host net), once its requests are posted or its
+    /// connection is gone.
+    pub fn forget(&self, id: u64) {
+        self.regions.write().remove(&id);
+        self.adverts.write().retain(|_, a| a.region != id);
+    }
+
     /// Forgets the advertisements made for one connection (when it closes).
     pub fn forget_conn(&self, conn: u64) {
         self.adverts.write().retain(|_, a| a.conn != Some(conn));

@@ -6,20 +6,107 @@ use super::*;
 // Same-host calls (see `crate::local`): connections to endpoints of this
 // machine, CUDA IPC for GPU memory and cross-memory attach for host memory.
 
+/// The connection the `*_ipc` calls run on.
+enum Ipc {
+    Local(Arc<crate::local::LocalConn>),
+    Net(Arc<Conn>),
+}
+
 impl Endpoint {
     /// The local connection `id` (None: not a local one).
     pub(super) fn local_conn(&self, id: u64) -> Result<Option<Arc<crate::local::LocalConn>>> {
         self.inner.local.get(id)
     }
 
-    pub(super) fn need_local(&self, id: u64) -> Result<Arc<crate::local::LocalConn>> {
-        match self.local_conn(id)? {
-            Some(c) => Ok(c),
-            None if self.inner.conns.read().contains_key(&id) => Err(Error::invalid(format!(
-                "connection {id} is not a same-host connection (made by connect_local/accept_local)"
-            ))),
-            None => Err(Error::invalid(format!("unknown connection id {id}"))),
+    /// The connection `id` the `*_ipc` calls run on: a same-host
+    /// connection (`connect_local` / `accept_local`), or one made by
+    /// `connect` / `accept` whose net has a one-sided path (the same-host
+    /// net), where they are ordinary transfers.
+    fn ipc_conn(&self, id: u64) -> Result<Ipc> {
+        if let Some(c) = self.local_conn(id)? {
+            return Ok(Ipc::Local(c));
         }
+        let c = self.conn(id)?;
+        if !c.pulls() {
+            return Err(Error::invalid(format!(
+                "connection {id} is not a same-host connection (made by connect_local/accept_local, \
+                 or by connect/accept between endpoints of this machine with TCPX_P2P_SAME_HOST_NET=1)"
+            )));
+        }
+        Ok(Ipc::Net(c))
+    }
+
+    /// Registers `bufs` (memory the `*_ipc` calls take unregistered) for
+    /// one call: the buffers, and the regions to forget once the call's
+    /// requests are posted (its transfer holds them until it ends).
+    fn for_call(&self, bufs: &[(u64, usize)]) -> Result<(Vec<Buf>, Vec<u64>)> {
+        let mut out = Vec::with_capacity(bufs.len());
+        let mut ids = Vec::with_capacity(bufs.len());
+        for &(ptr, len) in bufs {
+            match self.inner.registry.register(ptr, len) {
+                Ok(r) => {
+                    ids.push(r.id);
+                    out.push(Buf { mr: r.id, ptr, len });
+                }
+                Err(e) => {
+                    self.forget_all(ids);
+                    return Err(e);
+                }
+            }
+        }
+        Ok((out, ids))
+    }
+
+    fn forget_all(&self, ids: Vec<u64>) {
+        for id in ids {
+            self.inner.registry.forget(id);
+        }
+    }
+
+    /// A `*_ipc` write or read on a connection of the same-host net: the
+    /// descriptors are `advertise_ipc`'s of that connection, our buffers
+    /// registered for the call.
+    fn net_ipc_rma(
+        &self,
+        conn: u64,
+        read: bool,
+        bufs: &[(u64, usize)],
+        infos: &[&[u8]],
+    ) -> Result<u64> {
+        if bufs.len() != infos.len() {
+            return Err(Error::invalid(format!(
+                "{} buffers but {} descriptors",
+                bufs.len(),
+                infos.len()
+            )));
+        }
+        let metas = infos
+            .iter()
+            .enumerate()
+            .map(|(i, d)| {
+                FifoItem::decode(d).map_err(|e| {
+                    Error::invalid(format!(
+                        "descriptor {i} is not one advertise_ipc gave on a connection of the same-host net: {e}"
+                    ))
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let (ours, ids) = self.for_call(bufs)?;
+        let r = self.fifo_rma(conn, read, &ours, &metas);
+        self.forget_all(ids);
+        r
+    }
+
+    /// A `send_ipc` / `recv_ipc` on a connection of the same-host net.
+    fn net_ipc_msg(&self, conn: u64, send: bool, ptr: u64, len: usize) -> Result<u64> {
+        let (ours, ids) = self.for_call(&[(ptr, len)])?;
+        let r = if send {
+            self.send_async(conn, &ours)
+        } else {
+            self.recv_async(conn, &ours)
+        };
+        self.forget_all(ids);
+        r
     }
 
     /// Connects to an endpoint of this host (see [`LocalPeer`]).
@@ -36,23 +123,32 @@ impl Endpoint {
     /// registered or not) to the peer of local connection `conn`, for as
     /// long as the connection lives.
     pub fn advertise_ipc(&self, conn: u64, ptr: u64, len: usize) -> Result<Vec<u8>> {
-        Ok(self
-            .need_local(conn)?
-            .advertise(ptr, len as u64)?
-            .to_bytes())
+        match self.ipc_conn(conn)? {
+            Ipc::Local(c) => Ok(c.advertise(ptr, len as u64)?.to_bytes()),
+            Ipc::Net(c) => {
+                // A registration of its own, kept as long as the connection.
+                let r = self.inner.registry.register(ptr, len)?;
+                let d = c
+                    .keep_ipc_region(r.id)
+                    .and_then(|()| self.advertise_to(Some(conn), r.id, ptr, len));
+                if d.is_err() {
+                    self.inner.registry.forget(r.id);
+                }
+                Ok(d?.to_vec())
+            }
+        }
     }
 
     pub(super) fn ipc_rma(
         &self,
-        conn: u64,
+        c: &Arc<crate::local::LocalConn>,
         read: bool,
         bufs: &[(u64, usize)],
         infos: &[&[u8]],
         inline: bool,
     ) -> Result<Arc<Transfer>> {
-        let c = self.need_local(conn)?;
         let items = c.ipc_items(bufs, infos)?;
-        let t = Transfer::new(self.next_xfer(), conn, 1, vec![]);
+        let t = Transfer::new(self.next_xfer(), c.id, 1, vec![]);
         c.rma(t.clone(), read, items, inline)?;
         Ok(t)
     }
@@ -65,42 +161,66 @@ impl Endpoint {
         bufs: &[(u64, usize)],
         infos: &[&[u8]],
     ) -> Result<u64> {
-        Ok(self.publish(self.ipc_rma(conn, false, bufs, infos, false)?))
+        match self.ipc_conn(conn)? {
+            Ipc::Local(c) => Ok(self.publish(self.ipc_rma(&c, false, bufs, infos, false)?)),
+            Ipc::Net(_) => self.net_ipc_rma(conn, false, bufs, infos),
+        }
     }
 
     /// One-sided read from the peer's `advertise_ipc` ranges; a transfer id.
     pub fn read_ipc_async(&self, conn: u64, bufs: &[(u64, usize)], infos: &[&[u8]]) -> Result<u64> {
-        Ok(self.publish(self.ipc_rma(conn, true, bufs, infos, false)?))
+        match self.ipc_conn(conn)? {
+            Ipc::Local(c) => Ok(self.publish(self.ipc_rma(&c, true, bufs, infos, false)?)),
+            Ipc::Net(_) => self.net_ipc_rma(conn, true, bufs, infos),
+        }
     }
 
-    /// Blocking [`Endpoint::write_ipc_async`]: a GPU copy to an already
-    /// resolved range runs on the calling thread.
+    /// Blocking [`Endpoint::write_ipc_async`]: on a same-host connection a
+    /// GPU copy to an already resolved range runs on the calling thread.
     pub fn write_ipc(&self, conn: u64, bufs: &[(u64, usize)], infos: &[&[u8]]) -> Result<()> {
-        let t = self.ipc_rma(conn, false, bufs, infos, true)?;
-        crate::local::outcome(&t, t.wait(None))
+        match self.ipc_conn(conn)? {
+            Ipc::Local(c) => {
+                let t = self.ipc_rma(&c, false, bufs, infos, true)?;
+                crate::local::outcome(&t, t.wait(None))
+            }
+            Ipc::Net(_) => self.wait_transfer(self.net_ipc_rma(conn, false, bufs, infos)?),
+        }
     }
 
     /// Blocking [`Endpoint::read_ipc_async`].
     pub fn read_ipc(&self, conn: u64, bufs: &[(u64, usize)], infos: &[&[u8]]) -> Result<()> {
-        let t = self.ipc_rma(conn, true, bufs, infos, true)?;
-        crate::local::outcome(&t, t.wait(None))
+        match self.ipc_conn(conn)? {
+            Ipc::Local(c) => {
+                let t = self.ipc_rma(&c, true, bufs, infos, true)?;
+                crate::local::outcome(&t, t.wait(None))
+            }
+            Ipc::Net(_) => self.wait_transfer(self.net_ipc_rma(conn, true, bufs, infos)?),
+        }
     }
 
-    /// Two-sided send of `[ptr, ptr+len)` (unregistered) on a local
+    /// Two-sided send of `[ptr, ptr+len)` (unregistered) on a same-host
     /// connection, matched with the peer's receives in posting order.
     pub fn send_ipc_async(&self, conn: u64, ptr: u64, len: usize) -> Result<u64> {
-        let c = self.need_local(conn)?;
-        let t = Transfer::new(self.next_xfer(), conn, 1, vec![]);
-        c.send(t.clone(), ptr, len as u64)?;
-        Ok(self.publish(t))
+        match self.ipc_conn(conn)? {
+            Ipc::Local(c) => {
+                let t = Transfer::new(self.next_xfer(), conn, 1, vec![]);
+                c.send(t.clone(), ptr, len as u64)?;
+                Ok(self.publish(t))
+            }
+            Ipc::Net(_) => self.net_ipc_msg(conn, true, ptr, len),
+        }
     }
 
     /// Two-sided receive into `[ptr, ptr+len)` (unregistered).
     pub fn recv_ipc_async(&self, conn: u64, ptr: u64, len: usize) -> Result<u64> {
-        let c = self.need_local(conn)?;
-        let t = Transfer::new(self.next_xfer(), conn, 1, vec![]);
-        c.recv(t.clone(), ptr, len as u64)?;
-        Ok(self.publish(t))
+        match self.ipc_conn(conn)? {
+            Ipc::Local(c) => {
+                let t = Transfer::new(self.next_xfer(), conn, 1, vec![]);
+                c.recv(t.clone(), ptr, len as u64)?;
+                Ok(self.publish(t))
+            }
+            Ipc::Net(_) => self.net_ipc_msg(conn, false, ptr, len),
+        }
     }
 
     /// `send`/`recv` of registered buffers on a local connection: one
