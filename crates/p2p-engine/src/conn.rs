@@ -647,6 +647,11 @@ impl Conn {
             }),
             Watch::Granted { xfer } => self.drive(|st, _| st.proto.granted_ended(*xfer)),
             Watch::Leased { used } => self.drive(|st, _| st.proto.leased_read_ended(used)),
+            Watch::Forget { regions } => {
+                for &id in regions {
+                    self.drop_region(id);
+                }
+            }
             Watch::Notify { name, msg } => {
                 if outcome.is_ok() {
                     if let Err(e) = self.send_notif(name, msg) {

@@ -427,7 +427,10 @@ impl Progress {
                 &mut self.pull_cursor,
                 ops,
             ),
-            Cmd::DropRegion(id) => self.all().for_each(|c| c.drop_region(id)),
+            Cmd::DropRegion(id) => {
+                tracing::trace!(region = id, "region let go by the comms");
+                self.all().for_each(|c| c.drop_region(id))
+            }
             Cmd::Shutdown(why) => return Err(why),
         }
         Ok(())

@@ -113,6 +113,10 @@ pub enum Watch {
     /// Our read copied from the peer's leases `used` (token ids): they are
     /// free of it, and a revoked one is answered `Revoked`.
     Leased { used: Vec<u64> },
+    /// Regions registered for this transfer alone (the `*_ipc` calls on a
+    /// connection of the same-host net): once it has ended, each comm lets
+    /// its registration of them go.
+    Forget { regions: Vec<u64> },
     /// A notification `msg` from us (`name`) once the transfer is done.
     Notify { name: String, msg: Vec<u8> },
 }

@@ -1,6 +1,7 @@
 //! Same-host calls on the endpoint (see `crate::local`).
 
 use super::*;
+use crate::transfer::Watch;
 
 // ---------------------------------------------------------------------------
 // Same-host calls (see `crate::local`): connections to endpoints of this
@@ -63,6 +64,24 @@ impl Endpoint {
         }
     }
 
+    /// The call's registrations `ids` once its transfer (`posted`) is on
+    /// its way: out of our records now (the transfer holds its regions),
+    /// and out of the connection's comms once it has ended.
+    fn forget_after(&self, conn: u64, posted: &Result<u64>, ids: Vec<u64>) {
+        if let Ok(x) = posted {
+            let t = self.inner.transfers.lock().get(x).cloned();
+            if let (Some(t), Ok(c)) = (t, self.conn(conn)) {
+                c.watch(
+                    &t,
+                    Watch::Forget {
+                        regions: ids.clone(),
+                    },
+                );
+            }
+        }
+        self.forget_all(ids);
+    }
+
     /// A `*_ipc` write or read on a connection of the same-host net: the
     /// descriptors are `advertise_ipc`'s of that connection, our buffers
     /// registered for the call.
@@ -93,7 +112,7 @@ impl Endpoint {
             .collect::<Result<Vec<_>>>()?;
         let (ours, ids) = self.for_call(bufs)?;
         let r = self.fifo_rma(conn, read, &ours, &metas);
-        self.forget_all(ids);
+        self.forget_after(conn, &r, ids);
         r
     }
 
@@ -105,7 +124,7 @@ impl Endpoint {
         } else {
             self.recv_async(conn, &ours)
         };
-        self.forget_all(ids);
+        self.forget_after(conn, &r, ids);
         r
     }
 
