@@ -717,6 +717,8 @@ impl Conn {
             return Vec::new();
         };
         let mut out: Vec<wire::Lease> = Vec::new();
+        // The leases' count, then each lease (`wire::leases_len`).
+        let mut used = wire::leases_len(&[]);
         for token in st.proto.lease_wanted(tokens) {
             // Looked up under the state lock: a deregistration that removed
             // the advertisement already has revoked what it found, and
@@ -739,13 +741,13 @@ impl Conn {
                 gpu: matches!(region.kind, crate::memory::MemKind::Cuda(_)),
                 key,
             };
-            let mut with = out.clone();
-            with.push(lease.clone());
-            if wire::leases_len(&with) > room {
+            let len = wire::lease_len(&lease);
+            if used + len > room {
                 break;
             }
+            used += len;
             st.proto.lease_given(token, region);
-            out = with;
+            out.push(lease);
         }
         out
     }
@@ -767,24 +769,15 @@ impl Conn {
         local: &[(MemRef, Arc<crate::memory::Region>)],
         remote: &[RmaItem],
         runs: &[u32],
+        dst_gpu: &[bool],
     ) -> Option<Arc<Transfer>> {
-        let dst_gpu: Vec<bool> = local
-            .iter()
-            .map(|(m, _)| matches!(m.kind, crate::memory::MemKind::Cuda(_)))
-            .collect();
-        let (srcs, used) = self.drive(|st, _| st.proto.leased_read(remote, runs, &dst_gpu))?;
+        let (srcs, used) = self.drive(|st, _| st.proto.leased_read(remote, runs, dst_gpu))?;
         let plan = self.plan(local.iter().map(|(m, _)| m.len));
         let xfer = Transfer::new(xfer_id, self.id, plan.len(), distinct_regions(local));
         let mut ops = Self::ops_for(&xfer, local, &plan, true);
-        for op in &mut ops {
-            let lens: Vec<usize> = op.segs.iter().map(|(m, _)| m.len).collect();
-            match proto::op_refs(op.plan, &lens, &srcs) {
-                Some(r) => op.remote = r,
-                None => {
-                    self.drive(|st, _| st.proto.leased_read_ended(&used));
-                    return None;
-                }
-            }
+        if point_at(&mut ops, &srcs).is_err() {
+            self.drive(|st, _| st.proto.leased_read_ended(&used));
+            return None;
         }
         tracing::trace!(xfer = xfer_id, leases = used.len(), "lat: leased read");
         self.watch(&xfer, Watch::Leased { used });
@@ -814,15 +807,7 @@ impl Conn {
         }
         let keys: Vec<crate::lease::RunSrc> =
             src.into_iter().map(|p| (Arc::from(p.key), 0)).collect();
-        let mut bad = None;
-        for op in &mut ops {
-            let lens: Vec<usize> = op.segs.iter().map(|(m, _)| m.len).collect();
-            match proto::op_refs(op.plan, &lens, &keys) {
-                Some(r) => op.remote = r,
-                None => bad = Some(op.plan),
-            }
-        }
-        if let Some(p) = bad {
+        if let Err(p) = point_at(&mut ops, &keys) {
             let why = Failure::Protocol(format!(
                 "the peer granted read {xfer} {} keys, which do not cover its request {p:?}",
                 keys.len()
@@ -1191,17 +1176,17 @@ impl Conn {
         let runs = rma::plan_runs(&ids, &remote, remote_region);
         let local = rma::merge_runs(local, &runs).map_err(|e| Error::invalid(e.to_string()))?;
         let total = crate::inline::total(&local);
-        if read && total > 0 && self.exporter.is_some() {
-            // A read the peer's leases cover needs no request at all.
-            if let Some(t) = self.post_leased_read(xfer_id, &local, &remote, &runs) {
+        // On a net with a one-sided path a read is offered (`dst_gpu`: which
+        // of our runs are device memory), never inline: its grant costs the
+        // same round trip, and leases what it names for the reads after
+        // it. A read the peer's leases cover needs no request at all.
+        let dst_gpu = (read && self.exporter.is_some()).then(|| device_runs(&local));
+        if let (Some(dst), true) = (&dst_gpu, total > 0) {
+            if let Some(t) = self.post_leased_read(xfer_id, &local, &remote, &runs, dst) {
                 return Ok(t);
             }
         }
-        // On a net with a one-sided path a read is never inline: offered,
-        // its grant costs the same round trip, and leases what it names
-        // for the reads after it.
-        let offered = read && self.exporter.is_some();
-        if total <= self.inline_max && total > 0 && !offered && self.inline_room(read) {
+        if total <= self.inline_max && total > 0 && dst_gpu.is_none() && self.inline_room(read) {
             // A one-sided transfer whose data goes on the control
             // connection: a write's right after its request, a read's in
             // the answer. Its one event is the target's `WriteDone`, or the
@@ -1231,13 +1216,7 @@ impl Conn {
         } else {
             self.keys(&local, remote.len())
         };
-        let offer_read =
-            (read && self.exporter.is_some() && remote.len() <= PULL_MAX_RUNS).then(|| {
-                local
-                    .iter()
-                    .map(|(m, _)| matches!(m.kind, crate::memory::MemKind::Cuda(_)))
-                    .collect::<Vec<bool>>()
-            });
+        let offer_read = dst_gpu.filter(|_| remote.len() <= PULL_MAX_RUNS);
         drop(local);
         // The request and, for a read, its receives' place in the order of
         // our requests for data are made under the state lock, in the order
@@ -1516,6 +1495,28 @@ impl Task for OobReader {
             }
         }
     }
+}
+
+/// Which of `runs` are device memory.
+fn device_runs(runs: &[(MemRef, Arc<crate::memory::Region>)]) -> Vec<bool> {
+    runs.iter()
+        .map(|(m, _)| matches!(m.kind, crate::memory::MemKind::Cuda(_)))
+        .collect()
+}
+
+/// Points each of our requests `ops` at where its pieces lie in the peer's
+/// memory (`srcs`: a key and the run's offset in it, per run of the
+/// transfer; see [`proto::op_refs`]); Err names a request they do not
+/// cover.
+fn point_at(
+    ops: &mut [ChunkOp],
+    srcs: &[crate::lease::RunSrc],
+) -> std::result::Result<(), Option<OpPlan>> {
+    for op in ops {
+        let lens: Vec<usize> = op.segs.iter().map(|(m, _)| m.len).collect();
+        op.remote = proto::op_refs(op.plan, &lens, srcs).ok_or(op.plan)?;
+    }
+    Ok(())
 }
 
 /// The regions of `items`, each once per run of items in it (what a

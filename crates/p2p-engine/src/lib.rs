@@ -62,7 +62,7 @@ pub use wire::{DescEntry, FifoItem, Token};
 /// applications link. Not a stable interface.
 #[cfg(feature = "fuzzing")]
 pub mod fuzzing {
-    pub use crate::handler::{Action, Admitted, Book, Ctx, Limits, ProtocolError};
+    pub use crate::handler::{Action, Book, Ctx, Limits, ProtocolError};
     pub use crate::memory::{Region, Registry};
     /// Runs `data` through the socket net's part-header checks: the first
     /// 48 bytes are a header, the rest the posted receive's segment

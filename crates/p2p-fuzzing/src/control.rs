@@ -14,9 +14,7 @@ use std::collections::hash_map::Entry;
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use tcpx_p2p::fuzzing::{
-    Action, Admitted, Book, Ctx, Gather, Limits, MemRef, OpPlan, Region, Registry,
-};
+use tcpx_p2p::fuzzing::{Action, Book, Ctx, Gather, Limits, MemRef, OpPlan, Region, Registry};
 use tcpx_p2p_wire::{self as wire, Control, PullRun, RmaItem, Token, MAX_INLINE};
 
 use crate::bytes::Bytes;
@@ -499,14 +497,8 @@ fn check_action(
             accepted(fx, model, seen, &req.local, &req.plan, req.weight, write);
         }
         Action::GrantRead { req, tokens } => {
-            let Admitted {
-                xfer,
-                local,
-                plan,
-                weight,
-            } = req;
             assert!(
-                model.granted.insert(xfer),
+                model.granted.insert(req.xfer),
                 "granted twice before its release"
             );
             // Each advertisement once, within the bound, and only ours.
@@ -515,7 +507,7 @@ fn check_action(
                 assert!(!tokens[..i].contains(t), "a token named twice for a lease");
                 assert!(fx.tokens.contains(t), "a lease of a token not ours");
             }
-            accepted(fx, model, seen, &local, &plan, weight, write);
+            accepted(fx, model, seen, &req.local, &req.plan, req.weight, write);
         }
         Action::ReadReleased { xfer } => {
             assert!(

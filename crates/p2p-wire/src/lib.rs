@@ -667,10 +667,12 @@ pub const MAX_GRANT_LEASES: usize = 8;
 
 /// The encoded length of `leases` in a [`Control::ReadGrant`].
 pub fn leases_len(leases: &[Lease]) -> usize {
-    4 + leases
-        .iter()
-        .map(|l| 16 + 8 + 8 + 3 + l.key.len())
-        .sum::<usize>()
+    4 + leases.iter().map(lease_len).sum::<usize>()
+}
+
+/// The encoded length of one lease in a [`Control::ReadGrant`].
+pub fn lease_len(l: &Lease) -> usize {
+    16 + 8 + 8 + 3 + l.key.len()
 }
 
 /// Longest [`PullRun::key`].
