@@ -8,6 +8,7 @@ import functools
 import hashlib
 import os
 import random
+import signal
 import time
 import traceback
 
@@ -75,6 +76,26 @@ def stop_child(proc, pipe, grace):
         if proc.is_alive():
             proc.kill()
             proc.join(10)
+
+
+def stopped(pid, timeout=10.0):
+    """Stops process `pid` (SIGSTOP) and returns once every thread of it
+    has stopped: the signal is delivered asynchronously, and a thread still
+    running could answer for the process."""
+    os.kill(pid, signal.SIGSTOP)
+    deadline = time.time() + timeout
+    while True:
+        states = []
+        for t in os.listdir(f"/proc/{pid}/task"):
+            try:
+                with open(f"/proc/{pid}/task/{t}/stat") as f:
+                    states.append(f.read().rsplit(") ", 1)[1][0])
+            except OSError:
+                continue
+        if states and all(st in "tT" for st in states):
+            return
+        assert time.time() < deadline, f"process {pid} did not stop: {states}"
+        time.sleep(0.001)
 
 
 def enter_netns(name):

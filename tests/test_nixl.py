@@ -76,7 +76,11 @@ class Remote:
         return self._reply(timeout)
 
     def signal(self, sig):
-        os.kill(self.proc.pid, sig)
+        """Sends `sig`; a SIGSTOP returns once every thread has stopped."""
+        if sig == signal.SIGSTOP:
+            peer_ops.stopped(self.proc.pid)
+        else:
+            os.kill(self.proc.pid, sig)
 
     def close(self):
         peer_ops.stop_child(self.proc, self.pipe, 15)

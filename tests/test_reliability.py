@@ -9,7 +9,7 @@ import time
 
 import pytest
 from conftest import PEER_GPU, Peer, connect
-from peer_ops import pattern
+from peer_ops import pattern, stopped
 
 from tcpx_p2p import p2p
 
@@ -34,7 +34,7 @@ def test_stopped_peer_fails_transfers_within_deadline(monkeypatch):
         ok, rx = ep.recv_async(cid, mr, ptr, len(buf))
         assert ok
         # A hung peer: alive for TCP, silent for us.
-        os.kill(peer.proc.pid, signal.SIGSTOP)
+        stopped(peer.proc.pid)
         t = time.time()
         assert not ep.wait(rx, 30)
         took = time.time() - t

@@ -200,28 +200,6 @@ def test_one_sided_transfers_are_copied_by_the_target_or_sent_as_each_side_allow
         peer.close()
 
 
-def stopped(pid, timeout=10.0):
-    """Stops process `pid` (SIGSTOP) and returns once every thread of it
-    has stopped: the signal is delivered asynchronously, and a thread still
-    running could answer for the process."""
-    import signal
-
-    os.kill(pid, signal.SIGSTOP)
-    deadline = time.time() + timeout
-    while True:
-        states = []
-        for t in os.listdir(f"/proc/{pid}/task"):
-            try:
-                with open(f"/proc/{pid}/task/{t}/stat") as f:
-                    states.append(f.read().rsplit(") ", 1)[1][0])
-            except OSError:
-                continue
-        if states and all(st in "tT" for st in states):
-            return
-        assert time.time() < deadline, f"process {pid} did not stop: {states}"
-        time.sleep(0.001)
-
-
 def sub(meta, off, n):
     """The peer's descriptor `meta` narrowed to `n` bytes at `off` in it."""
     d = bytearray(meta)
@@ -260,7 +238,7 @@ def test_reads_of_a_leased_advertisement_need_no_request_until_it_is_deregistere
         sb, sptr = bufs.alloc(n, seed=61)
         ok, smr = ep.reg(sptr, n)
         assert ep.write(cid, smr, sptr, n, meta), ep.last_error()
-        stopped(peer.proc.pid)
+        peer_ops.stopped(peer.proc.pid)
         try:
             for off, m in [(0, 4096), (3 * 4096 + 5, 70_000), (n - 100, 100), (0, n)]:
                 ok, x = ep.read_async(cid, rmr, dst + off, m, sub(meta, off, m))
@@ -316,7 +294,7 @@ def test_a_reader_that_does_not_answer_a_revoke_keeps_the_region_registered_for_
         # The peer's read is granted, and leases our advertisement.
         assert peer.ep("read", pcid, rmr, rptr, n, meta)
         assert peer.call("digest", rb) == bufs.digest(tb)
-        stopped(peer.proc.pid)
+        peer_ops.stopped(peer.proc.pid)
         try:
             t0 = time.time()
             assert not ep.dereg(tmr), "dereg with the reader stopped"
@@ -363,7 +341,7 @@ def test_the_ipc_calls_run_on_a_connection_of_the_same_host_net(device):
         assert bufs.digest(rb) == bufs.digest(sb)
         # Leased now: a read completes with the target stopped.
         rb2, rptr2 = bufs.alloc(n)
-        stopped(peer.proc.pid)
+        peer_ops.stopped(peer.proc.pid)
         try:
             ok, x = ep.read_ipc_async(cid, rptr2, n, info)
             assert ok, ep.last_error()
