@@ -379,6 +379,65 @@ def test_the_ipc_calls_run_on_a_connection_of_the_same_host_net(device):
         peer.close()
 
 
+def test_writes_into_an_advertise_ipc_record_need_no_request(device):
+    """An advertise_ipc record is leased to the peer as it is made, for
+    writes too: the peer's writes inside it copy straight into the
+    target's memory, so they complete with the target process stopped. A
+    write past the record is asked for, and refused once the target runs.
+    A registry advertisement leased by a read is never written through
+    its lease: a write to it waits for the target."""
+    import signal
+
+    ep = endpoint(ON)
+    bufs = peer_ops.Buffers(device, 0)
+    peer = Peer(device, PEER_GPU, ON)
+    try:
+        cid, pcid = connect(ep, peer)
+        n = 1 << 20
+        tb, tptr = peer.call("alloc", n + 2 * GUARD)
+        ok, info = peer.ep("advertise_ipc", pcid, tptr + GUARD, n)
+        assert ok, "advertise_ipc on the same-host net"
+        # A registry advertisement, read once: leased for reads only.
+        gb, gptr = peer.call("alloc", n, 93)
+        ok, gmr = peer.ep("reg", gptr, n)
+        ok, meta = peer.ep("advertise", pcid, gmr, gptr, n)
+        rb, rptr = bufs.alloc(n)
+        ok, rmr = ep.reg(rptr, n)
+        assert ep.read(cid, rmr, rptr, n, meta), ep.last_error()
+        # The first write: the lease came ahead of it on the control
+        # connection, or (asked for) its answer comes after the lease.
+        first, fptr = bufs.alloc(n, seed=90)
+        assert ep.write_ipc(cid, fptr, n, info), ep.last_error()
+        assert peer.call("digest", tb, GUARD, n) == bufs.digest(first)
+        sb, sptr = bufs.alloc(n, seed=91)
+        ok, smr = ep.reg(sptr, n)
+        peer_ops.stopped(peer.proc.pid)
+        try:
+            for off, m in [(0, 4096), (3 * 4096 + 5, 70_001), (n - 100, 100), (0, n)]:
+                ok, x = ep.write_ipc_async(cid, sptr + off, m, sub(info, off, m))
+                assert ok, ep.last_error()
+                assert ep.wait(x, 20.0), f"leased write of {m} at {off}: {ep.last_error()}"
+            # Past the record: no lease's, asked for, waiting.
+            ok, past = ep.write_ipc_async(cid, sptr, n, sub(info, 8, n))
+            assert ok
+            # Into the registry advertisement: its lease is for reads.
+            ok, w = ep.write_async(cid, smr, sptr, 4096, meta)
+            assert ok
+            time.sleep(0.5)
+            assert ep.poll_async(past) == (True, False), "a write past the record ended with the target stopped"
+            assert ep.poll_async(w) == (True, False), "a write through a read lease ended with the target stopped"
+        finally:
+            os.kill(peer.proc.pid, signal.SIGCONT)
+        assert not ep.wait(past, 20.0)
+        assert ep.wait(w, 20.0), ep.last_error()
+        assert peer.call("digest", tb, GUARD, n) == bufs.digest(sb)
+        assert peer.call("data", tb, 0, GUARD) == bytes(GUARD)
+        assert peer.call("data", tb, GUARD + n, GUARD) == bytes(GUARD)
+        assert peer.call("digest", gb, 0, 4096) == bufs.digest(sb, 0, 4096)
+    finally:
+        peer.close()
+
+
 def test_the_ipc_calls_are_refused_on_a_connection_of_another_net():
     ep = endpoint({"TCPX_P2P_SAME_HOST_NET": "0"})
     peer = Peer("cpu", None, {"TCPX_P2P_SAME_HOST_NET": "0"})

@@ -15,7 +15,7 @@
 //! transfers and the watchdog's ticks, and carries out the effects it asks
 //! for ([`Conn::drive`]).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::net::{SocketAddr, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
@@ -211,7 +211,7 @@ pub struct Conn {
     exporter: Option<Arc<dyn Net>>,
     /// Regions registered on the caller's behalf by `advertise_ipc` on this
     /// connection: they live as long as it does.
-    ipc_regions: Mutex<Vec<u64>>,
+    ipc_regions: Mutex<HashSet<u64>>,
     pub chunk: usize,
     /// How small items share a request on this connection's net.
     gather: Gather,
@@ -406,7 +406,7 @@ impl Conn {
             remote_bdf: theirs.gpu_bdf.clone(),
             net: net.name().to_string(),
             exporter: net.pulls().then(|| net.clone()),
-            ipc_regions: Mutex::new(Vec::new()),
+            ipc_regions: Mutex::new(HashSet::new()),
             chunk,
             gather: Gather::new(chunk, net.max_segments()),
             oob: Mutex::new(crate::oob_out::OobOut::new(oob)),
@@ -646,7 +646,7 @@ impl Conn {
                     .served_ended(*xfer, *weight, *answer, outcome.clone())
             }),
             Watch::Granted { xfer } => self.drive(|st, _| st.proto.granted_ended(*xfer)),
-            Watch::Leased { used } => self.drive(|st, _| st.proto.leased_read_ended(used)),
+            Watch::Leased { used } => self.drive(|st, _| st.proto.leased_ended(used)),
             Watch::Forget { regions } => {
                 for &id in regions {
                     self.drop_region(id);
@@ -713,33 +713,12 @@ impl Conn {
     /// and recorded by the machine, which holds its region until the
     /// peer's `Revoked` (see [`crate::lease`]).
     fn leases(&self, st: &mut State, tokens: &[wire::Token], room: usize) -> Vec<wire::Lease> {
-        let Some(net) = self.exporter.as_ref() else {
-            return Vec::new();
-        };
         let mut out: Vec<wire::Lease> = Vec::new();
         // The leases' count, then each lease (`wire::leases_len`).
         let mut used = wire::leases_len(&[]);
         for token in st.proto.lease_wanted(tokens) {
-            // Looked up under the state lock: a deregistration that removed
-            // the advertisement already has revoked what it found, and
-            // finds this lease if it comes after.
-            let Ok((addr, len, region)) = self.registry.leasable(token, self.id) else {
+            let Some((lease, region)) = self.lease_of(token) else {
                 continue;
-            };
-            let mem = MemRef {
-                addr,
-                len: len as usize,
-                kind: region.kind,
-            };
-            let Some(key) = net.export(mem).filter(|k| k.len() <= wire::MAX_PULL_KEY) else {
-                continue;
-            };
-            let lease = wire::Lease {
-                token,
-                addr,
-                len,
-                gpu: matches!(region.kind, crate::memory::MemKind::Cuda(_)),
-                key,
             };
             let len = wire::lease_len(&lease);
             if used + len > room {
@@ -752,38 +731,86 @@ impl Conn {
         out
     }
 
+    /// The lease of our advertisement `token` to the peer, and its region:
+    /// the whole advertised range, exported; writable where it is an
+    /// `advertise_ipc` record of this connection (never revoked, it lives
+    /// as long as the connection). None where the net exports nothing.
+    /// Looked up under the state lock: a deregistration that removed the
+    /// advertisement already has revoked what it found, and finds this
+    /// lease if it comes after.
+    fn lease_of(&self, token: wire::Token) -> Option<(wire::Lease, Arc<crate::memory::Region>)> {
+        let net = self.exporter.as_ref()?;
+        let (addr, len, region) = self.registry.leasable(token, self.id).ok()?;
+        let mem = MemRef {
+            addr,
+            len: len as usize,
+            kind: region.kind,
+        };
+        let key = net.export(mem).filter(|k| k.len() <= wire::MAX_PULL_KEY)?;
+        let lease = wire::Lease {
+            token,
+            addr,
+            len,
+            gpu: matches!(region.kind, crate::memory::MemKind::Cuda(_)),
+            write: self.ipc_regions.lock().contains(&region.id),
+            key,
+        };
+        Some((lease, region))
+    }
+
+    /// Leases the `advertise_ipc` record `token` to the peer now (for
+    /// reads and writes), within the connection's bound of leases: the
+    /// peer's first call on it needs no request either.
+    pub(crate) fn lease_ipc(&self, token: wire::Token) {
+        self.drive(|st, _| {
+            if st.proto.lease_wanted(&[token]).is_empty() {
+                return;
+            }
+            if let Some(l) = self.lease_of(token) {
+                st.proto.lease_records(vec![l]);
+            }
+        });
+    }
+
     /// Region `id` is being deregistered: the machine revokes the peer's
     /// leases over it (their holds end when it answers `Revoked`).
     pub(crate) fn revoke_region(&self, id: u64) {
         self.drive(|st, _| st.proto.revoke_region(id));
     }
 
-    /// Our read of `remote` (in `runs`) into `local`, where leases the
-    /// peer gave cover it: its receives copy straight from the peer's
-    /// memory, with no request and no answer, and its end tells the
-    /// machine which leases it no longer uses ([`Watch::Leased`]). None
-    /// where leases do not cover it.
-    fn post_leased_read(
+    /// Our read (`write` false) of `remote` (in `runs`) into `local`, or
+    /// write of `local` into it, where leases the peer gave cover it: its
+    /// requests copy straight between the peer's memory and ours (a read's
+    /// are pulls, a write's pushes), with no request and no answer, and
+    /// its end tells the machine which leases it no longer uses
+    /// ([`Watch::Leased`]). `gpu`: which of our runs are device memory.
+    /// None where leases do not cover it.
+    fn post_leased(
         &self,
         xfer_id: u64,
+        write: bool,
         local: &[(MemRef, Arc<crate::memory::Region>)],
         remote: &[RmaItem],
         runs: &[u32],
-        dst_gpu: &[bool],
+        gpu: &[bool],
     ) -> Option<Arc<Transfer>> {
-        let (srcs, used) = self.drive(|st, _| st.proto.leased_read(remote, runs, dst_gpu))?;
+        let (srcs, used) = self.drive(|st, _| st.proto.leased(write, remote, runs, gpu))?;
         let plan = self.plan(local.iter().map(|(m, _)| m.len));
         let xfer = Transfer::new(xfer_id, self.id, plan.len(), distinct_regions(local));
         let mut ops = Self::ops_for(&xfer, local, &plan, true);
         if point_at(&mut ops, &srcs).is_err() {
-            self.drive(|st, _| st.proto.leased_read_ended(&used));
+            self.drive(|st, _| st.proto.leased_ended(&used));
             return None;
         }
-        tracing::trace!(xfer = xfer_id, leases = used.len(), "lat: leased read");
+        tracing::trace!(xfer = xfer_id, write, leases = used.len(), "lat: leased");
         self.watch(&xfer, Watch::Leased { used });
         self.drive(|st, done| {
             if Self::track(st, &xfer, done) {
-                self.enqueue(Cmd::Pull(ops));
+                self.enqueue(if write {
+                    Cmd::Push(ops)
+                } else {
+                    Cmd::Pull(ops)
+                });
                 done.posted = true;
             }
         });
@@ -1011,7 +1038,7 @@ impl Conn {
         if self.broken.load(Ordering::Acquire) || self.closed.load(Ordering::Acquire) {
             return Err(Error::invalid(format!("connection {} has ended", self.id)));
         }
-        v.push(id);
+        v.insert(id);
         Ok(())
     }
 
@@ -1179,13 +1206,15 @@ impl Conn {
         // On a net with a one-sided path a read is offered (`dst_gpu`: which
         // of our runs are device memory), never inline: its grant costs the
         // same round trip, and leases what it names for the reads after
-        // it. A read the peer's leases cover needs no request at all.
-        let dst_gpu = (read && self.exporter.is_some()).then(|| device_runs(&local));
-        if let (Some(dst), true) = (&dst_gpu, total > 0) {
-            if let Some(t) = self.post_leased_read(xfer_id, &local, &remote, &runs, dst) {
+        // it. A read the peer's leases cover needs no request at all, nor
+        // does a write into records it leased for writes.
+        let ours_gpu = self.exporter.is_some().then(|| device_runs(&local));
+        if let (Some(gpu), true) = (&ours_gpu, total > 0) {
+            if let Some(t) = self.post_leased(xfer_id, !read, &local, &remote, &runs, gpu) {
                 return Ok(t);
             }
         }
+        let dst_gpu = ours_gpu.filter(|_| read);
         if total <= self.inline_max && total > 0 && dst_gpu.is_none() && self.inline_room(read) {
             // A one-sided transfer whose data goes on the control
             // connection: a write's right after its request, a read's in

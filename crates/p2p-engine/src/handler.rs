@@ -76,6 +76,8 @@ pub enum ProtocolError {
     MsgCount { count: u64, acked: u64, sent: u64 },
     #[error("peer closed the connection")]
     Closed,
+    #[error("peer broke the protocol: it leased records on a connection whose net has no one-sided path")]
+    LeasesWithoutPull,
 }
 
 /// A peer's one-sided request `xfer`, admitted against our records: our
@@ -157,6 +159,10 @@ pub enum Action {
     /// The peer no longer reads from our lease `token`.
     Revoked {
         token: wire::Token,
+    },
+    /// The peer leased us these records unasked (see [`crate::lease`]).
+    Leased {
+        leases: Vec<wire::Lease>,
     },
     /// The peer's one acknowledgement of our transfer `xfer`.
     Acked {
@@ -368,6 +374,8 @@ impl Book {
             Control::ReadReq { xfer, items, runs } => self.read(cx, xfer, &items, &runs, None),
             Control::Revoke { token } => Action::Revoke { token },
             Control::Revoked { token } => Action::Revoked { token },
+            Control::Leases { leases } if cx.pull => Action::Leased { leases },
+            Control::Leases { .. } => return Err(ProtocolError::LeasesWithoutPull),
             Control::WriteInline {
                 xfer,
                 items,

@@ -1,13 +1,19 @@
-//! Leases: whole advertisements a target lends a reader on a net with a
-//! one-sided path, so that the reader's later reads of them copy straight
-//! from the target's memory with no request and no answer.
+//! Leases: whole advertisements a target lends its peer on a net with a
+//! one-sided path, so that the peer's later reads of them (and, for
+//! records that live as long as the connection, writes) copy straight
+//! between the two processes' memory with no request and no answer.
 //!
 //! A granted read (`ReadGrant`) costs a round trip per read. Where the
 //! read names advertisements of ours, the grant also leases them
 //! ([`Lease`]: the advertisement's range and its export). From then on
 //! the reader checks a read against its lease (its token, and every byte
-//! inside the leased range) and copies it itself. Our memory is only read:
-//! each process still writes only its own.
+//! inside the leased range) and copies it itself. A registry
+//! advertisement is only read through a lease: the peer never writes it.
+//! A record made for the connection alone (`advertise_ipc`), which lives
+//! as long as the connection and is never revoked, is leased as soon as
+//! it is made (`Leases`), for writes too (`Lease::write`): the peer then
+//! copies a write into it itself, as a same-host connection's
+//! `write_ipc` does.
 //!
 //! The target holds a leased advertisement's region until the lease is
 //! revoked: deregistering the region sends `Revoke`, and the reader
@@ -44,8 +50,10 @@ struct Held {
     len: u64,
     gpu: bool,
     key: Arc<[u8]>,
-    /// Our reads copying from it now.
-    reading: usize,
+    /// We may copy into it too.
+    write: bool,
+    /// Our reads and writes copying from or into it now.
+    using: usize,
     /// The peer revoked it: no new read uses it, and `Revoked` goes out
     /// when the last one ends.
     revoking: bool,
@@ -147,8 +155,9 @@ impl Leases {
                     addr: l.addr,
                     len: l.len,
                     gpu: l.gpu,
+                    write: l.write,
                     key: Arc::from(l.key),
-                    reading: 0,
+                    using: 0,
                     revoking: false,
                 },
             );
@@ -167,7 +176,7 @@ impl Leases {
     pub fn revoke(&mut self, token: Token) -> bool {
         match self.held.get_mut(&token.id) {
             Some(h) if h.secret == token.secret => {
-                if h.reading == 0 {
+                if h.using == 0 {
                     self.held.remove(&token.id);
                     true
                 } else {
@@ -191,18 +200,47 @@ impl Leases {
         runs: &[u32],
         dst_gpu: &[bool],
     ) -> Option<(Vec<RunSrc>, Vec<u64>)> {
-        if runs.len() != dst_gpu.len() || self.held.is_empty() {
+        self.cover(items, runs, dst_gpu, false)
+    }
+
+    /// As [`Leases::read`], for our write of `items` (`src_gpu`: which runs
+    /// come from our device memory): each run must lie in a lease given
+    /// for writes, and none go from our device memory into the peer's
+    /// host memory.
+    pub fn write(
+        &mut self,
+        items: &[RmaItem],
+        runs: &[u32],
+        src_gpu: &[bool],
+    ) -> Option<(Vec<RunSrc>, Vec<u64>)> {
+        self.cover(items, runs, src_gpu, true)
+    }
+
+    /// [`Leases::read`] and [`Leases::write`]: `gpu[i]` says whether our
+    /// side of run `i` is device memory.
+    fn cover(
+        &mut self,
+        items: &[RmaItem],
+        runs: &[u32],
+        gpu: &[bool],
+        write: bool,
+    ) -> Option<(Vec<RunSrc>, Vec<u64>)> {
+        if runs.len() != gpu.len() || self.held.is_empty() {
             return None;
         }
         let mut srcs = Vec::with_capacity(runs.len());
         let mut used: Vec<u64> = Vec::new();
         let mut at = 0usize;
-        for (&n, &gpu_dst) in runs.iter().zip(dst_gpu) {
+        for (&n, &ours_gpu) in runs.iter().zip(gpu) {
             let run = items.get(at..at.checked_add(n as usize)?)?;
             at += n as usize;
             let first = run.first()?;
             let h = self.held.get(&first.token.id)?;
-            if h.revoking || h.secret != first.token.secret || (gpu_dst && !h.gpu) {
+            if h.revoking
+                || h.secret != first.token.secret
+                || (ours_gpu && !h.gpu)
+                || (write && !h.write)
+            {
                 return None;
             }
             let mut len = 0u64;
@@ -226,22 +264,22 @@ impl Leases {
         }
         for id in &used {
             if let Some(h) = self.held.get_mut(id) {
-                h.reading += 1;
+                h.using += 1;
             }
         }
         Some((srcs, used))
     }
 
-    /// A read from leases `used` ended (done or failed): the revoked
-    /// leases it was the last to use, for `Revoked` to go out.
+    /// A read or write with leases `used` ended (done or failed): the
+    /// revoked leases it was the last to use, for `Revoked` to go out.
     pub fn ended(&mut self, used: &[u64]) -> Vec<Token> {
         let mut out = Vec::new();
         for id in used {
             let Some(h) = self.held.get_mut(id) else {
                 continue;
             };
-            h.reading = h.reading.saturating_sub(1);
-            if h.revoking && h.reading == 0 {
+            h.using = h.using.saturating_sub(1);
+            if h.revoking && h.using == 0 {
                 out.push(Token {
                     id: *id,
                     secret: h.secret,
@@ -268,6 +306,7 @@ mod tests {
             addr,
             len,
             gpu,
+            write: false,
             key: vec![id as u8; 4],
         }
     }
@@ -331,6 +370,45 @@ mod tests {
         assert!(l.read(&[item(1, 1000, u64::MAX)], &[1], &[false]).is_none());
         // Nothing counted by the refused reads: a revoke is answered at once.
         assert!(l.revoke(tok(1)));
+    }
+
+    #[test]
+    fn only_a_lease_given_for_writes_takes_a_write_and_never_from_our_gpu_into_host() {
+        let mut l = Leases::default();
+        l.hold(vec![
+            lease(1, 1000, 100, false),
+            Lease {
+                write: true,
+                ..lease(2, 5000, 100, false)
+            },
+            Lease {
+                write: true,
+                ..lease(3, 9000, 100, true)
+            },
+        ]);
+        // A read-only lease reads, and takes no write.
+        assert!(l.write(&[item(1, 1000, 10)], &[1], &[false]).is_none());
+        let (_, r) = l.read(&[item(1, 1000, 10)], &[1], &[false]).unwrap();
+        l.ended(&r);
+        // A write lease takes writes inside its range, at their offsets.
+        let (srcs, used) = l
+            .write(
+                &[item(2, 5010, 10), item(3, 9050, 50)],
+                &[1, 1],
+                &[false, true],
+            )
+            .unwrap();
+        assert_eq!((&srcs[0].0[..], srcs[0].1), (&[2u8; 4][..], 10));
+        assert_eq!((&srcs[1].0[..], srcs[1].1), (&[3u8; 4][..], 50));
+        assert_eq!(used, vec![2, 3]);
+        // Past its range, or from our device memory into the peer's host
+        // memory (the net cannot copy that): not leased.
+        assert!(l.write(&[item(2, 5095, 10)], &[1], &[false]).is_none());
+        assert!(l.write(&[item(2, 5000, 10)], &[1], &[true]).is_none());
+        // A revoke waits for the write, as for a read.
+        assert!(!l.revoke(tok(2)));
+        assert!(l.write(&[item(2, 5000, 10)], &[1], &[false]).is_none());
+        assert_eq!(l.ended(&used), vec![tok(2)]);
     }
 
     #[test]

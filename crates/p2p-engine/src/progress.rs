@@ -33,8 +33,9 @@ pub struct ChunkOp {
     pub xfer: Arc<Transfer>,
     /// For receives: the bytes that must arrive (`None`: any up to `mem.len`).
     pub expect: Option<usize>,
-    /// A pull ([`RecvComm::ipull`]): the peer's memory the bytes are
-    /// copied from; empty for every other request.
+    /// A pull ([`RecvComm::ipull`]) or a push ([`SendComm::ipush`]): the
+    /// peer's memory the bytes are copied from or into; empty for every
+    /// other request.
     pub remote: Vec<RemoteRef>,
     /// Where in its transfer's runs this request lies (our own transfers):
     /// a granted read's pull keys are found from it ([`crate::proto::op_refs`]).
@@ -48,6 +49,9 @@ pub enum Cmd {
     /// comms: they pair with no send, so they are dealt by a cursor of
     /// their own and leave the receives' order as it is.
     Pull(Vec<ChunkOp>),
+    /// Pushes (each op's `remote` set), on the one-sided set's send comms,
+    /// likewise dealt by a cursor of their own.
+    Push(Vec<ChunkOp>),
     /// A region was deregistered: drop its registrations with the comms.
     DropRegion(u64),
     Shutdown(Failure),
@@ -100,6 +104,7 @@ pub struct Progress {
     send_cursor: [usize; 2],
     recv_cursor: [usize; 2],
     pull_cursor: usize,
+    push_cursor: usize,
     cmds: Receiver<Cmd>,
     polling: bool,
     spin: Duration,
@@ -202,6 +207,7 @@ impl CommState {
             }
             // One segment goes to `isend` / `irecv` (the trait's default).
             let posted = match &mut self.comm {
+                Comm::Send(c) if !op.remote.is_empty() => c.ipush(&mems, &op.remote),
                 Comm::Send(c) => c.isendv(&mems, &mrs),
                 Comm::Recv(c) if !op.remote.is_empty() => c.ipull(&mems, &op.remote),
                 Comm::Recv(c) => c.irecvv(&mems, &mrs),
@@ -387,6 +393,7 @@ impl Progress {
             send_cursor: [0; 2],
             recv_cursor: [0; 2],
             pull_cursor: 0,
+            push_cursor: 0,
             cmds,
             polling,
             spin,
@@ -425,6 +432,11 @@ impl Progress {
             Cmd::Pull(ops) => Self::deal(
                 &mut self.recvs[Set::Rma as usize],
                 &mut self.pull_cursor,
+                ops,
+            ),
+            Cmd::Push(ops) => Self::deal(
+                &mut self.sends[Set::Rma as usize],
+                &mut self.push_cursor,
                 ops,
             ),
             Cmd::DropRegion(id) => {
@@ -479,7 +491,7 @@ impl Progress {
             c.take_ops(&mut ops);
         }
         while let Ok(c) = self.cmds.try_recv() {
-            if let Cmd::Send(_, o) | Cmd::Recv(_, o) | Cmd::Pull(o) = c {
+            if let Cmd::Send(_, o) | Cmd::Recv(_, o) | Cmd::Pull(o) | Cmd::Push(o) = c {
                 ops.extend(o);
             }
         }

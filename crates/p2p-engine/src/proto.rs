@@ -32,7 +32,7 @@ use crate::net::{MemRef, RemoteRef};
 use crate::progress::Set;
 use crate::rma_recvs::RmaRecvs;
 use crate::transfer::{Answer, Failure, Gather, OpPlan};
-use crate::wire::{Control, PullRun, RmaItem, Token};
+use crate::wire::{Control, Lease, PullRun, RmaItem, Token};
 
 /// Buffers of ours, in order, with their regions: where an inline
 /// transfer's bytes come from or land, or what a served request covers.
@@ -528,6 +528,21 @@ impl<O: Requests> Proto<O> {
         self.leases.give(token, region);
     }
 
+    /// Leases `leases` (each over its region) unasked: records made for
+    /// this connection alone, leased as they are made (`Leases`).
+    pub fn lease_records(&mut self, leases: Vec<(Lease, Arc<Region>)>) {
+        if self.failed.is_some() || leases.is_empty() {
+            return;
+        }
+        let mut out = Vec::with_capacity(leases.len());
+        for (lease, region) in leases {
+            self.leases.give(lease.token, region);
+            out.push(lease);
+        }
+        self.out
+            .push_back(Effect::Send(Control::Leases { leases: out }));
+    }
+
     /// Region `id` is being deregistered: `Revoke` for each lease of ours
     /// over it.
     pub fn revoke_region(&mut self, id: u64) {
@@ -536,24 +551,30 @@ impl<O: Requests> Proto<O> {
         }
     }
 
-    /// Our read of `items` in `runs` (`dst_gpu` per run), if the peer's
-    /// leases cover it: where each run copies from, and the leases it
-    /// uses until [`Proto::leased_read_ended`].
-    pub fn leased_read(
+    /// Our read (`write` false) or write of `items` in `runs` (`gpu`: which
+    /// runs are our device memory), if the peer's leases cover it: where
+    /// each run copies from or to, and the leases it uses until
+    /// [`Proto::leased_ended`].
+    pub fn leased(
         &mut self,
+        write: bool,
         items: &[RmaItem],
         runs: &[u32],
-        dst_gpu: &[bool],
+        gpu: &[bool],
     ) -> Option<(Vec<RunSrc>, Vec<u64>)> {
         if self.failed.is_some() {
             return None;
         }
-        self.leases.read(items, runs, dst_gpu)
+        if write {
+            self.leases.write(items, runs, gpu)
+        } else {
+            self.leases.read(items, runs, gpu)
+        }
     }
 
-    /// A read from leases `used` ended: `Revoked` for each revoked lease it
-    /// was the last to use.
-    pub fn leased_read_ended(&mut self, used: &[u64]) {
+    /// A read or write with leases `used` ended: `Revoked` for each
+    /// revoked lease it was the last to use.
+    pub fn leased_ended(&mut self, used: &[u64]) {
         for token in self.leases.ended(used) {
             self.out.push_back(Effect::Send(Control::Revoked { token }));
         }
@@ -726,6 +747,7 @@ impl<O: Requests> Proto<O> {
                 }
             }
             Action::Revoked { token } => self.leases.revoked(token).map_err(Failure::Protocol)?,
+            Action::Leased { leases } => self.leases.hold(leases),
             Action::ReadReleased { xfer } => self.out.push_back(Effect::Release(xfer)),
             Action::ReadGranted { xfer, src, leases } => {
                 self.leases.hold(leases);

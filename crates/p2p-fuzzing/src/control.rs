@@ -236,10 +236,10 @@ fn next_message(
                 id: u64::from(b.u8() % 8),
                 secret: u64::from(b.u8() % 2),
             };
-            if b.u8() & 1 == 0 {
-                Control::Revoke { token }
-            } else {
-                Control::Revoked { token }
+            match b.u8() % 3 {
+                0 => Control::Revoke { token },
+                1 => Control::Revoked { token },
+                _ => Control::Leases { leases: leases(b) },
             }
         }
         6 => Control::KeepAlive,
@@ -372,6 +372,23 @@ fn item(b: &mut Bytes<'_>, fx: &Fixture) -> RmaItem {
     RmaItem { token, addr, len }
 }
 
+/// Up to two leases, of small made-up tokens.
+fn leases(b: &mut Bytes<'_>) -> Vec<wire::Lease> {
+    (0..b.u8() % 3)
+        .map(|_| wire::Lease {
+            token: Token {
+                id: u64::from(b.u8() % 8),
+                secret: u64::from(b.u8() % 2),
+            },
+            addr: b.u64(),
+            len: b.u64(),
+            gpu: b.u8() & 1 == 1,
+            write: b.u8() & 1 == 1,
+            key: vec![8; usize::from(b.u8() % 24)],
+        })
+        .collect()
+}
+
 /// The peer's answer to a transfer (`op` 2-5): mostly one of ours.
 fn answer(b: &mut Bytes<'_>, op: u8, model: &Model) -> Option<Control> {
     let xfer = pick(b, model)?;
@@ -389,18 +406,7 @@ fn answer(b: &mut Bytes<'_>, op: u8, model: &Model) -> Option<Control> {
                     key: vec![7; usize::from(b.u8() % 24)],
                 })
                 .collect(),
-            leases: (0..b.u8() % 3)
-                .map(|_| wire::Lease {
-                    token: Token {
-                        id: u64::from(b.u8() % 8),
-                        secret: u64::from(b.u8() % 2),
-                    },
-                    addr: b.u64(),
-                    len: b.u64(),
-                    gpu: b.u8() & 1 == 1,
-                    key: vec![8; usize::from(b.u8() % 24)],
-                })
-                .collect(),
+            leases: leases(b),
         },
         4 => Control::ReadAck { xfer },
         _ if b.u8() & 1 == 1 => {
@@ -562,7 +568,10 @@ fn check_action(
         }
         // The book holds nothing for leases: the machine's bookkeeping does
         // (crate::lease), and its tests check it.
-        Action::Nothing | Action::Revoke { .. } | Action::Revoked { .. } => {}
+        Action::Nothing
+        | Action::Revoke { .. }
+        | Action::Revoked { .. }
+        | Action::Leased { .. } => {}
         answer @ (Action::SendWrite { .. }
         | Action::Acked { .. }
         | Action::ReadAccepted { .. }

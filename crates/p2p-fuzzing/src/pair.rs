@@ -102,6 +102,8 @@ pub struct Side {
     recvs: [VecDeque<Req>; 2],
     /// Pulls posted and not yet made (they pair with no send).
     pulls: VecDeque<Req>,
+    /// Pushes posted and not yet made: our writes into the peer's leases.
+    pushes: VecDeque<Req>,
     /// Our writes are offered for pulling, and the peer's pulled; our reads
     /// are offered for us to copy, and the peer's granted.
     pull: bool,
@@ -117,8 +119,13 @@ pub struct Side {
     revoked_sent: std::collections::HashSet<u64>,
     /// This side's connection id (what advertisements are made for).
     conn: u64,
-    /// Reads of ours that copied from leases, and revokes we answered.
+    /// Our records leased for writes ([`Side::advertise_leased`]): a grant
+    /// of one leases it for writes too, as `Conn::lease_of` does.
+    records: std::collections::HashSet<u64>,
+    /// Reads of ours that copied from leases, writes into them, and
+    /// revokes we answered.
     pub leased_reads: u64,
+    pub leased_writes: u64,
     pub revokes_answered: u64,
     pub xfers: HashMap<u64, Xfer>,
     serving: HashMap<u64, Serving>,
@@ -179,12 +186,15 @@ impl Side {
             sends: Default::default(),
             recvs: Default::default(),
             pulls: VecDeque::new(),
+            pushes: VecDeque::new(),
             granted: Default::default(),
             grants: HashMap::new(),
             leased: HashMap::new(),
             revoked_sent: Default::default(),
             conn,
+            records: Default::default(),
             leased_reads: 0,
+            leased_writes: 0,
             revokes_answered: 0,
             pull,
             xfers: HashMap::new(),
@@ -211,6 +221,27 @@ impl Side {
             addr: self.base + off as u64,
             len: len as u64,
         }
+    }
+
+    /// As [`Side::advertise`] for this side's connection, leased to the
+    /// peer at once for reads and writes, as an `advertise_ipc` record is
+    /// (`Proto::lease_records`; the lease is not given past the bound).
+    pub fn advertise_leased(&mut self, off: usize, len: usize) -> RmaItem {
+        let it = self.advertise(off, len, Some(self.conn));
+        self.records.insert(it.token.id);
+        if self.alive() && !self.proto.lease_wanted(&[it.token]).is_empty() {
+            let lease = Lease {
+                token: it.token,
+                addr: it.addr,
+                len: it.len,
+                gpu: false,
+                write: true,
+                key: pull_key(it.addr, len),
+            };
+            self.proto.lease_records(vec![(lease, self.region.clone())]);
+            self.effects();
+        }
+        it
     }
 
     /// An item naming memory with a made-up token.
@@ -346,10 +377,11 @@ impl Side {
             self.effects();
             return Some(id);
         }
-        if read && self.pull && total > 0 {
-            // A read the peer's leases cover: pulled with no request.
-            let dst_gpu = vec![false; runs.len()];
-            if let Some((srcs, used)) = self.proto.leased_read(&items, &runs, &dst_gpu) {
+        if self.pull && total > 0 {
+            // A read (or write) the peer's leases cover: pulled (pushed)
+            // with no request.
+            let ours_gpu = vec![false; runs.len()];
+            if let Some((srcs, used)) = self.proto.leased(!read, &items, &runs, &ours_gpu) {
                 let id = self.next;
                 let (mut reqs, n) = self.reqs(Owner::Ours(id), &local, true);
                 for r in &mut reqs {
@@ -361,8 +393,13 @@ impl Side {
                 }
                 let id = self.new_xfer(n);
                 self.leased.insert(id, used);
-                self.leased_reads += 1;
-                self.pulls.extend(reqs);
+                if read {
+                    self.leased_reads += 1;
+                    self.pulls.extend(reqs);
+                } else {
+                    self.leased_writes += 1;
+                    self.pushes.extend(reqs);
+                }
                 self.effects();
                 return Some(id);
             }
@@ -431,7 +468,7 @@ impl Side {
             self.proto.granted_ended(id);
         }
         if let Some(used) = self.leased.remove(&id) {
-            self.proto.leased_read_ended(&used);
+            self.proto.leased_ended(&used);
         }
     }
 
@@ -630,6 +667,7 @@ impl Side {
                                 addr,
                                 len,
                                 gpu: false,
+                                write: self.records.contains(&t.id),
                                 key: pull_key(addr, len as usize),
                             });
                             self.proto.lease_given(t, region);
@@ -737,6 +775,7 @@ impl Side {
             mine.extend(q.drain(..));
         }
         self.pulls.clear();
+        self.pushes.clear();
         self.grants.clear();
         self.serving.clear();
         self.out.clear();
@@ -770,6 +809,7 @@ impl Side {
             .map(|q| q.len())
             .sum::<usize>()
             + self.pulls.len()
+            + self.pushes.len()
     }
 }
 
@@ -1023,6 +1063,44 @@ impl Pair {
         true
     }
 
+    /// Makes the oldest push of the side `d` points to, copying into the
+    /// other side's memory; false if none waits. A piece outside what the
+    /// target leased, or outside its memory, fails the request (the net
+    /// refuses it), and no byte of it lands.
+    pub fn push_one(&mut self, d: Dir) -> bool {
+        let (target, to) = self.ends(d);
+        if target.failed.is_some() || to.failed.is_some() {
+            return false;
+        }
+        let Some(r) = to.pushes.pop_front() else {
+            return false;
+        };
+        if let Owner::Ours(x) = r.owner {
+            let used = to.leased.get(&x).map_or(&[][..], |u| &u[..]);
+            assert!(
+                used.iter().all(|t| !to.revoked_sent.contains(t)),
+                "{}: a push into a lease after answering its revoke",
+                to.name
+            );
+        }
+        let room: usize = r.segs.iter().map(|s| s.1).sum();
+        let Some(theirs) = exported(target, &r.remote, room) else {
+            to.finished(&r, usize::MAX, Set::Rma);
+            return true;
+        };
+        let mut data = Vec::new();
+        for &(addr, len) in &r.segs {
+            data.extend_from_slice(to.bytes(addr, len));
+        }
+        let mut at = 0;
+        for &(addr, len) in &theirs {
+            target.write_bytes(addr, &data[at..at + len]);
+            at += len;
+        }
+        to.finished(&r, room, Set::Rma);
+        true
+    }
+
     /// Makes every pull the target of `d` can make, without delivering
     /// what it writes back; returns how many.
     pub fn settle_side(&mut self, d: Dir) -> usize {
@@ -1050,7 +1128,7 @@ impl Pair {
                         steps += 1;
                     }
                 }
-                while self.pull_one(d) {
+                while self.pull_one(d) || self.push_one(d) {
                     any = true;
                     steps += 1;
                 }

@@ -53,8 +53,10 @@ pub struct PairSeen {
     pub checked: u64,
     /// Of those, writes the target pulled and reads copied from a grant.
     pub checked_pulled: u64,
-    /// Reads copied from leases with no request, and revokes answered.
+    /// Reads copied from leases with no request, writes copied into
+    /// them, and revokes answered.
     pub leased: u64,
+    pub leased_writes: u64,
     pub revoked: u64,
 }
 
@@ -96,10 +98,11 @@ fn conn_of(d: Dir) -> u64 {
 type Standing = std::collections::HashMap<(u64, usize), RmaItem>;
 
 /// A window into one of the peer's advertisements (sometimes past its end,
-/// or with a forged token; often under an advertisement made before).
+/// or with a forged token; often under an advertisement made before,
+/// which may be a record leased for writes as it was made).
 fn remote_item(
     b: &mut Bytes,
-    peer: &Side,
+    peer: &mut Side,
     peer_conn: u64,
     standing: &mut Standing,
 ) -> (RmaItem, usize) {
@@ -110,9 +113,14 @@ fn remote_item(
     let item = match b.u8() % 16 {
         // A window of the advertisement made before for the whole range.
         3..=8 => {
-            let whole = *standing
-                .entry((peer_conn, which))
-                .or_insert_with(|| peer.advertise(off, len, Some(peer_conn)));
+            let record = b.u8() & 1 == 1;
+            let whole = *standing.entry((peer_conn, which)).or_insert_with(|| {
+                if record {
+                    peer.advertise_leased(off, len)
+                } else {
+                    peer.advertise(off, len, Some(peer_conn))
+                }
+            });
             RmaItem {
                 token: whole.token,
                 addr: whole.addr + at as u64,
@@ -218,10 +226,7 @@ pub fn proto_pair(data: &[u8]) -> PairSeen {
             0..=2 => {
                 let read = op % 12 == 1;
                 let (item, roff) = {
-                    let peer: &Side = match d {
-                        Dir::AtoB => &p.b,
-                        Dir::BtoA => &p.a,
-                    };
+                    let peer = side(&mut p, other(d));
                     remote_item(&mut b, peer, conn_of(other(d)), &mut standing)
                 };
                 // The caller's lengths match its descriptors (the endpoint
@@ -279,15 +284,18 @@ pub fn proto_pair(data: &[u8]) -> PairSeen {
             5 | 6 => {
                 p.deliver(d);
             }
-            7 => match b.u8() % 3 {
+            7 => match b.u8() % 4 {
                 0 => {
                     p.move_one(d, Set::Msg);
                 }
                 1 => {
                     p.move_one(d, Set::Rma);
                 }
-                _ => {
+                2 => {
                     p.pull_one(d);
+                }
+                _ => {
+                    p.push_one(d);
                 }
             },
             8 => {
@@ -339,6 +347,7 @@ pub fn proto_pair(data: &[u8]) -> PairSeen {
     let broken = p.a.failed.is_some() || p.b.failed.is_some();
     seen.broken += u64::from(broken);
     seen.leased += p.a.leased_reads + p.b.leased_reads;
+    seen.leased_writes += p.a.leased_writes + p.b.leased_writes;
     seen.revoked += p.a.revokes_answered + p.b.revokes_answered;
     for s in [&p.a, &p.b] {
         for x in s.xfers.values() {

@@ -146,19 +146,21 @@ fn a_pair_of_connection_machines_moves_the_right_bytes_under_any_order() {
         t.checked += s.checked;
         t.checked_pulled += s.checked_pulled;
         t.leased += s.leased;
+        t.leased_writes += s.leased_writes;
         t.revoked += s.revoked;
     });
     let largest = LARGEST.load(Ordering::Relaxed);
     println!(
         "proto_pair harness: {corpus} corpus + {random} random inputs in {secs:.0} s: \
          {} steps, {} transfers done ({} checked byte for byte, {} of them pulled writes or granted reads), \
-         {} reads copied from leases, {} revokes answered, \
+         {} reads and {} writes copied from and into leases, {} revokes answered, \
          {} refused, {} failed, {} runs with the connection broken",
         t.steps,
         t.done,
         t.checked,
         t.checked_pulled,
         t.leased,
+        t.leased_writes,
         t.revoked,
         t.refused,
         t.failed,
@@ -169,6 +171,7 @@ fn a_pair_of_connection_machines_moves_the_right_bytes_under_any_order() {
             && t.checked > 0
             && t.checked_pulled > 0
             && t.leased > 0
+            && t.leased_writes > 0
             && t.revoked > 0
             && t.refused > 0
             && t.failed > 0

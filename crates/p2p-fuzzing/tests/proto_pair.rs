@@ -570,3 +570,94 @@ fn a_revoked_that_was_never_asked_for_breaks_the_protocol() {
     );
     assert!(matches!(p.b.failed, Some(Failure::Protocol(_))));
 }
+
+#[test]
+fn a_record_leased_for_writes_is_written_with_no_frame_and_a_read_lease_is_never_written() {
+    let mut p = Pair::pulling(MEM, Limits::default());
+    // b's record for this connection is leased to a as it is made.
+    let rec = p.b.advertise_leased(0, 4 * CHUNK);
+    p.settle();
+    assert_eq!((p.b.leases().0, p.a.leases().1), (1, 1));
+    let window = |off: u64, len: u64| RmaItem {
+        token: rec.token,
+        addr: rec.addr + off,
+        len,
+    };
+    // A write inside it: no frame, a's own copy into b's memory.
+    fill(&mut p.a.mem, 100_000, 2 * CHUNK + 7, 41);
+    let w =
+        p.a.rma(
+            false,
+            &[(100_000, 2 * CHUNK + 7)],
+            vec![window(CHUNK as u64 - 3, 2 * CHUNK as u64 + 7)],
+        )
+        .unwrap();
+    assert!(p.a.out.is_empty(), "a leased write sends nothing");
+    while p.push_one(Dir::BtoA) {}
+    assert_eq!(p.a.end_of(w), End::Done);
+    assert_eq!(
+        &p.b.mem[CHUNK - 3..3 * CHUNK + 4],
+        &p.a.mem[100_000..100_000 + 2 * CHUNK + 7]
+    );
+    assert!(
+        p.b.mem[..CHUNK - 3].iter().all(|&x| x == 0),
+        "before the write"
+    );
+    // Past the record: no lease's, so it is asked for, and refused.
+    let past =
+        p.a.rma(
+            false,
+            &[(200_000, 8)],
+            vec![window(4 * CHUNK as u64 - 4, 8)],
+        )
+        .unwrap();
+    assert!(matches!(
+        Control::decode(&p.a.out[0].body),
+        Ok(Control::WritePull { .. })
+    ));
+    p.settle();
+    assert!(matches!(p.a.end_of(past), End::Failed(_)));
+    // A registry advertisement, leased by a read, takes no write through
+    // its lease: the write is asked for (and pulled by b).
+    let any = p.b.advertise(5 * CHUNK, CHUNK, None);
+    let r = p.a.rma(true, &[(300_000, CHUNK)], vec![any]).unwrap();
+    p.settle();
+    assert_eq!(p.a.end_of(r), End::Done);
+    assert_eq!(p.a.leases().1, 2);
+    fill(&mut p.a.mem, 400_000, CHUNK, 42);
+    let w2 = p.a.rma(false, &[(400_000, CHUNK)], vec![any]).unwrap();
+    assert!(matches!(
+        Control::decode(&p.a.out[0].body),
+        Ok(Control::WritePull { .. })
+    ));
+    p.settle();
+    assert_eq!(p.a.end_of(w2), End::Done);
+    assert_eq!(
+        &p.b.mem[5 * CHUNK..6 * CHUNK],
+        &p.a.mem[400_000..400_000 + CHUNK]
+    );
+    assert!(p.a.failed.is_none() && p.b.failed.is_none());
+}
+
+#[test]
+fn leases_on_a_connection_whose_net_has_no_one_sided_path_break_the_protocol() {
+    let mut p = Pair::new(MEM);
+    let item = p.b.advertise(0, CHUNK, None);
+    p.inject(
+        Dir::BtoA,
+        encode(
+            Control::Leases {
+                leases: vec![tcpx_p2p_wire::Lease {
+                    token: item.token,
+                    addr: item.addr,
+                    len: item.len,
+                    gpu: false,
+                    write: true,
+                    key: vec![0; 16],
+                }],
+            },
+            vec![],
+        ),
+    );
+    assert!(matches!(p.a.failed, Some(Failure::Protocol(_))));
+}

@@ -346,8 +346,10 @@ pub const MAGIC: u64 = 0x3150_3250_5850_4354; // "TCPXP2P1"
 /// lies (`ReadGrant`) and the reader says when it is done (`ReadDone`).
 /// 13: a grant may lease whole advertisements to the reader for later
 /// reads ([`Lease`]), which the target calls back (`Revoke` / `Revoked`)
-/// before their memory is deregistered.
-pub const VERSION: u16 = 13;
+/// before their memory is deregistered. 14: a lease may also be written
+/// through (`Lease::write`, for records that live as long as their
+/// connection), and a target may lease on its own (`Leases`).
+pub const VERSION: u16 = 14;
 /// An ncclNet listen handle is at most this long.
 pub const NET_HANDLE_LEN: usize = 128;
 /// Most channels per set a connection may have.
@@ -601,6 +603,10 @@ pub enum Control {
     /// Reader → target: no read of ours copies from the lease `token` any
     /// more: the target may let its memory go.
     Revoked { token: Token },
+    /// Target → peer: leases given unasked (at most [`MAX_GRANT_LEASES`]),
+    /// as a grant's are: a record made for this connection alone is leased
+    /// as soon as it is made.
+    Leases { leases: Vec<Lease> },
     /// Either way: the request was refused; nothing was written.
     Refused { xfer: u64, reason: String },
     /// Orderly close.
@@ -652,13 +658,15 @@ pub struct PullRun {
 /// one-sided path: the reader may copy any range inside `[addr, addr+len)`
 /// named by `token` straight from `key` (the range's export), with no
 /// request, until the target revokes the lease (`Revoke`). `gpu`: the
-/// range is device memory.
+/// range is device memory. `write`: the peer may also copy into the
+/// range (a record that lives as long as its connection).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Lease {
     pub token: Token,
     pub addr: u64,
     pub len: u64,
     pub gpu: bool,
+    pub write: bool,
     pub key: Vec<u8>,
 }
 
@@ -672,7 +680,7 @@ pub fn leases_len(leases: &[Lease]) -> usize {
 
 /// The encoded length of one lease in a [`Control::ReadGrant`].
 pub fn lease_len(l: &Lease) -> usize {
-    16 + 8 + 8 + 3 + l.key.len()
+    16 + 8 + 8 + 1 + 3 + l.key.len()
 }
 
 /// Longest [`PullRun::key`].
@@ -719,6 +727,7 @@ const T_READ_GRANT: u8 = 16;
 const T_READ_DONE: u8 = 17;
 const T_REVOKE: u8 = 18;
 const T_REVOKED: u8 = 19;
+const T_LEASES: u8 = 20;
 
 /// Longest notification message.
 pub const MAX_NOTIF: usize = 1 << 20;
@@ -805,6 +814,7 @@ fn put_leases(out: &mut Vec<u8>, leases: &[Lease]) {
         put_token(out, l.token);
         out.extend_from_slice(&l.addr.to_le_bytes());
         out.extend_from_slice(&l.len.to_le_bytes());
+        out.push(l.write as u8);
         out.push(l.gpu as u8);
         out.extend_from_slice(&(key.len() as u16).to_le_bytes());
         out.extend_from_slice(key);
@@ -826,6 +836,16 @@ fn get_leases(r: &mut Reader<'_>) -> Result<Vec<Lease>, WireError> {
         let token = get_token(r)?;
         let addr = r.u64_le()?;
         let len = r.u64_le()?;
+        let write = match r.u8()? {
+            0 => false,
+            1 => true,
+            f => {
+                return Err(WireError::BadLength {
+                    what: "lease write flag",
+                    len: f as usize,
+                })
+            }
+        };
         let run = get_pull_runs(r, 1)?.pop().ok_or(WireError::BadLength {
             what: "lease key",
             len: 0,
@@ -835,6 +855,7 @@ fn get_leases(r: &mut Reader<'_>) -> Result<Vec<Lease>, WireError> {
             addr,
             len,
             gpu: run.gpu,
+            write,
             key: run.key,
         });
     }
@@ -1005,6 +1026,10 @@ impl Control {
                 out.push(T_REVOKED);
                 put_token(out, *token);
             }
+            Control::Leases { leases } => {
+                out.push(T_LEASES);
+                put_leases(out, leases);
+            }
             Control::ReadDone { xfer } => {
                 out.push(T_READ_DONE);
                 out.extend_from_slice(&xfer.to_le_bytes());
@@ -1086,6 +1111,7 @@ impl Control {
             Control::ReadDone { .. } => "ReadDone",
             Control::Revoke { .. } => "Revoke",
             Control::Revoked { .. } => "Revoked",
+            Control::Leases { .. } => "Leases",
             Control::Refused { .. } => "Refused",
             Control::Close => "Close",
             Control::WriteInline { .. } => "WriteInline",
@@ -1117,6 +1143,7 @@ impl Control {
             | Control::Close
             | Control::Revoke { .. }
             | Control::Revoked { .. }
+            | Control::Leases { .. }
             | Control::Notif { .. }
             | Control::MsgDone { .. } => None,
         }
@@ -1184,6 +1211,9 @@ impl Control {
             },
             T_REVOKED => Control::Revoked {
                 token: get_token(&mut r)?,
+            },
+            T_LEASES => Control::Leases {
+                leases: get_leases(&mut r)?,
             },
             T_READ_DONE => Control::ReadDone { xfer: r.u64_le()? },
             T_REFUSED => Control::Refused {
@@ -1411,6 +1441,7 @@ mod tests {
             addr: 3,
             len: 4,
             gpu: false,
+            write: false,
             key: vec![0; n],
         };
         let frame = |leases: Vec<Lease>| {
@@ -1442,6 +1473,12 @@ mod tests {
         // Cut short.
         let v = frame(vec![lease(8)]);
         assert!(Control::decode(&v[..v.len() - 1]).is_err());
+        // A write flag other than 0 or 1.
+        let mut v = frame(vec![lease(8)]);
+        let at = v.len() - 8 - 2 - 1 - 1;
+        assert_eq!(v[at], 0);
+        v[at] = 2;
+        assert!(Control::decode(&v).is_err());
     }
 
     #[test]
@@ -1543,6 +1580,7 @@ mod tests {
                         addr: 7,
                         len: 8,
                         gpu: true,
+                        write: false,
                         key: vec![9; 30],
                     },
                     Lease {
@@ -1550,9 +1588,20 @@ mod tests {
                         addr: 12,
                         len: 13,
                         gpu: false,
+                        write: true,
                         key: vec![],
                     },
                 ],
+            },
+            Control::Leases {
+                leases: vec![Lease {
+                    token: Token { id: 18, secret: 19 },
+                    addr: 20,
+                    len: 21,
+                    gpu: false,
+                    write: true,
+                    key: vec![22; 8],
+                }],
             },
             Control::ReadDone { xfer: 12 },
             Control::Revoke {

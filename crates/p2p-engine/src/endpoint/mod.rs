@@ -514,6 +514,17 @@ impl Endpoint {
     }
 
     fn advertise_to(&self, conn: Option<u64>, mr: u64, ptr: u64, len: usize) -> Result<[u8; 64]> {
+        Ok(self.advertise_item(conn, mr, ptr, len)?.to_bytes())
+    }
+
+    /// [`Endpoint::advertise_to`]'s record, not yet encoded.
+    pub(super) fn advertise_item(
+        &self,
+        conn: Option<u64>,
+        mr: u64,
+        ptr: u64,
+        len: usize,
+    ) -> Result<FifoItem> {
         if len > u32::MAX as usize {
             return Err(Error::invalid(format!(
                 "advertise: {len} bytes exceed the descriptor's 4 GiB size field; advertise smaller pieces"
@@ -528,8 +539,7 @@ impl Endpoint {
             rid: 0,
             idx: token.id,
             token,
-        }
-        .to_bytes())
+        })
     }
 
     /// A descriptor of the whole region usable by any connected peer (what

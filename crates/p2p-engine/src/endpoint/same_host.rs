@@ -145,15 +145,22 @@ impl Endpoint {
         match self.ipc_conn(conn)? {
             Ipc::Local(c) => Ok(c.advertise(ptr, len as u64)?.to_bytes()),
             Ipc::Net(c) => {
-                // A registration of its own, kept as long as the connection.
+                // A registration of its own, kept as long as the connection,
+                // and leased to the peer at once, for reads and writes.
                 let r = self.inner.registry.register(ptr, len)?;
                 let d = c
                     .keep_ipc_region(r.id)
-                    .and_then(|()| self.advertise_to(Some(conn), r.id, ptr, len));
-                if d.is_err() {
-                    self.inner.registry.forget(r.id);
+                    .and_then(|()| self.advertise_item(Some(conn), r.id, ptr, len));
+                match d {
+                    Ok(item) => {
+                        c.lease_ipc(item.token);
+                        Ok(item.to_bytes().to_vec())
+                    }
+                    Err(e) => {
+                        self.inner.registry.forget(r.id);
+                        Err(e)
+                    }
                 }
-                Ok(d?.to_vec())
             }
         }
     }

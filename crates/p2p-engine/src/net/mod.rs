@@ -157,8 +157,11 @@ pub trait Net: Send + Sync {
     /// The bytes travel to the peer (at most
     /// [`crate::wire::MAX_PULL_KEY`]). None: this net has no such path, or
     /// not for this memory (the engine then sends the data). A key lets the
-    /// peer read our memory, never write it: a copy into memory of a peer
-    /// that gave the transfer up could land in memory it has let go.
+    /// peer read our memory; it writes through one ([`SendComm::ipush`])
+    /// only where the engine leased it for writes: a record that lives as
+    /// long as the connection, never a transfer's buffer (a copy into
+    /// memory of a peer that gave the transfer up could land in memory it
+    /// has let go).
     fn export(&self, _mem: MemRef) -> Option<Vec<u8>> {
         None
     }
@@ -212,6 +215,18 @@ pub trait SendComm: Send {
             ([m], [mr]) => self.isend(*m, *mr),
             _ => Err(gather_unsupported(segs.len())),
         }
+    }
+    /// Posts a push: `segs` copied by this side into the pieces of the
+    /// peer's memory `dst` (ranges it exported and leased for writes, in
+    /// order), with no receive posted by the peer; tested as a send. The
+    /// pieces must cover `segs` exactly. Nets without a one-sided path
+    /// refuse it.
+    fn ipush(&mut self, segs: &[MemRef], dst: &[RemoteRef]) -> Result<Option<ReqId>, NetError> {
+        let _ = (segs, dst);
+        Err(NetError::Misuse {
+            net: "net",
+            reason: "a push on a net without a one-sided path".into(),
+        })
     }
     /// `Some(bytes)` once the request is done. Call only on the oldest
     /// request not yet completed on this comm.

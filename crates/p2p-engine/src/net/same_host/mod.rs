@@ -186,6 +186,7 @@ impl SameHostNet {
         Ok(SameHostSend {
             ch,
             next_seq: 0,
+            next_push: 0,
             out: VecDeque::new(),
         })
     }
@@ -591,14 +592,14 @@ fn pieces(ours: &[MemRef], theirs: &[Seg], len: u64) -> Vec<Piece> {
     out
 }
 
-/// A pull takes 1 to [`MAX_SEGS`] segments of ours and pieces of the
+/// A pull or push takes 1 to [`MAX_SEGS`] segments of ours and pieces of the
 /// peer's.
 fn pull_counts(segs: &[MemRef], refs: &[RemoteRef]) -> Result<(), NetError> {
     if segs.is_empty() || segs.len() > MAX_SEGS || refs.is_empty() || refs.len() > MAX_SEGS {
         return Err(NetError::Misuse {
             net: NET,
             reason: format!(
-                "a pull between {} segments and {} pieces of the peer's (1 to {MAX_SEGS} each)",
+                "a one-sided copy between {} segments and {} pieces of the peer's (1 to {MAX_SEGS} each)",
                 segs.len(),
                 refs.len()
             ),
@@ -735,18 +736,24 @@ impl Chan {
         Ok(theirs)
     }
 
-    /// A pull into `ours` from the peer's pieces `refs`, made now: the
-    /// request's state, done or refused. A breach (see
-    /// [`Chan::remote_segs`], [`Chan::copy`]) ends the comm.
-    fn pull(&mut self, ours: &[MemRef], refs: &[RemoteRef]) -> Result<St, NetError> {
+    /// A pull into `ours` from the peer's pieces `refs` (or, `pull`
+    /// false, a push of `ours` into them), made now: the request's state,
+    /// done or refused. A breach (see [`Chan::remote_segs`],
+    /// [`Chan::copy`]) ends the comm.
+    fn one_sided(
+        &mut self,
+        pull: bool,
+        ours: &[MemRef],
+        refs: &[RemoteRef],
+    ) -> Result<St, NetError> {
         let len = total(ours);
-        tracing::trace!(len, "lat: same-host pull");
+        tracing::trace!(len, pull, "lat: same-host one-sided copy");
         let copied = self
             .remote_segs(ours, refs)
-            .and_then(|theirs| self.copy(true, ours, &theirs, len));
+            .and_then(|theirs| self.copy(pull, ours, &theirs, len));
         match copied {
             Ok(()) => {
-                tracing::trace!(len, "lat: same-host pull done");
+                tracing::trace!(len, pull, "lat: same-host one-sided copy done");
                 Ok(St::Done(len as usize))
             }
             Err((reason, true)) => Err(self.fail(protocol(reason))),
@@ -1038,8 +1045,14 @@ struct Out {
 struct SameHostSend {
     ch: Chan,
     next_seq: u64,
+    /// The next push's id ([`PUSH_ID`] marks them apart from the sends'
+    /// sequence numbers, which the receiver counts).
+    next_push: u64,
     out: VecDeque<Out>,
 }
+
+/// The bit that marks a push's request id.
+const PUSH_ID: u64 = 1 << 63;
 
 fn protocol(reason: String) -> NetError {
     NetError::Protocol { net: NET, reason }
@@ -1171,6 +1184,27 @@ impl SendComm for SameHostSend {
             st: St::Waiting,
         });
         Ok(Some(ReqId(seq)))
+    }
+
+    /// The copy is made here, at once, as a pull's is; the request is then
+    /// done (or failed) when tested. The peer sees nothing of it: the
+    /// engine pushes only into what the peer leased for writes.
+    fn ipush(&mut self, segs: &[MemRef], dst: &[RemoteRef]) -> Result<Option<ReqId>, NetError> {
+        self.ch.check()?;
+        pull_counts(segs, dst)?;
+        if self.out.len() >= MAX_REQUESTS {
+            return Ok(None);
+        }
+        let st = self.ch.one_sided(false, segs, dst)?;
+        let id = PUSH_ID | self.next_push;
+        self.next_push += 1;
+        self.out.push_back(Out {
+            seq: id,
+            segs: segs.to_vec(),
+            len: total(segs),
+            st,
+        });
+        Ok(Some(ReqId(id)))
     }
 
     fn test(&mut self, req: ReqId) -> Result<Option<usize>, NetError> {
@@ -1351,7 +1385,7 @@ impl RecvComm for SameHostRecv {
         if self.posted.len() >= MAX_REQUESTS {
             return Ok(None);
         }
-        let st = self.ch.pull(segs, src)?;
+        let st = self.ch.one_sided(true, segs, src)?;
         let id = self.next_id;
         self.next_id += 1;
         self.posted.push_back(In {

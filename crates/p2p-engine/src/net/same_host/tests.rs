@@ -571,3 +571,58 @@ fn a_key_that_is_no_export_ends_the_comm() {
     assert!(r.ipull(&[host(&dst)], &ok).is_err(), "the comm has ended");
     assert!(dst.iter().all(|&x| x == 0));
 }
+
+#[test]
+fn a_push_copies_into_exported_ranges_and_leaves_the_sends_numbering_alone() {
+    let (mut s, mut r) = test_pair();
+    let src = pattern(300_001, 9);
+    let dst = vec![0u8; src.len() + 64];
+    let key = key_of(&dst[..src.len()]);
+    // Our two segments, cut elsewhere than the two pieces of the export.
+    let (a, b) = src.split_at(77_777);
+    let pieces = [
+        RemoteRef {
+            key: key.clone(),
+            off: 0,
+            len: 100_000,
+        },
+        RemoteRef {
+            key: key.clone(),
+            off: 100_000,
+            len: 200_001,
+        },
+    ];
+    let pq = s.ipush(&[host(a), host(b)], &pieces).unwrap().unwrap();
+    // A send after the push pairs with the peer's next receive, as if the
+    // push were not there.
+    let msg = pattern(4096, 10);
+    let sq = s.isend(host(&msg), MrHandle(0)).unwrap().unwrap();
+    assert_eq!(wait(|q| s.test(q), pq).unwrap(), src.len());
+    assert_eq!(&dst[..src.len()], &src[..]);
+    assert!(dst[src.len()..].iter().all(|&x| x == 0), "past the push");
+    let got = vec![0u8; 4096];
+    let rq = r.irecv(host(&got), MrHandle(0)).unwrap().unwrap();
+    let (sn, rn) = both(s.as_mut(), r.as_mut(), sq, rq);
+    assert_eq!((sn.unwrap(), rn.unwrap()), (4096, 4096));
+    assert_eq!(got, msg);
+    // Past the export, or of another length: refused, nothing written, and
+    // the comm goes on.
+    let other = vec![0u8; 4096];
+    let okey = key_of(&other);
+    let past = [RemoteRef {
+        key: okey.clone(),
+        off: 1,
+        len: 4096,
+    }];
+    let q = s.ipush(&[host(&msg)], &past).unwrap().unwrap();
+    assert!(wait(|q| s.test(q), q).is_err());
+    assert!(other.iter().all(|&x| x == 0), "a refused push wrote");
+    let ok = [RemoteRef {
+        key: okey,
+        off: 0,
+        len: 4096,
+    }];
+    let q = s.ipush(&[host(&msg)], &ok).unwrap().unwrap();
+    assert_eq!(wait(|q| s.test(q), q).unwrap(), 4096);
+    assert_eq!(other, msg);
+}
