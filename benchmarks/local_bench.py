@@ -8,7 +8,10 @@ connection of the same endpoints (over loopback). This process then times,
 per size, blocking `write_ipc` and `read_ipc`, blocking `write` and `read`
 over the connection made by `connect` / `accept` (loopback TCP; with
 TCPX_P2P_SAME_HOST_NET=1 on both, the same-host net, whose writes and reads
-the target copies itself unless TCPX_P2P_SAME_HOST_PULL=0), and
+the target copies itself unless TCPX_P2P_SAME_HOST_PULL=0; on that net
+also `write_ipc` and `read_ipc` on that connection, `net_write_ipc` /
+`net_read_ipc`, into a second `advertise_ipc` record of the same buffer,
+which the peer holds leased), and
 a plain copy of the same size in one process (device-to-device `copy_` on a
 GPU, `memmove` on the host): p50/p99 latency in µs and GB/s (size / p50).
 The ways are timed in turn, iteration by iteration, so that all see the
@@ -76,7 +79,13 @@ def target(pipe, device, gpu, maxsize, env):
     ok, mr = ep.reg(buf.ptr, maxsize)
     ok2, meta = ep.advertise(tcp, mr, buf.ptr, maxsize)
     assert ok and ok2, ep.last_error()
-    pipe.send((bytes(info), bytes(meta)))
+    # The *_ipc calls on the engine's connection, where its net is the
+    # same-host net (a build or net without them: None).
+    net_info = None
+    if getattr(ep, "conn_net", lambda _c: None)(tcp) == "same-host":
+        ok, i = ep.advertise_ipc(tcp, buf.ptr, maxsize)
+        net_info = bytes(i) if ok else None
+    pipe.send((bytes(info), bytes(meta), net_info))
     pipe.recv()  # done
 
 
@@ -131,7 +140,7 @@ def main():
     ip, port, g = ep.parse_metadata(meta)
     ok, tcp = ep.connect(ip, g if isinstance(g, int) else peer_gpu, port)
     assert ok, ep.last_error()
-    info, fifo = pipe.recv()
+    info, fifo, net_info = pipe.recv()
     src = Buf(maxsize, a.device, a.gpu, fill=7)
     dst = Buf(maxsize, a.device, a.gpu)
     ok, smr = ep.reg(src.ptr, maxsize)
@@ -177,21 +186,35 @@ def main():
         if n <= tcp_max:
             cases.append(("tcp_write", lambda: check(ep.write(tcp, smr, src.ptr, n, fifo))))
             cases.append(("tcp_read", lambda: check(ep.read(tcp, dmr, dst.ptr, n, fifo))))
+        if net_info is not None:
+            cases.append(("net_write_ipc", lambda: check(ep.write_ipc(tcp, src.ptr, n, net_info))))
+            cases.append(("net_read_ipc", lambda: check(ep.read_ipc(tcp, dst.ptr, n, net_info))))
         for name, (p50, p99) in zip([c[0] for c in cases], interleaved([c[1] for c in cases], iters, a.warmup)):
             row[name] = {"p50_us": p50 * 1e6, "p99_us": p99 * 1e6, "GBps": n / p50 / 1e9}
         if "tcp_write" in row:
             row["write_ipc_vs_tcp"] = row["write_ipc"]["GBps"] / row["tcp_write"]["GBps"]
             row["read_ipc_vs_tcp"] = row["read_ipc"]["GBps"] / row["tcp_read"]["GBps"]
         row["write_ipc_vs_plain"] = row["write_ipc"]["GBps"] / row[plain_name]["GBps"]
+        if "net_write_ipc" in row:
+            # Above 1: the call on the same-host net's connection is faster.
+            row["net_write_ipc_vs_local"] = row["write_ipc"]["p50_us"] / row["net_write_ipc"]["p50_us"]
+            row["net_read_ipc_vs_local"] = row["read_ipc"]["p50_us"] / row["net_read_ipc"]["p50_us"]
         rows.append(row)
         tw = row.get("tcp_write", {})
         tr = row.get("tcp_read", {})
+        nw = row.get("net_write_ipc", {})
+        nr = row.get("net_read_ipc", {})
+        net = (
+            f" | net write_ipc {nw['p50_us']:9.1f} µs read_ipc {nr['p50_us']:9.1f} µs"
+            if nw
+            else ""
+        )
         print(
             f"{n:>11} B  write_ipc {row['write_ipc']['p50_us']:9.1f} µs p50 {row['write_ipc']['p99_us']:9.1f} p99 "
             f"{row['write_ipc']['GBps']:8.2f} GB/s | read_ipc {row['read_ipc']['GBps']:8.2f} GB/s | "
             f"tcp {tw.get('GBps', float('nan')):7.2f} GB/s ({tw.get('p50_us', float('nan')):9.1f} µs) "
             f"read {tr.get('GBps', float('nan')):7.2f} GB/s ({tr.get('p50_us', float('nan')):9.1f} µs) | "
-            f"{plain_name} {row[plain_name]['GBps']:8.2f} GB/s",
+            f"{plain_name} {row[plain_name]['GBps']:8.2f} GB/s{net}",
             flush=True,
         )
     pipe.send("done")
