@@ -5,6 +5,7 @@ through the ordinary engine. Every byte checked; host memory everywhere, GPU
 memory where CUDA and torch are present (the peer on GPU 1 where there are
 two)."""
 
+import contextlib
 import hashlib
 import os
 import sys
@@ -49,6 +50,21 @@ def endpoint(env):
                 os.environ[k] = v
 
 
+@contextlib.contextmanager
+def net_pair(device):
+    """This process's endpoint, its buffers, and a peer process, connected
+    over the same-host net: (endpoint, buffers, peer, our connection, the
+    peer's). The peer is closed at the end."""
+    ep = endpoint(ON)
+    bufs = peer_ops.Buffers(device, 0)
+    peer = Peer(device, PEER_GPU, ON)
+    try:
+        cid, pcid = connect(ep, peer)
+        yield ep, bufs, peer, cid, pcid
+    finally:
+        peer.close()
+
+
 GUARD = 4096
 
 
@@ -70,11 +86,7 @@ def guarded_write(ep, peer, bufs, cid, pcid, n, seed):
 
 
 def test_send_recv_and_write_read(device):
-    ep = endpoint(ON)
-    bufs = peer_ops.Buffers(device, 0)
-    peer = Peer(device, PEER_GPU, ON)
-    try:
-        cid, pcid = connect(ep, peer)
+    with net_pair(device) as (ep, bufs, peer, cid, pcid):
         assert ep.conn_net(cid) == "same-host"
         assert peer.ep("conn_net", pcid) == "same-host"
         # Two-sided, both ways, sizes across the copy's thread split.
@@ -112,16 +124,10 @@ def test_send_recv_and_write_read(device):
             forged[0:8] = (addr - GUARD).to_bytes(8, "little")
             assert not ep.write(cid, smr, sptr, n, bytes(forged))
             assert peer.call("data", tb, 0, GUARD) == bytes(GUARD), "forged write wrote"
-    finally:
-        peer.close()
 
 
 def test_a_peer_that_dies_fails_what_waits(device):
-    ep = endpoint(ON)
-    bufs = peer_ops.Buffers(device, 0)
-    peer = Peer(device, PEER_GPU, ON)
-    try:
-        cid, _pcid = connect(ep, peer)
+    with net_pair(device) as (ep, bufs, peer, cid, _pcid):
         n = 1 << 20
         rb, rptr = bufs.alloc(n)
         ok, rmr = ep.reg(rptr, n)
@@ -131,8 +137,6 @@ def test_a_peer_that_dies_fails_what_waits(device):
         t0 = time.time()
         assert not ep.wait(rx, 30.0)
         assert time.time() - t0 < 30
-    finally:
-        peer.close()
 
 
 def test_one_side_without_it_is_refused():
@@ -218,11 +222,7 @@ def test_reads_of_a_leased_advertisement_need_no_request_until_it_is_deregistere
     refused: the lease is gone with the record."""
     import signal
 
-    ep = endpoint(ON)
-    bufs = peer_ops.Buffers(device, 0)
-    peer = Peer(device, PEER_GPU, ON)
-    try:
-        cid, pcid = connect(ep, peer)
+    with net_pair(device) as (ep, bufs, peer, cid, pcid):
         n = 1 << 20
         tb, tptr = peer.call("alloc", n + 2 * GUARD, 59)
         ok, tmr = peer.ep("reg", tptr, n + 2 * GUARD)
@@ -268,8 +268,6 @@ def test_reads_of_a_leased_advertisement_need_no_request_until_it_is_deregistere
         assert ep.read(cid, rmr, dst, n, meta), ep.last_error()
         assert bufs.digest(rb, GUARD, n) == bufs.digest(sb)
         assert peer.ep("dereg", tmr)
-    finally:
-        peer.close()
 
 
 def test_a_reader_that_does_not_answer_a_revoke_keeps_the_region_registered_for_a_bounded_wait(device):
@@ -322,11 +320,7 @@ def test_the_ipc_calls_run_on_a_connection_of_the_same_host_net(device):
     leased after the first (it completes with the target stopped); a
     descriptor of another connection is refused; on a connection of
     another net the calls are refused with the reason."""
-    ep = endpoint(ON)
-    bufs = peer_ops.Buffers(device, 0)
-    peer = Peer(device, PEER_GPU, ON)
-    try:
-        cid, pcid = connect(ep, peer)
+    with net_pair(device) as (ep, bufs, peer, cid, pcid):
         n = (1 << 20) + 5
         tb, tptr = peer.call("alloc", n + 2 * GUARD)
         ok, info = peer.ep("advertise_ipc", pcid, tptr + GUARD, n)
@@ -375,8 +369,6 @@ def test_the_ipc_calls_run_on_a_connection_of_the_same_host_net(device):
         cid2, pcid2 = connect(ep, peer)
         assert not ep.write_ipc(cid2, sptr, n, info)
         assert "another connection" in ep.last_error(), ep.last_error()
-    finally:
-        peer.close()
 
 
 def test_writes_into_an_advertise_ipc_record_need_no_request(device):
@@ -388,11 +380,7 @@ def test_writes_into_an_advertise_ipc_record_need_no_request(device):
     its lease: a write to it waits for the target."""
     import signal
 
-    ep = endpoint(ON)
-    bufs = peer_ops.Buffers(device, 0)
-    peer = Peer(device, PEER_GPU, ON)
-    try:
-        cid, pcid = connect(ep, peer)
+    with net_pair(device) as (ep, bufs, peer, cid, pcid):
         n = 1 << 20
         tb, tptr = peer.call("alloc", n + 2 * GUARD)
         ok, info = peer.ep("advertise_ipc", pcid, tptr + GUARD, n)
@@ -434,8 +422,6 @@ def test_writes_into_an_advertise_ipc_record_need_no_request(device):
         assert peer.call("data", tb, 0, GUARD) == bytes(GUARD)
         assert peer.call("data", tb, GUARD + n, GUARD) == bytes(GUARD)
         assert peer.call("digest", gb, 0, 4096) == bufs.digest(sb, 0, 4096)
-    finally:
-        peer.close()
 
 
 def test_the_ipc_calls_are_refused_on_a_connection_of_another_net():

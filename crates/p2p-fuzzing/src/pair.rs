@@ -1029,72 +1029,61 @@ impl Pair {
     /// writer exported, or outside its memory, fails the request (the net
     /// refuses it), and no byte of it lands.
     pub fn pull_one(&mut self, d: Dir) -> bool {
-        let (from, to) = self.ends(d);
-        if from.failed.is_some() || to.failed.is_some() {
-            return false;
-        }
-        let Some(r) = to.pulls.pop_front() else {
-            return false;
-        };
-        if let Owner::Ours(x) = r.owner {
-            let used = to.leased.get(&x).map_or(&[][..], |u| &u[..]);
-            assert!(
-                used.iter().all(|t| !to.revoked_sent.contains(t)),
-                "{}: a pull from a lease after answering its revoke",
-                to.name
-            );
-        }
-        let room: usize = r.segs.iter().map(|s| s.1).sum();
-        let Some(theirs) = exported(from, &r.remote, room) else {
-            // As a net's refusal: the request fails, the connection lives.
-            to.finished(&r, usize::MAX, Set::Rma);
-            return true;
-        };
-        let mut data = Vec::new();
-        for &(addr, len) in &theirs {
-            data.extend_from_slice(from.bytes(addr, len));
-        }
-        let mut at = 0;
-        for &(addr, len) in &r.segs {
-            to.write_bytes(addr, &data[at..at + len]);
-            at += len;
-        }
-        to.finished(&r, room, Set::Rma);
-        true
+        self.copy_one(d, false)
     }
 
     /// Makes the oldest push of the side `d` points to, copying into the
     /// other side's memory; false if none waits. A piece outside what the
-    /// target leased, or outside its memory, fails the request (the net
-    /// refuses it), and no byte of it lands.
+    /// target leased, or outside its memory, fails the request, and no
+    /// byte of it lands.
     pub fn push_one(&mut self, d: Dir) -> bool {
-        let (target, to) = self.ends(d);
-        if target.failed.is_some() || to.failed.is_some() {
+        self.copy_one(d, true)
+    }
+
+    /// [`Pair::pull_one`] and [`Pair::push_one`]: the oldest one-sided copy
+    /// of that kind the side `d` points to posted, between its memory and
+    /// the peer's pieces.
+    fn copy_one(&mut self, d: Dir, push: bool) -> bool {
+        let (peer, to) = self.ends(d);
+        if peer.failed.is_some() || to.failed.is_some() {
             return false;
         }
-        let Some(r) = to.pushes.pop_front() else {
+        let q = if push { &mut to.pushes } else { &mut to.pulls };
+        let Some(r) = q.pop_front() else {
             return false;
         };
         if let Owner::Ours(x) = r.owner {
             let used = to.leased.get(&x).map_or(&[][..], |u| &u[..]);
             assert!(
                 used.iter().all(|t| !to.revoked_sent.contains(t)),
-                "{}: a push into a lease after answering its revoke",
-                to.name
+                "{}: a {} a lease after answering its revoke",
+                to.name,
+                if push { "push into" } else { "pull from" }
             );
         }
         let room: usize = r.segs.iter().map(|s| s.1).sum();
-        let Some(theirs) = exported(target, &r.remote, room) else {
+        let Some(theirs) = exported(peer, &r.remote, room) else {
+            // As a net's refusal: the request fails, the connection lives.
             to.finished(&r, usize::MAX, Set::Rma);
             return true;
         };
-        let mut data = Vec::new();
-        for &(addr, len) in &r.segs {
-            data.extend_from_slice(to.bytes(addr, len));
+        let (from, src) = if push {
+            (&*to, &r.segs)
+        } else {
+            (&*peer, &theirs)
+        };
+        let mut data = Vec::with_capacity(room);
+        for &(addr, len) in src {
+            data.extend_from_slice(from.bytes(addr, len));
         }
+        let (into, dst) = if push {
+            (&mut *peer, &theirs)
+        } else {
+            (&mut *to, &r.segs)
+        };
         let mut at = 0;
-        for &(addr, len) in &theirs {
-            target.write_bytes(addr, &data[at..at + len]);
+        for &(addr, len) in dst {
+            into.write_bytes(addr, &data[at..at + len]);
             at += len;
         }
         to.finished(&r, room, Set::Rma);

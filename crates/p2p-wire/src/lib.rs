@@ -770,16 +770,7 @@ fn get_pull(r: &mut Reader<'_>, runs: usize) -> Result<Vec<PullRun>, WireError> 
 fn get_pull_runs(r: &mut Reader<'_>, n: usize) -> Result<Vec<PullRun>, WireError> {
     let mut v = Vec::with_capacity(n);
     for _ in 0..n {
-        let gpu = match r.u8()? {
-            0 => false,
-            1 => true,
-            x => {
-                return Err(WireError::BadValue {
-                    what: "pull run memory kind",
-                    value: x as u64,
-                })
-            }
-        };
+        let gpu = as_bool(r.u8()?, "pull run memory kind")?;
         let len = r.u16_le()? as usize;
         if len > MAX_PULL_KEY {
             return Err(WireError::BadLength {
@@ -836,16 +827,7 @@ fn get_leases(r: &mut Reader<'_>) -> Result<Vec<Lease>, WireError> {
         let token = get_token(r)?;
         let addr = r.u64_le()?;
         let len = r.u64_le()?;
-        let write = match r.u8()? {
-            0 => false,
-            1 => true,
-            f => {
-                return Err(WireError::BadLength {
-                    what: "lease write flag",
-                    len: f as usize,
-                })
-            }
-        };
+        let write = as_bool(r.u8()?, "lease write flag")?;
         let run = get_pull_runs(r, 1)?.pop().ok_or(WireError::BadLength {
             what: "lease key",
             len: 0,
@@ -876,17 +858,19 @@ fn get_flags(r: &mut Reader<'_>, runs: usize) -> Result<Vec<bool>, WireError> {
             len: n,
         });
     }
-    r.take(n)?
-        .iter()
-        .map(|&b| match b {
-            0 => Ok(false),
-            1 => Ok(true),
-            x => Err(WireError::BadValue {
-                what: "run flag",
-                value: x as u64,
-            }),
-        })
-        .collect()
+    r.take(n)?.iter().map(|&b| as_bool(b, "run flag")).collect()
+}
+
+/// A flag byte: 0 or 1, anything else refused.
+fn as_bool(b: u8, what: &'static str) -> Result<bool, WireError> {
+    match b {
+        0 => Ok(false),
+        1 => Ok(true),
+        x => Err(WireError::BadValue {
+            what,
+            value: x as u64,
+        }),
+    }
 }
 
 /// Keys of a grant: as many as the grant says, at most [`MAX_RMA_ITEMS`]
