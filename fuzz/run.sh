@@ -9,7 +9,7 @@ SECS=${1:-600}
 command -v cargo-fuzz >/dev/null || cargo install cargo-fuzz --locked
 OUT=../benchmarks/results/fuzz-$(date +%Y-%m-%d).txt
 echo "fuzz run $(date -u +%FT%TZ), ${SECS}s per target, $(nproc) cores" > "$OUT"
-for t in ${TARGETS:-metadata fifo_item descs hello control handler rma_recvs notif proto_pair part_header local_desc local_msg same_host_net}; do
+for t in ${TARGETS:-metadata fifo_item descs hello control handler rma_recvs notif proto_pair part_header same_host_net}; do
     mkdir -p corpus/$t
     log=$(mktemp)
     cargo +nightly fuzz run "$t" corpus/$t -- -max_total_time="$SECS" -rss_limit_mb=2048 -malloc_limit_mb=64 2>&1 | tee "$log" | tail -3

@@ -16,7 +16,9 @@
 //! for ([`Conn::drive`]).
 
 use std::collections::{HashMap, HashSet};
-use std::net::{SocketAddr, TcpStream};
+use std::net::SocketAddr;
+
+use crate::ctl::Ctl;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
 use std::thread::Thread;
@@ -97,11 +99,15 @@ pub(crate) struct ConnParams {
 impl ConnParams {
     /// The parameters of a connection over control connection `oob`: its
     /// net chosen for the peer at the other end.
-    pub(crate) fn for_peer(&self, oob: &TcpStream) -> ConnParams {
+    pub(crate) fn for_peer(&self, oob: &Ctl) -> ConnParams {
         let (Ok(peer), Ok(local)) = (oob.peer_addr(), oob.local_addr()) else {
             return self.clone();
         };
-        let net = self.paths.choose(&PeerInfo { peer, local });
+        self.with_net(self.paths.choose(&PeerInfo { peer, local }))
+    }
+
+    /// The parameters of a connection whose data rides `net`.
+    pub(crate) fn with_net(&self, net: Arc<dyn Net>) -> ConnParams {
         ConnParams {
             chunk: net
                 .preferred_chunk()
@@ -256,7 +262,7 @@ impl Conn {
     /// accepted handshake: see [`handshake::Gate`]).
     pub(crate) fn establish(
         id: u64,
-        mut oob: TcpStream,
+        mut oob: Ctl,
         initiator: bool,
         p: &ConnParams,
         gate: Option<&handshake::Gate<'_>>,
@@ -1019,12 +1025,6 @@ impl Conn {
         }
     }
 
-    /// Whether this connection's net has a one-sided path (the same-host
-    /// net): the `*_ipc` calls run on it.
-    pub(crate) fn pulls(&self) -> bool {
-        self.exporter.is_some()
-    }
-
     /// Keeps region `id` (registered by `advertise_ipc`) until the
     /// connection ends; at most [`MAX_IPC_REGIONS`].
     pub(crate) fn keep_ipc_region(&self, id: u64) -> Result<()> {
@@ -1319,7 +1319,7 @@ impl Conn {
     fn on_control(
         self: &Arc<Self>,
         m: Control,
-        s: &mut TcpStream,
+        s: &mut Ctl,
         now: u64,
     ) -> std::result::Result<(), Failure> {
         let payload = self.drive(|st, _| {
@@ -1469,7 +1469,7 @@ const MAX_IPC_REGIONS: usize = 1 << 20;
 /// frames while they come, then waits (no thread) for the next.
 struct OobReader {
     conn: Weak<Conn>,
-    s: TcpStream,
+    s: Ctl,
     spin: Duration,
     linger: Duration,
     /// When the last frame was read.

@@ -21,7 +21,9 @@
 //! reach the port may connect.
 
 use std::io::{self, Read, Write};
-use std::net::{IpAddr, TcpStream};
+use std::net::IpAddr;
+
+use crate::ctl::Ctl;
 use std::time::Instant;
 
 use crate::net::{HandleTarget, ListenComm, Net, NetHandle};
@@ -178,11 +180,7 @@ fn timed_out(what: &str) -> io::Error {
 
 /// Fills `buf` by `deadline`: the deadline covers the whole read, however
 /// slowly the peer trickles bytes.
-pub(crate) fn read_exact_by(
-    s: &mut TcpStream,
-    buf: &mut [u8],
-    deadline: Instant,
-) -> io::Result<()> {
+pub(crate) fn read_exact_by(s: &mut Ctl, buf: &mut [u8], deadline: Instant) -> io::Result<()> {
     let mut at = 0;
     while at < buf.len() {
         let left = deadline.saturating_duration_since(Instant::now());
@@ -209,11 +207,7 @@ pub(crate) fn read_exact_by(
 }
 
 /// Reads one length-prefixed frame of at most `max` bytes by `deadline`.
-pub(crate) fn read_frame_by(
-    s: &mut TcpStream,
-    max: usize,
-    deadline: Instant,
-) -> io::Result<Vec<u8>> {
+pub(crate) fn read_frame_by(s: &mut Ctl, max: usize, deadline: Instant) -> io::Result<Vec<u8>> {
     let mut len = [0u8; 4];
     read_exact_by(s, &mut len, deadline)?;
     let n = u32::from_le_bytes(len) as usize;
@@ -229,7 +223,7 @@ pub(crate) fn read_frame_by(
 }
 
 /// Writes one length-prefixed frame by `deadline`.
-pub(crate) fn write_frame_by(s: &mut TcpStream, body: &[u8], deadline: Instant) -> io::Result<()> {
+pub(crate) fn write_frame_by(s: &mut Ctl, body: &[u8], deadline: Instant) -> io::Result<()> {
     let left = deadline.saturating_duration_since(Instant::now());
     if left.is_zero() {
         return Err(timed_out("writing"));
@@ -311,7 +305,7 @@ pub(crate) enum Failed {
 
 /// Runs the whole handshake on `oob` by `deadline`.
 pub(crate) fn run(
-    oob: &mut TcpStream,
+    oob: &mut Ctl,
     role: Role,
     me: &Local<'_>,
     deadline: Instant,
@@ -334,7 +328,7 @@ pub(crate) fn run(
 }
 
 fn exchange(
-    oob: &mut TcpStream,
+    oob: &mut Ctl,
     role: Role,
     peer: IpAddr,
     me: &Local<'_>,
@@ -348,20 +342,20 @@ fn exchange(
         Some(p) if !proven.get() => p.min(deadline),
         _ => deadline,
     };
-    let send = |oob: &mut TcpStream, body: &[u8]| {
+    let send = |oob: &mut Ctl, body: &[u8]| {
         write_frame_by(oob, body, by()).map_err(io("sending the handshake"))
     };
-    let recv = |oob: &mut TcpStream| -> Result<Vec<u8>, Failed> {
+    let recv = |oob: &mut Ctl| -> Result<Vec<u8>, Failed> {
         read_frame_by(oob, wire::MAX_HANDSHAKE_FRAME, by()).map_err(io("reading the handshake"))
     };
     // A later frame: a refusal from the peer ends the handshake.
-    let recv_msg = |oob: &mut TcpStream| -> Result<HandshakeMsg, Failed> {
+    let recv_msg = |oob: &mut Ctl| -> Result<HandshakeMsg, Failed> {
         match HandshakeMsg::decode(&recv(oob)?)? {
             HandshakeMsg::Refuse(why) => Err(Failed::PeerRefused(why)),
             m => Ok(m),
         }
     };
-    let recv_hello = |oob: &mut TcpStream| -> Result<(Hello, Vec<u8>), Failed> {
+    let recv_hello = |oob: &mut Ctl| -> Result<(Hello, Vec<u8>), Failed> {
         let b = recv(oob)?;
         if b.first() == Some(&0) {
             if let Ok(HandshakeMsg::Refuse(why)) = HandshakeMsg::decode(&b) {
@@ -413,12 +407,12 @@ fn exchange(
         Role::Initiator => Role::Acceptor,
         Role::Acceptor => Role::Initiator,
     };
-    let send_proof = |oob: &mut TcpStream| {
+    let send_proof = |oob: &mut Ctl| {
         let mut v = Vec::new();
         HandshakeMsg::Proof(proof(me.key, role, &i_bytes, &a_bytes)).encode(&mut v);
         send(oob, &v)
     };
-    let check_proof = |oob: &mut TcpStream| -> Result<(), Failed> {
+    let check_proof = |oob: &mut Ctl| -> Result<(), Failed> {
         match recv_msg(oob)? {
             HandshakeMsg::Proof(p) if verify(me.key, other, &i_bytes, &a_bytes, &p) => Ok(()),
             _ => Err(Refusal::Auth.into()),
@@ -446,12 +440,12 @@ fn exchange(
             })
             .collect::<Result<Vec<_>, _>>()
     };
-    let send_handles = |oob: &mut TcpStream, listens: &[Box<dyn ListenComm>]| {
+    let send_handles = |oob: &mut Ctl, listens: &[Box<dyn ListenComm>]| {
         let mut v = Vec::new();
         HandshakeMsg::Handles(listens.iter().map(|l| l.handle()).collect()).encode(&mut v);
         send(oob, &v)
     };
-    let recv_handles = |oob: &mut TcpStream| -> Result<(Vec<NetHandle>, usize), Failed> {
+    let recv_handles = |oob: &mut Ctl| -> Result<(Vec<NetHandle>, usize), Failed> {
         let handles = match recv_msg(oob)? {
             HandshakeMsg::Handles(h) => h,
             _ => {

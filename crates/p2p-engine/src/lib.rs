@@ -18,6 +18,7 @@ mod accept;
 mod admission;
 mod config;
 mod conn;
+mod ctl;
 mod endpoint;
 mod error;
 mod handler;

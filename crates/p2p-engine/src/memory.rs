@@ -374,6 +374,8 @@ impl Registry {
 
     /// The region a peer on `conn` may touch at `[addr, addr+len)` under
     /// `token`, or why not. Never trusts anything but the local record.
+    /// (The engine checks a request's items with a [`Resolver`].)
+    #[cfg(test)]
     pub fn resolve(
         &self,
         token: Token,

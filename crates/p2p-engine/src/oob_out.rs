@@ -10,9 +10,9 @@
 //! of frames is the order of the writes, whether a frame went out at once
 //! or through the backlog.
 
+use crate::ctl::Ctl;
 use std::collections::VecDeque;
 use std::io::{self, IoSlice, Write};
-use std::net::TcpStream;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
@@ -55,14 +55,14 @@ impl Backlog {
 /// The control connection's writing end (see the module's text). Held
 /// under the connection's state lock.
 pub(crate) struct OobOut {
-    s: TcpStream,
+    s: Ctl,
     shared: Arc<(Mutex<Backlog>, Condvar)>,
     /// The writer task, woken when the backlog grows or closes.
     writer: Option<Arc<Home>>,
 }
 
 impl OobOut {
-    pub(crate) fn new(s: TcpStream) -> Self {
+    pub(crate) fn new(s: Ctl) -> Self {
         OobOut {
             s,
             shared: Arc::default(),
@@ -71,7 +71,7 @@ impl OobOut {
     }
 
     /// The stream written to (for shutting it down).
-    pub(crate) fn stream(&self) -> &TcpStream {
+    pub(crate) fn stream(&self) -> &Ctl {
         &self.s
     }
 
@@ -194,7 +194,7 @@ impl Drop for OobOut {
 /// the stream's write timeout) on each; idle (no thread) while the backlog
 /// is empty.
 struct Drain {
-    s: TcpStream,
+    s: Ctl,
     shared: Weak<(Mutex<Backlog>, Condvar)>,
     failed: Box<dyn Fn(io::Error) + Send>,
 }
@@ -237,14 +237,15 @@ impl Task for Drain {
 mod tests {
     use super::*;
     use std::io::Read;
-    use std::net::TcpListener;
+    use std::net::{TcpListener, TcpStream};
+    use std::os::unix::net::UnixStream;
 
     #[test]
     fn writes_never_wait_and_arrive_in_order() {
-        let l = TcpListener::bind("127.0.0.1:0").unwrap();
-        let a = TcpStream::connect(l.local_addr().unwrap()).unwrap();
-        let (mut b, _) = l.accept().unwrap();
-        let mut out = OobOut::new(a);
+        // On a Unix stream (a same-host connection's control connection).
+        let (a, mut b) = UnixStream::pair().unwrap();
+        a.set_write_timeout(Some(Duration::from_secs(30))).unwrap();
+        let mut out = OobOut::new(Ctl::Unix(a));
         let w = Workers::new("test-io", None).unwrap();
         let h = out.start_writer(&w, |e| panic!("{e}")).unwrap();
         // Far more than the socket buffers hold, written while nobody
@@ -275,7 +276,7 @@ mod tests {
         let a = TcpStream::connect(l.local_addr().unwrap()).unwrap();
         let (_b, _) = l.accept().unwrap();
         a.set_write_timeout(Some(Duration::from_secs(30))).unwrap();
-        let mut out = OobOut::new(a);
+        let mut out = OobOut::new(Ctl::Tcp(a));
         let w = Workers::new("test-io", None).unwrap();
         let _h = out.start_writer(&w, |_| {}).unwrap();
         let chunk = vec![7u8; 1 << 20];

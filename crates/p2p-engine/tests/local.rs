@@ -4,9 +4,9 @@
 
 use std::time::Duration;
 
+use tcpx_p2p::FifoItem;
 use tcpx_p2p::LocalPeer;
 use tcpx_p2p::{Config, Endpoint, Error};
-use tcpx_p2p_wire::same_host::IpcDesc;
 
 mod common;
 use common::pattern;
@@ -59,8 +59,8 @@ fn records_refuse_forged_and_stale() {
     let mut dst = vec![0u8; 2 * n];
     let base = dst.as_mut_ptr() as u64;
     let info = b.advertise_ipc(cb, base + 100, n).unwrap();
-    let d = IpcDesc::decode(&info).unwrap();
-    let forge = |f: &dyn Fn(&mut IpcDesc)| {
+    let d = FifoItem::decode(&info).unwrap();
+    let forge = |f: &dyn Fn(&mut FifoItem)| {
         let mut x = d;
         f(&mut x);
         x.to_bytes()
@@ -69,7 +69,7 @@ fn records_refuse_forged_and_stale() {
         forge(&|x| x.token.secret ^= 1),
         forge(&|x| x.token.id += 1000),
         forge(&|x| x.addr -= 100),
-        forge(&|x| x.len += 1),
+        forge(&|x| x.size += 1),
     ];
     for (i, bad) in cases.iter().enumerate() {
         let len = if i == 3 { n + 1 } else { n };

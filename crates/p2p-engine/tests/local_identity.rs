@@ -3,20 +3,22 @@
 //! then ran exec (in the report, `/usr/bin/passwd`: same pid, euid 0); the
 //! child's requests made the endpoint write into the new program's memory.
 //!
-//! Here process P connects, hands the socket to its child C, and execs
-//! `sleep`. C then asks the endpoint to read 16 bytes of an advertised
-//! range into a writable page of `sleep`. The endpoint must refuse (P is
-//! no longer the process that connected), and the bytes must not land.
-//! Run twice: P of our own uid, and (as root) P of uid 65534 with
-//! `TCPX_P2P_LOCAL_ANY_UID=1`, where the endpoint holds rights P lacks.
-//! What this covers: an exec of another program by the pinned process
-//! (its executable changes; with another uid, its address space too). A
-//! setuid exec changes more (its ids, its dumpable owner); those checks
-//! are covered by the unit tests in `local/os.rs` on a changed identity,
-//! since a test cannot gain a setuid binary without installing one.
+//! A same-host connection's endpoint now writes a peer's memory in one
+//! case only: its own application's write into a record the peer leased
+//! for writes (`advertise_ipc`). Here process P connects, advertises a
+//! record of its memory, hands its sockets to its child C (which holds
+//! them open and says nothing), and execs `sleep`. The endpoint's
+//! application then writes into P's record: the endpoint must refuse (P is
+//! no longer the process that connected), the bytes must not land, and the
+//! connection must end. What this covers: an exec of another program by
+//! the pinned process (its executable changes). A setuid exec changes more
+//! (its ids, its dumpable owner); those checks are covered by the unit
+//! tests in `net/same_host/os.rs` on a changed identity, since a test
+//! cannot gain a setuid binary without installing one. A peer of another
+//! uid cannot make such a connection at all: the names it dials, the
+//! endpoint's and the same-host net's, carry its own uid.
 
 use std::io::{BufRead, BufReader, Read, Write};
-use std::os::fd::{AsRawFd, FromRawFd};
 use std::os::linux::net::SocketAddrExt;
 use std::os::unix::fs::FileExt;
 use std::os::unix::net::{SocketAddr, UnixStream};
@@ -24,8 +26,8 @@ use std::os::unix::process::CommandExt;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use tcpx_p2p::{Config, Endpoint};
-use tcpx_p2p_wire::same_host::{IpcDesc, LocalHello, LocalMsg, ReqItem, Space, LOCAL_VERSION};
+use tcpx_p2p::{Config, Endpoint, FifoItem, LocalPeer};
+use tcpx_p2p_wire::same_host::LocalHello;
 use tcpx_p2p_wire::{read_frame, write_frame};
 
 const ROLE: &str = "TCPX_TEST_LOCAL_ROLE";
@@ -46,137 +48,47 @@ fn me() -> Command {
     c
 }
 
-/// P: connects to the endpoint's same-host socket, hands the socket to a
-/// child C, then execs `sleep`.
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+fn unhex(s: &str) -> Vec<u8> {
+    let s = s.trim();
+    (0..s.len() / 2)
+        .map(|i| u8::from_str_radix(&s[2 * i..2 * i + 2], 16).unwrap())
+        .collect()
+}
+
+/// P: connects to the endpoint, advertises 16 bytes of its memory to it
+/// (leased for writes at once), forks C to hold its sockets, then execs
+/// `sleep`.
 fn connector() {
-    if let Ok(uid) = std::env::var("AS_UID") {
-        let uid: u32 = uid.parse().unwrap();
-        // SAFETY: plain credential calls of this single-purpose process.
-        unsafe {
-            assert_eq!(libc::setgid(uid), 0);
-            assert_eq!(libc::setuid(uid), 0);
-        }
+    let meta = unhex(&std::env::var("TARGET_META").unwrap());
+    let e = Endpoint::new(None, cfg()).unwrap();
+    let conn = e.connect_local(&LocalPeer::Metadata(meta)).unwrap();
+    let page: &'static mut [u8; 16] = Box::leak(Box::new([0u8; 16]));
+    let info = e.advertise_ipc(conn, page.as_mut_ptr() as u64, 16).unwrap();
+    // SAFETY: fork of a process whose child only sleeps (no locks taken,
+    // no allocation): C keeps every socket of the connection open.
+    match unsafe { libc::fork() } {
+        0 => loop {
+            // SAFETY: C dies with P (the program it execs), and sleeps.
+            unsafe {
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                libc::sleep(3600);
+            }
+        },
+        pid => assert!(pid > 0, "fork"),
     }
-    let name = std::env::var("TARGET_NAME").unwrap();
-    let addr = SocketAddr::from_abstract_name(name.as_bytes()).unwrap();
-    let mut s = UnixStream::connect_addr(&addr).unwrap();
-    let mut v = Vec::new();
-    LocalHello {
-        version: LOCAL_VERSION,
-        auth: 0,
-        gpu_index: -1,
-        gpu_bdf: String::new(),
-        nonce: 0x5eed_0000_0000_0001,
-    }
-    .encode(&mut v);
-    write_frame(&mut s, &v).unwrap();
-    let theirs = read_frame(&mut s, 256).unwrap();
-    assert!(LocalHello::decode(&theirs).is_ok(), "handshake refused");
-    // Hand the socket to C (clear close-on-exec on it for the spawn).
-    let fd = s.as_raw_fd();
-    // SAFETY: fcntl on a descriptor we own, no pointers.
-    unsafe {
-        let flags = libc::fcntl(fd, libc::F_GETFD);
-        libc::fcntl(fd, libc::F_SETFD, flags & !libc::FD_CLOEXEC);
-    }
-    // P execs right after: nothing here could wait for C.
-    #[allow(clippy::zombie_processes)]
-    me().env(ROLE, "requester")
-        .env("PEER_PID", std::process::id().to_string())
-        .env("SOCK_FD", fd.to_string())
-        .env_remove("AS_UID")
-        .spawn()
-        .unwrap();
-    drop(s);
-    say("connected");
+    say(&format!("info {}", hex(&info)));
     // Same pid, another program, for as long as the test needs it: the
-    // parent kills it once C is done (however slow the machine).
-    let e = Command::new("sleep").arg("3600").exec();
-    panic!("exec sleep: {e}");
+    // parent kills it once done (however slow the machine).
+    let err = Command::new("sleep").arg("3600").exec();
+    panic!("exec sleep: {err}");
 }
 
-/// C: once P runs `sleep`, asks the endpoint to read the advertised range
-/// into a writable page of `sleep`, and reports the answer and whether the
-/// bytes landed.
-fn requester() {
-    let pid: i32 = std::env::var("PEER_PID").unwrap().parse().unwrap();
-    let fd: i32 = std::env::var("SOCK_FD").unwrap().parse().unwrap();
-    // SAFETY: the descriptor was handed to us by P and nothing else here owns it.
-    let mut s = unsafe { UnixStream::from_raw_fd(fd) };
-    let mut line = String::new();
-    std::io::stdin().read_line(&mut line).unwrap();
-    let desc: Vec<u8> = (0..line.trim().len() / 2)
-        .map(|i| u8::from_str_radix(&line.trim()[2 * i..2 * i + 2], 16).unwrap())
-        .collect();
-    let d = IpcDesc::decode(&desc).unwrap();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let maps = loop {
-        let exe = std::fs::read_link(format!("/proc/{pid}/exe")).unwrap_or_default();
-        if exe.file_name().is_some_and(|n| n == "sleep") {
-            break std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap();
-        }
-        assert!(Instant::now() < deadline, "P did not exec");
-        std::thread::sleep(Duration::from_millis(5));
-    };
-    // A writable page of the new program (its data or its heap).
-    let target = maps
-        .lines()
-        .find(|l| l.split_whitespace().nth(1) == Some("rw-p"))
-        .and_then(|l| l.split('-').next())
-        .map(|a| u64::from_str_radix(a, 16).unwrap())
-        .unwrap();
-    let mem = std::fs::OpenOptions::new()
-        .read(true)
-        .open(format!("/proc/{pid}/mem"))
-        .unwrap();
-    let mut before = [0u8; 16];
-    mem.read_exact_at(&mut before, target).unwrap();
-    let mut v = Vec::new();
-    LocalMsg::Req {
-        op: 7,
-        read: true,
-        items: vec![ReqItem {
-            space: Space::Ipc,
-            token: d.token,
-            addr: d.addr,
-            len: 16,
-            peer: target,
-        }],
-    }
-    .encode(&mut v);
-    write_frame(&mut s, &v).unwrap();
-    let answer = match read_frame(&mut s, 1 << 20).map(|b| LocalMsg::decode(&b)) {
-        Ok(Ok(LocalMsg::Done { .. })) => "Done".to_string(),
-        Ok(Ok(LocalMsg::Refused { reason, .. })) => format!("Refused: {reason}"),
-        other => format!("other: {other:?}"),
-    };
-    let mut after = [0u8; 16];
-    mem.read_exact_at(&mut after, target).unwrap();
-    println!("answer: {answer}");
-    println!(
-        "landed: {}",
-        if after == PATTERN && before != PATTERN {
-            "yes"
-        } else {
-            "no"
-        }
-    );
-    // The endpoint closes a connection whose peer changed.
-    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    let mut x = [0u8; 64];
-    let closed = match s.read(&mut x) {
-        Ok(n) => n == 0,
-        Err(e) => !matches!(
-            e.kind(),
-            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-        ),
-    };
-    say(&format!("closed: {closed}"));
-    say("done");
-}
-
-/// P (the program it execs, `sleep`), killed and reaped when the test is
-/// done with it or fails.
+/// P (the program it execs, `sleep`; C dies with it), killed and reaped
+/// when the test is done with it or fails.
 struct Killed(std::process::Child);
 
 impl Drop for Killed {
@@ -186,61 +98,71 @@ impl Drop for Killed {
     }
 }
 
-fn run(as_uid: Option<u32>) {
-    let b = Endpoint::new(
-        None,
-        Config {
-            ifname: Some("lo".into()),
-            ..Config::default()
-        },
-    )
-    .unwrap();
-    let a = b.local_addr();
-    // SAFETY: getuid cannot fail.
-    let uid = unsafe { libc::getuid() };
-    let mut region = PATTERN;
+/// The endpoints' settings: on loopback.
+fn cfg() -> Config {
+    Config {
+        ifname: Some("lo".into()),
+        ..Config::default()
+    }
+}
+
+fn run() {
+    let b = Endpoint::new(None, cfg()).unwrap();
     let mut p = me();
     p.env(ROLE, "connector")
-        .env(
-            "TARGET_NAME",
-            format!("tcpx-p2p-local:{uid}:{}:{}", a.ip(), a.port()),
-        )
-        .stdin(Stdio::piped())
+        .env("TARGET_META", hex(&b.metadata()))
         .stdout(Stdio::piped());
-    if let Some(u) = as_uid {
-        p.env("AS_UID", u.to_string());
-    }
     let mut p = Killed(p.spawn().unwrap());
+    let pid = p.0.id() as i32;
     let mut out = BufReader::new(p.0.stdout.take().unwrap()).lines();
-    let mut next = |prefix: &str| loop {
-        let l = out.next().expect("the peer processes ended early").unwrap();
-        // The children's test harness may have begun the line.
-        if let Some((_, r)) = l.split_once(prefix) {
-            return r.to_string();
+    let info = loop {
+        let l = out.next().expect("the peer process ended early").unwrap();
+        // The child's test harness may have begun the line.
+        if let Some((_, r)) = l.split_once("info ") {
+            break unhex(r);
         }
     };
-    next("connected");
     let conn = b.accept_local(Some(Duration::from_secs(10))).unwrap().conn;
-    let info = b
-        .advertise_ipc(conn, region.as_mut_ptr() as u64, region.len())
+    assert_eq!(b.conn_net(conn).unwrap(), "same-host");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let exe = std::fs::read_link(format!("/proc/{pid}/exe")).unwrap_or_default();
+        if exe.file_name().is_some_and(|n| n == "sleep") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "P did not exec");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let at = FifoItem::decode(&info).unwrap().addr;
+    let mem = std::fs::OpenOptions::new()
+        .read(true)
+        .open(format!("/proc/{pid}/mem"))
         .unwrap();
-    let hex: String = info.iter().map(|x| format!("{x:02x}")).collect();
-    let mut stdin = p.0.stdin.take().unwrap();
-    writeln!(stdin, "{hex}").unwrap();
-    let answer = next("answer: ");
-    let landed = next("landed: ");
-    let closed = next("closed: ");
-    next("done");
-    drop(p);
-    eprintln!("peer uid {as_uid:?}: answer {answer:?}, landed {landed}, closed {closed}");
+    let mut before = [0u8; 16];
+    let readable = mem.read_exact_at(&mut before, at).is_ok();
+    let e = b
+        .write_ipc(conn, &[(PATTERN.as_ptr() as u64, 16)], &[&info])
+        .expect_err("a write into the memory of a process that ran exec");
+    eprintln!("{e}");
     assert!(
-        answer.starts_with("Refused") && answer.contains("no longer the process that connected"),
-        "{answer}"
+        e.to_string()
+            .contains("no longer the process that connected"),
+        "{e}"
     );
-    assert_eq!(landed, "no", "bytes landed in the exec'd program");
-    assert_eq!(closed, "true");
-    // The endpoint goes on: its region is intact and it serves a new peer.
-    assert_eq!(region, PATTERN);
+    if readable {
+        let mut after = [0u8; 16];
+        mem.read_exact_at(&mut after, at).unwrap();
+        assert!(
+            after != PATTERN || before == PATTERN,
+            "bytes landed in the exec'd program"
+        );
+    }
+    assert!(
+        b.conn_failure(conn).unwrap().is_some() || b.conn_failure(conn).is_err(),
+        "the connection lives on"
+    );
+    drop(p);
+    // The endpoint goes on: it serves a new peer.
     let c = Endpoint::new(
         None,
         Config {
@@ -249,9 +171,7 @@ fn run(as_uid: Option<u32>) {
         },
     )
     .unwrap();
-    let cc = c
-        .connect_local(&tcpx_p2p::LocalPeer::Metadata(b.metadata()))
-        .unwrap();
+    let cc = c.connect_local(&LocalPeer::Metadata(b.metadata())).unwrap();
     let cb = b.accept_local(Some(Duration::from_secs(10))).unwrap().conn;
     let mut dst = [0u8; 16];
     let info = b
@@ -383,17 +303,8 @@ fn silent_same_host_connections_are_bounded() {
 
 #[test]
 fn a_peer_that_execs_after_connecting_is_refused() {
-    match std::env::var(ROLE).as_deref() {
-        Ok("connector") => return connector(),
-        Ok("requester") => return requester(),
-        _ => {}
+    if std::env::var(ROLE).as_deref() == Ok("connector") {
+        return connector();
     }
-    run(None);
-    // SAFETY: geteuid cannot fail.
-    if unsafe { libc::geteuid() } == 0 {
-        std::env::set_var("TCPX_P2P_LOCAL_ANY_UID", "1");
-        run(Some(65534));
-    } else {
-        eprintln!("not root: the other-uid case is not run");
-    }
+    run();
 }

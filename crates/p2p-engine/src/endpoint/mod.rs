@@ -75,8 +75,10 @@ struct Inner {
     name: String,
     /// Notifications received from peers, until taken.
     notifs: Arc<NotifQueue>,
-    /// Same-host connections (see [`crate::local`]).
+    /// Same-host connections' listeners (see [`crate::local`]).
     local: Arc<crate::local::Hub>,
+    /// The parameters of a same-host connection: the same-host net.
+    local_params: ConnParams,
 }
 
 /// A transfer engine endpoint.
@@ -183,18 +185,22 @@ impl Endpoint {
             per_peer: cfg.notif_per_peer,
             per_peer_bytes: cfg.notif_per_peer_bytes,
         }));
+        // The same-host net: the data path of same-host connections
+        // (`connect_local`), and, with TCPX_P2P_SAME_HOST_NET=1, of
+        // connections between endpoints of this machine.
+        let same_host: Arc<dyn Net> = Arc::new(SameHostNet::with_workers(
+            SameHostConfig::from_env(
+                (gpu_index >= 0 && gpu::available()).then_some(gpu_index),
+                cfg.connect_timeout,
+                cfg.io_linger,
+            ),
+            workers.clone(),
+        ));
         let params = ConnParams {
             paths: if cfg.same_host_net {
                 Arc::new(SameHostPaths {
                     default: net.clone(),
-                    same_host: Arc::new(SameHostNet::with_workers(
-                        SameHostConfig::from_env(
-                            (gpu_index >= 0 && gpu::available()).then_some(gpu_index),
-                            cfg.connect_timeout,
-                            cfg.io_linger,
-                        ),
-                        workers.clone(),
-                    )),
+                    same_host: same_host.clone(),
                 })
             } else {
                 Arc::new(OneNet(net.clone()))
@@ -235,14 +241,12 @@ impl Endpoint {
             auth: crate::handshake::local_auth(&params.auth_key),
             gpu_index,
             gpu_bdf: gpu_bdf.clone(),
-            registry: registry.clone(),
             timeout: cfg.connect_timeout,
             ip: addr.ip(),
             port: addr.port(),
-            next_conn: next_conn.clone(),
             max_handshakes: cfg.max_handshakes,
-            max_conns: cfg.max_conns,
         })?;
+        let local_params = params.with_net(same_host);
         let stream_budget = cfg.stream_budget();
         let admission = Admission::new(AdmissionLimits {
             handshakes: cfg.max_handshakes,
@@ -273,7 +277,15 @@ impl Endpoint {
             notifs,
             name,
             local,
+            local_params,
         });
+        let weak = Arc::downgrade(&inner);
+        inner.local.set_establish(Box::new(move |s, initiator| {
+            let inner = weak
+                .upgrade()
+                .ok_or_else(|| Error::invalid("the endpoint is closing"))?;
+            establish_local(&inner, s, initiator)
+        }));
         let weak = Arc::downgrade(&inner);
         let acceptor = std::thread::Builder::new()
             .name("tcpx-accept".into())
@@ -345,6 +357,7 @@ impl Endpoint {
             })
         })?;
         let id = self.inner.next_conn.fetch_add(1, Ordering::Relaxed);
+        let s = crate::ctl::Ctl::Tcp(s);
         let params = self.inner.params.for_peer(&s);
         let conn = Conn::establish(id, s, true, &params, None)?;
         if let Some(want) = remote_gpu {
@@ -423,9 +436,6 @@ impl Endpoint {
 
     /// Closes a connection: what is in flight on it fails.
     pub fn remove_conn(&self, id: u64) -> Result<()> {
-        if self.inner.local.remove(id) {
-            return Ok(());
-        }
         let c = self
             .inner
             .conns
@@ -440,7 +450,6 @@ impl Endpoint {
     /// Connection ids, oldest first.
     pub fn conn_ids(&self) -> Vec<u64> {
         let mut v: Vec<u64> = self.inner.conns.read().keys().copied().collect();
-        v.extend(self.inner.local.ids());
         v.sort_unstable();
         v
     }
@@ -455,17 +464,11 @@ impl Endpoint {
     /// The name of the net connection `id`'s data rides (`socket`,
     /// `same-host`, or the plugin's).
     pub fn conn_net(&self, id: u64) -> Result<String> {
-        if self.inner.local.get(id)?.is_some() {
-            return Ok("same-host (connect_local)".into());
-        }
         Ok(self.conn(id)?.net.clone())
     }
 
     /// Why a connection failed, if it did.
     pub fn conn_failure(&self, id: u64) -> Result<Option<String>> {
-        if let Some(c) = self.inner.local.get(id)? {
-            return Ok(c.failure());
-        }
         Ok(self.conn(id)?.failure().map(|f| f.to_string()))
     }
 
@@ -499,9 +502,7 @@ impl Endpoint {
 
     /// The 64-byte descriptor offering `[ptr, ptr+len)` to the peer of `conn`.
     pub fn advertise(&self, conn: u64, mr: u64, ptr: u64, len: usize) -> Result<[u8; 64]> {
-        if self.local_conn(conn)?.is_none() {
-            self.conn(conn)?;
-        }
+        self.conn(conn)?;
         self.advertise_to(Some(conn), mr, ptr, len)
     }
 
@@ -599,9 +600,6 @@ impl Endpoint {
     /// Two-sided send of one or more buffers; matched in posting order by the
     /// peer's receives of the same sizes.
     pub fn send_async(&self, conn: u64, bufs: &[Buf]) -> Result<u64> {
-        if let Some(lc) = self.local_conn(conn)? {
-            return self.local_msg(&lc, true, bufs);
-        }
         let c = self.conn(conn)?;
         let local = self.resolve_local(bufs)?;
         Ok(self.publish(c.post_msg(self.next_xfer(), true, local)?))
@@ -614,9 +612,6 @@ impl Endpoint {
     /// lands.
     pub fn recv_async(&self, conn: u64, bufs: &[Buf]) -> Result<u64> {
         let bufs = &self.clamp_recv(bufs)?;
-        if let Some(lc) = self.local_conn(conn)? {
-            return self.local_msg(&lc, false, bufs);
-        }
         let c = self.conn(conn)?;
         let local = self.resolve_local(bufs)?;
         Ok(self.publish(c.post_msg(self.next_xfer(), false, local)?))
@@ -630,9 +625,6 @@ impl Endpoint {
         remote: Vec<RmaItem>,
         remote_region: &[u64],
     ) -> Result<u64> {
-        if let Some(lc) = self.local_conn(conn)? {
-            return self.local_rma(&lc, read, bufs, &remote);
-        }
         let c = self.conn(conn)?;
         let local = self.resolve_local(bufs)?;
         if remote.len() != local.len() {
@@ -824,6 +816,37 @@ impl Endpoint {
     }
 }
 
+/// A checked same-host stream (see [`crate::local`]) made a connection of
+/// the endpoint: the engine's handshake on it, its data on the same-host
+/// net. Its id, or why not (at most `TCPX_P2P_MAX_CONNS` connections).
+fn establish_local(
+    inner: &Arc<Inner>,
+    s: std::os::unix::net::UnixStream,
+    initiator: bool,
+) -> Result<u64> {
+    let held = inner.conns.read().len();
+    if held >= inner.cfg.max_conns {
+        return Err(Error::invalid(format!(
+            "{held} connections held (TCPX_P2P_MAX_CONNS={}): same-host connection refused",
+            inner.cfg.max_conns
+        )));
+    }
+    let id = inner.next_conn.fetch_add(1, Ordering::Relaxed);
+    let conn = Conn::establish(
+        id,
+        crate::ctl::Ctl::Unix(s),
+        initiator,
+        &inner.local_params,
+        None,
+    )?;
+    if inner.stopping.load(Ordering::Acquire) {
+        conn.close();
+        return Err(Error::invalid("the endpoint is closing"));
+    }
+    inner.conns.write().insert(id, conn);
+    Ok(id)
+}
+
 impl Drop for Endpoint {
     fn drop(&mut self) {
         self.inner.stopping.store(true, Ordering::Release);
@@ -922,6 +945,7 @@ fn accept_loop(inner: Weak<Inner>, listener: TcpListener) {
                 .name("tcpx-handshake".into())
                 .spawn(move || {
                     let peer = s.peer_addr().map(|a| a.to_string()).unwrap_or_default();
+                    let s = crate::ctl::Ctl::Tcp(s);
                     let params = params.for_peer(&s);
                     let proven = || slot.proven();
                     let admit = |streams: usize| {

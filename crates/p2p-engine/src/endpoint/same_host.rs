@@ -1,40 +1,24 @@
-//! Same-host calls on the endpoint (see `crate::local`).
+//! Same-host calls on the endpoint: `connect_local` / `accept_local`
+//! (see `crate::local`) and the `*_ipc` calls, which run as ordinary
+//! transfers on any connection of the same-host net.
 
 use super::*;
 use crate::transfer::Watch;
 
-// ---------------------------------------------------------------------------
-// Same-host calls (see `crate::local`): connections to endpoints of this
-// machine, CUDA IPC for GPU memory and cross-memory attach for host memory.
-
-/// The connection the `*_ipc` calls run on.
-enum Ipc {
-    Local(Arc<crate::local::LocalConn>),
-    Net(Arc<Conn>),
-}
-
 impl Endpoint {
-    /// The local connection `id` (None: not a local one).
-    pub(super) fn local_conn(&self, id: u64) -> Result<Option<Arc<crate::local::LocalConn>>> {
-        self.inner.local.get(id)
-    }
-
-    /// The connection `id` the `*_ipc` calls run on: a same-host
-    /// connection (`connect_local` / `accept_local`), or one made by
-    /// `connect` / `accept` whose net has a one-sided path (the same-host
-    /// net), where they are ordinary transfers.
-    fn ipc_conn(&self, id: u64) -> Result<Ipc> {
-        if let Some(c) = self.local_conn(id)? {
-            return Ok(Ipc::Local(c));
-        }
+    /// The connection `id` the `*_ipc` calls run on: one whose data rides
+    /// the same-host net (made by `connect_local` / `accept_local`, or by
+    /// `connect` / `accept` between endpoints of this machine with
+    /// TCPX_P2P_SAME_HOST_NET=1).
+    fn ipc_conn(&self, id: u64) -> Result<Arc<Conn>> {
         let c = self.conn(id)?;
-        if !c.pulls() {
+        if c.net != crate::net::same_host::NET {
             return Err(Error::invalid(format!(
                 "connection {id} is not a same-host connection (made by connect_local/accept_local, \
                  or by connect/accept between endpoints of this machine with TCPX_P2P_SAME_HOST_NET=1)"
             )));
         }
-        Ok(Ipc::Net(c))
+        Ok(c)
     }
 
     /// Registers `bufs` (memory the `*_ipc` calls take unregistered) for
@@ -128,7 +112,9 @@ impl Endpoint {
         r
     }
 
-    /// Connects to an endpoint of this host (see [`LocalPeer`]).
+    /// Connects to an endpoint of this host (see [`LocalPeer`]): a
+    /// connection whose control connection is a Unix stream and whose data
+    /// rides the same-host net.
     pub fn connect_local(&self, peer: &LocalPeer) -> Result<u64> {
         self.inner.local.connect(peer)
     }
@@ -142,41 +128,23 @@ impl Endpoint {
     /// registered or not) to the peer of local connection `conn`, for as
     /// long as the connection lives.
     pub fn advertise_ipc(&self, conn: u64, ptr: u64, len: usize) -> Result<Vec<u8>> {
-        match self.ipc_conn(conn)? {
-            Ipc::Local(c) => Ok(c.advertise(ptr, len as u64)?.to_bytes()),
-            Ipc::Net(c) => {
-                // A registration of its own, kept as long as the connection,
-                // and leased to the peer at once, for reads and writes.
-                let r = self.inner.registry.register(ptr, len)?;
-                let d = c
-                    .keep_ipc_region(r.id)
-                    .and_then(|()| self.advertise_item(Some(conn), r.id, ptr, len));
-                match d {
-                    Ok(item) => {
-                        c.lease_ipc(item.token);
-                        Ok(item.to_bytes().to_vec())
-                    }
-                    Err(e) => {
-                        self.inner.registry.forget(r.id);
-                        Err(e)
-                    }
-                }
+        let c = self.ipc_conn(conn)?;
+        // A registration of its own, kept as long as the connection, and
+        // leased to the peer at once, for reads and writes.
+        let r = self.inner.registry.register(ptr, len)?;
+        let d = c
+            .keep_ipc_region(r.id)
+            .and_then(|()| self.advertise_item(Some(conn), r.id, ptr, len));
+        match d {
+            Ok(item) => {
+                c.lease_ipc(item.token);
+                Ok(item.to_bytes().to_vec())
+            }
+            Err(e) => {
+                self.inner.registry.forget(r.id);
+                Err(e)
             }
         }
-    }
-
-    pub(super) fn ipc_rma(
-        &self,
-        c: &Arc<crate::local::LocalConn>,
-        read: bool,
-        bufs: &[(u64, usize)],
-        infos: &[&[u8]],
-        inline: bool,
-    ) -> Result<Arc<Transfer>> {
-        let items = c.ipc_items(bufs, infos)?;
-        let t = Transfer::new(self.next_xfer(), c.id, 1, vec![]);
-        c.rma(t.clone(), read, items, inline)?;
-        Ok(t)
     }
 
     /// One-sided write of local buffers `(ptr, len)` (unregistered) into the
@@ -187,121 +155,38 @@ impl Endpoint {
         bufs: &[(u64, usize)],
         infos: &[&[u8]],
     ) -> Result<u64> {
-        match self.ipc_conn(conn)? {
-            Ipc::Local(c) => Ok(self.publish(self.ipc_rma(&c, false, bufs, infos, false)?)),
-            Ipc::Net(_) => self.net_ipc_rma(conn, false, bufs, infos),
-        }
+        self.ipc_conn(conn)?;
+        self.net_ipc_rma(conn, false, bufs, infos)
     }
 
     /// One-sided read from the peer's `advertise_ipc` ranges; a transfer id.
     pub fn read_ipc_async(&self, conn: u64, bufs: &[(u64, usize)], infos: &[&[u8]]) -> Result<u64> {
-        match self.ipc_conn(conn)? {
-            Ipc::Local(c) => Ok(self.publish(self.ipc_rma(&c, true, bufs, infos, false)?)),
-            Ipc::Net(_) => self.net_ipc_rma(conn, true, bufs, infos),
-        }
+        self.ipc_conn(conn)?;
+        self.net_ipc_rma(conn, true, bufs, infos)
     }
 
-    /// Blocking [`Endpoint::write_ipc_async`]: on a same-host connection a
-    /// GPU copy to an already resolved range runs on the calling thread.
+    /// Blocking [`Endpoint::write_ipc_async`]: a write into a record the
+    /// peer leased is one copy, on the calling thread when the connection's
+    /// engine is free.
     pub fn write_ipc(&self, conn: u64, bufs: &[(u64, usize)], infos: &[&[u8]]) -> Result<()> {
-        match self.ipc_conn(conn)? {
-            Ipc::Local(c) => {
-                let t = self.ipc_rma(&c, false, bufs, infos, true)?;
-                crate::local::outcome(&t, t.wait(None))
-            }
-            Ipc::Net(_) => self.wait_transfer(self.net_ipc_rma(conn, false, bufs, infos)?),
-        }
+        self.wait_transfer(self.write_ipc_async(conn, bufs, infos)?)
     }
 
     /// Blocking [`Endpoint::read_ipc_async`].
     pub fn read_ipc(&self, conn: u64, bufs: &[(u64, usize)], infos: &[&[u8]]) -> Result<()> {
-        match self.ipc_conn(conn)? {
-            Ipc::Local(c) => {
-                let t = self.ipc_rma(&c, true, bufs, infos, true)?;
-                crate::local::outcome(&t, t.wait(None))
-            }
-            Ipc::Net(_) => self.wait_transfer(self.net_ipc_rma(conn, true, bufs, infos)?),
-        }
+        self.wait_transfer(self.read_ipc_async(conn, bufs, infos)?)
     }
 
     /// Two-sided send of `[ptr, ptr+len)` (unregistered) on a same-host
     /// connection, matched with the peer's receives in posting order.
     pub fn send_ipc_async(&self, conn: u64, ptr: u64, len: usize) -> Result<u64> {
-        match self.ipc_conn(conn)? {
-            Ipc::Local(c) => {
-                let t = Transfer::new(self.next_xfer(), conn, 1, vec![]);
-                c.send(t.clone(), ptr, len as u64)?;
-                Ok(self.publish(t))
-            }
-            Ipc::Net(_) => self.net_ipc_msg(conn, true, ptr, len),
-        }
+        self.ipc_conn(conn)?;
+        self.net_ipc_msg(conn, true, ptr, len)
     }
 
     /// Two-sided receive into `[ptr, ptr+len)` (unregistered).
     pub fn recv_ipc_async(&self, conn: u64, ptr: u64, len: usize) -> Result<u64> {
-        match self.ipc_conn(conn)? {
-            Ipc::Local(c) => {
-                let t = Transfer::new(self.next_xfer(), conn, 1, vec![]);
-                c.recv(t.clone(), ptr, len as u64)?;
-                Ok(self.publish(t))
-            }
-            Ipc::Net(_) => self.net_ipc_msg(conn, false, ptr, len),
-        }
-    }
-
-    /// `send`/`recv` of registered buffers on a local connection: one
-    /// message per buffer, one transfer for all.
-    pub(super) fn local_msg(
-        &self,
-        c: &Arc<crate::local::LocalConn>,
-        send: bool,
-        bufs: &[Buf],
-    ) -> Result<u64> {
-        let local = self.resolve_local(bufs)?;
-        let regions = local.iter().map(|(_, r)| r.clone()).collect();
-        let t = Transfer::new(self.next_xfer(), c.id, bufs.len(), regions);
-        for b in bufs {
-            if send {
-                c.send(t.clone(), b.ptr, b.len as u64)?;
-            } else {
-                c.recv(t.clone(), b.ptr, b.len as u64)?;
-            }
-        }
-        Ok(self.publish(t))
-    }
-
-    /// `write`/`read`/`transfer` on a local connection: the same-host path
-    /// with the peer's registry advertisements.
-    pub(super) fn local_rma(
-        &self,
-        c: &Arc<crate::local::LocalConn>,
-        read: bool,
-        bufs: &[Buf],
-        remote: &[RmaItem],
-    ) -> Result<u64> {
-        let local = self.resolve_local(bufs)?;
-        if remote.len() != local.len() {
-            return Err(Error::invalid(format!(
-                "{} local buffers but {} remote descriptors",
-                local.len(),
-                remote.len()
-            )));
-        }
-        let items = bufs
-            .iter()
-            .zip(remote)
-            .map(|(b, r)| crate::local::Item {
-                space: crate::local::desc::Space::Registry,
-                token: r.token,
-                remote: r.addr,
-                len: r.len,
-                local: b.ptr,
-                desc: None,
-            })
-            .collect();
-        let regions = local.into_iter().map(|(_, r)| r).collect();
-        let t = Transfer::new(self.next_xfer(), c.id, 1, regions);
-        c.rma(t.clone(), read, items, false)?;
-        Ok(self.publish(t))
+        self.ipc_conn(conn)?;
+        self.net_ipc_msg(conn, false, ptr, len)
     }
 }

@@ -47,9 +47,8 @@ impl Hub {
         }
         let hub = Arc::new(Hub {
             p,
-            nonce: random_u64() | 1,
-            conns: RwLock::new(HashMap::new()),
-            gone: Mutex::new(VecDeque::new()),
+            nonce: crate::memory::random_u64() | 1,
+            establish: OnceLock::new(),
             accepted: Mutex::new(VecDeque::new()),
             accepted_cv: Condvar::new(),
             stopping: AtomicBool::new(false),
@@ -74,14 +73,11 @@ impl Hub {
                             // Bounded: a flood of same-host connections
                             // takes neither every thread nor descriptor.
                             let busy = hub.handshaking.load(Ordering::Acquire) as usize;
-                            let held = hub.conns.read().len();
-                            if busy >= hub.p.max_handshakes || held >= hub.p.max_conns {
+                            if busy >= hub.p.max_handshakes {
                                 tracing::debug!(
                                     "closed a same-host connection at once: {busy} handshakes in \
-                                     progress (TCPX_P2P_MAX_HANDSHAKES={}), {held} connections \
-                                     held (TCPX_P2P_MAX_CONNS={})",
+                                     progress (TCPX_P2P_MAX_HANDSHAKES={})",
                                     hub.p.max_handshakes,
-                                    hub.p.max_conns
                                 );
                                 return;
                             }
@@ -106,22 +102,42 @@ impl Hub {
         Ok(hub)
     }
 
-    pub(super) fn admit(self: &Arc<Self>, s: UnixStream) {
-        let id = self.p.next_conn.fetch_add(1, Ordering::Relaxed);
-        match LocalConn::establish(id, s, false, self) {
-            Ok(c) => {
-                if self.stopping.load(Ordering::Acquire) {
-                    c.close("endpoint closed");
-                    return;
-                }
-                self.conns.write().insert(id, c);
-                self.accepted.lock().push_back(id);
+    /// Sets how a checked stream becomes a connection of the endpoint
+    /// (once, as the endpoint is made).
+    pub fn set_establish(&self, f: Box<Establish>) {
+        let _ = self.establish.set(f);
+    }
+
+    /// The engine's handshake on a checked stream: the connection's id.
+    fn establish(&self, s: UnixStream, initiator: bool) -> Result<u64> {
+        match self.establish.get() {
+            Some(f) if !self.stopping.load(Ordering::Acquire) => f(s, initiator),
+            _ => Err(Error::invalid("the endpoint is closing")),
+        }
+    }
+
+    /// A stream a peer dialed: the hello, then the engine's handshake; the
+    /// connection waits for `accept_local`.
+    pub(super) fn admit(self: &Arc<Self>, mut s: UnixStream) {
+        let r = hello(&mut s, false, self).and_then(|h| {
+            let conn = self.establish(s, false)?;
+            Ok(AcceptedLocal {
+                conn,
+                gpu_index: h.gpu_index,
+                gpu_bdf: h.gpu_bdf,
+            })
+        });
+        match r {
+            Ok(a) => {
+                self.accepted.lock().push_back(a);
                 self.accepted_cv.notify_all();
             }
             Err(e) => tracing::warn!("refused a same-host connection: {e}"),
         }
     }
 
+    /// Dials the endpoint `peer` names on this host: the hello, then the
+    /// engine's handshake; the connection's id.
     pub fn connect(self: &Arc<Self>, peer: &LocalPeer) -> Result<u64> {
         let name = name_of(peer)?;
         let addr = SocketAddr::from_abstract_name(name.as_bytes())
@@ -129,7 +145,7 @@ impl Hub {
         // The peer may still be starting: retry a refused connect briefly.
         let give_up = crate::timeout::deadline_after(self.p.timeout.min(Duration::from_secs(2)))
             .unwrap_or_else(Instant::now);
-        let s = loop {
+        let mut s = loop {
             match UnixStream::connect_addr(&addr) {
                 Ok(s) => break s,
                 Err(e) if e.kind() == ErrorKind::ConnectionRefused && Instant::now() < give_up => {
@@ -143,27 +159,17 @@ impl Hub {
                 }
             }
         };
-        let id = self.p.next_conn.fetch_add(1, Ordering::Relaxed);
-        let c = LocalConn::establish(id, s, true, self)?;
-        self.conns.write().insert(id, c);
-        Ok(id)
+        hello(&mut s, true, self)?;
+        self.establish(s, true)
     }
 
+    /// The next same-host connection a peer made (None: wait forever).
     pub fn accept(&self, timeout: Option<Duration>) -> Result<AcceptedLocal> {
         let deadline = crate::timeout::deadline(timeout);
         let mut q = self.accepted.lock();
         loop {
-            if let Some(id) = q.pop_front() {
-                drop(q);
-                let c = self.get(id)?.ok_or_else(|| Error::ConnectionLost {
-                    conn: id,
-                    reason: "closed before it was accepted".into(),
-                })?;
-                return Ok(AcceptedLocal {
-                    conn: id,
-                    gpu_index: c.remote_gpu,
-                    gpu_bdf: c.remote_bdf.clone(),
-                });
+            if let Some(a) = q.pop_front() {
+                return Ok(a);
             }
             match deadline {
                 Some(d) => {
@@ -176,56 +182,7 @@ impl Hub {
         }
     }
 
-    /// The local connection `id`: None when `id` is not a local connection;
-    /// an error when it was one and failed or closed.
-    pub fn get(&self, id: u64) -> Result<Option<Arc<LocalConn>>> {
-        let found = self.conns.read().get(&id).cloned();
-        if let Some(c) = found {
-            if let Some(why) = c.failure() {
-                drop(self.conns.write().remove(&id));
-                self.bury(id, why.clone());
-                return Err(Error::ConnectionLost {
-                    conn: id,
-                    reason: why,
-                });
-            }
-            return Ok(Some(c));
-        }
-        match self.gone.lock().iter().find(|(g, _)| *g == id) {
-            Some((_, why)) => Err(Error::ConnectionLost {
-                conn: id,
-                reason: why.clone(),
-            }),
-            None => Ok(None),
-        }
-    }
-
-    pub(super) fn bury(&self, id: u64, why: String) {
-        let mut g = self.gone.lock();
-        g.push_back((id, why));
-        if g.len() > 4096 {
-            g.pop_front();
-        }
-    }
-
-    /// Closes local connection `id`; false when it is not one.
-    pub fn remove(&self, id: u64) -> bool {
-        let c = self.conns.write().remove(&id);
-        match c {
-            Some(c) => {
-                c.close("connection removed");
-                self.bury(id, "connection removed".into());
-                true
-            }
-            None => false,
-        }
-    }
-
-    pub fn ids(&self) -> Vec<u64> {
-        self.conns.read().keys().copied().collect()
-    }
-
-    /// Stops accepting and closes every local connection.
+    /// Stops accepting (the endpoint closes its connections).
     pub fn stop(&self) {
         self.stopping.store(true, Ordering::Release);
         for n in &self.names {
@@ -235,10 +192,6 @@ impl Hub {
         }
         for h in self.acceptors.lock().drain(..) {
             let _ = h.join();
-        }
-        let conns: Vec<_> = self.conns.write().drain().map(|(_, c)| c).collect();
-        for c in conns {
-            c.close("endpoint closed");
         }
     }
 }

@@ -65,7 +65,7 @@ use crate::wire::same_host_net::{
 };
 use crate::workers::{Step, Task, Workers};
 
-const NET: &str = "same-host";
+pub(crate) const NET: &str = "same-host";
 /// Requests one comm may have in flight (as the socket net's).
 const MAX_REQUESTS: usize = 256;
 /// Sends a peer may publish ahead of our receives.

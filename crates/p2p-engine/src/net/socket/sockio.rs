@@ -63,13 +63,12 @@ pub(super) fn write_all_slices(s: &TcpStream, parts: &[&[u8]]) -> io::Result<()>
 }
 
 /// Whether the socket has bytes waiting to be read.
-pub(crate) fn readable_now(s: &TcpStream) -> bool {
+pub(crate) fn readable_now(s: &impl std::os::fd::AsRawFd) -> bool {
     unread(s) > 0
 }
 
 /// How many bytes wait in the socket to be read (0 if it cannot tell).
-pub(super) fn unread(s: &TcpStream) -> usize {
-    use std::os::fd::AsRawFd;
+pub(super) fn unread(s: &impl std::os::fd::AsRawFd) -> usize {
     let mut n: libc::c_int = 0;
     // SAFETY: FIONREAD writes one int through the pointer given.
     let r = unsafe { libc::ioctl(s.as_raw_fd(), libc::FIONREAD, &mut n) };
@@ -82,7 +81,7 @@ pub(super) fn unread(s: &TcpStream) -> usize {
 
 /// Spins until `s` has bytes to read or `spin` has passed (at once when
 /// `spin` is zero).
-pub(crate) fn poll_readable(s: &TcpStream, spin: Duration) {
+pub(crate) fn poll_readable(s: &impl std::os::fd::AsRawFd, spin: Duration) {
     if spin.is_zero() {
         return;
     }
@@ -94,8 +93,7 @@ pub(crate) fn poll_readable(s: &TcpStream, spin: Duration) {
 
 /// Waits up to `limit` for `s` to have bytes to read (or to be closed);
 /// true if it has.
-pub(crate) fn wait_readable(s: &TcpStream, limit: Duration) -> bool {
-    use std::os::fd::AsRawFd;
+pub(crate) fn wait_readable(s: &impl std::os::fd::AsRawFd, limit: Duration) -> bool {
     let mut p = libc::pollfd {
         fd: s.as_raw_fd(),
         events: libc::POLLIN,
