@@ -1,4 +1,5 @@
-//! The hub: this endpoint's same-host listeners and its local connections.
+//! The hub: this endpoint's same-host listeners, dialing, and the
+//! connections accepted until `accept_local` takes them.
 
 use super::*;
 
