@@ -69,13 +69,14 @@ impl Endpoint {
     /// A `*_ipc` write or read on a connection of the same-host net: the
     /// descriptors are `advertise_ipc`'s of that connection, our buffers
     /// registered for the call.
-    fn net_ipc_rma(
+    fn ipc_rma(
         &self,
         conn: u64,
         read: bool,
         bufs: &[(u64, usize)],
         infos: &[&[u8]],
     ) -> Result<u64> {
+        self.ipc_conn(conn)?;
         if bufs.len() != infos.len() {
             return Err(Error::invalid(format!(
                 "{} buffers but {} descriptors",
@@ -101,7 +102,8 @@ impl Endpoint {
     }
 
     /// A `send_ipc` / `recv_ipc` on a connection of the same-host net.
-    fn net_ipc_msg(&self, conn: u64, send: bool, ptr: u64, len: usize) -> Result<u64> {
+    fn ipc_msg(&self, conn: u64, send: bool, ptr: u64, len: usize) -> Result<u64> {
+        self.ipc_conn(conn)?;
         let (ours, ids) = self.for_call(&[(ptr, len)])?;
         let r = if send {
             self.send_async(conn, &ours)
@@ -155,14 +157,12 @@ impl Endpoint {
         bufs: &[(u64, usize)],
         infos: &[&[u8]],
     ) -> Result<u64> {
-        self.ipc_conn(conn)?;
-        self.net_ipc_rma(conn, false, bufs, infos)
+        self.ipc_rma(conn, false, bufs, infos)
     }
 
     /// One-sided read from the peer's `advertise_ipc` ranges; a transfer id.
     pub fn read_ipc_async(&self, conn: u64, bufs: &[(u64, usize)], infos: &[&[u8]]) -> Result<u64> {
-        self.ipc_conn(conn)?;
-        self.net_ipc_rma(conn, true, bufs, infos)
+        self.ipc_rma(conn, true, bufs, infos)
     }
 
     /// Blocking [`Endpoint::write_ipc_async`]: a write into a record the
@@ -180,13 +180,11 @@ impl Endpoint {
     /// Two-sided send of `[ptr, ptr+len)` (unregistered) on a same-host
     /// connection, matched with the peer's receives in posting order.
     pub fn send_ipc_async(&self, conn: u64, ptr: u64, len: usize) -> Result<u64> {
-        self.ipc_conn(conn)?;
-        self.net_ipc_msg(conn, true, ptr, len)
+        self.ipc_msg(conn, true, ptr, len)
     }
 
     /// Two-sided receive into `[ptr, ptr+len)` (unregistered).
     pub fn recv_ipc_async(&self, conn: u64, ptr: u64, len: usize) -> Result<u64> {
-        self.ipc_conn(conn)?;
-        self.net_ipc_msg(conn, false, ptr, len)
+        self.ipc_msg(conn, false, ptr, len)
     }
 }
