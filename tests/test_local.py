@@ -382,7 +382,7 @@ def _gpu_roundtrip(me, peer, cid, pcid):
         sid, src = me.bufs.alloc(n, seed=400 + i)
         assert me.ep.write_ipc(cid, src, n, info), me.ep.last_error()
         assert peer.call("digest", bid) == me.bufs.digest(sid)
-        # Again (the resolution is cached), async, new contents.
+        # Again (leased: no message), async, new contents.
         sid2, src2 = me.bufs.alloc(n, seed=500 + i)
         ok, x = me.ep.write_ipc_async(cid, src2, n, info)
         assert ok
@@ -391,10 +391,11 @@ def _gpu_roundtrip(me, peer, cid, pcid):
         rid, back = me.bufs.alloc(n)
         assert me.ep.read_ipc(cid, back, n, info), me.ep.last_error()
         assert me.bufs.digest(rid) == me.bufs.digest(sid2)
-        # The same record with a grown length: the cached resolution keeps
-        # the peer's range, so this goes to the peer, which refuses it.
+        # The same record with a grown length (the descriptor's bytes
+        # 8..12): the lease keeps the peer's range, so this goes to the
+        # peer, which refuses it.
         forged = bytearray(info)
-        forged[40:48] = (n + 4096).to_bytes(8, "little")
+        forged[8:12] = (n + 4096).to_bytes(4, "little")
         bigid, big = me.bufs.alloc(n + 4096, seed=900)
         assert not me.ep.write_ipc(cid, big, n + 4096, bytes(forged))
         assert peer.call("digest", bid) == me.bufs.digest(sid2)
@@ -423,7 +424,7 @@ def _gpu_roundtrip(me, peer, cid, pcid):
     before = peer.call("digest", bid)
     ok, info = peer.ep("advertise_ipc", pcid, p + 4096, 4096)
     forged = bytearray(info)
-    forged[32:40] = p.to_bytes(8, "little")
+    forged[0:8] = p.to_bytes(8, "little")
     assert not me.ep.write_ipc(cid, s, 4096, bytes(forged))
     assert peer.call("digest", bid) == before
     torch.cuda.synchronize()
