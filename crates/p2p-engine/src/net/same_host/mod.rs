@@ -39,6 +39,18 @@
 //! calls the engine's waker; the comm's own calls read the channel too,
 //! under the same lock. The copies run inside the engine's calls (`irecv`
 //! and `test`), on its progress task. The net needs no polling.
+//!
+//! **One-sided copies.** Beside the pairing, a receive comm pulls
+//! (`ipull`: a copy from ranges the peer exported, for a write its target
+//! copies or a read its reader copies) and a send comm pushes (`ipush`:
+//! a copy into ranges the peer leased for writes, its `advertise_ipc`
+//! records), each checked against the export it names, with no message
+//! on the channel.
+//!
+//! **Who rides it.** Connections made by `connect_local` / `accept_local`
+//! (their control connection the Unix stream of the same-host hello), and,
+//! with `TCPX_P2P_SAME_HOST_NET=1`, connections made by `connect` /
+//! `accept` between endpoints of this machine.
 
 pub(crate) mod cuda;
 pub(crate) mod os;
