@@ -772,8 +772,8 @@ impl Conn {
             if st.proto.lease_wanted(&[token]).is_empty() {
                 return;
             }
-            if let Some(l) = self.lease_of(token) {
-                st.proto.lease_records(vec![l]);
+            if let Some((lease, region)) = self.lease_of(token) {
+                st.proto.lease_record(lease, region);
             }
         });
     }

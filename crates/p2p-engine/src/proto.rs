@@ -528,19 +528,16 @@ impl<O: Requests> Proto<O> {
         self.leases.give(token, region);
     }
 
-    /// Leases `leases` (each over its region) unasked: records made for
-    /// this connection alone, leased as they are made (`Leases`).
-    pub fn lease_records(&mut self, leases: Vec<(Lease, Arc<Region>)>) {
-        if self.failed.is_some() || leases.is_empty() {
+    /// Leases `lease` (over `region`) unasked: a record made for this
+    /// connection alone, leased as it is made (`Leases`).
+    pub fn lease_record(&mut self, lease: Lease, region: Arc<Region>) {
+        if self.failed.is_some() {
             return;
         }
-        let mut out = Vec::with_capacity(leases.len());
-        for (lease, region) in leases {
-            self.leases.give(lease.token, region);
-            out.push(lease);
-        }
-        self.out
-            .push_back(Effect::Send(Control::Leases { leases: out }));
+        self.leases.give(lease.token, region);
+        self.out.push_back(Effect::Send(Control::Leases {
+            leases: vec![lease],
+        }));
     }
 
     /// Region `id` is being deregistered: `Revoke` for each lease of ours

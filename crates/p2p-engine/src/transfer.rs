@@ -110,8 +110,9 @@ pub enum Watch {
     /// Our read the peer granted (`xfer`): its end, done or failed, is
     /// answered `ReadDone`.
     Granted { xfer: u64 },
-    /// Our read copied from the peer's leases `used` (token ids): they are
-    /// free of it, and a revoked one is answered `Revoked`.
+    /// Our read or write copied from or into the peer's leases `used`
+    /// (token ids): they are free of it, and a revoked one is answered
+    /// `Revoked`.
     Leased { used: Vec<u64> },
     /// Regions registered for this transfer alone (the `*_ipc` calls on a
     /// connection of the same-host net): once it has ended, each comm lets

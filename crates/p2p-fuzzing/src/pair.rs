@@ -225,7 +225,7 @@ impl Side {
 
     /// As [`Side::advertise`] for this side's connection, leased to the
     /// peer at once for reads and writes, as an `advertise_ipc` record is
-    /// (`Proto::lease_records`; the lease is not given past the bound).
+    /// (`Proto::lease_record`; the lease is not given past the bound).
     pub fn advertise_leased(&mut self, off: usize, len: usize) -> RmaItem {
         let it = self.advertise(off, len, Some(self.conn));
         self.records.insert(it.token.id);
@@ -238,7 +238,7 @@ impl Side {
                 write: true,
                 key: pull_key(it.addr, len),
             };
-            self.proto.lease_records(vec![(lease, self.region.clone())]);
+            self.proto.lease_record(lease, self.region.clone());
             self.effects();
         }
         it

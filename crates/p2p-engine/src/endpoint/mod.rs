@@ -818,14 +818,16 @@ impl Endpoint {
 
 /// A checked same-host stream (see [`crate::local`]) made a connection of
 /// the endpoint: the engine's handshake on it, its data on the same-host
-/// net. Its id, or why not (at most `TCPX_P2P_MAX_CONNS` connections).
+/// net. Its id, or why not (a peer's connection is refused past
+/// `TCPX_P2P_MAX_CONNS` connections held; as over TCP, our own
+/// `connect_local` is not).
 fn establish_local(
     inner: &Arc<Inner>,
     s: std::os::unix::net::UnixStream,
     initiator: bool,
 ) -> Result<u64> {
     let held = inner.conns.read().len();
-    if held >= inner.cfg.max_conns {
+    if !initiator && held >= inner.cfg.max_conns {
         return Err(Error::invalid(format!(
             "{held} connections held (TCPX_P2P_MAX_CONNS={}): same-host connection refused",
             inner.cfg.max_conns

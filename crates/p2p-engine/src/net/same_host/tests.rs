@@ -480,14 +480,10 @@ fn key_of(buf: &[u8]) -> Arc<[u8]> {
     Arc::from(net().export(host(buf)).expect("host memory is exported"))
 }
 
-#[test]
-fn a_pull_copies_exported_ranges_across_other_cuts_and_leaves_the_pairing_alone() {
-    let (mut s, mut r) = test_pair();
-    let src = pattern(300_001, 5);
-    let key = key_of(&src);
-    let mut dst = vec![0u8; src.len() + 64];
-    // Two pieces of the one export, landing in two segments cut elsewhere.
-    let pieces = [
+/// The first 300,001 bytes of export `key` as two pieces, cut at 100,000
+/// (elsewhere than the tests' own segments, cut at 77,777).
+fn two_pieces(key: &Arc<[u8]>) -> [RemoteRef; 2] {
+    [
         RemoteRef {
             key: key.clone(),
             off: 0,
@@ -498,7 +494,17 @@ fn a_pull_copies_exported_ranges_across_other_cuts_and_leaves_the_pairing_alone(
             off: 100_000,
             len: 200_001,
         },
-    ];
+    ]
+}
+
+#[test]
+fn a_pull_copies_exported_ranges_across_other_cuts_and_leaves_the_pairing_alone() {
+    let (mut s, mut r) = test_pair();
+    let src = pattern(300_001, 5);
+    let key = key_of(&src);
+    let mut dst = vec![0u8; src.len() + 64];
+    // Two pieces of the one export, landing in two segments cut elsewhere.
+    let pieces = two_pieces(&key);
     let (a, b) = dst[..src.len()].split_at_mut(77_777);
     let segs = [host(a), host(b)];
     // A send published before the pull must pair with the next receive.
@@ -580,18 +586,7 @@ fn a_push_copies_into_exported_ranges_and_leaves_the_sends_numbering_alone() {
     let key = key_of(&dst[..src.len()]);
     // Our two segments, cut elsewhere than the two pieces of the export.
     let (a, b) = src.split_at(77_777);
-    let pieces = [
-        RemoteRef {
-            key: key.clone(),
-            off: 0,
-            len: 100_000,
-        },
-        RemoteRef {
-            key: key.clone(),
-            off: 100_000,
-            len: 200_001,
-        },
-    ];
+    let pieces = two_pieces(&key);
     let pq = s.ipush(&[host(a), host(b)], &pieces).unwrap().unwrap();
     // A send after the push pairs with the peer's next receive, as if the
     // push were not there.
