@@ -10,7 +10,7 @@ import pytest
 from conftest import connect
 from peer_ops import pattern
 
-from tcpx_p2p import p2p
+from tcpx_p2p import cuda_device_count, p2p
 
 SIZES = [1, 4096, 1 << 20, 256 << 20]
 
@@ -686,6 +686,31 @@ def test_bad_input_is_refused_clearly(local, peers):
     assert ep.send(cid, mr, ptr, 4096)
     assert peer.ep("wait", rx)
     assert peer.call("digest", rb) == digest(pattern(4096, 1))
+
+
+@pytest.mark.skipif(cuda_device_count() < 1, reason="needs a GPU")
+def test_gpu_registration_stays_inside_its_allocation():
+    """GPU memory registers up to the end of its CUDA allocation (the
+    caching allocator's segment) and not one byte past it, and a
+    registration's kind is the GPU's (a host pointer stays host memory)."""
+    import torch
+
+    ep = p2p.Endpoint(0)
+    t = torch.empty(64 << 20, dtype=torch.uint8, device="cuda:0")
+    seg = next(
+        s
+        for s in torch.cuda.memory_snapshot()
+        if s["address"] <= t.data_ptr() < s["address"] + s["total_size"]
+    )
+    base, size = seg["address"], seg["total_size"]
+    ok, mr = ep.reg(base, size)
+    assert ok, ep.last_error()
+    ok, inner = ep.reg(t.data_ptr() + 4096, 8192)
+    assert ok, ep.last_error()
+    ok, _ = ep.reg(base + size - 4096, 8192)
+    assert not ok
+    assert "past the end of their gpu allocation" in ep.last_error().lower()
+    assert ep.dereg(mr) and ep.dereg(inner)
 
 
 def test_io_threads_pinned_where_asked(local, peers):

@@ -235,11 +235,16 @@ impl Registry {
                 "reg: range {addr:#x}+{len} wraps around the address space"
             )));
         }
-        let kind = match gpu::pointer_device(addr) {
-            Some(d) => {
-                // The range query needs the owning GPU's context current.
-                gpu::Device::get(d)?.bind()?;
-                let (base, size) = gpu::allocation_range(addr)?;
+        let kind = match gpu::device_allocation(addr) {
+            Some((d, range)) => {
+                let (base, size) = match range {
+                    Some(r) => r,
+                    None => {
+                        // The older query needs the owning GPU's context current.
+                        gpu::Device::get(d)?.bind()?;
+                        gpu::allocation_range(addr)?
+                    }
+                };
                 if addr + len as u64 > base + size as u64 {
                     return Err(Error::invalid(format!(
                         "reg: {len} bytes at {addr:#x} run past the end of their GPU allocation ({size} bytes at {base:#x})"

@@ -242,6 +242,52 @@ pub fn pointer_device(ptr: u64) -> Option<i32> {
     (r == sys::CUresult::CUDA_SUCCESS).then_some(ordinal)
 }
 
+/// Where device pointer `ptr` lives, in one driver call that needs no
+/// context current: its GPU and its allocation (base, size). None for host
+/// memory (or without CUDA); a driver that gives the device but not the
+/// range leaves the range to [`allocation_range`].
+pub fn device_allocation(ptr: u64) -> Option<(i32, Option<(u64, usize)>)> {
+    if !available() || ptr == 0 {
+        return None;
+    }
+    let mut mem_type: u32 = 0;
+    let mut ordinal: i32 = -1;
+    let mut base: sys::CUdeviceptr = 0;
+    let mut size: usize = 0;
+    let mut attrs = [
+        sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+        sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+        sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
+        sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_RANGE_SIZE,
+    ];
+    let mut data: [*mut c_void; 4] = [
+        &mut mem_type as *mut u32 as *mut c_void,
+        &mut ordinal as *mut i32 as *mut c_void,
+        &mut base as *mut sys::CUdeviceptr as *mut c_void,
+        &mut size as *mut usize as *mut c_void,
+    ];
+    // SAFETY: each of the four attributes writes one value of the type its
+    // slot points to (u32, int, device pointer, size_t); a pointer CUDA
+    // does not know leaves them at their defaults and still succeeds.
+    let r = unsafe {
+        sys::cuPointerGetAttributes(
+            attrs.len() as u32,
+            attrs.as_mut_ptr(),
+            data.as_mut_ptr(),
+            ptr,
+        )
+    };
+    if r != sys::CUresult::CUDA_SUCCESS
+        || mem_type != sys::CUmemorytype::CU_MEMORYTYPE_DEVICE as u32
+        || ordinal < 0
+    {
+        return None;
+    }
+    let range =
+        (base != 0 && size > 0 && ptr >= base && ptr - base < size as u64).then_some((base, size));
+    Some((ordinal, range))
+}
+
 /// The allocation containing device pointer `ptr`: (base, size).
 pub fn allocation_range(ptr: u64) -> Result<(u64, usize), CudaError> {
     let mut base: sys::CUdeviceptr = 0;
