@@ -94,6 +94,24 @@ enum Bound {
 }
 
 impl State {
+    /// Whether the totals leave room for one more connection holding
+    /// `streams` net connections.
+    fn totals_room(&self, l: &AdmissionLimits, streams: usize) -> Result<(), String> {
+        if self.conns >= l.conns {
+            return Err(format!(
+                "the endpoint holds {} accepted connections (TCPX_P2P_MAX_CONNS={})",
+                self.conns, l.conns
+            ));
+        }
+        if self.streams.saturating_add(streams) > l.streams {
+            return Err(format!(
+                "this connection needs {streams} net connections and the endpoint holds {} of at most {} (TCPX_P2P_MAX_STREAMS_TOTAL)",
+                self.streams, l.streams
+            ));
+        }
+        Ok(())
+    }
+
     fn in_bound(&self, b: Bound, ip: IpAddr) -> impl Iterator<Item = (&u64, &Handshake)> {
         let net = subnet(ip);
         self.handshakes.iter().filter(move |(_, h)| match b {
@@ -202,10 +220,12 @@ impl Drop for HandshakeSlot {
 }
 
 /// Room an accepted connection holds (one connection, `streams` net
-/// connections); given back when dropped.
+/// connections); given back when dropped. `ip`: the address it counts
+/// against as well (None: a same-host connection, which counts in the
+/// totals alone).
 pub(crate) struct Room {
     adm: Weak<Admission>,
-    ip: IpAddr,
+    ip: Option<IpAddr>,
     streams: usize,
 }
 
@@ -215,9 +235,10 @@ impl Drop for Room {
             let mut s = a.state.lock();
             s.conns = s.conns.saturating_sub(1);
             s.streams = s.streams.saturating_sub(self.streams);
-            let ip = self.ip;
-            dec(&mut s.conns_by_ip, ip, 1);
-            dec(&mut s.streams_by_ip, ip, self.streams);
+            if let Some(ip) = self.ip {
+                dec(&mut s.conns_by_ip, ip, 1);
+                dec(&mut s.streams_by_ip, ip, self.streams);
+            }
         }
     }
 }
@@ -290,22 +311,11 @@ impl Admission {
         let mut s = self.state.lock();
         let ip_conns = s.conns_by_ip.get(&ip).copied().unwrap_or(0);
         let ip_streams = s.streams_by_ip.get(&ip).copied().unwrap_or(0);
-        if s.conns >= l.conns {
-            return Err(format!(
-                "the endpoint holds {} accepted connections (TCPX_P2P_MAX_CONNS={})",
-                s.conns, l.conns
-            ));
-        }
+        s.totals_room(l, streams)?;
         if ip_conns >= l.conns_per_ip {
             return Err(format!(
                 "the endpoint holds {ip_conns} connections from {ip} (TCPX_P2P_MAX_CONNS_PER_IP={})",
                 l.conns_per_ip
-            ));
-        }
-        if s.streams.saturating_add(streams) > l.streams {
-            return Err(format!(
-                "this connection needs {streams} net connections and the endpoint holds {} of at most {} (TCPX_P2P_MAX_STREAMS_TOTAL)",
-                s.streams, l.streams
             ));
         }
         if ip_streams.saturating_add(streams) > l.streams_per_ip {
@@ -320,7 +330,24 @@ impl Admission {
         *s.streams_by_ip.entry(ip).or_default() += streams;
         Ok(Room {
             adm: Arc::downgrade(self),
-            ip,
+            ip: Some(ip),
+            streams,
+        })
+    }
+
+    /// Room for a same-host connection holding `streams` net connections,
+    /// within the endpoint's totals (its peers share one uid and no
+    /// address: the limits per address do not apply), or why not. Counted
+    /// and taken under one lock, so that hellos finishing at once cannot
+    /// pass the bound together.
+    pub fn room_local(self: &Arc<Self>, streams: usize) -> Result<Room, String> {
+        let mut s = self.state.lock();
+        s.totals_room(&self.limits, streams)?;
+        s.conns += 1;
+        s.streams += streams;
+        Ok(Room {
+            adm: Arc::downgrade(self),
+            ip: None,
             streams,
         })
     }
@@ -353,6 +380,28 @@ mod tests {
         Box::new(move || {
             n.fetch_add(1, Ordering::Relaxed);
         })
+    }
+
+    #[test]
+    fn same_host_rooms_count_in_the_totals_alone() {
+        let a = Admission::new(limits());
+        // More than the limit per address: same-host rooms have none.
+        let mut held: Vec<Room> = (0..3).map(|_| a.room_local(10).unwrap()).collect();
+        // They share the totals with TCP connections.
+        let tcp = a.room(ip("10.0.0.1"), 10).unwrap();
+        let e = a.room_local(10).err().unwrap();
+        assert!(e.contains("TCPX_P2P_MAX_CONNS"), "{e}");
+        assert!(a.room(ip("10.0.0.2"), 10).is_err());
+        // Streams too.
+        held.pop();
+        let e = a.room_local(71).err().unwrap();
+        assert!(e.contains("TCPX_P2P_MAX_STREAMS_TOTAL"), "{e}");
+        // Dropped rooms give back what they took, and no address's count moves.
+        drop(held);
+        drop(tcp);
+        let s = a.state.lock();
+        assert_eq!((s.conns, s.streams), (0, 0));
+        assert!(s.conns_by_ip.is_empty() && s.streams_by_ip.is_empty());
     }
 
     #[test]

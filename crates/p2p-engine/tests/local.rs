@@ -142,3 +142,64 @@ fn registered_calls_take_the_same_host_path() {
     assert!(a.wait(x, Some(Duration::from_secs(30))).is_err());
     assert!(dst.iter().all(|&v| v == 0));
 }
+
+/// A peer's same-host connections take room in the endpoint's totals
+/// (TCPX_P2P_MAX_CONNS), counted and taken at once: hellos finishing
+/// together cannot pass the bound, the refused peers read why, and a
+/// connection that goes gives its room back.
+#[test]
+fn peers_connections_are_bounded_by_the_totals() {
+    let cfg = |max_conns| Config {
+        ifname: Some("lo".into()),
+        max_conns,
+        ..Config::default()
+    };
+    let b = Endpoint::new(None, cfg(2)).unwrap();
+    let meta = b.metadata();
+    let peers: Vec<Endpoint> = (0..6)
+        .map(|_| Endpoint::new(None, cfg(256)).unwrap())
+        .collect();
+    let results: Vec<Result<u64, Error>> = std::thread::scope(|s| {
+        let hs: Vec<_> = peers
+            .iter()
+            .map(|p| {
+                let meta = meta.clone();
+                s.spawn(move || p.connect_local(&LocalPeer::Metadata(meta)))
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let ok: Vec<usize> = (0..results.len()).filter(|&i| results[i].is_ok()).collect();
+    assert_eq!(ok.len(), 2, "{results:?}");
+    for r in results.iter().filter(|r| r.is_err()) {
+        let e = r.as_ref().unwrap_err().to_string();
+        assert!(e.contains("TCPX_P2P_MAX_CONNS"), "{e}");
+    }
+    // Both accepted connections work; once one goes, a refused peer gets in.
+    let mut taken = Vec::new();
+    for _ in 0..2 {
+        taken.push(b.accept_local(Some(Duration::from_secs(10))).unwrap().conn);
+    }
+    b.remove_conn(taken[0]).unwrap();
+    let refused = (0..peers.len()).find(|i| !ok.contains(i)).unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let again = loop {
+        match peers[refused].connect_local(&LocalPeer::Metadata(meta.clone())) {
+            Ok(c) => break c,
+            Err(e) if std::time::Instant::now() < deadline => {
+                assert!(e.to_string().contains("TCPX_P2P_MAX_CONNS"), "{e}");
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            Err(e) => panic!("no room came back: {e}"),
+        }
+    };
+    let cb = b.accept_local(Some(Duration::from_secs(10))).unwrap().conn;
+    let n = 4096;
+    let src = pattern(n, 3);
+    let mut dst = vec![0u8; n];
+    let info = b.advertise_ipc(cb, dst.as_mut_ptr() as u64, n).unwrap();
+    peers[refused]
+        .write_ipc(again, &[(src.as_ptr() as u64, n)], &[&info])
+        .unwrap();
+    assert_eq!(dst, src);
+}

@@ -826,20 +826,27 @@ fn establish_local(
     s: std::os::unix::net::UnixStream,
     initiator: bool,
 ) -> Result<u64> {
-    let held = inner.conns.read().len();
-    if !initiator && held >= inner.cfg.max_conns {
-        return Err(Error::invalid(format!(
-            "{held} connections held (TCPX_P2P_MAX_CONNS={}): same-host connection refused",
-            inner.cfg.max_conns
-        )));
-    }
     let id = inner.next_conn.fetch_add(1, Ordering::Relaxed);
+    // A peer's connection takes room in the endpoint's totals, as an
+    // accepted TCP connection does (counted and taken at once, during the
+    // handshake: the peer reads the refusal); our own does not.
+    let admit = |streams: usize| {
+        inner
+            .admission
+            .room_local(streams)
+            .map(|r| Box::new(r) as crate::handshake::Held)
+    };
+    let gate = crate::handshake::Gate {
+        preauth: None,
+        proven: &|| {},
+        admit: &admit,
+    };
     let conn = Conn::establish(
         id,
         crate::ctl::Ctl::Unix(s),
         initiator,
         &inner.local_params,
-        None,
+        (!initiator).then_some(&gate),
     )?;
     if inner.stopping.load(Ordering::Acquire) {
         conn.close();
