@@ -47,7 +47,8 @@
 #            WRITE / READ 64 KiB … 256 MiB and 4,096 × 32 KiB lists
 #            (benchmarks/nixl_bench.py; NIXL_ARGS adds its options, e.g.
 #            --one-process); needs NIXL_WHEEL (a nixl-cu13 wheel, a folder
-#            it was installed into, or a tarball of that folder)      (~5)
+#            it was installed into, or a tarball of that folder, such as
+#            benchmarks/nixl_pack.py makes to fit a call)              (~5)
 #   vllm     NIXL at vLLM's descriptor counts (131,072 × 4 KiB and × 16 KiB,
 #            READ and WRITE, prep times, telemetry, each list also timed
 #            against one descriptor in turn); needs NIXL_WHEEL   (~5)

@@ -7,6 +7,8 @@ import os
 import pathlib
 import subprocess
 import sys
+import tarfile
+import zipfile
 
 import pytest
 
@@ -405,3 +407,42 @@ def test_sendrecv_loop_checks_bytes_and_writes_every_round(tmp_path):
     for row in doc["rows"]:
         assert len(row["send_us"]) == len(row["recv_us"]) == 2 and row["iters"] == 20
         assert min(row["send_us"]) <= row["send_us_p50"] <= max(row["send_us"])
+
+
+def test_nixl_pack_keeps_what_the_loader_needs(tmp_path):
+    """benchmarks/nixl_pack.py keeps the package, its kept libraries and
+    every bundled library they name as needed, and nothing else."""
+    spec = importlib.util.spec_from_file_location("nixl_pack", ROOT / "benchmarks" / "nixl_pack.py")
+    pack = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(pack)
+    elf = pathlib.Path(sys.executable).resolve().read_bytes()
+    assert any(n.startswith("libc.so") for n in pack.needed(elf)), pack.needed(elf)
+    assert pack.needed(b"not an ELF file at all") == []
+    # A wheel whose extension needs a bundled library (named as the
+    # running interpreter's first DT_NEEDED entry), beside files to drop.
+    first = pack.needed(elf)[0]
+
+    whl = tmp_path / "nixl_cu99-0-cp312-cp312-any.whl"
+    with zipfile.ZipFile(whl, "w") as z:
+        z.writestr("nixl_cu99/__init__.py", "")
+        z.writestr("nixl_cu99/_api.py", "")
+        z.writestr("nixl_cu99/_bindings.cpython-312-x86_64-linux-gnu.so", elf)
+        z.writestr(f"nixl_cu99.libs/{first}", b"bundled")
+        z.writestr("nixl_cu99.libs/libunused-1234.so.1", b"unused")
+        z.writestr(".nixl_cu99.mesonpy.libs/plugins/libplugin_UCX.so", b"ucx")
+        z.writestr(".nixl_cu99.mesonpy.libs/plugins/libplugin_OBJ.so", b"obj")
+        z.writestr("nixl_cu99.libs/ucx/libuct_cuda.so.0", b"uct")
+        z.writestr("nixl_cu99.libs/ucx/libucx_perftest_cuda.so.0", b"perftest")
+        z.writestr("nixl_ep_cu99/big.so", b"ep")
+    out = tmp_path / "nixl.tgz"
+    subprocess.run([sys.executable, str(ROOT / "benchmarks" / "nixl_pack.py"), str(whl), str(out)], check=True)
+    with tarfile.open(out) as t:
+        names = set(t.getnames())
+    assert names == {
+        "nixl_cu99/__init__.py",
+        "nixl_cu99/_api.py",
+        "nixl_cu99/_bindings.cpython-312-x86_64-linux-gnu.so",
+        f"nixl_cu99.libs/{first}",
+        ".nixl_cu99.mesonpy.libs/plugins/libplugin_UCX.so",
+        "nixl_cu99.libs/ucx/libuct_cuda.so.0",
+    }
