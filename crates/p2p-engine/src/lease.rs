@@ -188,42 +188,20 @@ impl Leases {
         }
     }
 
-    /// Where each run of our read of `items` (grouped into `runs`; `dst_gpu`
-    /// says which runs land in device memory) copies from, if leases cover
-    /// it all: every item of a run under one leased token, the run inside
-    /// the leased range, and no run from the peer's host memory into our
-    /// device memory (the net cannot copy that). The leases used (each
-    /// once) count the read until [`Leases::ended`] hears of its end.
-    pub fn read(
+    /// Where each run of our read (`write` false) or write of `items`
+    /// (grouped into `runs`; `gpu[i]` says whether our side of run `i` is
+    /// device memory) copies from or into, if leases cover it all: every
+    /// item of a run under one leased token, the run inside the leased
+    /// range, a write only into a lease given for writes, and no run
+    /// between the peer's host memory and our device memory (the net
+    /// cannot copy that). The leases used (each once) count the transfer
+    /// until [`Leases::ended`] hears of its end.
+    pub fn cover(
         &mut self,
-        items: &[RmaItem],
-        runs: &[u32],
-        dst_gpu: &[bool],
-    ) -> Option<(Vec<RunSrc>, Vec<u64>)> {
-        self.cover(items, runs, dst_gpu, false)
-    }
-
-    /// As [`Leases::read`], for our write of `items` (`src_gpu`: which runs
-    /// come from our device memory): each run must lie in a lease given
-    /// for writes, and none go from our device memory into the peer's
-    /// host memory.
-    pub fn write(
-        &mut self,
-        items: &[RmaItem],
-        runs: &[u32],
-        src_gpu: &[bool],
-    ) -> Option<(Vec<RunSrc>, Vec<u64>)> {
-        self.cover(items, runs, src_gpu, true)
-    }
-
-    /// [`Leases::read`] and [`Leases::write`]: `gpu[i]` says whether our
-    /// side of run `i` is device memory.
-    fn cover(
-        &mut self,
+        write: bool,
         items: &[RmaItem],
         runs: &[u32],
         gpu: &[bool],
-        write: bool,
     ) -> Option<(Vec<RunSrc>, Vec<u64>)> {
         if runs.len() != gpu.len() || self.held.is_empty() {
             return None;
@@ -334,7 +312,7 @@ mod tests {
         l.hold(vec![lease(1, 1000, 100, false), lease(2, 5000, 50, true)]);
         // Two runs: 1000..1030 (two items) and 5010..5050.
         let items = [item(1, 1000, 10), item(1, 1010, 20), item(2, 5010, 40)];
-        let (srcs, used) = l.read(&items, &[2, 1], &[false, true]).unwrap();
+        let (srcs, used) = l.cover(false, &items, &[2, 1], &[false, true]).unwrap();
         assert_eq!(srcs.len(), 2);
         assert_eq!((&srcs[0].0[..], srcs[0].1), (&[1u8; 4][..], 0));
         assert_eq!((&srcs[1].0[..], srcs[1].1), (&[2u8; 4][..], 10));
@@ -349,25 +327,45 @@ mod tests {
         // Past the end, before the start, a wrong secret, a token not
         // leased, two tokens in one run, host memory into device memory,
         // items and runs that disagree.
-        assert!(l.read(&[item(1, 1090, 11)], &[1], &[false]).is_none());
-        assert!(l.read(&[item(1, 999, 2)], &[1], &[false]).is_none());
+        assert!(l
+            .cover(false, &[item(1, 1090, 11)], &[1], &[false])
+            .is_none());
+        assert!(l.cover(false, &[item(1, 999, 2)], &[1], &[false]).is_none());
         let forged = RmaItem {
             token: Token { id: 1, secret: 0 },
             addr: 1000,
             len: 1,
         };
-        assert!(l.read(&[forged], &[1], &[false]).is_none());
-        assert!(l.read(&[item(3, 1000, 1)], &[1], &[false]).is_none());
+        assert!(l.cover(false, &[forged], &[1], &[false]).is_none());
+        assert!(l
+            .cover(false, &[item(3, 1000, 1)], &[1], &[false])
+            .is_none());
         l.hold(vec![lease(2, 1100, 100, false)]);
         assert!(l
-            .read(&[item(1, 1090, 10), item(2, 1100, 10)], &[2], &[false])
+            .cover(
+                false,
+                &[item(1, 1090, 10), item(2, 1100, 10)],
+                &[2],
+                &[false]
+            )
             .is_none());
-        assert!(l.read(&[item(1, 1000, 10)], &[1], &[true]).is_none());
-        assert!(l.read(&[item(1, 1000, 10)], &[2], &[false]).is_none());
         assert!(l
-            .read(&[item(1, 1000, 10), item(1, 1010, 10)], &[1], &[false])
+            .cover(false, &[item(1, 1000, 10)], &[1], &[true])
             .is_none());
-        assert!(l.read(&[item(1, 1000, u64::MAX)], &[1], &[false]).is_none());
+        assert!(l
+            .cover(false, &[item(1, 1000, 10)], &[2], &[false])
+            .is_none());
+        assert!(l
+            .cover(
+                false,
+                &[item(1, 1000, 10), item(1, 1010, 10)],
+                &[1],
+                &[false]
+            )
+            .is_none());
+        assert!(l
+            .cover(false, &[item(1, 1000, u64::MAX)], &[1], &[false])
+            .is_none());
         // Nothing counted by the refused reads: a revoke is answered at once.
         assert!(l.revoke(tok(1)));
     }
@@ -387,12 +385,17 @@ mod tests {
             },
         ]);
         // A read-only lease reads, and takes no write.
-        assert!(l.write(&[item(1, 1000, 10)], &[1], &[false]).is_none());
-        let (_, r) = l.read(&[item(1, 1000, 10)], &[1], &[false]).unwrap();
+        assert!(l
+            .cover(true, &[item(1, 1000, 10)], &[1], &[false])
+            .is_none());
+        let (_, r) = l
+            .cover(false, &[item(1, 1000, 10)], &[1], &[false])
+            .unwrap();
         l.ended(&r);
         // A write lease takes writes inside its range, at their offsets.
         let (srcs, used) = l
-            .write(
+            .cover(
+                true,
                 &[item(2, 5010, 10), item(3, 9050, 50)],
                 &[1, 1],
                 &[false, true],
@@ -403,11 +406,15 @@ mod tests {
         assert_eq!(used, vec![2, 3]);
         // Past its range, or from our device memory into the peer's host
         // memory (the net cannot copy that): not leased.
-        assert!(l.write(&[item(2, 5095, 10)], &[1], &[false]).is_none());
-        assert!(l.write(&[item(2, 5000, 10)], &[1], &[true]).is_none());
+        assert!(l
+            .cover(true, &[item(2, 5095, 10)], &[1], &[false])
+            .is_none());
+        assert!(l.cover(true, &[item(2, 5000, 10)], &[1], &[true]).is_none());
         // A revoke waits for the write, as for a read.
         assert!(!l.revoke(tok(2)));
-        assert!(l.write(&[item(2, 5000, 10)], &[1], &[false]).is_none());
+        assert!(l
+            .cover(true, &[item(2, 5000, 10)], &[1], &[false])
+            .is_none());
         assert_eq!(l.ended(&used), vec![tok(2)]);
     }
 
@@ -415,10 +422,10 @@ mod tests {
     fn a_revoked_lease_is_answered_once_its_last_read_ends_and_used_no_more() {
         let mut l = Leases::default();
         l.hold(vec![lease(1, 0, 100, false)]);
-        let (_, a) = l.read(&[item(1, 0, 10)], &[1], &[false]).unwrap();
-        let (_, b) = l.read(&[item(1, 10, 10)], &[1], &[false]).unwrap();
+        let (_, a) = l.cover(false, &[item(1, 0, 10)], &[1], &[false]).unwrap();
+        let (_, b) = l.cover(false, &[item(1, 10, 10)], &[1], &[false]).unwrap();
         assert!(!l.revoke(tok(1)), "two reads still copy from it");
-        assert!(l.read(&[item(1, 20, 10)], &[1], &[false]).is_none());
+        assert!(l.cover(false, &[item(1, 20, 10)], &[1], &[false]).is_none());
         assert!(l.ended(&a).is_empty());
         assert_eq!(l.ended(&b), vec![tok(1)]);
         assert_eq!(l.held(), 0);
@@ -437,7 +444,7 @@ mod tests {
         assert_eq!(l.held(), MAX_LEASES);
         // The first lease of a token stands.
         l.hold(vec![lease(0, 500, 1, false)]);
-        assert!(l.read(&[item(0, 0, 1)], &[1], &[false]).is_some());
+        assert!(l.cover(false, &[item(0, 0, 1)], &[1], &[false]).is_some());
 
         let mut g = Leases::default();
         let many: Vec<Token> = (0..20).map(tok).collect();

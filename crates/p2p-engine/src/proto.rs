@@ -562,11 +562,7 @@ impl<O: Requests> Proto<O> {
         if self.failed.is_some() {
             return None;
         }
-        if write {
-            self.leases.write(items, runs, gpu)
-        } else {
-            self.leases.read(items, runs, gpu)
-        }
+        self.leases.cover(write, items, runs, gpu)
     }
 
     /// A read or write with leases `used` ended: `Revoked` for each
