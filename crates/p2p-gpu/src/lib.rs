@@ -212,34 +212,7 @@ pub fn device_by_bdf(bdf: &str) -> Option<i32> {
 
 /// The GPU that owns `ptr`, or None for host memory (or without CUDA).
 pub fn pointer_device(ptr: u64) -> Option<i32> {
-    if !available() || ptr == 0 {
-        return None;
-    }
-    let mut mem_type: u32 = 0;
-    // SAFETY: the attribute query writes one u32 into `mem_type`; an unknown
-    // pointer only returns an error code.
-    let r = unsafe {
-        sys::cuPointerGetAttribute(
-            &mut mem_type as *mut u32 as *mut c_void,
-            sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
-            ptr,
-        )
-    };
-    if r != sys::CUresult::CUDA_SUCCESS
-        || mem_type != sys::CUmemorytype::CU_MEMORYTYPE_DEVICE as u32
-    {
-        return None;
-    }
-    let mut ordinal: i32 = -1;
-    // SAFETY: as above, writes one int.
-    let r = unsafe {
-        sys::cuPointerGetAttribute(
-            &mut ordinal as *mut i32 as *mut c_void,
-            sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
-            ptr,
-        )
-    };
-    (r == sys::CUresult::CUDA_SUCCESS).then_some(ordinal)
+    device_allocation(ptr).map(|(d, _)| d)
 }
 
 /// Where device pointer `ptr` lives, in one driver call that needs no
