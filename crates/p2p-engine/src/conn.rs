@@ -17,8 +17,6 @@
 
 use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
-
-use crate::ctl::Ctl;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
 use std::thread::Thread;
@@ -27,6 +25,7 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::Sender;
 use parking_lot::Mutex;
 
+use crate::ctl::Ctl;
 use crate::error::{Error, Result};
 use crate::handler::Limits;
 use crate::handshake::{self, Role};

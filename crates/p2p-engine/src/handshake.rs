@@ -22,10 +22,9 @@
 
 use std::io::{self, Read, Write};
 use std::net::IpAddr;
-
-use crate::ctl::Ctl;
 use std::time::Instant;
 
+use crate::ctl::Ctl;
 use crate::net::{HandleTarget, ListenComm, Net, NetHandle};
 /// The proofs and nonces are the protocol's, defined with its byte formats.
 pub(crate) use crate::wire::auth::{local_auth, nonce, proof, verify, Role};

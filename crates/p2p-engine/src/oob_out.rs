@@ -10,7 +10,6 @@
 //! of frames is the order of the writes, whether a frame went out at once
 //! or through the backlog.
 
-use crate::ctl::Ctl;
 use std::collections::VecDeque;
 use std::io::{self, IoSlice, Write};
 use std::sync::{Arc, Weak};
@@ -18,6 +17,7 @@ use std::time::Duration;
 
 use parking_lot::{Condvar, Mutex};
 
+use crate::ctl::Ctl;
 use crate::workers::{Home, Step, Task, Workers};
 
 /// Most bytes the backlog holds: a peer that leaves more of our control

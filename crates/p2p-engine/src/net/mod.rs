@@ -16,8 +16,9 @@
 //! one (cross-memory attach and CUDA IPC), returned by [`SameHostPaths`]
 //! for connections between endpoints of one machine
 //! (`TCPX_P2P_SAME_HOST_NET=1`), and the data path of every same-host
-//! connection (`connect_local`), which names it directly. Both sides must pick nets of the same
-//! name: the connection handshake names the net and refuses a mismatch.
+//! connection (`connect_local`), which names it directly. Both sides must
+//! pick nets of the same name: the connection handshake names the net and
+//! refuses a mismatch.
 
 use std::sync::Arc;
 

@@ -1022,9 +1022,6 @@ enum St {
     Failed(String),
 }
 
-/// `test` of request `req` in a comm's queue of `kind` (`key` gives an
-/// entry's id and state): its byte count once done, its failure (reported
-/// as `failed` failed), or nothing yet; an ended request leaves the queue.
 /// Whether request `req` of `q` has ended (done or failed).
 fn ended<T>(q: &VecDeque<T>, key: impl Fn(&T) -> (u64, &St), req: ReqId) -> bool {
     q.iter().any(|e| {
@@ -1033,6 +1030,9 @@ fn ended<T>(q: &VecDeque<T>, key: impl Fn(&T) -> (u64, &St), req: ReqId) -> bool
     })
 }
 
+/// `test` of request `req` in a comm's queue of `kind` (`key` gives an
+/// entry's id and state): its byte count once done, its failure (reported
+/// as `failed()` failed), or nothing yet; an ended request leaves the queue.
 fn take_ended<T>(
     q: &mut VecDeque<T>,
     key: impl Fn(&T) -> (u64, &St),
