@@ -77,7 +77,6 @@ def main():
     libs = {os.path.basename(n): n for n in files if is_elf(n)}
 
     keep = set()
-    todo = []
     for n in files:
         top = n.split("/")[0]
         if top == pkg:
@@ -89,10 +88,12 @@ def main():
         elif top == f"{pkg}.libs" and UCX_DIR in n and not any(s in n for s in UCX_SKIP):
             keep.add(n)
     todo = [n for n in keep if is_elf(n)]
+    deps = {}  # each kept library's DT_NEEDED names, read once
     missing = set()
     while todo:
         n = todo.pop()
-        for lib in needed(z.read(n)):
+        deps[n] = needed(z.read(n))
+        for lib in deps[n]:
             path = libs.get(lib)
             if path is None:
                 missing.add(lib)  # a system library (libc, libcuda, ...)
@@ -113,7 +114,7 @@ def main():
     # (checked again from the archive), so the loader finds it there.
     with tarfile.open(a.out) as t:
         names = {os.path.basename(m.name) for m in t.getmembers()}
-    lost = [lib for lib in libs if lib not in names and any(lib in needed(z.read(k)) for k in keep if is_elf(k))]
+    lost = sorted({lib for d in deps.values() for lib in d if lib in libs and lib not in names})
     if lost:
         sys.exit(f"needed libraries left out: {lost}")
     print(
