@@ -44,9 +44,27 @@ fn cfg() -> Config {
     }
 }
 
+/// This process's descriptors and the engine's threads (all named
+/// `tcpx-…`). The test harness's own threads are left out: the next test's
+/// thread, blocked on [`serial`], may start or not between two counts.
 fn counts() -> (usize, usize) {
-    let n = |p| std::fs::read_dir(p).map(|d| d.count()).unwrap_or(0);
-    (n("/proc/self/fd"), n("/proc/self/task"))
+    let fds = std::fs::read_dir("/proc/self/fd").map_or(0, |d| d.count());
+    let engine = thread_names()
+        .iter()
+        .filter(|n| n.starts_with("tcpx"))
+        .count();
+    (fds, engine)
+}
+
+fn thread_names() -> Vec<String> {
+    std::fs::read_dir("/proc/self/task")
+        .map(|d| {
+            d.flatten()
+                .filter_map(|e| std::fs::read_to_string(e.path().join("comm")).ok())
+                .map(|c| c.trim().to_string())
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
 /// Waits (bounded) until threads and descriptors are back to `base`.
@@ -65,7 +83,10 @@ fn back_to(base: (usize, usize)) {
                         .collect()
                 })
                 .unwrap_or_default();
-            panic!("descriptors/threads {now:?} did not return to {base:?}: {fds:?}");
+            let threads = thread_names();
+            panic!(
+                "descriptors/threads {now:?} did not return to {base:?}: {fds:?}, threads {threads:?}"
+            );
         }
         std::thread::sleep(Duration::from_millis(50));
     }
