@@ -14,17 +14,25 @@
 //! Workers are made as tasks become ready and none is free, and leave
 //! after [`KEEP_IDLE`] without work (at once when as many as there are
 //! cores wait already), so the count follows the tasks that are busy at
-//! once, not the peers. The pool has no fixed cap: a task may
-//! block inside a part (the rest of a part's bytes are on their way), and
-//! a cap would let busy tasks on both ends wait for each other's queued
-//! ones. Tasks are bounded by the endpoint's admission limits instead
-//! (streams and connections per peer and in all; see `admission`).
+//! once, not the peers. Four per core come as work asks for them; past
+//! that the poller adds workers only for work that has waited with every
+//! worker busy, a wait that doubles with every two workers more
+//! ([`growth_stall`]): busy workers short of a core look the same from
+//! here as blocked ones. The pool has no fixed cap: a task may still
+//! block (a GPU window's bytes, a send into a full socket), and a cap
+//! would let busy tasks on both ends wait for each other's queued ones.
+//! A host-memory part whose bytes stop coming waits in the poller, not
+//! on a worker (see `net::socket::rx`). Tasks are bounded by the
+//! endpoint's admission limits (streams and connections per peer and in
+//! all; see `admission`).
 //!
 //! A task keeps its thread for a while after its work runs out (the
 //! caller's linger, e.g. [`crate::net::socket::SocketConfig::linger`]),
 //! so a busy peer's next message finds it running, as a thread of its own
 //! did: the hand-off through the poller costs tens of microseconds once a
-//! peer has been idle for that long, never within a burst.
+//! peer has been idle for that long, never within a burst. It gives the
+//! thread back at once where other work waits for one
+//! ([`Workers::work_waiting`]).
 
 use std::collections::{BTreeSet, HashMap};
 use std::os::fd::RawFd;
@@ -387,6 +395,13 @@ impl Workers {
             && inner.now_ns() < inner.spin_until.load(Ordering::Acquire)
     }
 
+    /// Whether work waits for a worker with none idle: a task lingering
+    /// on its socket then gives its worker back at once, rather than have
+    /// the poller add a thread for that work (see [`STALL`]).
+    pub(crate) fn work_waiting(&self) -> bool {
+        !self.inner.jobs.is_empty() && self.inner.idle.load(Ordering::SeqCst) == 0
+    }
+
     /// Starts `task` waiting for `fd` to become readable (a stream with
     /// nothing to read yet holds no thread).
     pub(crate) fn start_readable(&self, task: Box<dyn Task>, fd: RawFd) -> Arc<Home> {
@@ -444,6 +459,13 @@ impl Workers {
     #[cfg(test)]
     pub(crate) fn threads(&self) -> usize {
         self.inner.threads.load(Ordering::Relaxed)
+    }
+
+    /// Workers running a task now (alive and not waiting for one).
+    #[cfg(test)]
+    pub(crate) fn busy(&self) -> usize {
+        self.threads()
+            .saturating_sub(self.inner.idle.load(Ordering::SeqCst))
     }
 }
 
@@ -574,9 +596,25 @@ impl Inner {
 /// adds workers (busy tasks may be blocked in a part; more must come).
 const STALL: Duration = Duration::from_micros(500);
 
+/// How long queued work must have waited, with every worker busy, before
+/// the poller adds workers, given `threads` workers of which `base` come
+/// without asking ([`Inner::submit`]'s four per core): [`STALL`], doubled
+/// for every two workers beyond the base, up to 256 × [`STALL`]. Busy
+/// workers that are not blocked but short of a core (a 2-core machine
+/// receiving from 64 peers, the senders on the same cores) leave work
+/// waiting as long as blocked ones do; adding a thread for each such
+/// stall took the pool to 64-72 workers there (16-20 with this back-off).
+/// Blocked ones still get help, later the more threads there are.
+fn growth_stall(threads: usize, base: usize) -> Duration {
+    let doublings = (threads.saturating_sub(base) / 2).min(8) as u32;
+    STALL * (1u32 << doublings)
+}
+
 fn poller(mut poll: Poll, pool: Weak<Inner>) {
     let mut events = Events::with_capacity(256);
     let mut last_taken = 0u64;
+    // Since when queued work has waited with no worker taking any.
+    let mut stalled_since: Option<Instant> = None;
     loop {
         let (waiting, next_deadline) = pool.upgrade().map_or((false, None), |p| {
             let next = p.parked.lock().timers.first().map(|&(d, _)| d);
@@ -593,14 +631,24 @@ fn poller(mut poll: Poll, pool: Weak<Inner>) {
         }
         let polled = poll.poll(&mut events, Some(timeout));
         if let Some(p) = pool.upgrade() {
-            // Queued work that no worker took since the last look: add
-            // workers for it (at most 4 a look).
+            // Queued work that no worker has taken for the growth stall:
+            // add workers for it (at most 4 at a time). (Measured from when
+            // it was first seen waiting: readiness events can end a poll
+            // microseconds after the last.)
             let taken = p.taken.load(Ordering::SeqCst);
             let queued = p.jobs.len();
             if queued > 0 && taken == last_taken && p.idle.load(Ordering::SeqCst) == 0 {
-                for _ in 0..queued.min(4) {
-                    p.spawn_worker();
+                let now = Instant::now();
+                let since = *stalled_since.get_or_insert(now);
+                let threads = p.threads.load(Ordering::SeqCst);
+                if now.duration_since(since) >= growth_stall(threads, 4 * p.max_idle) {
+                    for _ in 0..queued.min(4) {
+                        p.spawn_worker();
+                    }
+                    stalled_since = Some(now);
                 }
+            } else {
+                stalled_since = None;
             }
             last_taken = taken;
         }
@@ -763,6 +811,19 @@ mod tests {
     use std::net::{TcpListener, TcpStream};
     use std::os::fd::AsRawFd;
     use std::sync::atomic::AtomicU64;
+
+    #[test]
+    fn the_pool_grows_past_its_base_ever_more_slowly() {
+        let base = 8;
+        assert_eq!(growth_stall(2, base), STALL);
+        assert_eq!(growth_stall(base + 1, base), STALL);
+        assert_eq!(growth_stall(base + 2, base), STALL * 2);
+        assert_eq!(growth_stall(base + 8, base), STALL * 16);
+        // Capped: work that waits on blocked workers is helped, at the
+        // latest after 256 stalls (128 ms).
+        assert_eq!(growth_stall(base + 16, base), STALL * 256);
+        assert_eq!(growth_stall(10_000, base), STALL * 256);
+    }
 
     fn pair() -> (TcpStream, TcpStream) {
         let l = TcpListener::bind("127.0.0.1:0").unwrap();

@@ -65,6 +65,35 @@ def thread_names():
     return dict(sorted(names.items(), key=lambda kv: -kv[1]))
 
 
+class PeakThreads:
+    """Samples this process's thread count (every 2 ms, on a thread of
+    its own, which is left out of the count) while the block runs: the
+    peak is what the I/O core took for the work, not for the peers."""
+
+    def __init__(self):
+        import threading
+
+        self.peak = 0
+        self.names = {}
+        self._stop = threading.Event()
+        self._t = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self):
+        while not self._stop.is_set():
+            n = len(os.listdir("/proc/self/task")) - 1
+            if n > self.peak:
+                self.peak, self.names = n, thread_names()
+            self._stop.wait(0.002)
+
+    def __enter__(self):
+        self._t.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._t.join()
+
+
 def _client(first, count, meta, msg, busy, busy_size, gpu, env, ctl):
     """Peers first..first+count-1, one endpoint each."""
     os.environ.update(env)
@@ -292,12 +321,14 @@ def many_at_once(ep, a, busy, busy_size, gpu, peer_of, pipes, expect, failures):
                 raise RuntimeError(f"recv from peer {i}: {ep.last_error()}")
             ids.append((i, tid))
         t = time.perf_counter()
-        for p in pipes:
-            p.send(("go", peers))
-        for i, tid in ids:
-            if not ep.wait(tid, TIMEOUT):
-                raise RuntimeError(f"recv from peer {i}: {ep.last_error()}")
-        dt = time.perf_counter() - t
+        with PeakThreads() as peak:
+            for p in pipes:
+                p.send(("go", peers))
+            for i, tid in ids:
+                if not ep.wait(tid, TIMEOUT):
+                    raise RuntimeError(f"recv from peer {i}: {ep.last_error()}")
+            dt = time.perf_counter() - t
+        peaks.append((peak.peak, peak.names))
         expect("sent")
         for i in peers:
             if bufs[i][0].digest() != want[i]:
@@ -305,6 +336,7 @@ def many_at_once(ep, a, busy, busy_size, gpu, peer_of, pipes, expect, failures):
             bufs[i][0].clear()
         return len(peers) * busy_size / dt / 1e9
 
+    peaks = []
     alone = [round_of([0]) for _ in range(3)]
     together = [round_of(list(range(busy))) for _ in range(3)]
     for _, mr in bufs.values():
@@ -319,6 +351,9 @@ def many_at_once(ep, a, busy, busy_size, gpu, peer_of, pipes, expect, failures):
         "ratio": together[1] / alone[1],
         "rounds_alone": alone,
         "rounds_together": together,
+        "peak_threads_alone": max(p for p, _ in peaks[:3]),
+        "peak_threads_together": max(p for p, _ in peaks[3:]),
+        "thread_names_at_peak_together": max(peaks[3:], key=lambda p: p[0])[1],
     }
 
 
@@ -337,6 +372,11 @@ def report(res, failures):
         print(
             f"  many at once: {bz['peers_at_once']} peers x {fmt_size(bz['size'])}: {bz['all_at_once_GBps']:.2f} GB/s "
             f"beside one peer alone {bz['one_peer_alone_GBps']:.2f} GB/s (ratio {bz['ratio']:.2f}; medians of 3)"
+        )
+        print(
+            f"  threads while receiving: at most {bz['peak_threads_alone']} from one peer, "
+            f"{bz['peak_threads_together']} from {bz['peers_at_once']} at once "
+            f"(by name at that peak: {bz['thread_names_at_peak_together']})"
         )
     for f in failures:
         print(f"  FAILED: {f}")

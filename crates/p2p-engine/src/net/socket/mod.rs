@@ -447,6 +447,9 @@ struct Lane {
     splice: bool,
     /// Nothing to do for this long: the stream gives its worker back.
     linger: Duration,
+    /// Receive side: no byte inside a part for this long fails the comm
+    /// ([`SocketConfig::stall`]; zero: never).
+    stall: Duration,
 }
 
 impl Lane {
@@ -458,6 +461,7 @@ impl Lane {
             depth: cfg.staging_depth,
             splice: cfg.splice,
             linger: cfg.linger,
+            stall: cfg.stall,
         }
     }
 }

@@ -108,6 +108,58 @@ impl StreamReader {
         Ok(())
     }
 
+    /// Fills `bufs` in order as far as bytes have come, never waiting:
+    /// buffered bytes first, else one non-blocking read (through the
+    /// buffer when little is left, so that the next header comes with it;
+    /// else in place, up to 1,024 pieces). The bytes taken, at least one;
+    /// `WouldBlock` when none are here, `UnexpectedEof` at the peer's close.
+    pub(super) fn read_now(&mut self, bufs: &mut [&mut [u8]]) -> io::Result<usize> {
+        let left: usize = bufs.iter().map(|b| b.len()).sum();
+        if left == 0 {
+            return Ok(0);
+        }
+        if self.pos == self.end && left < READ_BUF / 4 {
+            let n = super::sockio::recv_now(&*self.s, &mut [IoSliceMut::new(&mut self.buf)])?;
+            if n == 0 {
+                return Err(io::ErrorKind::UnexpectedEof.into());
+            }
+            self.pos = 0;
+            self.end = n;
+        }
+        if self.pos < self.end {
+            let mut got = 0;
+            for b in bufs.iter_mut() {
+                let n = b.len().min(self.end - self.pos);
+                b[..n].copy_from_slice(&self.buf[self.pos..self.pos + n]);
+                self.pos += n;
+                got += n;
+                if self.pos == self.end {
+                    break;
+                }
+            }
+            self.credit.taken(&self.s, got)?;
+            return Ok(got);
+        }
+        let mut iov: Vec<IoSliceMut<'_>> = bufs
+            .iter_mut()
+            .filter(|b| !b.is_empty())
+            .take(1024)
+            .map(|b| IoSliceMut::new(b))
+            .collect();
+        let n = super::sockio::recv_now(&*self.s, &mut iov)?;
+        if n == 0 {
+            return Err(io::ErrorKind::UnexpectedEof.into());
+        }
+        self.credit.taken(&self.s, n)?;
+        Ok(n)
+    }
+
+    /// Before a wait for bytes: credits what is owed (the sender may be
+    /// waiting for exactly that).
+    pub(super) fn before_wait(&mut self) -> io::Result<()> {
+        self.credit.before_read(&self.s)
+    }
+
     /// Bytes read from the socket and not yet consumed.
     pub(super) fn buffered(&self) -> usize {
         self.end - self.pos

@@ -16,7 +16,7 @@ use parking_lot::Mutex;
 use super::book::{check_part, claim_part, part_done, Landing, RecvReq, RecvShared};
 use super::reader::StreamReader;
 use super::segs::{uniform_kind, window_copies, windows};
-use super::sockio::{poll_readable, read_err, readable_now, unread, wait_readable};
+use super::sockio::{poll_readable, read_err, readable_now, unread, wait_readable_unless};
 use super::stage::{Stager, StagingPool};
 use super::wire::{PartHeader, HDR_LEN};
 use super::{Lane, BATCH_PART, INLINE_MAX, NET, READ_BUF};
@@ -181,6 +181,51 @@ struct Rx {
     large_before: bool,
     /// A header read whose receive was not posted yet.
     pending: Option<PartHeader>,
+    /// A host-memory part whose bytes are still coming ([`InPart`]).
+    inpart: Option<InPart>,
+    /// The pool it runs on (whether other work waits for a worker).
+    workers: Workers,
+}
+
+/// A host-memory part read in place as its bytes come, over as many of
+/// the task's runs as that takes: while its sender is slow, the stream
+/// waits in the poller, not on a worker (with many peers sending at once
+/// a blocked read per stream took a thread each: 109 threads on the
+/// 2-core box for 64 peers).
+struct InPart {
+    land: Landing,
+    /// The part's pieces of the receive's memory; `at` is the first not
+    /// full, `off` the bytes of it read.
+    pieces: Vec<MemRef>,
+    at: usize,
+    off: usize,
+    /// No byte by then fails the comm (the stall limit; None: never).
+    until: Option<Instant>,
+}
+
+impl InPart {
+    /// Counts `n` bytes read into the pieces; `at` moves past every full
+    /// one (empty ones too).
+    fn advance(&mut self, mut n: usize) {
+        while self.at < self.pieces.len() {
+            let room = self.pieces[self.at].len - self.off;
+            if n < room {
+                self.off += n;
+                return;
+            }
+            n -= room;
+            self.at += 1;
+            self.off = 0;
+        }
+    }
+}
+
+/// What reading a host part in place came to.
+enum Read {
+    /// Every byte is in: the part is done.
+    Whole,
+    /// Bytes are still to come: wait for the socket.
+    Waiting,
 }
 
 impl Rx {
@@ -300,8 +345,10 @@ impl Rx {
         }
     }
 
-    /// Lands a checked part's payload in its receive's memory.
-    fn land(&mut self, h: PartHeader, req: Arc<RecvReq>) -> Result<(), NetError> {
+    /// Lands a checked part's payload in its receive's memory: true once
+    /// it is all there; false while a host part's bytes are still coming
+    /// ([`InPart`]).
+    fn land(&mut self, h: PartHeader, req: Arc<RecvReq>) -> Result<bool, NetError> {
         let Rx {
             r,
             stager,
@@ -337,16 +384,141 @@ impl Rx {
                 }
                 let ring = &mut stager.get(d)?.ring;
                 if len <= BATCH_PART.min(lane.slice) {
-                    rx_gpu_small(r, &dst, len, ring, land, shared, done)
+                    rx_gpu_small(r, &dst, len, ring, land, shared, done)?;
                 } else {
-                    rx_gpu_large(r, &dst, ring, land, shared, done)
+                    rx_gpu_large(r, &dst, ring, land, shared, done)?;
                 }
+                Ok(true)
+            }
+            Some(MemKind::Host) if len > 0 => {
+                self.inpart = Some(InPart {
+                    land,
+                    pieces: dst,
+                    at: 0,
+                    off: 0,
+                    until: self.stall_from_now(),
+                });
+                self.read_in_part().map(|r| matches!(r, Read::Whole))
             }
             _ => {
                 rx_part(r, &dst, stager, shared, done)?;
                 part_done(shared, land);
-                Ok(())
+                Ok(true)
             }
+        }
+    }
+
+    fn stall_from_now(&self) -> Option<Instant> {
+        Some(self.lane.stall)
+            .filter(|d| !d.is_zero())
+            .map(|d| Instant::now() + d)
+    }
+
+    /// Reads what has come of the host part in progress. Where its bytes
+    /// stop, it waits in place a while (spinning as the lane allows, then
+    /// up to the linger: a part's bytes usually follow each other closely)
+    /// before handing the wait to the poller. No byte by the stall limit
+    /// fails the comm, naming the stall.
+    fn read_in_part(&mut self) -> Result<Read, NetError> {
+        loop {
+            let Some(p) = self.inpart.as_mut() else {
+                return Ok(Read::Whole);
+            };
+            p.advance(0);
+            if p.at == p.pieces.len() {
+                let p = self.inpart.take().expect("checked above");
+                part_done(&self.shared, p.land);
+                return Ok(Read::Whole);
+            }
+            let mut bufs: Vec<&mut [u8]> = p.pieces[p.at..]
+                .iter()
+                .take(1024)
+                .enumerate()
+                .map(|(i, m)| {
+                    let skip = if i == 0 { p.off } else { 0 };
+                    // SAFETY: the range lies inside the posted receive
+                    // buffer, which the engine checked against a
+                    // registered region held until completion; the pieces
+                    // of one part never overlap, and nothing else writes
+                    // them while the part is read.
+                    unsafe {
+                        std::slice::from_raw_parts_mut((m.addr as *mut u8).add(skip), m.len - skip)
+                    }
+                })
+                .collect();
+            timing::mark(Spent::Other);
+            let got = self.r.read_now(&mut bufs);
+            drop(bufs);
+            match got {
+                Ok(n) => {
+                    timing::mark(Spent::Socket);
+                    timing::bytes(n);
+                    let until = self.stall_from_now();
+                    let p = self.inpart.as_mut().expect("checked above");
+                    p.advance(n);
+                    p.until = until;
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    self.r.before_wait().map_err(read_err)?;
+                    poll_readable(&self.r.s, self.r.spin);
+                    if readable_now(&self.r.s) {
+                        continue;
+                    }
+                    let until = self.inpart.as_ref().and_then(|p| p.until);
+                    let now = Instant::now();
+                    if until.is_some_and(|u| now >= u) {
+                        return Err(read_err(e));
+                    }
+                    let wait = until.map_or(self.lane.linger, |u| self.lane.linger.min(u - now));
+                    let workers = &self.workers;
+                    if !wait_readable_unless(&self.r.s, wait, || workers.work_waiting()) {
+                        timing::mark(Spent::Waiting);
+                        return Ok(Read::Waiting);
+                    }
+                }
+                Err(e) => return Err(read_err(e)),
+            }
+        }
+    }
+
+    /// Goes on with the host part in progress (its receive counted as
+    /// landing meanwhile, as in [`Rx::step`]); a comm closed meanwhile
+    /// drops it.
+    fn resume(&mut self) -> Result<Flow, NetError> {
+        let req = match &self.inpart {
+            Some(p) => p.land.req.clone(),
+            None => return Ok(Flow::Part),
+        };
+        req.landing.fetch_add(1, Ordering::SeqCst);
+        let r = if self.shared.closing.load(Ordering::SeqCst) {
+            self.inpart = None;
+            Ok(Flow::Closing)
+        } else {
+            self.read_in_part().map(|r| match r {
+                Read::Whole => Flow::Part,
+                Read::Waiting => Flow::InPart,
+            })
+        };
+        req.landing.fetch_sub(1, Ordering::SeqCst);
+        if self.shared.closing.load(Ordering::SeqCst) {
+            (self.shared.waker)();
+        }
+        r
+    }
+
+    /// Gives the worker back while a part's bytes are still coming: the
+    /// parts whose copies have landed complete first and the staging goes
+    /// back to the pool, as when the stream goes quiet; the task waits for
+    /// the socket (and the stall limit).
+    fn wait_in_part(&mut self, fd: std::os::fd::RawFd) -> Step {
+        if let Err(e) = self.flush() {
+            self.fail(e);
+            return Step::Done;
+        }
+        self.stager.give_back();
+        match self.inpart.as_ref().and_then(|p| p.until) {
+            Some(u) => Step::ReadableUntil(fd, u),
+            None => Step::Readable(fd),
         }
     }
 
@@ -381,19 +553,17 @@ impl Rx {
         // overlap.
         req.landing.fetch_add(1, Ordering::SeqCst);
         let landed = if self.shared.closing.load(Ordering::SeqCst) {
-            Ok(false)
+            Ok(Flow::Closing)
         } else {
             self.claim(&h, &req)
-                .and_then(|()| self.land(h, req.clone()).map(|()| true))
+                .and_then(|()| self.land(h, req.clone()))
+                .map(|whole| if whole { Flow::Part } else { Flow::InPart })
         };
         req.landing.fetch_sub(1, Ordering::SeqCst);
         if self.shared.closing.load(Ordering::SeqCst) {
             (self.shared.waker)();
         }
-        if !landed? {
-            return Ok(Flow::Closing);
-        }
-        Ok(Flow::Part)
+        landed
     }
 
     /// Accepts checked part `h` of `req` ([`claim_part`]); the receive
@@ -412,7 +582,10 @@ impl Rx {
     fn quiet(&mut self) -> Result<bool, NetError> {
         self.settle()?;
         // (Whether bytes wait in the socket is the wait's own first look.)
-        Ok(self.pending.is_none() && self.r.buffered() == 0 && !self.stager.landing())
+        Ok(self.pending.is_none()
+            && self.inpart.is_none()
+            && self.r.buffered() == 0
+            && !self.stager.landing())
     }
 
     /// The comm's first failure, seen by every receive.
@@ -475,6 +648,8 @@ pub(super) enum Landed {
 enum Flow {
     /// Landed a part.
     Part,
+    /// A host part's bytes are still coming: wait for the socket.
+    InPart,
     /// Read a header whose receive is not posted yet (kept).
     AwaitPost,
     /// The comm is closing.
@@ -530,6 +705,8 @@ impl RxTask {
             done: Vec::new(),
             large_before: false,
             pending: None,
+            inpart: None,
+            workers: workers.clone(),
         }));
         (
             RxTask {
@@ -581,6 +758,9 @@ impl RxHandle {
                 tracing::trace!(seq, "lat: rx landed by the poster");
                 rx.read_ahead().map(|kept| Landed::Here { kick: !kept })
             }
+            // Bytes the poster was told were here are not all there: the
+            // task reads the rest.
+            Flow::InPart => Ok(Landed::Here { kick: true }),
             Flow::AwaitPost | Flow::Closing => Ok(Landed::No),
         });
         landed.unwrap_or_else(|e| {
@@ -622,6 +802,17 @@ impl Task for RxTask {
             format!("rx stream {} at {at} from {}", rx.lane.index, rx.peer)
         });
         loop {
+            if rx.inpart.is_some() {
+                match rx.resume() {
+                    Ok(Flow::InPart) => return rx.wait_in_part(fd),
+                    Ok(Flow::Closing) => return Step::Done,
+                    Ok(_) => {}
+                    Err(e) => {
+                        rx.fail(e);
+                        return Step::Done;
+                    }
+                }
+            }
             match rx.quiet() {
                 Ok(true) if !rx.shared.closing.load(Ordering::Acquire) => {
                     // Its staging goes back to the pool while it waits
@@ -634,7 +825,8 @@ impl Task for RxTask {
                     // worker back.
                     rx.lane.spin_for_data(&rx.r.s, &rx.shared);
                     self.watch_while_a_caller_waits(rx);
-                    if !wait_readable(&rx.r.s, self.linger) {
+                    let workers = &self.workers;
+                    if !wait_readable_unless(&rx.r.s, self.linger, || workers.work_waiting()) {
                         return Step::Readable(fd);
                     }
                 }
@@ -646,6 +838,7 @@ impl Task for RxTask {
             }
             match rx.step(self.linger) {
                 Ok(Flow::Part) => {}
+                Ok(Flow::InPart) => return rx.wait_in_part(fd),
                 // Woken by the receive's post (or the comm's close); a
                 // small part may be landed by the poster meanwhile.
                 Ok(Flow::AwaitPost) => {

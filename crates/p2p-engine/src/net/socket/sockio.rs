@@ -1,7 +1,7 @@
 //! System-call helpers on one TCP stream: socket options, vectored writes,
 //! and whether bytes wait to be read.
 
-use std::io::{self, IoSlice, Write};
+use std::io::{self, IoSlice, IoSliceMut, Write};
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
@@ -62,6 +62,32 @@ pub(super) fn write_all_slices(s: &TcpStream, parts: &[&[u8]]) -> io::Result<()>
     Ok(())
 }
 
+/// One `recvmsg` into `bufs` that never blocks, whatever the socket's
+/// mode: the bytes that are there (`WouldBlock` if none; 0 at the peer's
+/// close).
+pub(super) fn recv_now(
+    s: &impl std::os::fd::AsRawFd,
+    bufs: &mut [IoSliceMut<'_>],
+) -> io::Result<usize> {
+    // SAFETY: a zeroed msghdr is a valid empty one; its iovec fields are
+    // set below.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = bufs.as_mut_ptr().cast();
+    msg.msg_iovlen = bufs.len().min(1024) as _;
+    loop {
+        // SAFETY: `msg` names `bufs`, writable and alive for the call
+        // (`IoSliceMut` is ABI-compatible with `iovec` on Unix).
+        let r = unsafe { libc::recvmsg(s.as_raw_fd(), &mut msg, libc::MSG_DONTWAIT) };
+        if r >= 0 {
+            return Ok(r as usize);
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+}
+
 /// Whether the socket has bytes waiting to be read.
 pub(crate) fn readable_now(s: &impl std::os::fd::AsRawFd) -> bool {
     unread(s) > 0
@@ -107,6 +133,42 @@ pub(crate) fn wait_readable(s: &impl std::os::fd::AsRawFd, limit: Duration) -> b
             return r > 0;
         }
         if io::Error::last_os_error().kind() != io::ErrorKind::Interrupted {
+            return true; // let the read report it
+        }
+    }
+}
+
+/// As [`wait_readable`], giving up early (false) once `give_up` says so:
+/// it is asked every 200 µs.
+pub(crate) fn wait_readable_unless(
+    s: &impl std::os::fd::AsRawFd,
+    limit: Duration,
+    give_up: impl Fn() -> bool,
+) -> bool {
+    const SLICE: Duration = Duration::from_micros(200);
+    let until = Instant::now() + limit;
+    loop {
+        let left = until.saturating_duration_since(Instant::now());
+        if left.is_zero() || give_up() {
+            return readable_now(s);
+        }
+        let slice = left.min(SLICE);
+        let mut p = libc::pollfd {
+            fd: s.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        let ts = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: slice.subsec_nanos() as _,
+        };
+        // SAFETY: one pollfd, passed with its count; a valid timespec; no
+        // signal mask.
+        let r = unsafe { libc::ppoll(&mut p, 1, &ts, std::ptr::null()) };
+        if r > 0 {
+            return true;
+        }
+        if r < 0 && io::Error::last_os_error().kind() != io::ErrorKind::Interrupted {
             return true; // let the read report it
         }
     }

@@ -840,6 +840,68 @@ fn a_sender_that_stalls_inside_a_part_fails_its_receive_at_the_limit_and_frees_t
     drop(s0);
 }
 
+#[test]
+fn parts_whose_bytes_trickle_in_hold_no_worker_while_they_wait() {
+    // Twelve peers each send a part's header and a little of its payload,
+    // then the rest in pieces, further apart than the streams' linger. A
+    // stream waiting inside a part waits in the poller: no worker is busy
+    // between the pieces (a blocked read held one per stream), and every
+    // part lands whole, byte for byte.
+    let net = SocketNet::new(SocketConfig {
+        linger: Duration::from_millis(10),
+        stall: Duration::from_secs(20),
+        ..cfg(1)
+    });
+    let peers = 12;
+    let len = 256 << 10;
+    let mut dsts: Vec<Vec<u8>> = (0..peers).map(|_| vec![0u8; len]).collect();
+    let srcs: Vec<Vec<u8>> = (0..peers)
+        .map(|p| {
+            (0..len)
+                .map(|i| (i * 13 + p * 101 + i / 4093) as u8)
+                .collect()
+        })
+        .collect();
+    let mut comms = Vec::new();
+    for (p, dst) in dsts.iter_mut().enumerate() {
+        let (mut l, h) = listen_on(&net);
+        let mut s = raw_stream(h.addr, h.nonce, 0);
+        let mut r = accept(&mut l);
+        let m = host(dst.as_mut_ptr() as u64, len);
+        let q = r.irecv(m, MrHandle(0)).unwrap().unwrap();
+        s.write_all(&part_header(0, 0, len, len, 1, m).encode())
+            .unwrap();
+        s.write_all(&srcs[p][..1000]).unwrap();
+        comms.push((l, s, r, q));
+    }
+    // Eight more pieces each (the last takes the part to its end).
+    let cuts: Vec<usize> = (0..=8).map(|k| 1000 + k * (len - 1000) / 8).collect();
+    for k in 0..8 {
+        std::thread::sleep(Duration::from_millis(60));
+        let w = net
+            .workers
+            .0
+            .lock()
+            .clone()
+            .expect("the comms started the workers");
+        assert_eq!(
+            w.busy(),
+            0,
+            "piece {k}: workers held by streams waiting inside a part"
+        );
+        for (p, (_, s, r, q)) in comms.iter_mut().enumerate() {
+            assert_eq!(r.test(*q).unwrap(), None, "peer {p}: done before its bytes");
+            s.write_all(&srcs[p][cuts[k]..cuts[k + 1]]).unwrap();
+        }
+    }
+    for (p, (_, _, r, q)) in comms.iter_mut().enumerate() {
+        assert_eq!(wait(|| r.test(*q)), len, "peer {p}");
+    }
+    for (p, (dst, src)) in dsts.iter().zip(&srcs).enumerate() {
+        assert!(dst == src, "peer {p}: the part landed with other bytes");
+    }
+}
+
 /// A comm's record in the net's listener, for a test peer: its handle's
 /// nonce and address.
 fn listen_on(net: &SocketNet) -> (super::SocketListen, Handle) {

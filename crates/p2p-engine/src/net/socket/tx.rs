@@ -418,6 +418,7 @@ fn next_op(
 ) -> Next {
     let start = Instant::now();
     let mut gave_back = false;
+    let mut until = None;
     loop {
         match rx.try_recv() {
             Ok(op) => return Next::Op(op),
@@ -438,25 +439,39 @@ fn next_op(
             stager.give_back();
             gave_back = true;
         }
+        // The linger, in slices: the worker goes back at once once other
+        // work waits for one.
+        let until = *until.get_or_insert_with(|| Instant::now() + linger);
+        let slice = until
+            .saturating_duration_since(Instant::now())
+            .min(LINGER_SLICE);
         if spill.is_empty() {
             // The usual wait: on its own queue alone. A part spilled while
             // it waits is taken by a busy stream once that one drains (a
             // part spills only when every stream had `AHEAD` queued), so it
             // never waits for this one.
-            return match rx.recv_timeout(linger) {
-                Ok(op) => Next::Op(op),
-                Err(crossbeam_channel::RecvTimeoutError::Timeout) => Next::Quiet,
-                Err(crossbeam_channel::RecvTimeoutError::Disconnected) => Next::Closed,
-            };
+            match rx.recv_timeout(slice) {
+                Ok(op) => return Next::Op(op),
+                Err(crossbeam_channel::RecvTimeoutError::Timeout) => {}
+                Err(crossbeam_channel::RecvTimeoutError::Disconnected) => return Next::Closed,
+            }
+        } else {
+            let mut sel = crossbeam_channel::Select::new();
+            sel.recv(rx);
+            sel.recv(spill);
+            if sel.ready_timeout(slice).is_ok() {
+                continue;
+            }
         }
-        let mut sel = crossbeam_channel::Select::new();
-        sel.recv(rx);
-        sel.recv(spill);
-        if sel.ready_timeout(linger).is_err() {
+        if Instant::now() >= until || workers.work_waiting() {
             return Next::Quiet;
         }
     }
 }
+
+/// How often a lingering send stream looks whether other work waits for
+/// its worker.
+const LINGER_SLICE: Duration = Duration::from_micros(200);
 
 /// A spilled part for a stream whose own queue is empty: taken while the
 /// stream's count is held above 0, so that the posting thread, which
