@@ -21,6 +21,10 @@ def run_peers(tmp_path, peers, procs, busy):
     assert res["failures"] == [], res["failures"]
     assert res["delivered_checked"] == peers, res
     assert res["busy"]["peers_at_once"] == busy
+    # Out to many: every peer checked what the target sent it (a mismatch
+    # is in `failures`), and the figures are there.
+    assert res["busy_out"]["peers_at_once"] == busy
+    assert res["busy_out"]["to_all_at_once_GBps"] > 0
     return res
 
 

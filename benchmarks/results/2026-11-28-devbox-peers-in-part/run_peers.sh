@@ -1,6 +1,5 @@
 #!/bin/bash
-# The two builds alternated, three rounds: OLD and NEW are folders with a
-# wheel of each unpacked; results land in the current folder.
+# The two builds alternated, three rounds: results in the current folder.
 OLD=${1:?folder of the old build unpacked}; NEW=${2:?folder of the new build unpacked}
 for r in 1 2 3; do
   for b in old new; do

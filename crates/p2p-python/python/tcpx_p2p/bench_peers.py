@@ -15,6 +15,13 @@ peers/procs endpoints, one per peer). Measured on the target:
 3. many at once: the first --busy peers each send --busy-size at once
    into the target; aggregate GB/s beside one peer sending the same alone
    (the same peer, just before). Every byte is checked.
+4. out to many at once: the target sends --busy-size to each of the same
+   peers at once, beside to one alone (timed until the last peer has it).
+   Every byte is checked.
+
+In both, the target's peak thread count while the bytes move is
+reported: the I/O workers the work took (the peers' own threads are
+in their processes).
 
 The JSON (--json or --out) keeps every figure; the exit status is non-zero
 if a check failed or a peer process failed.
@@ -38,6 +45,10 @@ def busy_seed(i):
     """Peer `i`'s seed for its many-at-once message (its deliver message
     uses `i`)."""
     return 10_000 + i
+
+
+# The seed of what the target sends out to many peers at once.
+OUT_SEED = 77_777
 
 
 def counts():
@@ -131,11 +142,40 @@ def _client(first, count, meta, msg, busy, busy_size, gpu, env, ctl):
             if not ok:
                 raise RuntimeError(f"peer {i}: reg: {eps[k].last_error()}")
             big[k] = (buf, mr)
+        inbox = {}
         while True:
             cmd = ctl.recv()
             if cmd[0] == "stop":
                 break
             ks = [k for k in mine if first + k in cmd[1]]
+            if cmd[0] == "take":
+                # out to many: receive the target's message on each peer
+                # named, say when posted, then when each landed (the
+                # clock is the host's monotonic one, shared by processes)
+                # and what landed.
+                ids = []
+                for k in ks:
+                    if k not in inbox:
+                        buf = Buffer(busy_size, gpu)
+                        ok, mr = eps[k].reg(buf.ptr, busy_size)
+                        if not ok:
+                            raise RuntimeError(f"peer {first + k}: reg: {eps[k].last_error()}")
+                        inbox[k] = (buf, mr)
+                    buf, mr = inbox[k]
+                    buf.clear()
+                    ok, tid = eps[k].recv_async(conns[k], mr, buf.ptr, busy_size)
+                    if not ok:
+                        raise RuntimeError(f"peer {first + k}: recv: {eps[k].last_error()}")
+                    ids.append((k, tid))
+                ctl.send(("ready", len(ids)))
+                landed = {}
+                for k, tid in ids:
+                    if not eps[k].wait(tid, TIMEOUT):
+                        raise RuntimeError(f"peer {first + k}: recv: {eps[k].last_error()}")
+                    landed[first + k] = time.monotonic()
+                digests = {first + k: inbox[k][0].digest() for k, _ in ids}
+                ctl.send(("took", (landed, digests)))
+                continue
             ids = []
             for k in ks:
                 buf, mr = big[k]
@@ -289,6 +329,7 @@ def run(a):
     ep.dereg(mr)
     if busy:
         res["busy"] = many_at_once(ep, a, busy, busy_size, gpu, peer_of, pipes, expect, failures)
+        res["busy_out"] = out_to_many(ep, busy, busy_size, gpu, peer_of, pipes, expect, failures)
     for p in pipes:
         p.send(("stop",))
     expect("done")
@@ -357,6 +398,71 @@ def many_at_once(ep, a, busy, busy_size, gpu, peer_of, pipes, expect, failures):
     }
 
 
+def out_to_many(ep, busy, busy_size, gpu, peer_of, pipes, expect, failures):
+    """To peer 0 alone, then to the first `busy` peers at once, the same
+    busy_size message (one registered buffer); timed from the first send
+    to the last peer's landing, every byte checked by its peer."""
+    conn_of = {i: c for c, i in peer_of.items()}
+    src = Buffer(busy_size, gpu)
+    src.fill(OUT_SEED)
+    want = hashlib.sha256(pattern(busy_size, OUT_SEED)).hexdigest()
+    ok, mr = ep.reg(src.ptr, busy_size)
+    if not ok:
+        raise RuntimeError(ep.last_error())
+    peaks = []
+
+    def round_of(peers):
+        for p in pipes:
+            p.send(("take", peers))
+        expect("ready")
+        t = time.monotonic()
+        with PeakThreads() as peak:
+            ids = []
+            for i in peers:
+                ok, tid = ep.send_async(conn_of[i], mr, src.ptr, busy_size)
+                if not ok:
+                    raise RuntimeError(f"send to peer {i}: {ep.last_error()}")
+                ids.append((i, tid))
+            for i, tid in ids:
+                if not ep.wait(tid, TIMEOUT):
+                    raise RuntimeError(f"send to peer {i}: {ep.last_error()}")
+            landed, digests = {}, {}
+            for p in pipes:
+                if not p.poll(TIMEOUT):
+                    raise RuntimeError(f"a client process did not answer (took) within {TIMEOUT:.0f} s")
+                got = p.recv()
+                if got[0] == "error":
+                    raise RuntimeError(got[1])
+                if got[0] != "took":
+                    raise RuntimeError(f"a client process said {got[0]!r}, expected 'took'")
+                landed.update(got[1][0])
+                digests.update(got[1][1])
+        peaks.append((peak.peak, peak.names))
+        for i in peers:
+            if digests.get(i) != want:
+                failures.append(f"out to peer {i}: {fmt_size(busy_size)} differs")
+        dt = max(landed.values()) - t
+        return len(peers) * busy_size / dt / 1e9
+
+    alone = [round_of([0]) for _ in range(3)]
+    together = [round_of(list(range(busy))) for _ in range(3)]
+    ep.dereg(mr)
+    alone.sort()
+    together.sort()
+    return {
+        "peers_at_once": busy,
+        "size": busy_size,
+        "to_one_peer_alone_GBps": alone[1],
+        "to_all_at_once_GBps": together[1],
+        "ratio": together[1] / alone[1],
+        "rounds_alone": alone,
+        "rounds_together": together,
+        "peak_threads_alone": max(p for p, _ in peaks[:3]),
+        "peak_threads_together": max(p for p, _ in peaks[3:]),
+        "thread_names_at_peak_together": max(peaks[3:], key=lambda p: p[0])[1],
+    }
+
+
 def report(res, failures):
     b, e, i = res["before"], res["endpoint_alone"], res["all_connected_idle"]
     pp = res["per_peer"]
@@ -377,6 +483,17 @@ def report(res, failures):
             f"  threads while receiving: at most {bz['peak_threads_alone']} from one peer, "
             f"{bz['peak_threads_together']} from {bz['peers_at_once']} at once "
             f"(by name at that peak: {bz['thread_names_at_peak_together']})"
+        )
+    if "busy_out" in res:
+        bo = res["busy_out"]
+        print(
+            f"  out to many at once: {bo['peers_at_once']} peers x {fmt_size(bo['size'])}: {bo['to_all_at_once_GBps']:.2f} GB/s "
+            f"beside to one peer alone {bo['to_one_peer_alone_GBps']:.2f} GB/s (ratio {bo['ratio']:.2f}; medians of 3)"
+        )
+        print(
+            f"  threads while sending: at most {bo['peak_threads_alone']} to one peer, "
+            f"{bo['peak_threads_together']} to {bo['peers_at_once']} at once "
+            f"(by name at that peak: {bo['thread_names_at_peak_together']})"
         )
     for f in failures:
         print(f"  FAILED: {f}")

@@ -4,7 +4,7 @@
 use std::io::{self, IoSliceMut, Read};
 use std::net::TcpStream;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use super::sockio::poll_readable;
 use super::splice::CreditBack;
@@ -24,10 +24,27 @@ pub(super) struct StreamReader {
     pub(super) spin: Duration,
     /// Credits owed for lent payload bytes (see [`super::splice`]).
     pub(super) credit: CreditBack,
+    /// No byte for this long inside a read fails it (`WouldBlock`, which
+    /// the net reports as the sender's stall); zero: never. The socket's
+    /// own read timeout is short ([`super::sockio::LINGER_SLICE`]), so that
+    /// a read inside a host part comes back to look whether to give its
+    /// worker back; the other reads go on until this.
+    stall: Duration,
+    /// When the last byte came (or the read began).
+    last_byte: Instant,
+}
+
+/// Whether a read that failed with `e` timed out (the socket's read
+/// timeout) rather than failed.
+fn timed_out(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+    )
 }
 
 impl StreamReader {
-    pub(super) fn new(s: Arc<TcpStream>) -> Self {
+    pub(super) fn new(s: Arc<TcpStream>, stall: Duration) -> Self {
         StreamReader {
             s,
             buf: vec![0u8; READ_BUF].into_boxed_slice(),
@@ -35,6 +52,45 @@ impl StreamReader {
             end: 0,
             spin: Duration::ZERO,
             credit: CreditBack::default(),
+            stall,
+            last_byte: Instant::now(),
+        }
+    }
+
+    /// One read from the socket into `bufs` (blocking up to the socket's
+    /// read timeout): the bytes read; `UnexpectedEof` at the peer's close;
+    /// a timeout as `WouldBlock`.
+    fn read_once(&mut self, bufs: &mut [IoSliceMut<'_>]) -> io::Result<usize> {
+        loop {
+            self.ready()?;
+            match (&*self.s).read_vectored(bufs) {
+                Ok(0) if bufs.iter().any(|b| !b.is_empty()) => {
+                    return Err(io::ErrorKind::UnexpectedEof.into())
+                }
+                Ok(n) => {
+                    self.last_byte = Instant::now();
+                    return Ok(n);
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) if timed_out(&e) => return Err(io::ErrorKind::WouldBlock.into()),
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// As [`StreamReader::read_once`], going on through the socket's
+    /// timeouts until a byte comes or the stall limit passes without one.
+    fn read_blocking(&mut self, bufs: &mut [IoSliceMut<'_>]) -> io::Result<usize> {
+        self.last_byte = Instant::now();
+        loop {
+            match self.read_once(bufs) {
+                Err(e) if timed_out(&e) => {
+                    if !self.stall.is_zero() && self.last_byte.elapsed() >= self.stall {
+                        return Err(e);
+                    }
+                }
+                r => return r,
+            }
         }
     }
 
@@ -49,16 +105,9 @@ impl StreamReader {
     /// Reads from the socket into `dst` until it is full.
     fn fill(&mut self, mut dst: &mut [u8]) -> io::Result<()> {
         while !dst.is_empty() {
-            self.ready()?;
-            match (&*self.s).read(dst) {
-                Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
-                Ok(n) => {
-                    dst = &mut dst[n..];
-                    self.credit.taken(&self.s, n)?;
-                }
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(e),
-            }
+            let n = self.read_blocking(&mut [IoSliceMut::new(dst)])?;
+            dst = &mut dst[n..];
+            self.credit.taken(&self.s, n)?;
         }
         Ok(())
     }
@@ -97,32 +146,29 @@ impl StreamReader {
         let mut iov = &mut iov[..];
         while !iov.is_empty() {
             let k = iov.len().min(1024);
-            self.ready()?;
-            let n = (&*self.s).read_vectored(&mut iov[..k])?;
-            if n == 0 {
-                return Err(io::ErrorKind::UnexpectedEof.into());
-            }
+            let n = self.read_blocking(&mut iov[..k])?;
             IoSliceMut::advance_slices(&mut iov, n);
             self.credit.taken(&self.s, n)?;
         }
         Ok(())
     }
 
-    /// Fills `bufs` in order as far as bytes have come, never waiting:
-    /// buffered bytes first, else one non-blocking read (through the
-    /// buffer when little is left, so that the next header comes with it;
-    /// else in place, up to 1,024 pieces). The bytes taken, at least one;
-    /// `WouldBlock` when none are here, `UnexpectedEof` at the peer's close.
-    pub(super) fn read_now(&mut self, bufs: &mut [&mut [u8]]) -> io::Result<usize> {
+    /// Fills `bufs` in order as far as bytes come: buffered bytes first,
+    /// else one read, waiting at most the socket's read timeout (through
+    /// the buffer when little is left, so that the next header comes with
+    /// it; else in place, up to 1,024 pieces). The bytes taken, at least
+    /// one; `WouldBlock` when none came, `UnexpectedEof` at the peer's
+    /// close.
+    pub(super) fn read_some(&mut self, bufs: &mut [&mut [u8]]) -> io::Result<usize> {
         let left: usize = bufs.iter().map(|b| b.len()).sum();
         if left == 0 {
             return Ok(0);
         }
         if self.pos == self.end && left < READ_BUF / 4 {
-            let n = super::sockio::recv_now(&*self.s, &mut [IoSliceMut::new(&mut self.buf)])?;
-            if n == 0 {
-                return Err(io::ErrorKind::UnexpectedEof.into());
-            }
+            let mut buf = std::mem::take(&mut self.buf);
+            let got = self.read_once(&mut [IoSliceMut::new(&mut buf)]);
+            self.buf = buf;
+            let n = got?;
             self.pos = 0;
             self.end = n;
         }
@@ -146,18 +192,9 @@ impl StreamReader {
             .take(1024)
             .map(|b| IoSliceMut::new(b))
             .collect();
-        let n = super::sockio::recv_now(&*self.s, &mut iov)?;
-        if n == 0 {
-            return Err(io::ErrorKind::UnexpectedEof.into());
-        }
+        let n = self.read_once(&mut iov)?;
         self.credit.taken(&self.s, n)?;
         Ok(n)
-    }
-
-    /// Before a wait for bytes: credits what is owed (the sender may be
-    /// waiting for exactly that).
-    pub(super) fn before_wait(&mut self) -> io::Result<()> {
-        self.credit.before_read(&self.s)
     }
 
     /// Bytes read from the socket and not yet consumed.
@@ -176,11 +213,10 @@ impl StreamReader {
             } else if dst.len() >= READ_BUF / 4 {
                 return self.fill(dst);
             } else {
-                self.ready()?;
-                let n = (&*self.s).read(&mut self.buf)?;
-                if n == 0 {
-                    return Err(io::ErrorKind::UnexpectedEof.into());
-                }
+                let mut buf = std::mem::take(&mut self.buf);
+                let got = self.read_blocking(&mut [IoSliceMut::new(&mut buf)]);
+                self.buf = buf;
+                let n = got?;
                 self.pos = 0;
                 self.end = n;
             }
@@ -213,7 +249,7 @@ mod tests {
                 }
             });
             let (s, _) = l.accept().unwrap();
-            let mut r = StreamReader::new(Arc::new(s));
+            let mut r = StreamReader::new(Arc::new(s), Duration::ZERO);
             r.spin = spin;
             let mut head = [0u8; 100];
             r.read_head(&mut head, true).unwrap();

@@ -420,6 +420,7 @@ impl Rx {
     /// before handing the wait to the poller. No byte by the stall limit
     /// fails the comm, naming the stall.
     fn read_in_part(&mut self) -> Result<Read, NetError> {
+        let since = Instant::now();
         loop {
             let Some(p) = self.inpart.as_mut() else {
                 return Ok(Read::Whole);
@@ -447,7 +448,8 @@ impl Rx {
                 })
                 .collect();
             timing::mark(Spent::Other);
-            let got = self.r.read_now(&mut bufs);
+            // Blocks at most the socket's read timeout (`LINGER_SLICE`).
+            let got = self.r.read_some(&mut bufs);
             drop(bufs);
             match got {
                 Ok(n) => {
@@ -459,19 +461,14 @@ impl Rx {
                     p.until = until;
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                    self.r.before_wait().map_err(read_err)?;
-                    poll_readable(&self.r.s, self.r.spin);
-                    if readable_now(&self.r.s) {
-                        continue;
-                    }
                     let until = self.inpart.as_ref().and_then(|p| p.until);
-                    let now = Instant::now();
-                    if until.is_some_and(|u| now >= u) {
+                    if until.is_some_and(|u| Instant::now() >= u) {
                         return Err(read_err(e));
                     }
-                    let wait = until.map_or(self.lane.linger, |u| self.lane.linger.min(u - now));
-                    let workers = &self.workers;
-                    if !wait_readable_unless(&self.r.s, wait, || workers.work_waiting()) {
+                    // Nothing came for a read timeout: the worker goes
+                    // back once other work waits for one, or the linger
+                    // has passed.
+                    if self.workers.work_waiting() || since.elapsed() >= self.lane.linger {
                         timing::mark(Spent::Waiting);
                         return Ok(Read::Waiting);
                     }
@@ -697,7 +694,7 @@ impl RxTask {
     ) -> (Self, RxHandle) {
         let peer = s.peer_addr().map(|a| a.to_string()).unwrap_or_default();
         let rx = Arc::new(Mutex::new(Rx {
-            r: StreamReader::new(s),
+            r: StreamReader::new(s, lane.stall),
             stager: Stager::pooled(staging, lane.slice, lane.depth),
             shared,
             lane,

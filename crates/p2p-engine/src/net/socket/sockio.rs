@@ -1,7 +1,7 @@
 //! System-call helpers on one TCP stream: socket options, vectored writes,
 //! and whether bytes wait to be read.
 
-use std::io::{self, IoSlice, IoSliceMut, Write};
+use std::io::{self, IoSlice, Write};
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
@@ -62,31 +62,10 @@ pub(super) fn write_all_slices(s: &TcpStream, parts: &[&[u8]]) -> io::Result<()>
     Ok(())
 }
 
-/// One `recvmsg` into `bufs` that never blocks, whatever the socket's
-/// mode: the bytes that are there (`WouldBlock` if none; 0 at the peer's
-/// close).
-pub(super) fn recv_now(
-    s: &impl std::os::fd::AsRawFd,
-    bufs: &mut [IoSliceMut<'_>],
-) -> io::Result<usize> {
-    // SAFETY: a zeroed msghdr is a valid empty one; its iovec fields are
-    // set below.
-    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    msg.msg_iov = bufs.as_mut_ptr().cast();
-    msg.msg_iovlen = bufs.len().min(1024) as _;
-    loop {
-        // SAFETY: `msg` names `bufs`, writable and alive for the call
-        // (`IoSliceMut` is ABI-compatible with `iovec` on Unix).
-        let r = unsafe { libc::recvmsg(s.as_raw_fd(), &mut msg, libc::MSG_DONTWAIT) };
-        if r >= 0 {
-            return Ok(r as usize);
-        }
-        let e = io::Error::last_os_error();
-        if e.kind() != io::ErrorKind::Interrupted {
-            return Err(e);
-        }
-    }
-}
+/// How often a lingering stream looks whether other work waits for its
+/// worker: the pool's first growth step ([`crate::workers`]), so that it
+/// gives the worker back before the pool adds one for that work.
+pub(crate) const LINGER_SLICE: Duration = Duration::from_micros(500);
 
 /// Whether the socket has bytes waiting to be read.
 pub(crate) fn readable_now(s: &impl std::os::fd::AsRawFd) -> bool {
@@ -139,13 +118,13 @@ pub(crate) fn wait_readable(s: &impl std::os::fd::AsRawFd, limit: Duration) -> b
 }
 
 /// As [`wait_readable`], giving up early (false) once `give_up` says so:
-/// it is asked every 200 µs.
+/// it is asked every [`LINGER_SLICE`].
 pub(crate) fn wait_readable_unless(
     s: &impl std::os::fd::AsRawFd,
     limit: Duration,
     give_up: impl Fn() -> bool,
 ) -> bool {
-    const SLICE: Duration = Duration::from_micros(200);
+    const SLICE: Duration = LINGER_SLICE;
     let until = Instant::now() + limit;
     loop {
         let left = until.saturating_duration_since(Instant::now());

@@ -184,12 +184,15 @@ impl RxStreams {
         if self.shared.closing.load(Ordering::Acquire) || inner.taken & (1 << index) != 0 {
             return false;
         }
-        // A read inside a part that gets no byte for `stall` fails (the
-        // stream's comm with it) rather than hold its worker for good.
-        let stall = Some(self.cfg.stall).filter(|d| !d.is_zero());
+        // Reads block at most a slice at a time: a read inside a host
+        // part then looks whether to give its worker back, and every read
+        // gives up once no byte has come for `stall` (the reader's limit),
+        // failing the stream's comm rather than holding its worker for
+        // good.
         if tune(&s, self.cfg.sockbuf).is_err()
             || s.set_nonblocking(false).is_err()
-            || s.set_read_timeout(stall).is_err()
+            || s.set_read_timeout(Some(super::sockio::LINGER_SLICE))
+                .is_err()
         {
             return false;
         }

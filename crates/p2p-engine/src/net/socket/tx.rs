@@ -13,7 +13,7 @@ use crossbeam_channel::Receiver;
 use parking_lot::Mutex;
 
 use super::segs::{small_gpu_part, uniform_kind, window_copies, windows, Window};
-use super::sockio::{write_all_slices, write_err};
+use super::sockio::{write_all_slices, write_err, LINGER_SLICE};
 use super::splice::Splicer;
 use super::stage::{Lend, Stager, Staging, StagingPool};
 use super::wire::{PartHeader, HDR_LEN};
@@ -468,10 +468,6 @@ fn next_op(
         }
     }
 }
-
-/// How often a lingering send stream looks whether other work waits for
-/// its worker.
-const LINGER_SLICE: Duration = Duration::from_micros(200);
 
 /// A spilled part for a stream whose own queue is empty: taken while the
 /// stream's count is held above 0, so that the posting thread, which
