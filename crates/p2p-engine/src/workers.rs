@@ -632,7 +632,7 @@ fn poller(mut poll: Poll, pool: Weak<Inner>) {
         let polled = poll.poll(&mut events, Some(timeout));
         if let Some(p) = pool.upgrade() {
             // Queued work that no worker has taken for the growth stall:
-            // add workers for it (at most 4 at a time). (Measured from when
+            // add workers for it. (Measured from when
             // it was first seen waiting: readiness events can end a poll
             // microseconds after the last.)
             let taken = p.taken.load(Ordering::SeqCst);
@@ -641,8 +641,11 @@ fn poller(mut poll: Poll, pool: Weak<Inner>) {
                 let now = Instant::now();
                 let since = *stalled_since.get_or_insert(now);
                 let threads = p.threads.load(Ordering::SeqCst);
-                if now.duration_since(since) >= growth_stall(threads, 4 * p.max_idle) {
-                    for _ in 0..queued.min(4) {
+                let base = 4 * p.max_idle;
+                if now.duration_since(since) >= growth_stall(threads, base) {
+                    // Up to four at a time below the base, one past it.
+                    let add = if threads < base { queued.min(4) } else { 1 };
+                    for _ in 0..add {
                         p.spawn_worker();
                     }
                     stalled_since = Some(now);
