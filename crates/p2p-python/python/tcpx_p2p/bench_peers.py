@@ -382,13 +382,18 @@ def many_at_once(ep, a, busy, busy_size, gpu, peer_of, pipes, expect, failures):
     together = [round_of(list(range(busy))) for _ in range(3)]
     for _, mr in bufs.values():
         ep.dereg(mr)
-    alone.sort()
-    together.sort()
+    return rounds_summary(busy, busy_size, alone, together, peaks, "one_peer_alone_GBps", "all_at_once_GBps")
+
+
+def rounds_summary(busy, busy_size, alone, together, peaks, alone_key, together_key):
+    """Three rounds alone and three at once: the medians, their ratio, and
+    the peak threads (`peaks`: (count, names) per round, alone first)."""
+    alone, together = sorted(alone), sorted(together)
     return {
         "peers_at_once": busy,
         "size": busy_size,
-        "one_peer_alone_GBps": alone[1],
-        "all_at_once_GBps": together[1],
+        alone_key: alone[1],
+        together_key: together[1],
         "ratio": together[1] / alone[1],
         "rounds_alone": alone,
         "rounds_together": together,
@@ -447,20 +452,7 @@ def out_to_many(ep, busy, busy_size, gpu, peer_of, pipes, expect, failures):
     alone = [round_of([0]) for _ in range(3)]
     together = [round_of(list(range(busy))) for _ in range(3)]
     ep.dereg(mr)
-    alone.sort()
-    together.sort()
-    return {
-        "peers_at_once": busy,
-        "size": busy_size,
-        "to_one_peer_alone_GBps": alone[1],
-        "to_all_at_once_GBps": together[1],
-        "ratio": together[1] / alone[1],
-        "rounds_alone": alone,
-        "rounds_together": together,
-        "peak_threads_alone": max(p for p, _ in peaks[:3]),
-        "peak_threads_together": max(p for p, _ in peaks[3:]),
-        "thread_names_at_peak_together": max(peaks[3:], key=lambda p: p[0])[1],
-    }
+    return rounds_summary(busy, busy_size, alone, together, peaks, "to_one_peer_alone_GBps", "to_all_at_once_GBps")
 
 
 def report(res, failures):

@@ -165,12 +165,7 @@ impl StreamReader {
             return Ok(0);
         }
         if self.pos == self.end && left < READ_BUF / 4 {
-            let mut buf = std::mem::take(&mut self.buf);
-            let got = self.read_once(&mut [IoSliceMut::new(&mut buf)]);
-            self.buf = buf;
-            let n = got?;
-            self.pos = 0;
-            self.end = n;
+            self.refill(false)?;
         }
         if self.pos < self.end {
             let mut got = 0;
@@ -213,14 +208,25 @@ impl StreamReader {
             } else if dst.len() >= READ_BUF / 4 {
                 return self.fill(dst);
             } else {
-                let mut buf = std::mem::take(&mut self.buf);
-                let got = self.read_blocking(&mut [IoSliceMut::new(&mut buf)]);
-                self.buf = buf;
-                let n = got?;
-                self.pos = 0;
-                self.end = n;
+                self.refill(true)?;
             }
         }
+        Ok(())
+    }
+
+    /// Reads into the emptied buffer: one read (`blocking`: on through
+    /// the socket's timeouts, as [`StreamReader::read_blocking`]).
+    fn refill(&mut self, blocking: bool) -> io::Result<()> {
+        let mut buf = std::mem::take(&mut self.buf);
+        let got = if blocking {
+            self.read_blocking(&mut [IoSliceMut::new(&mut buf)])
+        } else {
+            self.read_once(&mut [IoSliceMut::new(&mut buf)])
+        };
+        self.buf = buf;
+        let n = got?;
+        self.pos = 0;
+        self.end = n;
         Ok(())
     }
 }
