@@ -15,10 +15,12 @@
 //! after [`KEEP_IDLE`] without work (at once when as many as there are
 //! cores wait already), so the count follows the tasks that are busy at
 //! once, not the peers. Four per core come as work asks for them; past
-//! that the poller adds workers only for work that has waited with every
+//! that the poller adds a worker only for work that has waited with every
 //! worker busy, a wait that doubles with every two workers more
-//! ([`growth_stall`]): busy workers short of a core look the same from
-//! here as blocked ones. The pool has no fixed cap: a task may still
+//! ([`growth_stall`]), and only while a busy worker sleeps in the kernel
+//! (blocked: [`Inner::a_busy_worker_sleeps`]): busy workers that all run
+//! or wait for a core are not helped by another thread. The pool has no
+//! fixed cap: a task may still
 //! block (a GPU window's bytes, a send into a full socket), and a cap
 //! would let busy tasks on both ends wait for each other's queued ones.
 //! A host-memory part whose bytes stop coming waits in the poller, not
@@ -262,6 +264,15 @@ struct Inner {
     /// A worker was woken to spin and has not started yet.
     summoned: AtomicBool,
     epoch: Instant,
+    /// Every worker alive: its thread id and whether it runs a task now
+    /// (for [`Inner::a_busy_worker_sleeps`]).
+    seats: Mutex<Vec<Arc<Seat>>>,
+}
+
+/// A worker as the poller sees it.
+struct Seat {
+    tid: libc::pid_t,
+    busy: AtomicBool,
 }
 
 /// The tasks waiting for their descriptors, and the deadlines of those
@@ -341,6 +352,7 @@ impl Workers {
             spin_until: AtomicU64::new(0),
             summoned: AtomicBool::new(false),
             epoch: Instant::now(),
+            seats: Mutex::default(),
         });
         let weak = Arc::downgrade(&inner);
         let cpus = inner.cpus.clone();
@@ -518,7 +530,24 @@ impl Inner {
             .name(self.name.to_string())
             .spawn(move || {
                 crate::topo::pin_thread(cpus.as_deref());
-                worker(weak, jobs)
+                // This thread's id: `/proc/thread-self` names its task
+                // folder (0 where it cannot be read: its state then
+                // counts as asleep).
+                let tid = std::fs::read_link("/proc/thread-self")
+                    .ok()
+                    .and_then(|p| p.file_name()?.to_str()?.parse().ok())
+                    .unwrap_or(0);
+                let seat = Arc::new(Seat {
+                    tid,
+                    busy: AtomicBool::new(false),
+                });
+                if let Some(p) = weak.upgrade() {
+                    p.seats.lock().push(seat.clone());
+                }
+                worker(weak.clone(), jobs, &seat);
+                if let Some(p) = weak.upgrade() {
+                    p.seats.lock().retain(|s| !Arc::ptr_eq(s, &seat));
+                }
             });
         if let Err(e) = spawned {
             self.threads.fetch_sub(1, Ordering::SeqCst);
@@ -643,8 +672,14 @@ fn poller(mut poll: Poll, pool: Weak<Inner>) {
                 let threads = p.threads.load(Ordering::SeqCst);
                 let base = 4 * p.max_idle;
                 if now.duration_since(since) >= growth_stall(threads, base) {
-                    // Up to four at a time below the base, one past it.
-                    let add = if threads < base { queued.min(4) } else { 1 };
+                    // Up to four at a time below the base; past it one,
+                    // and only for a worker that is blocked (one short of
+                    // a core is not helped by another thread).
+                    let add = if threads < base {
+                        queued.min(4)
+                    } else {
+                        usize::from(p.a_busy_worker_sleeps())
+                    };
                     for _ in 0..add {
                         p.spawn_worker();
                     }
@@ -693,6 +728,26 @@ fn poller(mut poll: Poll, pool: Weak<Inner>) {
 }
 
 impl Inner {
+    /// Whether some worker running a task sleeps in the kernel (state `S`
+    /// or `D` in `/proc/self/task/TID/stat`): blocked on a socket, an
+    /// event, a lock. Work that waits while every busy worker is running
+    /// or runnable waits for a core, which another thread would not give
+    /// it. A state that cannot be read counts as asleep.
+    fn a_busy_worker_sleeps(&self) -> bool {
+        let seats: Vec<Arc<Seat>> = self.seats.lock().clone();
+        seats
+            .iter()
+            .filter(|s| s.busy.load(Ordering::Acquire))
+            .any(|s| {
+                let stat = std::fs::read_to_string(format!("/proc/self/task/{}/stat", s.tid));
+                let state = stat.ok().and_then(|t| {
+                    let after = t.rfind(')')?;
+                    t[after + 1..].trim_start().chars().next()
+                });
+                !matches!(state, Some('R'))
+            })
+    }
+
     /// Queues a job taken off the poller.
     fn unpark(self: &Arc<Self>, job: Job, fd: Option<RawFd>) {
         // Deregistered before it can run (and park on it again).
@@ -704,7 +759,12 @@ impl Inner {
     }
 }
 
-fn worker(pool: Weak<Inner>, jobs: Receiver<Job>) {
+fn worker(pool: Weak<Inner>, jobs: Receiver<Job>, seat: &Seat) {
+    let run = |job| {
+        seat.busy.store(true, Ordering::Release);
+        run_job(&pool, job);
+        seat.busy.store(false, Ordering::Release);
+    };
     loop {
         let Some(p) = pool.upgrade() else { return };
         // Enough workers wait already (a burst of tasks made more): this
@@ -720,7 +780,7 @@ fn worker(pool: Weak<Inner>, jobs: Receiver<Job>) {
                 Ok(job) => {
                     p.taken.fetch_add(1, Ordering::SeqCst);
                     drop(p);
-                    run_job(&pool, job);
+                    run(job);
                     continue;
                 }
                 Err(_) => {
@@ -755,7 +815,7 @@ fn worker(pool: Weak<Inner>, jobs: Receiver<Job>) {
         };
         p.taken.fetch_add(1, Ordering::SeqCst);
         drop(p);
-        run_job(&pool, job);
+        run(job);
     }
 }
 
@@ -826,6 +886,67 @@ mod tests {
         // latest after 256 stalls (128 ms).
         assert_eq!(growth_stall(base + 16, base), STALL * 256);
         assert_eq!(growth_stall(10_000, base), STALL * 256);
+    }
+
+    /// Spins for its time, then ends (work that wants a core).
+    struct Spinner(Duration);
+
+    impl Task for Spinner {
+        fn run(&mut self) -> Step {
+            let end = Instant::now() + self.0;
+            while Instant::now() < end {
+                std::hint::spin_loop();
+            }
+            Step::Done
+        }
+    }
+
+    /// Blocks until its channel gives (or drops), then ends.
+    struct Blocker(crossbeam_channel::Receiver<()>);
+
+    impl Task for Blocker {
+        fn run(&mut self) -> Step {
+            let _ = self.0.recv();
+            Step::Done
+        }
+    }
+
+    #[test]
+    fn the_pool_grows_past_its_base_for_blocked_workers_not_for_busy_ones() {
+        let w = Workers::with_keep_idle("test-io", None, Duration::from_secs(5)).unwrap();
+        let base = 4 * w.inner.max_idle;
+        // Three times the base of tasks that want a core: those past the
+        // base wait for a worker, and no worker is blocked, so none is
+        // added (one at most: a worker may sleep for a moment, on a lock
+        // or a page). Each new worker used to be added for such a wait.
+        let homes: Vec<_> = (0..3 * base)
+            .map(|_| w.start(Box::new(Spinner(Duration::from_millis(100)))))
+            .collect();
+        let mut most = 0;
+        assert!(until(Duration::from_secs(60), || {
+            most = most.max(w.threads());
+            homes.iter().all(|h| h.is_done())
+        }));
+        assert!(
+            most <= base + 1,
+            "{most} workers for {} spinning tasks (base {base})",
+            3 * base
+        );
+        // Blocked tasks: every one of them gets a worker, past the base.
+        let (tx, rx) = crossbeam_channel::unbounded();
+        let n = base + 4;
+        let homes: Vec<_> = (0..n)
+            .map(|_| w.start(Box::new(Blocker(rx.clone()))))
+            .collect();
+        assert!(
+            until(Duration::from_secs(10), || w.busy() == n),
+            "{} of {n} blocked tasks got a worker",
+            w.busy()
+        );
+        drop(tx);
+        for h in &homes {
+            assert!(h.wait_done(Duration::from_secs(10)));
+        }
     }
 
     fn pair() -> (TcpStream, TcpStream) {
