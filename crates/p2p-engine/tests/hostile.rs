@@ -56,14 +56,14 @@ fn counts() -> (usize, usize) {
     (fds, engine)
 }
 
-/// [`counts`] once they hold still (two looks 100 ms apart agree, 5 s at
+/// [`counts`] once they hold still (two looks `apart` apart agree, 5 s at
 /// most): a thread just started names itself a moment later, and a test
 /// before may still be closing descriptors.
-fn settled() -> (usize, usize) {
+fn settled(apart: Duration) -> (usize, usize) {
     let deadline = Instant::now() + Duration::from_secs(5);
     let mut last = counts();
     loop {
-        std::thread::sleep(Duration::from_millis(100));
+        std::thread::sleep(apart);
         let now = counts();
         if now == last || Instant::now() > deadline {
             return now;
@@ -129,16 +129,7 @@ fn world(a_cfg: Config, b_cfg: Config) -> World {
     // them (and keeps them): a first transfer grows them here, so that the
     // descriptors a test compares are the hostile peer's.
     legit_transfer(&w, 0);
-    let deadline = Instant::now() + Duration::from_secs(5);
-    let mut last = counts();
-    while Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(200));
-        let now = counts();
-        if now == last {
-            break;
-        }
-        last = now;
-    }
+    settled(Duration::from_millis(200));
     w
 }
 
@@ -434,7 +425,7 @@ fn d1_huge_claims_with_made_up_tokens_do_not_kill_the_endpoint() {
     let _g = serial();
     let w = world(cfg(), cfg());
     legit_transfer(&w, 1);
-    let base = settled();
+    let base = settled(Duration::from_millis(100));
     let mut mem = vec![0u8; 64 << 10];
     {
         let mut h = Hostile::connect(w.b.local_addr(), b"");
@@ -518,7 +509,7 @@ fn d3_listen_handles_cannot_amplify_connections() {
     let mut acfg = cfg();
     acfg.auth_token = bcfg.auth_token.clone();
     let w = world(acfg, bcfg.clone());
-    let base = settled();
+    let base = settled(Duration::from_millis(100));
     // Handles that ask for 2 × 8 channels (the most an accepting endpoint
     // answers) × 64 streams = 1,024 connections.
     let net = socket_net(64);
@@ -580,7 +571,7 @@ fn d4_slow_handshakes_end_at_one_deadline_and_are_capped_per_address() {
     bcfg.connect_timeout = Duration::from_millis(1000);
     bcfg.max_handshakes_per_ip = 4;
     let w = world(cfg(), bcfg);
-    let base = settled();
+    let base = settled(Duration::from_millis(100));
     let to = w.b.local_addr();
     // From another loopback address: 8 connections, each sending a hello one
     // byte every 200 ms (the whole hello would take over 10 s).
@@ -669,7 +660,7 @@ fn e3_established_connections_are_capped() {
     bcfg.max_conns_per_ip = 2;
     let b = Endpoint::new(None, bcfg).unwrap();
     let to = b.local_addr();
-    let base = settled();
+    let base = settled(Duration::from_millis(100));
     // 32 channels × 1,024 streams, from 127.0.0.2: the answer lowers the
     // channels to 8; handles for 32 channels (64 × 16 streams) or for 8
     // (16 × 64 streams) are refused, and nothing is dialed.
@@ -832,7 +823,7 @@ fn e3_figures() {
             c.max_streams_per_ip = 1 << 24;
         }
         let b = Endpoint::new(None, c).unwrap();
-        let base = settled();
+        let base = settled(Duration::from_millis(100));
         let mut child = std::process::Command::new(std::env::current_exe().unwrap())
             .args(["--ignored", "--exact", "e3_figures", "--nocapture"])
             .env("HOSTILE_ATTACK_TO", b.local_addr().to_string())
@@ -888,7 +879,7 @@ fn e7_a_silent_handshake_flood_does_not_lock_token_holders_out() {
     let acfg = bcfg.clone();
     let b = Endpoint::new(None, bcfg).unwrap();
     let to = b.local_addr();
-    let base = settled();
+    let base = settled(Duration::from_millis(100));
     let stop = Arc::new(AtomicBool::new(false));
     let open = Arc::new(AtomicUsize::new(0));
     let opened = Arc::new(AtomicUsize::new(0));
@@ -977,7 +968,7 @@ fn d5_wrong_and_replayed_proofs_are_refused() {
     let mut bcfg = cfg();
     bcfg.auth_token = Some(token.into());
     let w = world(bcfg.clone(), bcfg.clone());
-    let base = settled();
+    let base = settled(Duration::from_millis(100));
     // A wrong secret.
     let mut s = TcpStream::connect(w.b.local_addr()).unwrap();
     let r = prove(&mut s, Role::Initiator, b"s3cret-token-of-the-tesT", 1);
@@ -1028,7 +1019,7 @@ fn d6_a_duplicate_acknowledgement_fails_the_connection() {
         ..cfg()
     };
     let w = world(acfg, cfg());
-    let base = settled();
+    let base = settled(Duration::from_millis(100));
     let (ca, target) = hostile_target(&w.a, |mut h| {
         let Some(Control::ReadReq { xfer, .. }) = recv_ctl(&mut h.oob) else {
             panic!()
@@ -1060,7 +1051,7 @@ fn d7_outstanding_requests_and_items_are_capped() {
     bcfg.max_pending_items = 20_000;
     bcfg.max_requests = 8;
     let w = world(cfg(), bcfg);
-    let base = settled();
+    let base = settled(Duration::from_millis(100));
     let mut mem = vec![0u8; 64 << 10];
     {
         let mut h = Hostile::connect(w.b.local_addr(), b"");
@@ -1192,7 +1183,7 @@ fn d10_inline_payloads_land_only_inside_the_advertisement() {
     let _g = serial();
     let w = world(cfg(), cfg());
     legit_transfer(&w, 11);
-    let base = settled();
+    let base = settled(Duration::from_millis(100));
     let n = 8192usize;
     let mut mem = vec![0xEEu8; 3 * n];
     {
@@ -1332,7 +1323,7 @@ fn d10_inline_payloads_land_only_inside_the_advertisement() {
 fn d11_message_acknowledgements_are_checked() {
     let _g = serial();
     let w = world(cfg(), cfg());
-    let base = settled();
+    let base = settled(Duration::from_millis(100));
     let (go, wait_go) = std::sync::mpsc::channel::<u64>();
     let (ca, target) = hostile_target(&w.a, move |mut h| {
         // Acknowledge the first message before receiving it, then repeat
@@ -1373,7 +1364,7 @@ fn d11_message_acknowledgements_are_checked() {
 fn d11_counts_beyond_what_was_sent_fail_the_connection() {
     let _g = serial();
     let w = world(cfg(), cfg());
-    let base = settled();
+    let base = settled(Duration::from_millis(100));
     let (ca, target) = hostile_target(&w.a, |mut h| {
         send_ctl(&mut h.oob, &Control::MsgDone { count: u64::MAX }).unwrap();
         expect_closed(&mut h.oob);
@@ -1405,7 +1396,7 @@ fn cancelled_transfers_keep_the_connection_in_step() {
         ..cfg()
     };
     let w = world(acfg, cfg());
-    let base = settled();
+    let base = settled(Duration::from_millis(100));
     let (go, wait_go) = std::sync::mpsc::channel::<()>();
     let (told, heard) = std::sync::mpsc::channel::<usize>();
     let (ca, target) = hostile_target(&w.a, move |mut h| {
@@ -1544,7 +1535,7 @@ fn d12_a_refused_read_owns_no_receive_into_its_buffer() {
     let _g = serial();
     let w = world(cfg(), cfg());
     legit_transfer(&w, 21);
-    let base = settled();
+    let base = settled(Duration::from_millis(100));
     refused_read_then_stray_bytes(&w.a, None);
     legit_transfer(&w, 22);
     back_to(base);
@@ -1647,7 +1638,7 @@ fn d14_a_read_ends_only_once_the_net_lets_go_of_its_buffer() {
         ..cfg()
     };
     let w = world(acfg, cfg());
-    let base = settled();
+    let base = settled(Duration::from_millis(100));
     let n = 256 << 10;
     let (go, wait_go) = std::sync::mpsc::channel::<()>();
     let (ca, target) = hostile_target(&w.a, move |mut h| {
@@ -1694,7 +1685,7 @@ fn d14_a_read_ends_only_once_the_net_lets_go_of_its_buffer() {
 fn d13_refusing_a_read_holds_nothing_whatever_it_claims() {
     let _g = serial();
     let w = world(cfg(), cfg());
-    let base = settled();
+    let base = settled(Duration::from_millis(100));
     let mut mem = vec![0u8; 64 << 10];
     {
         let mut h = Hostile::connect(w.b.local_addr(), b"");

@@ -30,8 +30,6 @@ pub(super) struct StreamReader {
     /// a read inside a host part comes back to look whether to give its
     /// worker back; the other reads go on until this.
     stall: Duration,
-    /// When the last byte came (or the read began).
-    last_byte: Instant,
 }
 
 /// Whether a read that failed with `e` timed out (the socket's read
@@ -53,7 +51,6 @@ impl StreamReader {
             spin: Duration::ZERO,
             credit: CreditBack::default(),
             stall,
-            last_byte: Instant::now(),
         }
     }
 
@@ -67,10 +64,7 @@ impl StreamReader {
                 Ok(0) if bufs.iter().any(|b| !b.is_empty()) => {
                     return Err(io::ErrorKind::UnexpectedEof.into())
                 }
-                Ok(n) => {
-                    self.last_byte = Instant::now();
-                    return Ok(n);
-                }
+                Ok(n) => return Ok(n),
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) if timed_out(&e) => return Err(io::ErrorKind::WouldBlock.into()),
                 Err(e) => return Err(e),
@@ -81,11 +75,11 @@ impl StreamReader {
     /// As [`StreamReader::read_once`], going on through the socket's
     /// timeouts until a byte comes or the stall limit passes without one.
     fn read_blocking(&mut self, bufs: &mut [IoSliceMut<'_>]) -> io::Result<usize> {
-        self.last_byte = Instant::now();
+        let since = Instant::now();
         loop {
             match self.read_once(bufs) {
                 Err(e) if timed_out(&e) => {
-                    if !self.stall.is_zero() && self.last_byte.elapsed() >= self.stall {
+                    if !self.stall.is_zero() && since.elapsed() >= self.stall {
                         return Err(e);
                     }
                 }

@@ -97,17 +97,22 @@ pub(crate) fn poll_readable(s: &impl std::os::fd::AsRawFd, spin: Duration) {
 }
 
 /// Waits up to `limit` for `s` to have bytes to read (or to be closed);
-/// true if it has.
+/// true if it has. A wait that fails counts as readable (the read reports
+/// it); an interrupted one starts again.
 pub(crate) fn wait_readable(s: &impl std::os::fd::AsRawFd, limit: Duration) -> bool {
     let mut p = libc::pollfd {
         fd: s.as_raw_fd(),
         events: libc::POLLIN,
         revents: 0,
     };
-    let ms = libc::c_int::try_from(limit.as_millis()).unwrap_or(libc::c_int::MAX);
+    let ts = libc::timespec {
+        tv_sec: libc::time_t::try_from(limit.as_secs()).unwrap_or(libc::time_t::MAX),
+        tv_nsec: limit.subsec_nanos() as _,
+    };
     loop {
-        // SAFETY: one pollfd, passed with its count.
-        let r = unsafe { libc::poll(&mut p, 1, ms) };
+        // SAFETY: one pollfd, passed with its count; a valid timespec; no
+        // signal mask.
+        let r = unsafe { libc::ppoll(&mut p, 1, &ts, std::ptr::null()) };
         if r >= 0 {
             return r > 0;
         }
@@ -124,31 +129,14 @@ pub(crate) fn wait_readable_unless(
     limit: Duration,
     give_up: impl Fn() -> bool,
 ) -> bool {
-    const SLICE: Duration = LINGER_SLICE;
     let until = Instant::now() + limit;
     loop {
         let left = until.saturating_duration_since(Instant::now());
         if left.is_zero() || give_up() {
             return readable_now(s);
         }
-        let slice = left.min(SLICE);
-        let mut p = libc::pollfd {
-            fd: s.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        let ts = libc::timespec {
-            tv_sec: 0,
-            tv_nsec: slice.subsec_nanos() as _,
-        };
-        // SAFETY: one pollfd, passed with its count; a valid timespec; no
-        // signal mask.
-        let r = unsafe { libc::ppoll(&mut p, 1, &ts, std::ptr::null()) };
-        if r > 0 {
+        if wait_readable(s, left.min(LINGER_SLICE)) {
             return true;
-        }
-        if r < 0 && io::Error::last_os_error().kind() != io::ErrorKind::Interrupted {
-            return true; // let the read report it
         }
     }
 }

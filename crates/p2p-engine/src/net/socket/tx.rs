@@ -418,7 +418,7 @@ fn next_op(
 ) -> Next {
     let start = Instant::now();
     let mut gave_back = false;
-    let mut until = None;
+    let mut linger_end = None;
     loop {
         match rx.try_recv() {
             Ok(op) => return Next::Op(op),
@@ -441,7 +441,7 @@ fn next_op(
         }
         // The linger, in slices: the worker goes back at once once other
         // work waits for one.
-        let until = *until.get_or_insert_with(|| Instant::now() + linger);
+        let until = *linger_end.get_or_insert_with(|| Instant::now() + linger);
         let slice = until
             .saturating_duration_since(Instant::now())
             .min(LINGER_SLICE);
