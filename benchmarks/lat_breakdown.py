@@ -20,7 +20,7 @@ from collections import defaultdict
 from datetime import datetime
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
-LINE = re.compile(r"^(\S+)Z\s+TRACE\s+\S+:\s+lat: (.*)$")
+LINE = re.compile(r"^(\S+)Z\s+TRACE\s+(?:ThreadId\(\d+\)\s+)?\S+:\s+lat: (.*)$")
 
 
 def events(lines):

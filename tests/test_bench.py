@@ -170,6 +170,29 @@ def check_blocking_row(r, op, size, inflight):
     assert "raw_tcp_reference" not in r
 
 
+def test_lat_breakdown_reads_the_engines_trace(tmp_path):
+    """`benchmarks/lat_breakdown.py` reads the trace the engine writes now
+    (its lines name the thread): blocking 4 KiB writes give every step
+    from the post to the end, each seen once per write."""
+    spec = importlib.util.spec_from_file_location("lat_breakdown", ROOT / "benchmarks" / "lat_breakdown.py")
+    lb = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(lb)
+    _, r = run_bench(
+        tmp_path, "--inflight", "1", "--op", "write", "--sizes", "4K", "--iters", "40", "--rounds", "1",
+        env={"TCPX_P2P_LOG": "trace"},
+    )
+    evs = lb.events(r.stderr.splitlines())
+    assert evs, "no 'lat:' events read from the trace:\n" + r.stderr[-2000:]
+    names = {n for _, n in evs}
+    assert {"post inline", "ended"} <= names, names
+    steps = {(row["from"], row["to"]): row for row in lb.breakdown(evs)}
+    posts = sum(1 for _, n in evs if n == "post inline")
+    assert posts >= 40
+    # Every write ends, and the step into each post comes from somewhere.
+    assert sum(1 for _, n in evs if n == "ended") >= posts
+    assert sum(row["count"] for (a, b), row in steps.items() if b == "post inline") == posts
+
+
 def test_rma_timeline_of_a_list_sent_as_several_requests(tmp_path, capsys):
     """`benchmarks/rma_timeline.py` reads a real trace: a write of 20,000
     blocks goes as three requests (8,192 + 8,192 + 3,616 items), each

@@ -25,6 +25,10 @@ def run_peers(tmp_path, peers, procs, busy):
     # is in `failures`), and the figures are there.
     assert res["busy_out"]["peers_at_once"] == busy
     assert res["busy_out"]["to_all_at_once_GBps"] > 0
+    # Timed rounds come after a first round of each shape, kept apart.
+    for phase in ("busy", "busy_out"):
+        assert all(x > 0 for x in res[phase]["first_rounds_together_GBps"])
+        assert len(res[phase]["rounds_together"]) == 3
     return res
 
 
