@@ -184,6 +184,7 @@ class Side:
             assert ok, self.ep.last_error()
         self.conn = None
         self.handles = {}
+        self.post_cpu = {}
 
     # set-up
     def usable(self):
@@ -254,7 +255,12 @@ class Side:
 
     def post_wait(self, key, notif=b""):
         h = self.handles[key][0]
+        # The posting thread's CPU time in the call that posts (NIXL's and
+        # the backend's work on it): unlike its wall time, not lengthened
+        # by the I/O threads that start moving the first bytes meanwhile.
+        c0 = time.thread_time()
         st = self.agent.transfer(h, notif) if notif else self.agent.transfer(h)
+        self.post_cpu.setdefault(key, []).append(time.thread_time() - c0)
         while st == "PROC":
             if self.a.poll_sleep_us:
                 time.sleep(self.a.poll_sleep_us * 1e-6)
@@ -264,6 +270,7 @@ class Side:
 
     def time_nixl(self, key, iters):
         self.post_wait(key)  # warm-up
+        self.post_cpu[key] = []
         t = time.perf_counter()
         for _ in range(iters):
             self.post_wait(key)
@@ -282,6 +289,12 @@ class Side:
             self.post_wait(b)
             pairs.append((t1 - t0, time.perf_counter() - t1))
         return pairs
+
+    def posting_cpu_ms(self, key):
+        """The median CPU time of the posting call over `key`'s timed
+        transfers, in ms (see `post_wait`)."""
+        v = self.post_cpu.get(key) or [float("nan")]
+        return statistics.median(v) * 1e3
 
     def telemetry(self, key):
         """NIXL's own account of the handle's last transfer (with --telemetry)."""
@@ -501,7 +514,11 @@ def run_group(a, backends, env, cells, budget):
                 secs = ini.time_api(op, offs, size, metas, iters)
             else:
                 secs = ini.time_nixl("k", iters)
-                extra = {"prep_dlists_s": prep_s[0], "make_prepped_s": prep_s[1]}
+                extra = {
+                    "prep_dlists_s": prep_s[0],
+                    "make_prepped_s": prep_s[1],
+                    "post_cpu_ms": ini.posting_cpu_ms("k"),
+                }
                 if a.telemetry:
                     extra["telemetry"] = ini.telemetry("k")
                 if a.paired and len(offs) > 1:
@@ -664,6 +681,7 @@ def main(argv=None):
                 ex = [g[2] for g in got]
                 row[f"{b}_prep_dlists_ms"] = statistics.median(e["prep_dlists_s"] for e in ex) * 1e3
                 row[f"{b}_make_prepped_ms"] = statistics.median(e["make_prepped_s"] for e in ex) * 1e3
+                row[f"{b}_post_cpu_ms"] = statistics.median(e["post_cpu_ms"] for e in ex)
                 if "telemetry" in ex[-1]:
                     row[f"{b}_telemetry"] = ex[-1]["telemetry"]
                 pairs = [p for e in ex for p in e.get("pairs", [])]
@@ -727,7 +745,8 @@ def print_table(rows, backends):
                     tail = f"; telemetry: {tele['desc_count']} descs, {tele['total_bytes']} B, post {tele['post_us']} us, xfer {tele['xfer_us']} us"
                 print(
                     f"{b} {r['op']} {r['shape']}: prep_xfer_dlist (both) {r[f'{b}_prep_dlists_ms']:.1f} ms, "
-                    f"make_prepped_xfer {r[f'{b}_make_prepped_ms']:.1f} ms (once per request, not in GB/s){tail}"
+                    f"make_prepped_xfer {r[f'{b}_make_prepped_ms']:.1f} ms (once per request, not in GB/s); "
+                    f"posting thread's CPU in the call that posts {r[f'{b}_post_cpu_ms']:.1f} ms{tail}"
                 )
     # Each KV list beside one descriptor of the same bytes (the row after it).
     one_of = {(r["op"], r["bytes"]): r for r in rows if r["shape"].startswith("KV as")}

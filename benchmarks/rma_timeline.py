@@ -21,7 +21,12 @@ between parts -- a stream that ends far after the others (and completes
 every message, its part being each one's last) is what the transfer waits
 for.
 
-usage: rma_timeline.py LOG [--op write|read] [--gap 5] [--bytes N] [--streams]
+With `--posting`, where the posting call's time went, per transfer of
+several requests (the `lat: rma posted` line, and `lat: request posted`
+per request): building the pieces' list, resolving our buffers, and the
+requests (per request: its runs, its ops, its keys, the state machine).
+
+usage: rma_timeline.py LOG [--op write|read] [--gap 5] [--bytes N] [--streams] [--posting]
 """
 import argparse, datetime, gzip, re, statistics, sys
 
@@ -177,6 +182,43 @@ def report(trs, op, nbytes, out=sys.stdout, label=None):
         print(line, file=out)
 
 
+def posting_events(lines):
+    """The posting steps the initiator traced: (kind, fields) in order,
+    kind `rma` (one per transfer) or `request` (one per request)."""
+    out = []
+    for raw in lines:
+        m = re.search(r"lat: (rma|request) posted (.*)$", ANSI.sub("", raw))
+        if m:
+            out.append((m.group(1), {k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", m.group(2))}))
+    return out
+
+
+def posting_report(events, min_pieces=2, out=sys.stdout):
+    """Each transfer of at least `min_pieces` pieces: its posting steps in
+    ms, its requests' steps summed. Returns the rows printed."""
+    rows, reqs = [], []
+    for kind, f in events:
+        if kind == "request":
+            reqs.append(f)
+            continue
+        mine, reqs = reqs, []
+        if f.get("pieces", 0) < min_pieces:
+            continue
+        row = {k: f.get(k, 0) / 1e3 for k in ("items_us", "resolve_us", "requests_us")}
+        for k in ("runs_us", "ops_us", "keys_us", "state_us"):
+            row[k] = sum(r.get(k, 0) for r in mine) / 1e3
+        row["pieces"], row["requests"] = f["pieces"], len(mine)
+        rows.append(row)
+        print(
+            f"posting {row['pieces']} pieces as {row['requests']} requests: list {row['items_us']:.2f} ms, "
+            f"resolve {row['resolve_us']:.2f}, requests {row['requests_us']:.2f} (runs {row['runs_us']:.2f}, "
+            f"ops {row['ops_us']:.2f}, keys {row['keys_us']:.2f}, state machine {row['state_us']:.2f}; "
+            "the rest waits or locks)",
+            file=out,
+        )
+    return rows
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("log")
@@ -184,10 +226,13 @@ def main(argv=None):
     ap.add_argument("--gap", type=float, default=5.0, help="ms between posts that starts a new transfer")
     ap.add_argument("--bytes", type=int, default=0, help="bytes a transfer moves (prints the data phase's GB/s)")
     ap.add_argument("--streams", action="store_true", help="each transfer's receive streams, by thread")
+    ap.add_argument("--posting", action="store_true", help="where each posting call's time went")
     a = ap.parse_args(argv)
     opener = (lambda p: gzip.open(p, "rt")) if a.log.endswith(".gz") else open
     with opener(a.log) as f:
         lines = f.readlines()
+    if a.posting:
+        return 0 if posting_report(posting_events(lines)) else 1
     at = transfers_at(control_events(lines), a.op, a.gap)
     if not at:
         print(f"no {a.op} requests traced in {a.log} (TCPX_P2P_LOG=trace on both sides?)")

@@ -218,6 +218,18 @@ def test_rma_timeline_of_a_list_sent_as_several_requests(tmp_path, capsys):
     assert rt.main([str(log), "--bytes", str(20000 * 64)]) == 0
     assert "requests checked by" in capsys.readouterr().out
     lines = r.stderr.splitlines()
+    # The posting call's steps: one transfer of 20,000 pieces as three
+    # requests, each step timed (none negative), the requests' own steps
+    # within the time of posting them.
+    posted = [p for p in rt.posting_report(rt.posting_events(lines)) if p["pieces"] == 20000]
+    assert posted, "no posting of 20,000 pieces traced"
+    for p in posted:
+        assert p["requests"] == 3, p
+        assert all(p[k] >= 0 for k in ("items_us", "resolve_us", "requests_us")), p
+        steps = p["runs_us"] + p["ops_us"] + p["keys_us"] + p["state_us"]
+        assert steps <= p["requests_us"] + 0.01, p
+    assert rt.main([str(log), "--posting"]) == 0
+    assert "as 3 requests" in capsys.readouterr().out
     data = rt.data_events(lines)
     if os.environ.get("TCPX_P2P_NET") == "plugin":
         # The data rode the plugin net (the TCPX stand-in): no socket-net

@@ -1197,6 +1197,9 @@ impl Conn {
                 crate::wire::MAX_RMA_ITEMS
             )));
         }
+        // Where a large list's posting time goes, step by step (traced):
+        // the runs, the requests' ops, the keys, the state machine.
+        let t0 = Instant::now();
         let regions = distinct_regions(&local);
         let ids: Vec<(MemRef, u64)> = local.iter().map(|(m, r)| (*m, r.id)).collect();
         let runs = rma::plan_runs(&ids, &remote, remote_region);
@@ -1232,10 +1235,12 @@ impl Conn {
             });
             return Ok(xfer);
         }
+        let t_runs = t0.elapsed();
         let plan = self.plan(local.iter().map(|(m, _)| m.len));
         // +1: the target's WriteDone / ReadAck.
         let xfer = Transfer::new(xfer_id, self.id, plan.len() + 1, regions);
         let ops = Self::ops_for(&xfer, &local, &plan, true);
+        let t_ops = t0.elapsed();
         // A write is offered with our keys, for the target to pull; a read
         // is offered for us to copy from keys the target grants (our
         // memory is written by us alone: see `Net::export`).
@@ -1246,6 +1251,7 @@ impl Conn {
         };
         let offer_read = dst_gpu.filter(|_| remote.len() <= PULL_MAX_RUNS);
         drop(local);
+        let (t_keys, items) = (t0.elapsed(), remote.len());
         // The request and, for a read, its receives' place in the order of
         // our requests for data are made under the state lock, in the order
         // the requests leave.
@@ -1261,6 +1267,15 @@ impl Conn {
                 }
             }
         });
+        tracing::trace!(
+            xfer = xfer_id,
+            items,
+            runs_us = t_runs.as_micros() as u64,
+            ops_us = (t_ops - t_runs).as_micros() as u64,
+            keys_us = (t_keys - t_ops).as_micros() as u64,
+            state_us = (t0.elapsed() - t_keys).as_micros() as u64,
+            "lat: request posted"
+        );
         Ok(xfer)
     }
 

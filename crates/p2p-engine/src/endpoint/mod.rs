@@ -625,6 +625,7 @@ impl Endpoint {
         remote: Vec<RmaItem>,
         remote_region: &[u64],
     ) -> Result<u64> {
+        let t0 = std::time::Instant::now();
         let c = self.conn(conn)?;
         let local = self.resolve_local(bufs)?;
         if remote.len() != local.len() {
@@ -634,7 +635,10 @@ impl Endpoint {
                 remote.len()
             )));
         }
-        Ok(self.publish(self.post_rma_any(&c, read, local, remote, remote_region)?))
+        let t_local = t0.elapsed();
+        let t = self.post_rma_any(&c, read, local, remote, remote_region)?;
+        notify::trace_posted(&t, bufs.len(), t0, std::time::Duration::ZERO, t_local);
+        Ok(self.publish(t))
     }
 
     /// A one-sided request on the regions the peer advertised: its items,
