@@ -513,28 +513,44 @@ class Engine final : public nixl::BackendEngine {
         req.iov.reserve(n);
         // One copy of each distinct remote descriptor.
         std::unordered_map<const RemoteMD *, const uint8_t *> copied;
+        // The metadata of the descriptor before, checked already: a KV list
+        // names one region on each side thousands of times over, and its
+        // descriptors are checked against the last ones' without a cast,
+        // an agent comparison or a lookup (vLLM makes such a handle for
+        // every request).
+        const nixl::BackendMD *last_l = nullptr, *last_r = nullptr;
+        const LocalMD *lmd = nullptr;
+        const RemoteMD *rmd = nullptr;
+        const uint8_t *rdesc = nullptr;
         for (size_t i = 0; i < n; i++) {
             const nixl::MetaDesc &l = local.descs[i];
             const nixl::MetaDesc &r = remote.descs[i];
-            auto *lmd = dynamic_cast<const LocalMD *>(l.metadata);
-            auto *rmd = dynamic_cast<const RemoteMD *>(r.metadata);
-            if (lmd == nullptr || rmd == nullptr) return nixl::ERR_INVALID_PARAM;
-            if (rmd->agent != agent) return nixl::ERR_INVALID_PARAM;
+            if (l.metadata != last_l || lmd == nullptr) {
+                lmd = dynamic_cast<const LocalMD *>(l.metadata);
+                if (lmd == nullptr) return nixl::ERR_INVALID_PARAM;
+                last_l = l.metadata;
+            }
+            if (r.metadata != last_r || rmd == nullptr) {
+                rmd = dynamic_cast<const RemoteMD *>(r.metadata);
+                if (rmd == nullptr || rmd->agent != agent) return nixl::ERR_INVALID_PARAM;
+                auto c = copied.find(rmd);
+                if (c == copied.end()) {
+                    std::unique_ptr<uint8_t[]> d(new uint8_t[TCPX_DESC_LEN]);
+                    std::memcpy(d.get(), rmd->desc, TCPX_DESC_LEN);
+                    c = copied.emplace(rmd, d.get()).first;
+                    req.descs.push_back(std::move(d));
+                }
+                rdesc = c->second;
+                last_r = r.metadata;
+            }
             if (l.len != r.len || l.len == 0) return nixl::ERR_INVALID_PARAM;
             if (!inside(l.addr, l.len, lmd->addr, lmd->len)) return nixl::ERR_INVALID_PARAM;
             if (!inside(r.addr, r.len, rmd->addr, rmd->len)) return nixl::ERR_INVALID_PARAM;
-            auto c = copied.find(rmd);
-            if (c == copied.end()) {
-                std::unique_ptr<uint8_t[]> d(new uint8_t[TCPX_DESC_LEN]);
-                std::memcpy(d.get(), rmd->desc, TCPX_DESC_LEN);
-                c = copied.emplace(rmd, d.get()).first;
-                req.descs.push_back(std::move(d));
-            }
             tcpx_rma_iov_t v;
             v.mr = lmd->mr;
             v.ptr = reinterpret_cast<void *>(l.addr);
             v.len = l.len;
-            v.desc = c->second;
+            v.desc = rdesc;
             v.remote_offset = r.addr - rmd->addr;
             req.iov.push_back(v);
         }
@@ -676,6 +692,17 @@ int tcpx_nixl_selftest(void) {
     CHECK(refused(list({one(s0, B, smd)}), list({one(d0, B, rdst)}), "someone-else"));
     CHECK(refused(list({one(s0, B, smd)}), list({one(d0, B, dmd)}), "selftest"));
     CHECK(refused(list({}), list({}), "selftest"));
+    // Only a later descriptor wrong, its metadata the same as the first's
+    // (each descriptor's bounds are checked, not only the first's) or not
+    // (a new metadata object is checked whole).
+    CHECK(refused(list({one(s0, B, smd), one(s0 + B, B, smd)}),
+                  list({one(d0, B, rdst), one(d0 + N - B / 2, B, rdst)}), "selftest"));
+    CHECK(refused(list({one(s0, B, smd), one(s0 + N - B / 2, B, smd)}),
+                  list({one(d0, B, rdst), one(d0 + B, B, rdst)}), "selftest"));
+    CHECK(refused(list({one(s0, B, smd), one(s0 + B, B, smd)}),
+                  list({one(d0, B, rdst), one(d0 + B, B, dmd)}), "selftest"));
+    CHECK(refused(list({one(s0, B, smd), one(s0 + B, B, rdst)}),
+                  list({one(d0, B, rdst), one(d0 + B, B, rdst)}), "selftest"));
     CHECK(refused(list({one(s0, B, smd), one(s0 + B, B, smd)}), list({one(d0, B, rdst)}), "selftest"));
     for (uint8_t b : dst) CHECK(b == 0);
 
