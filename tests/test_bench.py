@@ -226,7 +226,7 @@ def test_rma_timeline_of_a_list_sent_as_several_requests(tmp_path, capsys):
     for p in posted:
         assert p["requests"] == 3, p
         assert all(p[k] >= 0 for k in ("items_us", "resolve_us", "requests_us")), p
-        steps = p["runs_us"] + p["ops_us"] + p["keys_us"] + p["state_us"]
+        steps = p["runs_us"] + p["ops_us"] + p["keys_us"] + p["release_us"] + p["state_us"]
         assert steps <= p["requests_us"] + 0.01, p
     assert rt.main([str(log), "--posting"]) == 0
     assert "as 3 requests" in capsys.readouterr().out
