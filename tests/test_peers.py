@@ -28,6 +28,7 @@ def run_peers(tmp_path, peers, procs, busy):
     # Timed rounds come after a first round of each shape, kept apart.
     for phase in ("busy", "busy_out"):
         assert all(x > 0 for x in res[phase]["first_rounds_together_GBps"])
+        assert res[phase]["peak_threads_first_rounds"] > 0
         assert len(res[phase]["rounds_together"]) == 3
     return res
 

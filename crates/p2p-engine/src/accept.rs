@@ -1,38 +1,52 @@
-//! The accept loop of the control listener and of the same-host
-//! listeners. When accepting fails (out of file descriptors or buffers) it
-//! backs off, doubling from 10 ms to 1 s, and warns at most every 10 s,
-//! rather than retrying at once and keeping a core busy while the
-//! condition lasts.
+//! The listeners of an endpoint (its control listener, its same-host
+//! listeners, the socket net's) as tasks of its I/O workers. When
+//! accepting fails (out of file descriptors or buffers) a listener backs
+//! off, doubling from 10 ms to 1 s, and warns at most every 10 s, rather
+//! than retrying at once and keeping a core busy while the condition
+//! lasts.
 
 use std::io;
+use std::os::fd::RawFd;
 use std::time::{Duration, Instant};
+
+use crate::workers::{Step, Task};
 
 const FIRST: Duration = Duration::from_millis(10);
 const MOST: Duration = Duration::from_secs(1);
 const WARN_EVERY: Duration = Duration::from_secs(10);
 
-/// Accepts from `incoming` for as long as `owner` gives its owner (None:
-/// gone or stopping, and the loop ends), handing each accepted stream to
-/// `take` with the owner. A failed accept backs off, the owner let go
-/// while it waits.
-pub(crate) fn accept_loop<S, O>(
-    what: &'static str,
-    incoming: impl Iterator<Item = io::Result<S>>,
-    owner: impl Fn() -> Option<O>,
-    mut take: impl FnMut(O, S),
-) {
-    let mut backoff = Backoff::new(what);
-    for s in incoming {
-        let Some(o) = owner() else { return };
-        match s {
-            Ok(s) => {
-                backoff.accepted();
-                take(o, s);
-            }
-            Err(e) => {
-                if let Some(wait) = backoff.failed(&e) {
-                    drop(o);
-                    std::thread::sleep(wait);
+/// A listener as a task of the I/O workers: it takes every connection
+/// waiting, hands each to `take` with its owner, and then waits for the
+/// next without a thread (`accept` must not block: a non-blocking
+/// listener); a failing accept backs off ([`Backoff`]), without a thread
+/// too. It ends once `owner` gives none (its owner gone or
+/// stopping), its listener with it.
+pub(crate) struct Listening<S, O> {
+    /// The listener's descriptor, watched for connections.
+    pub fd: RawFd,
+    /// The next connection (the listener's `accept`).
+    pub accept: Box<dyn FnMut() -> io::Result<S> + Send>,
+    pub owner: Box<dyn Fn() -> Option<O> + Send>,
+    pub take: Box<dyn FnMut(O, S) + Send>,
+    pub backoff: Backoff,
+}
+
+impl<S: 'static, O: 'static> Task for Listening<S, O> {
+    fn run(&mut self) -> Step {
+        loop {
+            let Some(o) = (self.owner)() else {
+                return Step::Done;
+            };
+            match (self.accept)() {
+                Ok(s) => {
+                    self.backoff.accepted();
+                    (self.take)(o, s);
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Step::Readable(self.fd),
+                Err(e) => {
+                    if let Some(wait) = self.backoff.failed(&e) {
+                        return Step::Until(Instant::now() + wait);
+                    }
                 }
             }
         }

@@ -84,7 +84,8 @@ struct Inner {
 /// A transfer engine endpoint.
 pub struct Endpoint {
     inner: Arc<Inner>,
-    acceptor: Option<std::thread::JoinHandle<()>>,
+    /// The control listener's task on the I/O workers.
+    acceptor: Option<Arc<crate::workers::Home>>,
     watchdog: Option<std::thread::JoinHandle<()>>,
 }
 
@@ -245,6 +246,7 @@ impl Endpoint {
             ip: addr.ip(),
             port: addr.port(),
             max_handshakes: cfg.max_handshakes,
+            workers: params.workers.clone(),
         })?;
         let local_params = params.with_net(same_host);
         let stream_budget = cfg.stream_budget();
@@ -286,11 +288,13 @@ impl Endpoint {
                 .ok_or_else(|| Error::invalid("the endpoint is closing"))?;
             establish_local(&inner, s, initiator)
         }));
-        let weak = Arc::downgrade(&inner);
-        let acceptor = std::thread::Builder::new()
-            .name("tcpx-accept".into())
-            .spawn(move || accept_loop(weak, listener))
-            .map_err(|e| Error::io("spawning acceptor", e))?;
+        let listener_fd = std::os::fd::AsRawFd::as_raw_fd(&listener);
+        let task = control_listener(Arc::downgrade(&inner), listener)
+            .map_err(|e| Error::io("making the control listener non-blocking", e))?;
+        let acceptor = inner
+            .params
+            .workers
+            .start_readable(Box::new(task), listener_fd);
         let weak = Arc::downgrade(&inner);
         let watchdog = std::thread::Builder::new()
             .name("tcpx-watchdog".into())
@@ -864,10 +868,11 @@ impl Drop for Endpoint {
     fn drop(&mut self) {
         self.inner.stopping.store(true, Ordering::Release);
         self.inner.local.stop();
-        // Wake the acceptor.
+        // Wake the listener's task: it finds the endpoint stopping and
+        // ends, the listener with it.
         let _ = TcpStream::connect_timeout(&self.inner.addr, Duration::from_millis(200));
         if let Some(t) = self.acceptor.take() {
-            let _ = t.join();
+            crate::workers::Home::end_all(&[t], Duration::from_secs(5), "control listener");
         }
         if let Some(t) = self.watchdog.take() {
             t.thread().unpark();
@@ -910,18 +915,31 @@ fn watchdog_loop(inner: Weak<Inner>) {
     }
 }
 
-fn accept_loop(inner: Weak<Inner>, listener: TcpListener) {
+/// The control listener as a task of the I/O workers (no thread while no
+/// connection comes): each connection admitted gets a handshake thread of
+/// its own (bounded by the admission's handshake limits).
+fn control_listener(
+    inner: Weak<Inner>,
+    listener: TcpListener,
+) -> std::io::Result<crate::accept::Listening<TcpStream, Arc<Inner>>> {
+    listener.set_nonblocking(true)?;
+    let fd = std::os::fd::AsRawFd::as_raw_fd(&listener);
     let (mut turned_away, mut last_turned) = (0u64, None::<Instant>);
-    let owner = || {
-        inner
-            .upgrade()
-            .filter(|ep| !ep.stopping.load(Ordering::Acquire))
-    };
-    crate::accept::accept_loop(
-        "control connections",
-        listener.incoming(),
-        owner,
-        |ep, s| {
+    Ok(crate::accept::Listening {
+        fd,
+        accept: Box::new(move || {
+            let (s, _) = listener.accept()?;
+            // The handshake blocks (bounded by its deadlines).
+            s.set_nonblocking(false)?;
+            Ok(s)
+        }),
+        owner: Box::new(move || {
+            inner
+                .upgrade()
+                .filter(|ep| !ep.stopping.load(Ordering::Acquire))
+        }),
+        backoff: crate::accept::Backoff::new("control connections"),
+        take: Box::new(move |ep: Arc<Inner>, s: TcpStream| {
             let ip = match s.peer_addr() {
                 Ok(a) => a.ip(),
                 Err(_) => return,
@@ -996,8 +1014,8 @@ fn accept_loop(inner: Weak<Inner>, listener: TcpListener) {
             if let Err(e) = spawned {
                 tracing::warn!("cannot spawn a handshake thread: {e}");
             }
-        },
-    );
+        }),
+    })
 }
 
 /// `hostname:port`, or `ip:port` where the host has no name.

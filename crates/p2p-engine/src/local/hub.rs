@@ -58,49 +58,58 @@ impl Hub {
             handshaking: AtomicU64::new(0),
         });
         for l in listeners {
+            l.set_nonblocking(true)
+                .map_err(|e| Error::io("making a same-host listener non-blocking", e))?;
+            let fd = std::os::fd::AsRawFd::as_raw_fd(&l);
             let weak = Arc::downgrade(&hub);
-            let h = std::thread::Builder::new()
-                .name("tcpx-local-accept".into())
-                .spawn(move || {
-                    let owner = || {
-                        weak.upgrade()
-                            .filter(|hub| !hub.stopping.load(Ordering::Acquire))
-                    };
-                    crate::accept::accept_loop(
-                        "same-host connections",
-                        l.incoming(),
-                        owner,
-                        |hub: Arc<Hub>, s| {
-                            // Bounded: a flood of same-host connections
-                            // takes neither every thread nor descriptor.
-                            let busy = hub.handshaking.load(Ordering::Acquire) as usize;
-                            if busy >= hub.p.max_handshakes {
-                                tracing::debug!(
-                                    "closed a same-host connection at once: {busy} handshakes in \
-                                     progress (TCPX_P2P_MAX_HANDSHAKES={})",
-                                    hub.p.max_handshakes,
-                                );
-                                return;
-                            }
-                            hub.handshaking.fetch_add(1, Ordering::AcqRel);
-                            let h = hub.clone();
-                            let r = std::thread::Builder::new()
-                                .name("tcpx-local-hs".into())
-                                .spawn(move || {
-                                    h.admit(s);
-                                    h.handshaking.fetch_sub(1, Ordering::AcqRel);
-                                });
-                            if let Err(e) = r {
-                                hub.handshaking.fetch_sub(1, Ordering::AcqRel);
-                                tracing::warn!("cannot spawn a same-host handshake thread: {e}");
-                            }
-                        },
-                    );
-                })
-                .map_err(|e| Error::io("spawning the same-host acceptor", e))?;
-            hub.acceptors.lock().push(h);
+            let task = crate::accept::Listening {
+                fd,
+                accept: Box::new(move || {
+                    let (s, _) = l.accept()?;
+                    // The handshake blocks (bounded by its deadline) on a
+                    // thread of its own.
+                    s.set_nonblocking(false)?;
+                    Ok(s)
+                }),
+                owner: Box::new(move || {
+                    weak.upgrade()
+                        .filter(|hub| !hub.stopping.load(Ordering::Acquire))
+                }),
+                take: Box::new(|hub: Arc<Hub>, s| hub.handshake(s)),
+                backoff: crate::accept::Backoff::new("same-host connections"),
+            };
+            let home = hub.p.workers.start_readable(Box::new(task), fd);
+            hub.acceptors.lock().push(home);
         }
         Ok(hub)
+    }
+
+    /// Runs the hello and the engine's handshake of a stream a peer
+    /// dialed on a thread of its own, within the handshakes' bound: a
+    /// flood of same-host connections takes neither every thread nor
+    /// descriptor.
+    fn handshake(self: Arc<Self>, s: UnixStream) {
+        let busy = self.handshaking.load(Ordering::Acquire) as usize;
+        if busy >= self.p.max_handshakes {
+            tracing::debug!(
+                "closed a same-host connection at once: {busy} handshakes in \
+                 progress (TCPX_P2P_MAX_HANDSHAKES={})",
+                self.p.max_handshakes,
+            );
+            return;
+        }
+        self.handshaking.fetch_add(1, Ordering::AcqRel);
+        let h = self.clone();
+        let r = std::thread::Builder::new()
+            .name("tcpx-local-hs".into())
+            .spawn(move || {
+                h.admit(s);
+                h.handshaking.fetch_sub(1, Ordering::AcqRel);
+            });
+        if let Err(e) = r {
+            self.handshaking.fetch_sub(1, Ordering::AcqRel);
+            tracing::warn!("cannot spawn a same-host handshake thread: {e}");
+        }
     }
 
     /// Sets how a checked stream becomes a connection of the endpoint
@@ -191,8 +200,9 @@ impl Hub {
                 let _ = UnixStream::connect_addr(&a);
             }
         }
-        for h in self.acceptors.lock().drain(..) {
-            let _ = h.join();
-        }
+        // Each listener's task wakes (a connection came), finds the hub
+        // stopping and ends, its listener with it.
+        let tasks: Vec<_> = self.acceptors.lock().drain(..).collect();
+        crate::workers::Home::end_all(&tasks, self.p.timeout, "same-host listener");
     }
 }

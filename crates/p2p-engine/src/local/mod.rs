@@ -39,7 +39,6 @@ use std::os::linux::net::SocketAddrExt;
 use std::os::unix::net::{SocketAddr, UnixListener, UnixStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
@@ -58,6 +57,9 @@ pub(crate) struct HubParams {
     pub port: u16,
     /// Same-host handshakes in progress at most (`TCPX_P2P_MAX_HANDSHAKES`).
     pub max_handshakes: usize,
+    /// The endpoint's I/O workers: the listeners wait for connections on
+    /// them, holding no thread.
+    pub workers: crate::workers::Workers,
 }
 
 /// Makes a checked Unix stream a connection of the endpoint (the engine's
@@ -127,7 +129,8 @@ pub(crate) struct Hub {
     accepted_cv: Condvar,
     stopping: AtomicBool,
     names: Vec<String>,
-    acceptors: Mutex<Vec<JoinHandle<()>>>,
+    /// The listeners' tasks on the I/O workers.
+    acceptors: Mutex<Vec<Arc<crate::workers::Home>>>,
     /// Same-host handshakes in progress.
     handshaking: AtomicU64,
 }

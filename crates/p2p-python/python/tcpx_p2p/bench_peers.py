@@ -394,7 +394,7 @@ def warm_up(round_of, busy, peaks):
     stream, not per transfer. Measured on 2 x H100, sending 16 MiB to 8
     peers at once read 0.45-0.61, then 3.1-3.6, then 12.6-13.2 GB/s in its
     first three rounds."""
-    first = (round_of([0]), [round_of(list(range(busy))) for _ in range(2)])
+    first = (round_of([0]), [round_of(list(range(busy))) for _ in range(2)], max(p for p, _ in peaks))
     peaks.clear()
     return first
 
@@ -409,6 +409,7 @@ def rounds_summary(busy, busy_size, first, alone, together, peaks, alone_key, to
         "size": busy_size,
         "first_round_alone_GBps": first[0],
         "first_rounds_together_GBps": first[1],
+        "peak_threads_first_rounds": first[2],
         alone_key: alone[1],
         together_key: together[1],
         "ratio": together[1] / alone[1],
@@ -492,7 +493,7 @@ def report(res, failures):
         )
         print(
             f"  threads while receiving: at most {bz['peak_threads_alone']} from one peer, "
-            f"{bz['peak_threads_together']} from {bz['peers_at_once']} at once "
+            f"{bz['peak_threads_together']} from {bz['peers_at_once']} at once, {bz['peak_threads_first_rounds']} in the first rounds "
             f"(by name at that peak: {bz['thread_names_at_peak_together']})"
         )
     if "busy_out" in res:
@@ -504,7 +505,7 @@ def report(res, failures):
         )
         print(
             f"  threads while sending: at most {bo['peak_threads_alone']} to one peer, "
-            f"{bo['peak_threads_together']} to {bo['peers_at_once']} at once "
+            f"{bo['peak_threads_together']} to {bo['peers_at_once']} at once, {bo['peak_threads_first_rounds']} in the first rounds "
             f"(by name at that peak: {bo['thread_names_at_peak_together']})"
         )
     for f in failures:
