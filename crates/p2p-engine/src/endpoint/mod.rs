@@ -471,9 +471,18 @@ impl Endpoint {
         Ok(self.conn(id)?.net.clone())
     }
 
-    /// Why a connection failed, if it did.
+    /// Why a connection failed, if it did: also once the watchdog has
+    /// released a failed connection (its id keeps the reason; before, the
+    /// question then failed with the reason as its error, so a caller
+    /// polling for the failure could miss it for good).
     pub fn conn_failure(&self, id: u64) -> Result<Option<String>> {
-        Ok(self.conn(id)?.failure().map(|f| f.to_string()))
+        if let Some(c) = self.inner.conns.read().get(&id) {
+            return Ok(c.failure().map(|f| f.to_string()));
+        }
+        match self.inner.gone.lock().iter().find(|(g, _)| *g == id) {
+            Some((_, why)) => Ok(Some(why.to_string())),
+            None => Err(Error::invalid(format!("unknown connection id {id}"))),
+        }
     }
 
     pub fn reg(&self, ptr: u64, len: usize) -> Result<u64> {
