@@ -6,38 +6,96 @@
 //! lasts.
 
 use std::io;
-use std::os::fd::RawFd;
+use std::net::{TcpListener, TcpStream};
+use std::os::fd::{AsRawFd, RawFd};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::workers::{Step, Task};
+use crate::workers::{Home, Step, Task, Workers};
 
 const FIRST: Duration = Duration::from_millis(10);
 const MOST: Duration = Duration::from_secs(1);
 const WARN_EVERY: Duration = Duration::from_secs(10);
 
-/// A listener as a task of the I/O workers: it takes every connection
-/// waiting, hands each to `take` with its owner, and then waits for the
-/// next without a thread (`accept` must not block: a non-blocking
-/// listener); a failing accept backs off ([`Backoff`]), without a thread
-/// too. It ends once `owner` gives none (its owner gone or
-/// stopping), its listener with it.
-pub(crate) struct Listening<S, O> {
-    /// The listener's descriptor, watched for connections.
-    pub fd: RawFd,
-    /// The next connection (the listener's `accept`).
-    pub accept: Box<dyn FnMut() -> io::Result<S> + Send>,
-    pub owner: Box<dyn Fn() -> Option<O> + Send>,
-    pub take: Box<dyn FnMut(O, S) + Send>,
-    pub backoff: Backoff,
+/// A listener whose connections a [`Listening`] task takes.
+pub(crate) trait Listener: AsRawFd + Send + 'static {
+    type Stream;
+    /// Makes the listener's own accepts non-blocking.
+    fn accept_without_waiting(&self) -> io::Result<()>;
+    /// The next waiting connection, blocking (its handshake blocks,
+    /// bounded by its deadlines, on a thread of its own).
+    fn next(&self) -> io::Result<Self::Stream>;
 }
 
-impl<S: 'static, O: 'static> Task for Listening<S, O> {
+impl Listener for TcpListener {
+    type Stream = TcpStream;
+    fn accept_without_waiting(&self) -> io::Result<()> {
+        self.set_nonblocking(true)
+    }
+    fn next(&self) -> io::Result<TcpStream> {
+        let (s, _) = self.accept()?;
+        s.set_nonblocking(false)?;
+        Ok(s)
+    }
+}
+
+impl Listener for UnixListener {
+    type Stream = UnixStream;
+    fn accept_without_waiting(&self) -> io::Result<()> {
+        self.set_nonblocking(true)
+    }
+    fn next(&self) -> io::Result<UnixStream> {
+        let (s, _) = self.accept()?;
+        s.set_nonblocking(false)?;
+        Ok(s)
+    }
+}
+
+/// Starts `listener` as a task of `workers` ([`Listening`]): each
+/// connection goes to `take` with what `owner` gives, until `owner` gives
+/// none (its owner gone or stopping). `what` names the connections in
+/// the back-off's warnings.
+pub(crate) fn listen_on<L: Listener, O: 'static>(
+    workers: &Workers,
+    listener: L,
+    what: &'static str,
+    owner: impl Fn() -> Option<O> + Send + 'static,
+    take: impl FnMut(O, L::Stream) + Send + 'static,
+) -> io::Result<Arc<Home>> {
+    listener.accept_without_waiting()?;
+    let fd = listener.as_raw_fd();
+    let task = Listening {
+        fd,
+        listener,
+        owner: Box::new(owner),
+        take: Box::new(take),
+        backoff: Backoff::new(what),
+    };
+    Ok(workers.start_readable(Box::new(task), fd))
+}
+
+/// A listener as a task of the I/O workers: it takes every connection
+/// waiting, hands each to `take` with its owner, and then waits for the
+/// next without a thread; a failing accept backs off ([`Backoff`]),
+/// without a thread too. It ends once `owner` gives none, its listener
+/// with it.
+struct Listening<L: Listener, O> {
+    /// The listener's descriptor, watched for connections.
+    fd: RawFd,
+    listener: L,
+    owner: Box<dyn Fn() -> Option<O> + Send>,
+    take: Box<dyn FnMut(O, L::Stream) + Send>,
+    backoff: Backoff,
+}
+
+impl<L: Listener, O: 'static> Task for Listening<L, O> {
     fn run(&mut self) -> Step {
         loop {
             let Some(o) = (self.owner)() else {
                 return Step::Done;
             };
-            match (self.accept)() {
+            match self.listener.next() {
                 Ok(s) => {
                     self.backoff.accepted();
                     (self.take)(o, s);

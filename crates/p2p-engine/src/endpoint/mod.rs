@@ -288,13 +288,8 @@ impl Endpoint {
                 .ok_or_else(|| Error::invalid("the endpoint is closing"))?;
             establish_local(&inner, s, initiator)
         }));
-        let listener_fd = std::os::fd::AsRawFd::as_raw_fd(&listener);
-        let task = control_listener(Arc::downgrade(&inner), listener)
+        let acceptor = control_listener(&inner.params.workers, Arc::downgrade(&inner), listener)
             .map_err(|e| Error::io("making the control listener non-blocking", e))?;
-        let acceptor = inner
-            .params
-            .workers
-            .start_readable(Box::new(task), listener_fd);
         let weak = Arc::downgrade(&inner);
         let watchdog = std::thread::Builder::new()
             .name("tcpx-watchdog".into())
@@ -928,103 +923,93 @@ fn watchdog_loop(inner: Weak<Inner>) {
 /// connection comes): each connection admitted gets a handshake thread of
 /// its own (bounded by the admission's handshake limits).
 fn control_listener(
+    workers: &Workers,
     inner: Weak<Inner>,
     listener: TcpListener,
-) -> std::io::Result<crate::accept::Listening<TcpStream, Arc<Inner>>> {
-    listener.set_nonblocking(true)?;
-    let fd = std::os::fd::AsRawFd::as_raw_fd(&listener);
+) -> std::io::Result<Arc<crate::workers::Home>> {
     let (mut turned_away, mut last_turned) = (0u64, None::<Instant>);
-    Ok(crate::accept::Listening {
-        fd,
-        accept: Box::new(move || {
-            let (s, _) = listener.accept()?;
-            // The handshake blocks (bounded by its deadlines).
-            s.set_nonblocking(false)?;
-            Ok(s)
-        }),
-        owner: Box::new(move || {
-            inner
-                .upgrade()
-                .filter(|ep| !ep.stopping.load(Ordering::Acquire))
-        }),
-        backoff: crate::accept::Backoff::new("control connections"),
-        take: Box::new(move |ep: Arc<Inner>, s: TcpStream| {
-            let ip = match s.peer_addr() {
-                Ok(a) => a.ip(),
-                Err(_) => return,
-            };
-            // Closes this handshake's socket if it must make room for others.
-            let closer: Box<dyn Fn() + Send> = match s.try_clone() {
-                Ok(c) => Box::new(move || {
-                    let _ = c.shutdown(std::net::Shutdown::Both);
-                }),
-                Err(_) => return,
-            };
-            let slot = match ep.admission.handshake(ip, Instant::now(), closer) {
-                Ok(slot) => slot,
-                Err(why) => {
-                    // Logged at most every 10 s: a flood must not flood the log.
-                    turned_away += 1;
-                    if last_turned.is_none_or(|t| t.elapsed() > Duration::from_secs(10)) {
-                        tracing::warn!(
+    let owner = move || {
+        inner
+            .upgrade()
+            .filter(|ep| !ep.stopping.load(Ordering::Acquire))
+    };
+    let take = move |ep: Arc<Inner>, s: TcpStream| {
+        let ip = match s.peer_addr() {
+            Ok(a) => a.ip(),
+            Err(_) => return,
+        };
+        // Closes this handshake's socket if it must make room for others.
+        let closer: Box<dyn Fn() + Send> = match s.try_clone() {
+            Ok(c) => Box::new(move || {
+                let _ = c.shutdown(std::net::Shutdown::Both);
+            }),
+            Err(_) => return,
+        };
+        let slot = match ep.admission.handshake(ip, Instant::now(), closer) {
+            Ok(slot) => slot,
+            Err(why) => {
+                // Logged at most every 10 s: a flood must not flood the log.
+                turned_away += 1;
+                if last_turned.is_none_or(|t| t.elapsed() > Duration::from_secs(10)) {
+                    tracing::warn!(
                             "closed {turned_away} control connection(s) at once, the last from {ip}: {why}"
                         );
-                        last_turned = Some(Instant::now());
-                        turned_away = 0;
-                    }
-                    return;
+                    last_turned = Some(Instant::now());
+                    turned_away = 0;
                 }
-            };
-            let weak = Arc::downgrade(&ep);
-            let params = ep.params.clone();
-            let admission = ep.admission.clone();
-            let preauth = ep.cfg.preauth_timeout;
-            let id = ep.next_conn.fetch_add(1, Ordering::Relaxed);
-            drop(ep);
-            let spawned = std::thread::Builder::new()
-                .name("tcpx-handshake".into())
-                .spawn(move || {
-                    let peer = s.peer_addr().map(|a| a.to_string()).unwrap_or_default();
-                    let s = crate::ctl::Ctl::Tcp(s);
-                    let params = params.for_peer(&s);
-                    let proven = || slot.proven();
-                    let admit = |streams: usize| {
-                        admission
-                            .room(ip, streams)
-                            .map(|r| Box::new(r) as crate::handshake::Held)
-                    };
-                    let gate = crate::handshake::Gate {
-                        preauth: crate::timeout::deadline_after(preauth),
-                        proven: &proven,
-                        admit: &admit,
-                    };
-                    let res = Conn::establish(id, s, false, &params, Some(&gate));
-                    drop(slot);
-                    match res {
-                        Ok(conn) => {
-                            let Some(ep) = weak.upgrade() else {
-                                conn.close();
-                                return;
-                            };
-                            if ep.stopping.load(Ordering::Acquire) {
-                                conn.close();
-                                return;
-                            }
-                            ep.conns.write().insert(id, conn);
-                            ep.accepted.lock().push_back(id);
-                            ep.accepted_cv.notify_all();
-                        }
-                        Err(Error::Connect { reason, .. }) => {
-                            tracing::warn!("refused a connection from {peer}: {reason}")
-                        }
-                        Err(e) => tracing::warn!("refused a connection from {peer}: {e}"),
-                    }
-                });
-            if let Err(e) = spawned {
-                tracing::warn!("cannot spawn a handshake thread: {e}");
+                return;
             }
-        }),
-    })
+        };
+        let weak = Arc::downgrade(&ep);
+        let params = ep.params.clone();
+        let admission = ep.admission.clone();
+        let preauth = ep.cfg.preauth_timeout;
+        let id = ep.next_conn.fetch_add(1, Ordering::Relaxed);
+        drop(ep);
+        let spawned = std::thread::Builder::new()
+            .name("tcpx-handshake".into())
+            .spawn(move || {
+                let peer = s.peer_addr().map(|a| a.to_string()).unwrap_or_default();
+                let s = crate::ctl::Ctl::Tcp(s);
+                let params = params.for_peer(&s);
+                let proven = || slot.proven();
+                let admit = |streams: usize| {
+                    admission
+                        .room(ip, streams)
+                        .map(|r| Box::new(r) as crate::handshake::Held)
+                };
+                let gate = crate::handshake::Gate {
+                    preauth: crate::timeout::deadline_after(preauth),
+                    proven: &proven,
+                    admit: &admit,
+                };
+                let res = Conn::establish(id, s, false, &params, Some(&gate));
+                drop(slot);
+                match res {
+                    Ok(conn) => {
+                        let Some(ep) = weak.upgrade() else {
+                            conn.close();
+                            return;
+                        };
+                        if ep.stopping.load(Ordering::Acquire) {
+                            conn.close();
+                            return;
+                        }
+                        ep.conns.write().insert(id, conn);
+                        ep.accepted.lock().push_back(id);
+                        ep.accepted_cv.notify_all();
+                    }
+                    Err(Error::Connect { reason, .. }) => {
+                        tracing::warn!("refused a connection from {peer}: {reason}")
+                    }
+                    Err(e) => tracing::warn!("refused a connection from {peer}: {e}"),
+                }
+            });
+        if let Err(e) = spawned {
+            tracing::warn!("cannot spawn a handshake thread: {e}");
+        }
+    };
+    crate::accept::listen_on(workers, listener, "control connections", owner, take)
 }
 
 /// `hostname:port`, or `ip:port` where the host has no name.

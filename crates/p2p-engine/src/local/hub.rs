@@ -58,27 +58,15 @@ impl Hub {
             handshaking: AtomicU64::new(0),
         });
         for l in listeners {
-            l.set_nonblocking(true)
-                .map_err(|e| Error::io("making a same-host listener non-blocking", e))?;
-            let fd = std::os::fd::AsRawFd::as_raw_fd(&l);
             let weak = Arc::downgrade(&hub);
-            let task = crate::accept::Listening {
-                fd,
-                accept: Box::new(move || {
-                    let (s, _) = l.accept()?;
-                    // The handshake blocks (bounded by its deadline) on a
-                    // thread of its own.
-                    s.set_nonblocking(false)?;
-                    Ok(s)
-                }),
-                owner: Box::new(move || {
-                    weak.upgrade()
-                        .filter(|hub| !hub.stopping.load(Ordering::Acquire))
-                }),
-                take: Box::new(|hub: Arc<Hub>, s| hub.handshake(s)),
-                backoff: crate::accept::Backoff::new("same-host connections"),
+            let owner = move || {
+                weak.upgrade()
+                    .filter(|hub| !hub.stopping.load(Ordering::Acquire))
             };
-            let home = hub.p.workers.start_readable(Box::new(task), fd);
+            let take = |hub: Arc<Hub>, s| hub.handshake(s);
+            let home =
+                crate::accept::listen_on(&hub.p.workers, l, "same-host connections", owner, take)
+                    .map_err(|e| Error::io("making a same-host listener non-blocking", e))?;
             hub.acceptors.lock().push(home);
         }
         Ok(hub)
