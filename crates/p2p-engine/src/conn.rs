@@ -1200,7 +1200,7 @@ impl Conn {
         // Where a large list's posting time goes, step by step (traced):
         // the runs, the requests' ops, the keys, letting go of our list of
         // runs (a region handle each), the state machine.
-        let t0 = Instant::now();
+        let clock = crate::net::timing::Steps::start(tracing::enabled!(tracing::Level::TRACE));
         let regions = distinct_regions(&local);
         let ids: Vec<(MemRef, u64)> = local.iter().map(|(m, r)| (*m, r.id)).collect();
         let runs = rma::plan_runs(&ids, &remote, remote_region);
@@ -1236,12 +1236,12 @@ impl Conn {
             });
             return Ok(xfer);
         }
-        let t_runs = t0.elapsed();
+        let t_runs = clock.at();
         let plan = self.plan(local.iter().map(|(m, _)| m.len));
         // +1: the target's WriteDone / ReadAck.
         let xfer = Transfer::new(xfer_id, self.id, plan.len() + 1, regions);
         let ops = Self::ops_for(&xfer, &local, &plan, true);
-        let t_ops = t0.elapsed();
+        let t_ops = clock.at();
         // A write is offered with our keys, for the target to pull; a read
         // is offered for us to copy from keys the target grants (our
         // memory is written by us alone: see `Net::export`).
@@ -1251,9 +1251,9 @@ impl Conn {
             self.keys(&local, remote.len())
         };
         let offer_read = dst_gpu.filter(|_| remote.len() <= PULL_MAX_RUNS);
-        let t_keys = t0.elapsed();
+        let t_keys = clock.at();
         drop(local);
-        let (t_drop, items) = (t0.elapsed(), remote.len());
+        let (t_drop, items) = (clock.at(), remote.len());
         // The request and, for a read, its receives' place in the order of
         // our requests for data are made under the state lock, in the order
         // the requests leave.
@@ -1276,7 +1276,7 @@ impl Conn {
             ops_us = (t_ops - t_runs).as_micros() as u64,
             keys_us = (t_keys - t_ops).as_micros() as u64,
             release_us = (t_drop - t_keys).as_micros() as u64,
-            state_us = (t0.elapsed() - t_drop).as_micros() as u64,
+            state_us = clock.at().saturating_sub(t_drop).as_micros() as u64,
             "lat: request posted"
         );
         Ok(xfer)

@@ -135,9 +135,38 @@ pub fn finish() -> Option<String> {
     Some(line)
 }
 
+/// A clock for the steps of one call (where a posting's time goes, say),
+/// read only while `on` (its trace is enabled): off, every reading is zero
+/// and no clock is read, so a hot call pays nothing for it.
+#[derive(Debug, Clone, Copy)]
+pub struct Steps(Option<Instant>);
+
+impl Steps {
+    pub fn start(on: bool) -> Self {
+        Steps(on.then(Instant::now))
+    }
+
+    /// The time since the start (zero while off).
+    pub fn at(&self) -> Duration {
+        self.0.map_or(Duration::ZERO, |t| t.elapsed())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn steps_read_the_clock_only_while_on() {
+        let off = Steps::start(false);
+        std::thread::sleep(Duration::from_millis(2));
+        assert_eq!(off.at(), Duration::ZERO);
+        let on = Steps::start(true);
+        std::thread::sleep(Duration::from_millis(2));
+        let a = on.at();
+        assert!(a >= Duration::from_millis(2), "{a:?}");
+        assert!(on.at() >= a);
+    }
 
     #[test]
     fn account_charges_each_stretch_to_its_kind() {

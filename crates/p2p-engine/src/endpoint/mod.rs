@@ -633,7 +633,7 @@ impl Endpoint {
         remote: Vec<RmaItem>,
         remote_region: &[u64],
     ) -> Result<u64> {
-        let t0 = std::time::Instant::now();
+        let clock = crate::net::timing::Steps::start(tracing::enabled!(tracing::Level::TRACE));
         let c = self.conn(conn)?;
         let local = self.resolve_local(bufs)?;
         if remote.len() != local.len() {
@@ -643,9 +643,9 @@ impl Endpoint {
                 remote.len()
             )));
         }
-        let t_local = t0.elapsed();
+        let t_local = clock.at();
         let t = self.post_rma_any(&c, read, local, remote, remote_region)?;
-        notify::trace_posted(&t, bufs.len(), t0, std::time::Duration::ZERO, t_local);
+        notify::trace_posted(&t, bufs.len(), clock, std::time::Duration::ZERO, t_local);
         Ok(self.publish(t))
     }
 

@@ -60,7 +60,7 @@ impl Endpoint {
         if let Some(m) = notif {
             Self::check_notif(m)?;
         }
-        let t0 = std::time::Instant::now();
+        let clock = crate::net::timing::Steps::start(tracing::enabled!(tracing::Level::TRACE));
         let c = self.conn(conn)?;
         if remote.len() != bufs.len() {
             return Err(Error::invalid(format!(
@@ -90,11 +90,11 @@ impl Endpoint {
             })
             .collect::<Result<Vec<_>>>()?;
         let regions: Vec<u64> = remote.iter().map(|(d, _)| d.region).collect();
-        let t_items = t0.elapsed();
+        let t_items = clock.at();
         let local = self.resolve_local(bufs)?;
-        let t_local = t0.elapsed();
+        let t_local = clock.at();
         let t = self.post_rma_any(&c, read, local, items, &regions)?;
-        trace_posted(&t, bufs.len(), t0, t_items, t_local);
+        trace_posted(&t, bufs.len(), clock, t_items, t_local);
         if let Some(m) = notif {
             c.watch(
                 &t,
@@ -269,12 +269,12 @@ impl Endpoint {
 /// Traces where a one-sided posting's time went (with each request's own
 /// steps, `lat: request posted`; `benchmarks/rma_timeline.py --posting`
 /// reads both): building the items, resolving our buffers, the requests.
-/// `t0` is when the call began; `items` and `local` how long after it the
-/// first two were done.
+/// `clock` started with the call; `items` and `local` are its readings
+/// once the first two were done.
 pub(super) fn trace_posted(
     t: &Transfer,
     pieces: usize,
-    t0: std::time::Instant,
+    clock: crate::net::timing::Steps,
     items: std::time::Duration,
     local: std::time::Duration,
 ) {
@@ -283,7 +283,7 @@ pub(super) fn trace_posted(
         pieces,
         items_us = items.as_micros() as u64,
         resolve_us = local.saturating_sub(items).as_micros() as u64,
-        requests_us = t0.elapsed().saturating_sub(local).as_micros() as u64,
+        requests_us = clock.at().saturating_sub(local).as_micros() as u64,
         "lat: rma posted"
     );
 }
