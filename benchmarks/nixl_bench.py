@@ -26,6 +26,7 @@ import json
 import multiprocessing as mp
 import os
 import random
+import resource
 import statistics
 import sys
 import tempfile
@@ -33,6 +34,12 @@ import time
 import traceback
 
 UNITS = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+
+
+def thread_faults():
+    """Page faults (minor and major) of the calling thread so far."""
+    r = resource.getrusage(resource.RUSAGE_THREAD)
+    return r.ru_minflt + r.ru_majflt
 
 
 def parse_size(s):
@@ -185,6 +192,7 @@ class Side:
         self.conn = None
         self.handles = {}
         self.post_cpu = {}
+        self.post_faults = {}
 
     # set-up
     def usable(self):
@@ -258,9 +266,12 @@ class Side:
         # The posting thread's CPU time in the call that posts (NIXL's and
         # the backend's work on it): unlike its wall time, not lengthened
         # by the I/O threads that start moving the first bytes meanwhile.
-        c0 = time.thread_time()
+        # Its page faults too: memory the call touches for the first time
+        # (lists the allocator handed back to the kernel and takes again).
+        f0, c0 = thread_faults(), time.thread_time()
         st = self.agent.transfer(h, notif) if notif else self.agent.transfer(h)
         self.post_cpu.setdefault(key, []).append(time.thread_time() - c0)
+        self.post_faults.setdefault(key, []).append(thread_faults() - f0)
         while st == "PROC":
             if self.a.poll_sleep_us:
                 time.sleep(self.a.poll_sleep_us * 1e-6)
@@ -271,6 +282,7 @@ class Side:
     def time_nixl(self, key, iters):
         self.post_wait(key)  # warm-up
         self.post_cpu[key] = []
+        self.post_faults[key] = []
         t = time.perf_counter()
         for _ in range(iters):
             self.post_wait(key)
@@ -295,6 +307,12 @@ class Side:
         transfers, in ms (see `post_wait`)."""
         v = self.post_cpu.get(key) or [float("nan")]
         return statistics.median(v) * 1e3
+
+    def posting_faults(self, key):
+        """The median count of page faults in the posting call (see
+        `post_wait`)."""
+        v = self.post_faults.get(key) or [float("nan")]
+        return statistics.median(v)
 
     def telemetry(self, key):
         """NIXL's own account of the handle's last transfer (with --telemetry)."""
@@ -518,6 +536,7 @@ def run_group(a, backends, env, cells, budget):
                     "prep_dlists_s": prep_s[0],
                     "make_prepped_s": prep_s[1],
                     "post_cpu_ms": ini.posting_cpu_ms("k"),
+                    "post_faults": ini.posting_faults("k"),
                 }
                 if a.telemetry:
                     extra["telemetry"] = ini.telemetry("k")
@@ -682,6 +701,7 @@ def main(argv=None):
                 row[f"{b}_prep_dlists_ms"] = statistics.median(e["prep_dlists_s"] for e in ex) * 1e3
                 row[f"{b}_make_prepped_ms"] = statistics.median(e["make_prepped_s"] for e in ex) * 1e3
                 row[f"{b}_post_cpu_ms"] = statistics.median(e["post_cpu_ms"] for e in ex)
+                row[f"{b}_post_faults"] = statistics.median(e["post_faults"] for e in ex)
                 if "telemetry" in ex[-1]:
                     row[f"{b}_telemetry"] = ex[-1]["telemetry"]
                 pairs = [p for e in ex for p in e.get("pairs", [])]
@@ -746,7 +766,8 @@ def print_table(rows, backends):
                 print(
                     f"{b} {r['op']} {r['shape']}: prep_xfer_dlist (both) {r[f'{b}_prep_dlists_ms']:.1f} ms, "
                     f"make_prepped_xfer {r[f'{b}_make_prepped_ms']:.1f} ms (once per request, not in GB/s); "
-                    f"posting thread's CPU in the call that posts {r[f'{b}_post_cpu_ms']:.1f} ms{tail}"
+                    f"posting thread's CPU in the call that posts {r[f'{b}_post_cpu_ms']:.1f} ms "
+                    f"({r[f'{b}_post_faults']:.0f} page faults){tail}"
                 )
     # Each KV list beside one descriptor of the same bytes (the row after it).
     one_of = {(r["op"], r["bytes"]): r for r in rows if r["shape"].startswith("KV as")}

@@ -23,8 +23,8 @@ for.
 
 With `--posting`, where the posting call's time went, per transfer of
 several requests (the `lat: rma posted` line, and `lat: request posted`
-per request): building the pieces' list, resolving our buffers, and the
-requests (per request: its runs, its ops, its keys, releasing its list of runs,
+per request): checking every piece, making the parts (the peer's items,
+our buffers resolved), and the requests (per request: its runs, its ops, its keys, releasing its list of runs,
 the state machine with the request's frame written).
 
 usage: rma_timeline.py LOG [--op write|read] [--gap 5] [--bytes N] [--streams] [--posting]
@@ -205,14 +205,14 @@ def posting_report(events, min_pieces=2, out=sys.stdout):
         mine, reqs = reqs, []
         if f.get("pieces", 0) < min_pieces:
             continue
-        row = {k: f.get(k, 0) / 1e3 for k in ("items_us", "resolve_us", "requests_us")}
+        row = {k: f.get(k, 0) / 1e3 for k in ("checks_us", "parts_us", "requests_us")}
         for k in ("runs_us", "ops_us", "keys_us", "release_us", "state_us"):
             row[k] = sum(r.get(k, 0) for r in mine) / 1e3
         row["pieces"], row["requests"] = f["pieces"], len(mine)
         rows.append(row)
         print(
-            f"posting {row['pieces']} pieces as {row['requests']} requests: list {row['items_us']:.2f} ms, "
-            f"resolve {row['resolve_us']:.2f}, requests {row['requests_us']:.2f} (runs {row['runs_us']:.2f}, "
+            f"posting {row['pieces']} pieces as {row['requests']} requests: checks {row['checks_us']:.2f} ms, "
+            f"parts made {row['parts_us']:.2f}, requests {row['requests_us']:.2f} (runs {row['runs_us']:.2f}, "
             f"ops {row['ops_us']:.2f}, keys {row['keys_us']:.2f}, release {row['release_us']:.2f}, "
             f"state machine {row['state_us']:.2f}; "
             "the rest waits or locks)",

@@ -498,6 +498,7 @@ impl Conn {
             (r, oob)
         };
         if let Some(mut oob) = oob {
+            tracing::trace!(frames = done.frames.len(), "lat: ctl writer taken");
             for (m, payload) in done.frames.drain(..) {
                 let mut body = Vec::new();
                 m.encode(&mut body);
@@ -1353,6 +1354,7 @@ impl Conn {
             } => {
                 tracing::trace!(xfer, bytes = len, "lat: inline write in");
                 let landed = crate::inline::land(s, &local);
+                tracing::trace!(xfer, "lat: inline write landed");
                 drop(local);
                 let ok = landed.is_ok();
                 self.drive(|st, _| st.proto.inline_write_landed(xfer, weight, ok));

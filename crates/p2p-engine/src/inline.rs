@@ -77,6 +77,7 @@ pub(crate) fn land(s: &mut impl Read, local: &[(MemRef, Arc<Region>)]) -> io::Re
             }
             MemKind::Cuda(dev) => with_scratch(dev, m.len, |buf| {
                 s.read_exact(buf)?;
+                tracing::trace!(bytes = m.len, "lat: inline payload read");
                 // SAFETY: `m` is device memory of a live registered region
                 // (resolved by the caller); `buf` holds `m.len` bytes.
                 unsafe { gpu::copy_sync(m.addr, buf.as_ptr() as u64, m.len) }.map_err(cuda)
@@ -147,6 +148,7 @@ pub(crate) fn write_with_payload(
             }
             at += m.len;
         }
+        tracing::trace!(bytes = at, "lat: inline payload copied");
         write_all_vectored(w, &mut [IoSlice::new(&head), IoSlice::new(buf)])
     })
 }

@@ -93,7 +93,8 @@ pub fn init_logging() {
         // Colours only where a person reads a terminal, never in a log file.
         let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
         // Which thread said what, where a trace follows one transfer.
-        let threads = matches!(level.as_str(), "debug" | "trace");
+        // (Also under a filter such as `trace,tcpx_p2p::workers=info`.)
+        let threads = level.contains("debug") || level.contains("trace");
         let _ = tracing_subscriber::fmt()
             .with_env_filter(filter)
             .with_thread_ids(threads)

@@ -109,16 +109,24 @@ pub struct Checker<'a> {
 impl Checker<'_> {
     /// The region `id` if `[ptr, ptr+len)` lies inside it.
     pub fn check(&mut self, id: u64, ptr: u64, len: usize) -> Result<Arc<Region>> {
-        let r = match &self.last {
-            Some(r) if r.id == id => r.clone(),
-            _ => {
-                let r = self.reg.get(id)?;
-                self.last = Some(r.clone());
-                r
-            }
+        let r = self.region(id)?;
+        check_range(r, ptr, len)?;
+        Ok(r.clone())
+    }
+
+    /// [`Checker::check`] without handing out the region (no reference
+    /// count touched: a list of 131,072 pieces is checked whole before any
+    /// part of it is resolved).
+    pub fn check_only(&mut self, id: u64, ptr: u64, len: usize) -> Result<()> {
+        check_range(self.region(id)?, ptr, len)
+    }
+
+    fn region(&mut self, id: u64) -> Result<&Arc<Region>> {
+        let r = match self.last.take() {
+            Some(r) if r.id == id => r,
+            _ => self.reg.get(id)?,
         };
-        check_range(&r, ptr, len)?;
-        Ok(r)
+        Ok(self.last.insert(r))
     }
 }
 

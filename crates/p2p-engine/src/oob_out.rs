@@ -150,15 +150,7 @@ impl Write for OobOut {
         let sent = if b.bytes > 0 {
             0
         } else {
-            let sock = socket2::SockRef::from(&self.s);
-            loop {
-                match sock.send_vectored_with_flags(bufs, libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL) {
-                    Ok(n) => break n,
-                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => break 0,
-                    Err(e) => return Err(e),
-                }
-            }
+            send_now(&socket2::SockRef::from(&self.s), bufs)?
         };
         if sent < total {
             let mut rest = Vec::with_capacity(total - sent);
@@ -181,6 +173,33 @@ impl Write for OobOut {
     fn flush(&mut self) -> io::Result<()> {
         Ok(())
     }
+}
+
+/// Slices one `sendmsg` takes at most (Linux's `UIO_MAXIOV`; more fail the
+/// call with `EMSGSIZE`). An inline write of many small pieces gives one
+/// slice per piece.
+const IOV_MAX: usize = 1024;
+
+/// Sends what the socket takes now without waiting, [`IOV_MAX`] slices a
+/// call: the bytes sent, from the start of `bufs`.
+fn send_now(sock: &socket2::SockRef<'_>, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
+    let mut sent = 0;
+    for chunk in bufs.chunks(IOV_MAX) {
+        let want: usize = chunk.iter().map(|b| b.len()).sum();
+        let n = loop {
+            match sock.send_vectored_with_flags(chunk, libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL) {
+                Ok(n) => break n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(sent),
+                Err(e) => return Err(e),
+            }
+        };
+        sent += n;
+        if n < want {
+            break;
+        }
+    }
+    Ok(sent)
 }
 
 impl Drop for OobOut {
@@ -265,6 +284,27 @@ mod tests {
             b.read_exact(&mut got).unwrap();
             assert!(got == frame(i), "frame {i} out of order or damaged");
         }
+        out.flush_for(Duration::from_secs(5));
+        out.close();
+        assert!(h.wait_done(Duration::from_secs(5)));
+    }
+
+    #[test]
+    fn a_write_of_more_slices_than_one_system_call_takes_arrives_whole() {
+        // An inline write of 3,000 small pieces: one slice each.
+        let (a, mut b) = UnixStream::pair().unwrap();
+        let mut out = OobOut::new(Ctl::Unix(a));
+        let w = Workers::new("test-io", None).unwrap();
+        let h = out.start_writer(&w, |e| panic!("{e}")).unwrap();
+        let pieces: Vec<Vec<u8>> = (0..3000u32)
+            .map(|i| vec![(i % 251) as u8; 1 + (i % 7) as usize])
+            .collect();
+        let slices: Vec<IoSlice<'_>> = pieces.iter().map(|p| IoSlice::new(p)).collect();
+        let total: usize = pieces.iter().map(|p| p.len()).sum();
+        assert_eq!(out.write_vectored(&slices).unwrap(), total);
+        let mut got = vec![0u8; total];
+        b.read_exact(&mut got).unwrap();
+        assert_eq!(got, pieces.concat());
         out.flush_for(Duration::from_secs(5));
         out.close();
         assert!(h.wait_done(Duration::from_secs(5)));

@@ -402,7 +402,8 @@ fn a_burst_of_small_transfers_never_fills_the_control_backlog() {
 /// One write and one read of 20,000 blocks (several requests under one
 /// transfer), landing in a scrambled order as KV blocks do: every block
 /// where it belongs, both ways. A list with one block outside what the
-/// peer advertised is refused whole, before any part is posted.
+/// peer advertised, or one outside our own registration, is refused whole,
+/// before any part is posted.
 #[test]
 fn many_scattered_blocks_move_as_one_transfer_of_several_requests() {
     let (a, b, ca, cb) = pair();
@@ -435,6 +436,11 @@ fn many_scattered_blocks_move_as_one_transfer_of_several_requests() {
     let mut bad = offs.clone();
     bad[count - 1].1 = (n - bs + 1) as u64;
     assert!(a.rma_async(ca, false, &pieces(&sb), &bad, None).is_err());
+    // Our own last block one byte past our registration: refused whole
+    // likewise (every piece is checked before the first part is posted).
+    let mut ours_bad = pieces(&sb);
+    ours_bad[count - 1].ptr += 1;
+    assert!(a.rma_async(ca, false, &ours_bad, &offs, None).is_err());
     std::thread::sleep(Duration::from_millis(200));
     assert!(target.iter().all(|&x| x == 0), "nothing written");
 }

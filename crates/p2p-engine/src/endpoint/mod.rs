@@ -584,6 +584,17 @@ impl Endpoint {
             .collect()
     }
 
+    /// Every buffer inside the region it names, or why not (nothing
+    /// resolved or held).
+    fn check_local(&self, bufs: &[Buf]) -> Result<()> {
+        if bufs.is_empty() {
+            return Err(Error::invalid("no buffers given"));
+        }
+        let mut regions = self.inner.registry.checker();
+        bufs.iter()
+            .try_for_each(|b| regions.check_only(b.mr, b.ptr, b.len))
+    }
+
     /// Receive buffers with their lengths clamped to what is registered
     /// from each pointer ([`crate::memory::Registry::recv_capacity`]).
     fn clamp_recv(&self, bufs: &[Buf]) -> Result<Vec<Buf>> {
@@ -635,17 +646,21 @@ impl Endpoint {
     ) -> Result<u64> {
         let clock = crate::net::timing::Steps::start(tracing::enabled!(tracing::Level::TRACE));
         let c = self.conn(conn)?;
-        let local = self.resolve_local(bufs)?;
-        if remote.len() != local.len() {
+        if remote.len() != bufs.len() || remote_region.len() != bufs.len() {
             return Err(Error::invalid(format!(
                 "{} local buffers but {} remote descriptors",
-                local.len(),
-                remote.len()
+                bufs.len(),
+                remote.len().min(remote_region.len())
             )));
         }
-        let t_local = clock.at();
-        let t = self.post_rma_any(&c, read, local, remote, remote_region)?;
-        notify::trace_posted(&t, bufs.len(), clock, std::time::Duration::ZERO, t_local);
+        let part = |r: std::ops::Range<usize>| {
+            Ok((
+                self.resolve_local(&bufs[r.clone()])?,
+                remote[r.clone()].to_vec(),
+                remote_region[r].to_vec(),
+            ))
+        };
+        let t = self.post_rma_any(&c, read, bufs, part, clock)?;
         Ok(self.publish(t))
     }
 

@@ -2,6 +2,7 @@
 //! that poll (the C API).
 
 use super::*;
+use std::ops::Range;
 
 /// Items of one one-sided request when a transfer has more. A request is
 /// planned, sent, admitted by the target (every item checked) and cleared
@@ -12,6 +13,28 @@ use super::*;
 /// [`crate::wire::MAX_RMA_ITEMS`].
 pub(crate) const RMA_PART: usize = 8_192;
 const _: () = assert!(RMA_PART <= crate::wire::MAX_RMA_ITEMS);
+
+/// The first part of a transfer in parts: the parts then double up to
+/// [`RMA_PART`]. A request's bytes move only once the target has checked
+/// every item of it (about 1 ms for 8,192 on an H200 host), and the first
+/// part's wait is the whole transfer's: a small first part starts the
+/// bytes sooner, the parts after it are checked while they move.
+const FIRST_PART: usize = 1_024;
+
+/// The item ranges of a one-sided transfer of `n` items: all of them in
+/// one request up to [`RMA_PART`], else parts of [`FIRST_PART`] doubling
+/// up to [`RMA_PART`] items.
+fn part_ranges(n: usize) -> Vec<Range<usize>> {
+    let (mut out, mut at) = (Vec::new(), 0);
+    let mut size = if n <= RMA_PART { n } else { FIRST_PART };
+    while at < n {
+        let end = (at + size).min(n);
+        out.push(at..end);
+        at = end;
+        size = (size * 2).min(RMA_PART);
+    }
+    out
+}
 
 /// Notifications, one-sided transfers at an offset, and calls for callers
 /// that poll (the C API).
@@ -69,32 +92,33 @@ impl Endpoint {
                 remote.len()
             )));
         }
-        let items = bufs
-            .iter()
-            .zip(remote)
-            .map(|(b, (d, off))| {
-                let fits = off
-                    .checked_add(b.len as u64)
-                    .is_some_and(|end| end <= d.len);
-                if !fits {
-                    return Err(Error::invalid(format!(
-                        "{} bytes at offset {off} do not fit the {} bytes the peer's descriptor names",
-                        b.len, d.len
-                    )));
-                }
-                Ok(RmaItem {
+        // Every piece is checked before any is posted: a bad one fails the
+        // call with no byte moved.
+        for (i, (b, (d, off))) in bufs.iter().zip(remote).enumerate() {
+            let fits = off
+                .checked_add(b.len as u64)
+                .is_some_and(|end| end <= d.len);
+            if !fits {
+                return Err(Error::invalid(format!(
+                    "piece {i}: {} bytes at offset {off} do not fit the {} bytes the peer's descriptor names",
+                    b.len, d.len
+                )));
+            }
+        }
+        let part = |r: Range<usize>| {
+            let items = bufs[r.clone()]
+                .iter()
+                .zip(&remote[r.clone()])
+                .map(|(b, (d, off))| RmaItem {
                     token: d.token,
                     addr: d.addr + off,
                     len: b.len as u64,
                 })
-            })
-            .collect::<Result<Vec<_>>>()?;
-        let regions: Vec<u64> = remote.iter().map(|(d, _)| d.region).collect();
-        let t_items = clock.at();
-        let local = self.resolve_local(bufs)?;
-        let t_local = clock.at();
-        let t = self.post_rma_any(&c, read, local, items, &regions)?;
-        trace_posted(&t, bufs.len(), clock, t_items, t_local);
+                .collect();
+            let regions = remote[r.clone()].iter().map(|(d, _)| d.region).collect();
+            Ok((self.resolve_local(&bufs[r])?, items, regions))
+        };
+        let t = self.post_rma_any(&c, read, bufs, part, clock)?;
         if let Some(m) = notif {
             c.watch(
                 &t,
@@ -107,55 +131,69 @@ impl Endpoint {
         Ok(self.publish(t))
     }
 
-    /// A one-sided transfer of any number of items (up to
-    /// [`crate::wire::MAX_RMA_PIECES`]) on connection `c`: one request, or
-    /// parts of [`RMA_PART`] items under one transfer. Every one-sided call
-    /// goes through here, so that none sends a request larger than the peer
-    /// accepts.
+    /// A one-sided transfer of `bufs` (up to
+    /// [`crate::wire::MAX_RMA_PIECES`]) on connection `c`, its peer's side
+    /// made a part at a time by `part` (our side resolved, the peer's
+    /// items, their region ids): one request, or parts under one transfer
+    /// ([`part_ranges`]). Every one-sided call goes through here, so
+    /// that none sends a request larger than the peer accepts. Our buffers
+    /// are checked before any part is made; a part is made and posted
+    /// before the next is made, so that the first bytes move while the
+    /// later parts are (and no list as long as the call's is built).
     pub(super) fn post_rma_any(
         &self,
         c: &Arc<Conn>,
         read: bool,
-        local: Vec<(MemRef, Arc<crate::memory::Region>)>,
-        items: Vec<RmaItem>,
-        regions: &[u64],
+        bufs: &[Buf],
+        mut part: impl FnMut(Range<usize>) -> Result<RmaPart>,
+        clock: crate::net::timing::Steps,
     ) -> Result<Arc<Transfer>> {
-        if items.len() > crate::wire::MAX_RMA_PIECES {
+        let n = bufs.len();
+        if n > crate::wire::MAX_RMA_PIECES {
             return Err(Error::invalid(format!(
-                "{} pieces in one transfer; at most {} (post several)",
-                items.len(),
+                "{n} pieces in one transfer; at most {} (post several)",
                 crate::wire::MAX_RMA_PIECES
             )));
         }
-        if items.len() <= RMA_PART {
-            c.post_rma(self.next_xfer(), read, local, items, regions)
+        self.check_local(bufs)?;
+        let mut steps = PostSteps {
+            checked: clock.at(),
+            ..PostSteps::default()
+        };
+        let mut post = |r: Range<usize>, id: u64| {
+            let t0 = clock.at();
+            let (local, items, regions) = part(r)?;
+            let t1 = clock.at();
+            let t = c.post_rma(id, read, local, items, &regions);
+            steps.made += t1 - t0;
+            steps.requests += clock.at() - t1;
+            t
+        };
+        let ranges = part_ranges(n);
+        let t = if let [r] = &ranges[..] {
+            post(r.clone(), self.next_xfer())?
         } else {
-            self.post_rma_parts(c, read, local, items, regions)
-        }
+            self.post_rma_parts(c, ranges, &mut post)?
+        };
+        trace_posted(&t, n, steps);
+        Ok(t)
     }
 
-    /// A one-sided transfer of more than [`RMA_PART`] items: one request
-    /// per [`RMA_PART`] items, each sent as soon as it is built (the first
-    /// part's bytes move while the later parts are planned and posted),
-    /// under one transfer that ends once every part has ended (so that no
-    /// byte of any part touches the buffers after it is reported), failed
-    /// if any part failed. Cancelling it lets the parts run to their ends.
+    /// A one-sided transfer in parts (`ranges` of its items, several): one
+    /// request per part, each posted by `post` as soon as it is made, under
+    /// one transfer that ends once every part has ended (so that no byte of
+    /// any part touches the buffers after it is reported), failed if any
+    /// part failed. Cancelling it lets the parts run to their ends.
     fn post_rma_parts(
         &self,
         c: &Arc<Conn>,
-        read: bool,
-        local: Vec<(MemRef, Arc<crate::memory::Region>)>,
-        items: Vec<RmaItem>,
-        regions: &[u64],
+        ranges: Vec<Range<usize>>,
+        post: &mut impl FnMut(Range<usize>, u64) -> Result<Arc<Transfer>>,
     ) -> Result<Arc<Transfer>> {
-        let max = RMA_PART;
-        let parts = items.len().div_ceil(max);
+        let parts = ranges.len();
         let whole = Transfer::new(self.next_xfer(), c.id, parts, Vec::new());
-        let (mut local, mut items) = (local.into_iter(), items.into_iter());
-        for (i, regs) in regions.chunks(max).enumerate() {
-            let part_local = local.by_ref().take(regs.len()).collect();
-            let part_items = items.by_ref().take(regs.len()).collect();
-            let part = match c.post_rma(self.next_xfer(), read, part_local, part_items, regs) {
+        for (i, r) in ranges.into_iter().enumerate() {
+            let part = match post(r, self.next_xfer()) {
                 Ok(p) => p,
                 Err(e) => {
                     // The parts posted so far run on; this one and the ones
@@ -266,24 +304,73 @@ impl Endpoint {
     }
 }
 
+/// One part of a one-sided transfer, as [`Conn::post_rma`] takes it: our
+/// runs resolved, the peer's items, each item's region id on the peer.
+pub(super) type RmaPart = (
+    Vec<(MemRef, Arc<crate::memory::Region>)>,
+    Vec<RmaItem>,
+    Vec<u64>,
+);
+
+/// Where a one-sided posting's time went (traced only).
+#[derive(Default)]
+pub(super) struct PostSteps {
+    /// From the call to every piece checked.
+    checked: std::time::Duration,
+    /// Making the parts (the peer's items, our buffers resolved).
+    made: std::time::Duration,
+    /// Posting their requests.
+    requests: std::time::Duration,
+}
+
 /// Traces where a one-sided posting's time went (with each request's own
 /// steps, `lat: request posted`; `benchmarks/rma_timeline.py --posting`
-/// reads both): building the items, resolving our buffers, the requests.
-/// `clock` started with the call; `items` and `local` are its readings
-/// once the first two were done.
-pub(super) fn trace_posted(
-    t: &Transfer,
-    pieces: usize,
-    clock: crate::net::timing::Steps,
-    items: std::time::Duration,
-    local: std::time::Duration,
-) {
+/// reads both): checking every piece, making the parts, their requests.
+fn trace_posted(t: &Transfer, pieces: usize, steps: PostSteps) {
     tracing::trace!(
         xfer = t.id,
         pieces,
-        items_us = items.as_micros() as u64,
-        resolve_us = local.saturating_sub(items).as_micros() as u64,
-        requests_us = clock.at().saturating_sub(local).as_micros() as u64,
+        checks_us = steps.checked.as_micros() as u64,
+        parts_us = steps.made.as_micros() as u64,
+        requests_us = steps.requests.as_micros() as u64,
         "lat: rma posted"
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parts_cover_every_item_once_small_first_and_none_beyond_the_request_bound() {
+        for n in [
+            1,
+            RMA_PART,
+            RMA_PART + 1,
+            3 * RMA_PART + 7,
+            131_072,
+            crate::wire::MAX_RMA_PIECES,
+        ] {
+            let r = part_ranges(n);
+            assert_eq!(r[0].start, 0);
+            assert_eq!(r.last().unwrap().end, n);
+            assert!(
+                r.windows(2).all(|w| w[0].end == w[1].start),
+                "{n}: contiguous"
+            );
+            assert!(
+                r.iter().all(|p| !p.is_empty() && p.len() <= RMA_PART),
+                "{n}"
+            );
+            if n > RMA_PART {
+                assert_eq!(r[0].len(), FIRST_PART, "{n}: a small first part");
+            } else {
+                assert_eq!(r.len(), 1, "{n}: one request");
+            }
+        }
+        // vLLM's 131,072 blocks: 1,024 + 2,048 + 4,096, then 8,192 each.
+        let sizes: Vec<usize> = part_ranges(131_072).iter().map(|r| r.len()).collect();
+        assert_eq!(&sizes[..4], &[1_024, 2_048, 4_096, 8_192]);
+        assert_eq!(sizes.len(), 3 + 123_904usize.div_ceil(RMA_PART));
+    }
 }
