@@ -445,6 +445,35 @@ fn many_scattered_blocks_move_as_one_transfer_of_several_requests() {
     assert!(target.iter().all(|&x| x == 0), "nothing written");
 }
 
+/// An inline write (its bytes on the control connection) of more small
+/// pieces than one `sendmsg` takes slices (1,024): 3,000 blocks of 16 bytes,
+/// scrambled on the target. Every block lands, and the connection lives
+/// (such a write failed it with `EMSGSIZE`).
+#[test]
+fn an_inline_write_of_thousands_of_small_pieces_lands_whole() {
+    let (a, b, ca, cb) = pair();
+    let (count, bs) = (3_000usize, 16usize);
+    let n = count * bs;
+    let mut target = vec![0u8; n];
+    let tb = buf(&b, &mut target);
+    let desc = b.advertise(cb, tb.mr, tb.ptr, n).unwrap();
+    let remote = tcpx_p2p::RemoteDesc::from(&FifoItem::decode(&desc).unwrap());
+    let mut src = pattern(n, 11);
+    let sb = buf(&a, &mut src);
+    let offs: Vec<_> = (0..count)
+        .map(|i| (remote, (scrambled(i, count) * bs) as u64))
+        .collect();
+    let w = a
+        .rma_async(ca, false, &blocks(&sb, count, bs), &offs, None)
+        .unwrap();
+    assert!(a.wait(w, Some(Duration::from_secs(60))).unwrap());
+    assert!(placed(&target, &src, bs), "every block where it belongs");
+    assert!(
+        matches!(a.conn_failure(ca), Ok(None)),
+        "the connection lives"
+    );
+}
+
 /// UCCL's `writev` / `readv` (a descriptor per block) and the
 /// `register_memory` descriptors' `transfer` with more blocks than one
 /// request may carry: each call goes in parts under one transfer, as
