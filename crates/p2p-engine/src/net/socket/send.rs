@@ -398,7 +398,7 @@ impl Drop for SocketSend {
         for s in &self.socks {
             let _ = s.shutdown(std::net::Shutdown::Both);
         }
-        // Idle tasks run once more to see their queue closed.
+        // Its tasks are closed: none runs again; a running one ends here.
         Home::end_all(&self.tasks, Duration::from_secs(5), "socket net send comm");
     }
 }

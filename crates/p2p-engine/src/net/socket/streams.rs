@@ -261,8 +261,7 @@ impl RxStreams {
             }
             std::mem::take(&mut inner.tasks)
         };
-        // Parked tasks see their stream closed and end; idle ones (waiting
-        // for a receive to be posted) are woken to see it.
+        // Closed: none of its tasks runs again (a running one ends here).
         Home::end_all(&tasks, Duration::from_secs(5), "socket net receive comm");
     }
 }
