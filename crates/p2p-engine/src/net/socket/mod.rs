@@ -139,6 +139,8 @@ pub struct SocketNet {
     rx_staging: Arc<StagingPool<Landing>>,
     /// Pinned staging the send streams share.
     tx_staging: Arc<StagingPool<()>>,
+    /// The threads that open the send comms' streams after their first.
+    connectors: streams::Connectors,
 }
 
 /// Staging rings kept free for the receive streams: four per core (at
@@ -177,6 +179,7 @@ impl SocketNet {
             door: parking_lot::Mutex::new(None),
             rx_staging: staging_pool(),
             tx_staging: staging_pool(),
+            connectors: streams::Connectors::new(),
         }
     }
 
@@ -189,6 +192,7 @@ impl SocketNet {
             door: parking_lot::Mutex::new(None),
             rx_staging: staging_pool(),
             tx_staging: staging_pool(),
+            connectors: streams::Connectors::new(),
         }
     }
 
@@ -217,7 +221,14 @@ impl SocketNet {
         };
         // One stream now; more as messages want them ([`streams::Grow`]).
         let first = streams::open_stream(addr, nonce, 0, &cfg)?;
-        let grow = streams::Grow::new(addr, nonce, streams, 1, cfg.clone());
+        let grow = streams::Grow::new(
+            addr,
+            nonce,
+            streams,
+            1,
+            cfg.clone(),
+            self.connectors.clone(),
+        );
         if let Some(gpu) = self.cfg.gpu {
             // A ring per stream, once per endpoint (what the first bulk
             // transfer takes; as the receive side's). Lending streams keep

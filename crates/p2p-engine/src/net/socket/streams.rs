@@ -49,6 +49,91 @@ pub(super) fn open_stream(
 /// a `u64`.
 pub(super) const MAX_STREAMS: usize = 64;
 
+/// Most threads a net keeps opening send streams ([`Connectors`]).
+const CONNECTORS: usize = 4;
+
+/// How long a connector thread waits for more work before it leaves.
+const CONNECTOR_IDLE: Duration = Duration::from_secs(1);
+
+/// A batch of streams to open for one comm.
+type ConnectJob = Box<dyn FnOnce() + Send>;
+
+/// The threads that open the send streams of every comm of a net: at most
+/// [`CONNECTORS`], made when work comes, gone after [`CONNECTOR_IDLE`]
+/// without. A connector says a stream's hello the moment its connect
+/// completes (the receiver's listener closes a stream whose hello is late).
+/// A thread per comm while its streams opened made bursts of 35-48 threads
+/// when an endpoint first sent to 64 peers at once.
+#[derive(Clone)]
+pub(super) struct Connectors(Arc<ConnectorsInner>);
+
+struct ConnectorsInner {
+    jobs: crossbeam_channel::Sender<ConnectJob>,
+    queue: crossbeam_channel::Receiver<ConnectJob>,
+    /// Connector threads alive.
+    live: std::sync::atomic::AtomicUsize,
+}
+
+impl Connectors {
+    pub(super) fn new() -> Self {
+        let (jobs, queue) = crossbeam_channel::unbounded();
+        Connectors(Arc::new(ConnectorsInner {
+            jobs,
+            queue,
+            live: Default::default(),
+        }))
+    }
+
+    /// Queues `job` for a connector, starting one if fewer than
+    /// [`CONNECTORS`] run. Err when no connector runs and none can start.
+    fn run(&self, job: ConnectJob) -> std::io::Result<()> {
+        let inner = &self.0;
+        // Queued first, counted after: a connector leaving meanwhile either
+        // sees the job (and stays) or is seen gone (and one starts).
+        // A receiver lives as long as this sender (both are ours).
+        let _ = inner.jobs.send(job);
+        let live = &inner.live;
+        let mut n = live.load(Ordering::SeqCst);
+        while n < CONNECTORS {
+            match live.compare_exchange(n, n + 1, Ordering::SeqCst, Ordering::SeqCst) {
+                Ok(_) => {
+                    let me = self.clone();
+                    let spawned = std::thread::Builder::new()
+                        .name("tcpx-connect".into())
+                        .spawn(move || me.serve());
+                    if let Err(e) = spawned {
+                        if live.fetch_sub(1, Ordering::SeqCst) == 1 {
+                            return Err(e);
+                        }
+                    }
+                    break;
+                }
+                Err(now) => n = now,
+            }
+        }
+        Ok(())
+    }
+
+    /// A connector thread: runs jobs until none comes for a while.
+    fn serve(&self) {
+        let inner = &self.0;
+        loop {
+            match inner.queue.recv_timeout(CONNECTOR_IDLE) {
+                Ok(job) => job(),
+                Err(_) => {
+                    inner.live.fetch_sub(1, Ordering::SeqCst);
+                    // A job queued as this one decided to leave, when the
+                    // others left too: stay for it.
+                    if inner.queue.is_empty() {
+                        return;
+                    }
+                    inner.live.fetch_add(1, Ordering::SeqCst);
+                }
+            }
+        }
+    }
+}
+
 /// The sender's streams still to come: connected in the background, one
 /// batch at a time, in index order, and taken in by the posting thread
 /// before its next message.
@@ -66,6 +151,8 @@ pub(super) struct Grow {
     busy: Arc<AtomicBool>,
     /// A connect failed: the comm keeps the streams it has.
     failed: Arc<AtomicBool>,
+    /// The net's connector threads.
+    connectors: Connectors,
 }
 
 impl Grow {
@@ -76,8 +163,10 @@ impl Grow {
         max: usize,
         have: usize,
         cfg: SocketConfig,
+        connectors: Connectors,
     ) -> Self {
         Grow {
+            connectors,
             addr,
             nonce,
             max,
@@ -94,9 +183,10 @@ impl Grow {
         std::mem::take(&mut *self.ready.lock())
     }
 
-    /// A message wants `parts` streams: starts connecting the missing ones
-    /// (never more than the handle allows, one connector at a time, none
-    /// after a failure). The posting thread does not wait for them.
+    /// A message wants `parts` streams: has the net's connectors open the
+    /// missing ones (never more than the handle allows, one batch at a time
+    /// per comm, none after a failure). The posting thread does not wait
+    /// for them.
     pub(super) fn want(&mut self, parts: usize) {
         let target = parts.min(self.max);
         if target <= self.asked
@@ -108,22 +198,20 @@ impl Grow {
         let (from, addr, nonce, cfg) = (self.asked, self.addr, self.nonce, self.cfg.clone());
         let (ready, busy, failed) = (self.ready.clone(), self.busy.clone(), self.failed.clone());
         self.asked = target;
-        let spawned = std::thread::Builder::new()
-            .name("tcpx-connect".into())
-            .spawn(move || {
-                for i in from..target {
-                    match open_stream(addr, nonce, i, &cfg) {
-                        Ok(s) => ready.lock().push(s),
-                        Err(e) => {
-                            tracing::debug!("socket net: opening stream {i} failed: {e}");
-                            failed.store(true, Ordering::Release);
-                            break;
-                        }
+        let queued = self.connectors.run(Box::new(move || {
+            for i in from..target {
+                match open_stream(addr, nonce, i, &cfg) {
+                    Ok(s) => ready.lock().push(s),
+                    Err(e) => {
+                        tracing::debug!("socket net: opening stream {i} failed: {e}");
+                        failed.store(true, Ordering::Release);
+                        break;
                     }
                 }
-                busy.store(false, Ordering::Release);
-            });
-        if spawned.is_err() {
+            }
+            busy.store(false, Ordering::Release);
+        }));
+        if queued.is_err() {
             self.failed.store(true, Ordering::Release);
             self.busy.store(false, Ordering::Release);
         }
@@ -263,5 +351,51 @@ impl RxStreams {
         };
         // Closed: none of its tasks runs again (a running one ends here).
         Home::end_all(&tasks, Duration::from_secs(5), "socket net receive comm");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicUsize;
+
+    #[test]
+    fn connectors_run_every_job_on_at_most_their_bound_of_threads() {
+        let c = Connectors::new();
+        let (running, most, done) = (
+            Arc::new(AtomicUsize::new(0)),
+            Arc::new(AtomicUsize::new(0)),
+            Arc::new(AtomicUsize::new(0)),
+        );
+        // 64 comms' batches at once, as when an endpoint first sends to 64
+        // peers together.
+        for _ in 0..64 {
+            let (running, most, done) = (running.clone(), most.clone(), done.clone());
+            c.run(Box::new(move || {
+                let now = running.fetch_add(1, Ordering::SeqCst) + 1;
+                most.fetch_max(now, Ordering::SeqCst);
+                std::thread::sleep(Duration::from_millis(5));
+                running.fetch_sub(1, Ordering::SeqCst);
+                done.fetch_add(1, Ordering::SeqCst);
+            }))
+            .unwrap();
+        }
+        let end = std::time::Instant::now() + Duration::from_secs(30);
+        while done.load(Ordering::SeqCst) < 64 && std::time::Instant::now() < end {
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        assert_eq!(done.load(Ordering::SeqCst), 64, "every batch ran");
+        let most = most.load(Ordering::SeqCst);
+        assert!((1..=CONNECTORS).contains(&most), "{most} at once");
+        // Idle, they leave; work later brings one back.
+        let end = std::time::Instant::now() + Duration::from_secs(30);
+        while c.0.live.load(Ordering::SeqCst) > 0 && std::time::Instant::now() < end {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert_eq!(c.0.live.load(Ordering::SeqCst), 0, "idle connectors left");
+        let (tx, rx) = crossbeam_channel::bounded(1);
+        c.run(Box::new(move || tx.send(()).unwrap())).unwrap();
+        rx.recv_timeout(Duration::from_secs(10))
+            .expect("a connector came back");
     }
 }
