@@ -197,6 +197,34 @@ impl Home {
         matches!(*self.state.lock(), State::Done)
     }
 
+    /// As [`Home::end_all`], then waits (within the same `limit`) until
+    /// each task is dropped, with what it holds (a listener's socket): for
+    /// tasks their closer has just woken (a parked one is dropped by the
+    /// poller as its descriptor turns readable), so that the name or port
+    /// they held is free once this returns.
+    pub(crate) fn end_all_dropped(tasks: &[Arc<Home>], limit: Duration, what: &str) {
+        let deadline = Instant::now() + limit;
+        Self::end_all(tasks, limit, what);
+        for t in tasks {
+            if t.runs_here() {
+                continue;
+            }
+            let mut st = t.state.lock();
+            while !matches!(*st, State::Done) {
+                if t.finished.wait_until(&mut st, deadline).timed_out() {
+                    break;
+                }
+            }
+            if !matches!(*st, State::Done) {
+                drop(st);
+                tracing::warn!(
+                    "{what}: a task was not let go within {limit:?} of the close ({})",
+                    t.describe()
+                );
+            }
+        }
+    }
+
     /// Closes the task: it never runs again. An idle one is dropped here;
     /// a queued or polling one is dropped, unrun, where it would have run
     /// next; a running one ends as its stretch returns. Waiting for every

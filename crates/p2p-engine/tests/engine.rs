@@ -530,3 +530,17 @@ fn more_blocks_than_one_request_carries_go_in_parts_on_every_one_sided_call() {
         "the connection lives"
     );
 }
+
+/// A dropped endpoint's listener is closed when the drop returns: a new
+/// endpoint binds the same port at once (the listener's task is dropped
+/// before the drop returns, not some time after).
+#[test]
+fn a_dropped_endpoints_port_is_free_at_once() {
+    for _ in 0..20 {
+        let a = Endpoint::new(None, cfg()).unwrap();
+        let port = a.local_addr().port();
+        drop(a);
+        let b = Endpoint::new(None, Config { port, ..cfg() }).expect("the port is free again");
+        assert_eq!(b.local_addr().port(), port);
+    }
+}

@@ -891,7 +891,7 @@ impl Drop for Endpoint {
         // ends, the listener with it.
         let _ = TcpStream::connect_timeout(&self.inner.addr, Duration::from_millis(200));
         if let Some(t) = self.acceptor.take() {
-            crate::workers::Home::end_all(&[t], Duration::from_secs(5), "control listener");
+            crate::workers::Home::end_all_dropped(&[t], Duration::from_secs(5), "control listener");
         }
         if let Some(t) = self.watchdog.take() {
             t.thread().unpark();

@@ -191,6 +191,6 @@ impl Hub {
         // Each listener's task wakes (a connection came), finds the hub
         // stopping and ends, its listener with it.
         let tasks: Vec<_> = self.acceptors.lock().drain(..).collect();
-        crate::workers::Home::end_all(&tasks, self.p.timeout, "same-host listener");
+        crate::workers::Home::end_all_dropped(&tasks, self.p.timeout, "same-host listener");
     }
 }
