@@ -7,7 +7,7 @@ use tcpx_p2p::FifoItem;
 use tcpx_p2p::{Config, Endpoint, Error, ErrorKind};
 
 mod common;
-use common::{blocks, buf, pattern, placed, scrambled};
+use common::{blocks, buf, pattern, placed, scrambled, scrambled_offsets};
 
 fn cfg() -> Config {
     Config {
@@ -416,9 +416,7 @@ fn many_scattered_blocks_move_as_one_transfer_of_several_requests() {
     let mut src = pattern(n, 3);
     let sb = buf(&a, &mut src);
     let pieces = |base: &tcpx_p2p::Buf| blocks(base, count, bs);
-    let offs: Vec<_> = (0..count)
-        .map(|i| (remote, (scrambled(i, count) * bs) as u64))
-        .collect();
+    let offs = scrambled_offsets(remote, count, bs);
 
     let w = a.rma_async(ca, false, &pieces(&sb), &offs, None).unwrap();
     assert!(a.wait(w, Some(Duration::from_secs(60))).unwrap());
@@ -460,9 +458,7 @@ fn an_inline_write_of_thousands_of_small_pieces_lands_whole() {
     let remote = tcpx_p2p::RemoteDesc::from(&FifoItem::decode(&desc).unwrap());
     let mut src = pattern(n, 11);
     let sb = buf(&a, &mut src);
-    let offs: Vec<_> = (0..count)
-        .map(|i| (remote, (scrambled(i, count) * bs) as u64))
-        .collect();
+    let offs = scrambled_offsets(remote, count, bs);
     let w = a
         .rma_async(ca, false, &blocks(&sb, count, bs), &offs, None)
         .unwrap();

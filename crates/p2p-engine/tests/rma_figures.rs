@@ -9,7 +9,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{blocks, buf, pattern, placed, scrambled};
+use common::{blocks, buf, pattern, placed, scrambled_offsets};
 use tcpx_p2p::{Config, Endpoint, FifoItem, RemoteDesc};
 
 fn cfg() -> Config {
@@ -50,9 +50,7 @@ fn figures_many_small_blocks() {
     let mut src = pattern(n, 3);
     let sb = buf(&a, &mut src);
     let pieces = blocks(&sb, count, bs);
-    let offs: Vec<_> = (0..count)
-        .map(|i| (remote, (scrambled(i, count) * bs) as u64))
-        .collect();
+    let offs = scrambled_offsets(remote, count, bs);
     for read in [false, true] {
         for r in 0..rounds {
             let t0 = Instant::now();

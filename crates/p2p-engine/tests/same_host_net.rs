@@ -8,7 +8,7 @@ use std::time::Duration;
 use tcpx_p2p::{Config, Endpoint, Error, FifoItem};
 
 mod common;
-use common::{blocks, buf, pattern, placed, scrambled};
+use common::{blocks, buf, pattern, placed, scrambled_offsets};
 
 fn cfg(same_host_net: bool) -> Config {
     Config {
@@ -122,9 +122,7 @@ fn scattered_blocks_and_notifications() {
     let remote = tcpx_p2p::RemoteDesc::from(&FifoItem::decode(&desc).unwrap());
     let mut src = pattern(n, 3);
     let sb = buf(&a, &mut src);
-    let offs: Vec<_> = (0..count)
-        .map(|i| (remote, (scrambled(i, count) * bs) as u64))
-        .collect();
+    let offs = scrambled_offsets(remote, count, bs);
     let w = a
         .rma_async(ca, false, &blocks(&sb, count, bs), &offs, None)
         .unwrap();

@@ -46,6 +46,18 @@ pub fn scrambled(i: usize, count: usize) -> usize {
     (i * 7919) % count
 }
 
+/// The peer's side of `count` blocks of `bs` bytes written to (or read
+/// from) their [`scrambled`] slots of the range `remote` names.
+pub fn scrambled_offsets(
+    remote: tcpx_p2p::RemoteDesc,
+    count: usize,
+    bs: usize,
+) -> Vec<(tcpx_p2p::RemoteDesc, u64)> {
+    (0..count)
+        .map(|i| (remote, (scrambled(i, count) * bs) as u64))
+        .collect()
+}
+
 /// Whether every `bs`-byte block `i` of `src` sits in `target` at its
 /// [`scrambled`] slot.
 pub fn placed(target: &[u8], src: &[u8], bs: usize) -> bool {
