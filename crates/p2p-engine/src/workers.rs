@@ -824,15 +824,16 @@ impl Inner {
         if let Some(fd) = fd {
             let _ = self.registry.deregister(&mut SourceFd(&fd));
         }
-        let mut st = job.home.state.lock();
+        let st = job.home.state.lock();
         if job.home.is_cancelled() {
-            *st = State::Done;
             drop(st);
             let Job { task, home } = job;
             drop(task);
+            *home.state.lock() = State::Done;
             home.finished.notify_all();
             return;
         }
+        let mut st = st;
         *st = State::Queued;
         drop(st);
         self.submit(job);
@@ -904,10 +905,11 @@ fn run_job(pool: &Weak<Inner>, job: Job) {
     {
         let mut st = home.state.lock();
         if home.is_cancelled() {
-            // Closed while it waited for a worker: dropped unrun.
-            *st = State::Done;
+            // Closed while it waited for a worker: dropped unrun (before it
+            // counts as done: what it holds is let go by then).
             drop(st);
             drop(task);
+            *home.state.lock() = State::Done;
             home.finished.notify_all();
             return;
         }
@@ -929,9 +931,11 @@ fn run_job(pool: &Weak<Inner>, job: Job) {
     };
     let (fd, until) = match step {
         Step::Done => {
-            *st = State::Done;
+            // Dropped before it counts as done: what it holds (a listener's
+            // socket) is let go by then.
             drop(st);
             drop(task);
+            *home.state.lock() = State::Done;
             home.finished.notify_all();
             return;
         }
