@@ -209,14 +209,7 @@ impl Home {
             if t.runs_here() {
                 continue;
             }
-            let mut st = t.state.lock();
-            while !matches!(*st, State::Done) {
-                if t.finished.wait_until(&mut st, deadline).timed_out() {
-                    break;
-                }
-            }
-            if !matches!(*st, State::Done) {
-                drop(st);
+            if !t.wait_while(deadline, |st| !matches!(st, State::Done)) {
                 tracing::warn!(
                     "{what}: a task was not let go within {limit:?} of the close ({})",
                     t.describe()
@@ -254,10 +247,16 @@ impl Home {
     /// worker (it may be touching the buffers of the work it holds); true
     /// once no stretch of it runs or ever will.
     fn wait_not_running(&self, deadline: Instant) -> bool {
+        self.wait_while(deadline, |st| matches!(st, State::Running { .. }))
+    }
+
+    /// Waits until `deadline` while `busy` holds of the task's state; true
+    /// once it does not.
+    fn wait_while(&self, deadline: Instant, busy: impl Fn(&State) -> bool) -> bool {
         let mut st = self.state.lock();
-        while matches!(*st, State::Running { .. }) {
+        while busy(&st) {
             if self.finished.wait_until(&mut st, deadline).timed_out() {
-                return !matches!(*st, State::Running { .. });
+                return !busy(&st);
             }
         }
         true
@@ -266,14 +265,7 @@ impl Home {
     /// Waits up to `limit` for the task to finish; true if it has.
     #[cfg(test)]
     pub(crate) fn wait_done(&self, limit: Duration) -> bool {
-        let deadline = std::time::Instant::now() + limit;
-        let mut st = self.state.lock();
-        while !matches!(*st, State::Done) {
-            if self.finished.wait_until(&mut st, deadline).timed_out() {
-                return matches!(*st, State::Done);
-            }
-        }
-        true
+        self.wait_while(Instant::now() + limit, |st| !matches!(st, State::Done))
     }
 
     fn submit(self: &Arc<Self>, task: Box<dyn Task>) {
@@ -824,16 +816,13 @@ impl Inner {
         if let Some(fd) = fd {
             let _ = self.registry.deregister(&mut SourceFd(&fd));
         }
-        let st = job.home.state.lock();
+        let mut st = job.home.state.lock();
         if job.home.is_cancelled() {
             drop(st);
             let Job { task, home } = job;
-            drop(task);
-            *home.state.lock() = State::Done;
-            home.finished.notify_all();
+            home.finish(task);
             return;
         }
-        let mut st = st;
         *st = State::Queued;
         drop(st);
         self.submit(job);
@@ -908,9 +897,7 @@ fn run_job(pool: &Weak<Inner>, job: Job) {
             // Closed while it waited for a worker: dropped unrun (before it
             // counts as done: what it holds is let go by then).
             drop(st);
-            drop(task);
-            *home.state.lock() = State::Done;
-            home.finished.notify_all();
+            home.finish(task);
             return;
         }
         *st = State::Running {
@@ -934,9 +921,7 @@ fn run_job(pool: &Weak<Inner>, job: Job) {
             // Dropped before it counts as done: what it holds (a listener's
             // socket) is let go by then.
             drop(st);
-            drop(task);
-            *home.state.lock() = State::Done;
-            home.finished.notify_all();
+            home.finish(task);
             return;
         }
         Step::Idle if woken => {

@@ -653,11 +653,13 @@ impl Endpoint {
                 remote.len().min(remote_region.len())
             )));
         }
+        // Each part takes the next of the peer's items and region ids.
+        let (mut items, mut regions) = (remote.into_iter(), remote_region.iter().copied());
         let part = |r: std::ops::Range<usize>| {
             Ok((
                 self.resolve_local(&bufs[r.clone()])?,
-                remote[r.clone()].to_vec(),
-                remote_region[r].to_vec(),
+                items.by_ref().take(r.len()).collect(),
+                regions.by_ref().take(r.len()).collect(),
             ))
         };
         let t = self.post_rma_any(&c, read, bufs, part, clock)?;
@@ -967,8 +969,8 @@ fn control_listener(
                 turned_away += 1;
                 if last_turned.is_none_or(|t| t.elapsed() > Duration::from_secs(10)) {
                     tracing::warn!(
-                            "closed {turned_away} control connection(s) at once, the last from {ip}: {why}"
-                        );
+                        "closed {turned_away} control connection(s) at once, the last from {ip}: {why}"
+                    );
                     last_turned = Some(Instant::now());
                     turned_away = 0;
                 }

@@ -304,7 +304,7 @@ pub(super) type RmaPart = (
 
 /// Where a one-sided posting's time went (traced only).
 #[derive(Default)]
-pub(super) struct PostSteps {
+struct PostSteps {
     /// From the call to every piece checked.
     checked: std::time::Duration,
     /// Making the parts (the peer's items, our buffers resolved).
