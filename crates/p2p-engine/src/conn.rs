@@ -447,6 +447,7 @@ impl Conn {
             conn: Arc::downgrade(&conn),
             _room: room,
             linger: p.linger,
+            workers: p.workers.clone(),
         }));
         let _ = progress_thread.set(ptask.clone());
         let rfd = std::os::fd::AsRawFd::as_raw_fd(&reader);
@@ -457,6 +458,7 @@ impl Conn {
                 spin: p.spin,
                 linger: p.linger,
                 last: None,
+                workers: p.workers.clone(),
             }),
             rfd,
         );
@@ -1452,12 +1454,17 @@ struct ProgressTask {
     /// The admission room the connection holds until its engine ends.
     _room: Option<Box<dyn std::any::Any + Send>>,
     linger: Duration,
+    workers: Workers,
 }
 
 impl Task for ProgressTask {
     fn run(&mut self) -> Step {
         loop {
-            let why = match self.engine.run_until_idle(self.linger, &self.ends) {
+            let workers = &self.workers;
+            let why = match self
+                .engine
+                .run_until_idle(self.linger, &self.ends, &|| workers.work_waiting())
+            {
                 Until::Idle => return Step::Idle,
                 Until::Ends => match self.conn.upgrade() {
                     Some(c) => {
@@ -1493,11 +1500,12 @@ struct OobReader {
     linger: Duration,
     /// When the last frame was read.
     last: Option<Instant>,
+    workers: Workers,
 }
 
 impl Task for OobReader {
     fn run(&mut self) -> Step {
-        use crate::net::socket::wait_readable;
+        use crate::net::socket::wait_readable_unless;
         loop {
             {
                 if self.last.is_some_and(|t| t.elapsed() < self.spin) {
@@ -1505,7 +1513,11 @@ impl Task for OobReader {
                 }
                 // Returns at once when bytes wait (one system call, as the
                 // read's own wait would be).
-                if !wait_readable(&self.s, self.linger) {
+                let workers = &self.workers;
+                let came = crate::workers::lingering(|| {
+                    wait_readable_unless(&self.s, self.linger, || workers.work_waiting())
+                });
+                if !came {
                     if self.conn.strong_count() == 0 {
                         return Step::Done;
                     }

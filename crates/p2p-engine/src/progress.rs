@@ -628,9 +628,20 @@ impl Engine {
     /// The progress task: runs rounds until the engine stops
     /// ([`Until::Stopped`]), transfer ends are held with no thread hearing
     /// them ([`Until::Ends`]: hear them, then run it again), or nothing
-    /// has been outstanding for `linger` ([`Until::Idle`]: to be run again
-    /// when the transport's waker or a new command calls for it).
-    pub fn run_until_idle(&self, linger: Duration, ends: &Ends) -> Until {
+    /// has needed it for `linger` ([`Until::Idle`]: to be run again when
+    /// the transport's waker or a new command calls for it). Requests in
+    /// flight need it only on a net that progresses when polled; another
+    /// net's waker calls for it when one completes, so a connection whose
+    /// transfer is in flight holds no thread (it held one for the whole
+    /// transfer, napping a millisecond at a time: a worker per busy
+    /// peer). It lingers in [`crate::workers::lingering`], and returns
+    /// early once `give_back` says other work waits for its thread.
+    pub fn run_until_idle(
+        &self,
+        linger: Duration,
+        ends: &Ends,
+        give_back: &dyn Fn() -> bool,
+    ) -> Until {
         let mut last_busy = Instant::now();
         loop {
             let (busy, outstanding) = {
@@ -648,18 +659,14 @@ impl Engine {
                 last_busy = Instant::now();
             } else if outstanding && (self.polling || last_busy.elapsed() < self.spin) {
                 std::thread::yield_now();
-            } else if !outstanding && last_busy.elapsed() >= linger {
+            } else if last_busy.elapsed() >= linger || give_back() {
                 return Until::Idle;
             } else {
                 // Woken by the transport's waker or by a new command.
-                let nap = if outstanding {
-                    Duration::from_millis(1)
-                } else {
-                    linger
-                        .saturating_sub(last_busy.elapsed())
-                        .min(Duration::from_millis(50))
-                };
-                std::thread::park_timeout(nap);
+                let nap = linger
+                    .saturating_sub(last_busy.elapsed())
+                    .min(crate::net::socket::LINGER_SLICE);
+                crate::workers::lingering(|| std::thread::park_timeout(nap));
             }
         }
     }

@@ -394,7 +394,7 @@ def warm_up(round_of, busy, peaks):
     stream, not per transfer. Measured on 2 x H100, sending 16 MiB to 8
     peers at once read 0.45-0.61, then 3.1-3.6, then 12.6-13.2 GB/s in its
     first three rounds."""
-    first = (round_of([0]), [round_of(list(range(busy))) for _ in range(2)], max(p for p, _ in peaks))
+    first = (round_of([0]), [round_of(list(range(busy))) for _ in range(2)], max(peaks, key=lambda p: p[0]))
     peaks.clear()
     return first
 
@@ -409,7 +409,8 @@ def rounds_summary(busy, busy_size, first, alone, together, peaks, alone_key, to
         "size": busy_size,
         "first_round_alone_GBps": first[0],
         "first_rounds_together_GBps": first[1],
-        "peak_threads_first_rounds": first[2],
+        "peak_threads_first_rounds": first[2][0],
+        "thread_names_at_peak_first_rounds": first[2][1],
         alone_key: alone[1],
         together_key: together[1],
         "ratio": together[1] / alone[1],
@@ -494,7 +495,8 @@ def report(res, failures):
         print(
             f"  threads while receiving: at most {bz['peak_threads_alone']} from one peer, "
             f"{bz['peak_threads_together']} from {bz['peers_at_once']} at once, {bz['peak_threads_first_rounds']} in the first rounds "
-            f"(by name at that peak: {bz['thread_names_at_peak_together']})"
+            f"(by name at the steady peak: {bz['thread_names_at_peak_together']}; "
+            f"at the first rounds' peak: {bz['thread_names_at_peak_first_rounds']})"
         )
     if "busy_out" in res:
         bo = res["busy_out"]
@@ -506,7 +508,8 @@ def report(res, failures):
         print(
             f"  threads while sending: at most {bo['peak_threads_alone']} to one peer, "
             f"{bo['peak_threads_together']} to {bo['peers_at_once']} at once, {bo['peak_threads_first_rounds']} in the first rounds "
-            f"(by name at that peak: {bo['thread_names_at_peak_together']})"
+            f"(by name at the steady peak: {bo['thread_names_at_peak_together']}; "
+            f"at the first rounds' peak: {bo['thread_names_at_peak_first_rounds']})"
         )
     for f in failures:
         print(f"  FAILED: {f}")

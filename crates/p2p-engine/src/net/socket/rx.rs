@@ -448,8 +448,9 @@ impl Rx {
                 })
                 .collect();
             timing::mark(Spent::Other);
-            // Blocks at most the socket's read timeout (`LINGER_SLICE`).
-            let got = self.r.read_some(&mut bufs);
+            // Blocks at most the socket's read timeout (`LINGER_SLICE`),
+            // after which the worker goes back if other work waits.
+            let got = crate::workers::lingering(|| self.r.read_some(&mut bufs));
             drop(bufs);
             match got {
                 Ok(n) => {
@@ -821,7 +822,10 @@ impl Task for RxTask {
                     rx.lane.spin_for_data(&rx.r.s, &rx.shared);
                     rx.watch_while_a_caller_waits();
                     let workers = &rx.workers;
-                    if !wait_readable_unless(&rx.r.s, self.linger, || workers.work_waiting()) {
+                    let came = crate::workers::lingering(|| {
+                        wait_readable_unless(&rx.r.s, self.linger, || workers.work_waiting())
+                    });
+                    if !came {
                         return Step::Readable(fd);
                     }
                 }

@@ -62,6 +62,45 @@ pub(super) fn write_all_slices(s: &TcpStream, parts: &[&[u8]]) -> io::Result<()>
     Ok(())
 }
 
+/// Writes `parts` from byte `done` on (counting what it writes there)
+/// without blocking: true once every byte is out, false when the socket
+/// is full.
+pub(super) fn write_slices_now(
+    s: &TcpStream,
+    parts: &[&[u8]],
+    done: &mut usize,
+) -> io::Result<bool> {
+    // Where byte `done` lies: slice `idx`, `off` bytes in.
+    let (mut idx, mut off) = (0, *done);
+    while idx < parts.len() && off >= parts[idx].len() {
+        off -= parts[idx].len();
+        idx += 1;
+    }
+    let sock = socket2::SockRef::from(s);
+    while idx < parts.len() {
+        let iov: Vec<IoSlice<'_>> = std::iter::once(IoSlice::new(&parts[idx][off..]))
+            .chain(parts[idx + 1..].iter().take(1023).map(|p| IoSlice::new(p)))
+            .collect();
+        timing::mark(Spent::Other);
+        let n = match sock.send_vectored_with_flags(&iov, libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL) {
+            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(false),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        };
+        timing::mark(Spent::Socket);
+        timing::bytes(n);
+        *done += n;
+        off += n;
+        while idx < parts.len() && off >= parts[idx].len() {
+            off -= parts[idx].len();
+            idx += 1;
+        }
+    }
+    Ok(true)
+}
+
 /// How often a lingering stream looks whether other work waits for its
 /// worker: the pool's first growth step ([`crate::workers`]), so that it
 /// gives the worker back before the pool adds one for that work.
@@ -96,13 +135,14 @@ pub(crate) fn poll_readable(s: &impl std::os::fd::AsRawFd, spin: Duration) {
     }
 }
 
-/// Waits up to `limit` for `s` to have bytes to read (or to be closed);
-/// true if it has. A wait that fails counts as readable (the read reports
-/// it); an interrupted one starts again.
-pub(crate) fn wait_readable(s: &impl std::os::fd::AsRawFd, limit: Duration) -> bool {
+/// Waits up to `limit` for `s` to be ready for `events` (`POLLIN`: bytes
+/// to read or closed; `POLLOUT`: room to write); true if it is. A wait
+/// that fails counts as ready (the read or write reports it); an
+/// interrupted one starts again.
+fn wait_for(s: &impl std::os::fd::AsRawFd, events: libc::c_short, limit: Duration) -> bool {
     let mut p = libc::pollfd {
         fd: s.as_raw_fd(),
-        events: libc::POLLIN,
+        events,
         revents: 0,
     };
     let ts = libc::timespec {
@@ -122,10 +162,29 @@ pub(crate) fn wait_readable(s: &impl std::os::fd::AsRawFd, limit: Duration) -> b
     }
 }
 
-/// As [`wait_readable`], giving up early (false) once `give_up` says so:
-/// it is asked every [`LINGER_SLICE`].
+/// Waits up to `limit` for `s` to have bytes to read (or to be closed),
+/// giving up early (false) once `give_up` says so: it is asked every
+/// [`LINGER_SLICE`].
 pub(crate) fn wait_readable_unless(
     s: &impl std::os::fd::AsRawFd,
+    limit: Duration,
+    give_up: impl Fn() -> bool,
+) -> bool {
+    wait_unless(s, libc::POLLIN, limit, give_up)
+}
+
+/// As [`wait_readable_unless`], for room to write.
+pub(super) fn wait_writable_unless(
+    s: &impl std::os::fd::AsRawFd,
+    limit: Duration,
+    give_up: impl Fn() -> bool,
+) -> bool {
+    wait_unless(s, libc::POLLOUT, limit, give_up)
+}
+
+fn wait_unless(
+    s: &impl std::os::fd::AsRawFd,
+    events: libc::c_short,
     limit: Duration,
     give_up: impl Fn() -> bool,
 ) -> bool {
@@ -133,9 +192,9 @@ pub(crate) fn wait_readable_unless(
     loop {
         let left = until.saturating_duration_since(Instant::now());
         if left.is_zero() || give_up() {
-            return readable_now(s);
+            return wait_for(s, events, Duration::ZERO);
         }
-        if wait_readable(s, left.min(LINGER_SLICE)) {
+        if wait_for(s, events, left.min(LINGER_SLICE)) {
             return true;
         }
     }

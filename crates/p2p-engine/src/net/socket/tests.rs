@@ -1256,3 +1256,55 @@ fn a_receiver_gone_fails_every_send_spilled_ones_too() {
         }
     }
 }
+
+#[test]
+fn a_send_whose_receiver_does_not_read_holds_no_worker_and_lands_whole_once_read() {
+    use std::io::Read;
+    // One stream, small socket buffers, a 16 MiB message: its part fills
+    // the socket at once. The stream waits for room in the poller after
+    // its linger, not blocked in a write on a worker; once the receiver
+    // reads, every byte comes, in order.
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    socket2::SockRef::from(&l)
+        .set_recv_buffer_size(64 << 10)
+        .unwrap();
+    let nonce = 0x5eed_0043;
+    let handle = Handle {
+        addr: l.local_addr().unwrap(),
+        streams: 1,
+        nonce,
+        min_part: 4096,
+    }
+    .encode();
+    let net = SocketNet::new(SocketConfig {
+        sockbuf: 64 << 10,
+        linger: Duration::from_millis(10),
+        ..cfg(1)
+    });
+    let mut s = net.connect_here(&handle, Arc::new(|| {})).unwrap();
+    let (mut s0, _) = l.accept().unwrap();
+    let mut hello = [0u8; super::wire::HELLO_LEN];
+    s0.read_exact(&mut hello).unwrap();
+    let big: Vec<u8> = (0..16 << 20)
+        .map(|i: usize| (i as u8).wrapping_mul(29) ^ (i >> 13) as u8)
+        .collect();
+    let p = send_all(s_dyn(&mut s), &big);
+    let w = net
+        .workers
+        .0
+        .lock()
+        .clone()
+        .expect("the send started the workers");
+    until(|| w.busy() == 0, "the full stream gives its worker back");
+    std::thread::sleep(Duration::from_millis(50));
+    assert_eq!(w.busy(), 0, "a worker held by a stream waiting for room");
+    assert_eq!(s.test(p).unwrap(), None, "done before its bytes were read");
+    let mut got = Vec::with_capacity(big.len());
+    while got.len() < big.len() {
+        let (h, data) = read_part(&mut s0);
+        assert_eq!(h.off as usize, got.len(), "parts in order");
+        got.extend_from_slice(&data);
+    }
+    assert!(got == big, "the message came with other bytes");
+    assert_eq!(wait(|| s.test(p)), big.len());
+}

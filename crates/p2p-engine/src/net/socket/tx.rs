@@ -13,7 +13,9 @@ use crossbeam_channel::Receiver;
 use parking_lot::Mutex;
 
 use super::segs::{small_gpu_part, uniform_kind, window_copies, windows, Window};
-use super::sockio::{write_all_slices, write_err, LINGER_SLICE};
+use super::sockio::{
+    wait_writable_unless, write_all_slices, write_err, write_slices_now, LINGER_SLICE,
+};
 use super::splice::Splicer;
 use super::stage::{Lend, Stager, Staging, StagingPool};
 use super::wire::{PartHeader, HDR_LEN};
@@ -106,10 +108,44 @@ pub(super) fn host_only(op: &TxOp) -> bool {
     op.owned.is_some() || uniform_kind(&op.pieces) == Some(MemKind::Host)
 }
 
-fn tx_part(s: &TcpStream, op: &TxOp, stager: &mut Stager<()>) -> Result<(), NetError> {
-    if host_only(op) {
-        return write_all_slices(s, &host_slices(op)).map_err(write_err);
+/// Host-memory parts being written without blocking (one large part, or a
+/// batch of small ones), and how many of their bytes are out: a stream
+/// whose socket is full waits for room in the poller, holding no thread
+/// (blocked in its writes, streams sending to 64 peers at once took the
+/// 2-core machine's pool to 17-19 workers in the first rounds).
+struct HostWrite {
+    ops: Vec<TxOp>,
+    done: usize,
+}
+
+impl HostWrite {
+    /// Writes what is left without blocking; when the socket fills, waits
+    /// for room for up to `linger` while no other work waits for a worker
+    /// (a send's bytes usually drain quickly), then says so: Ok(false).
+    fn write(
+        &mut self,
+        s: &TcpStream,
+        linger: Duration,
+        workers: &Workers,
+    ) -> Result<bool, NetError> {
+        let slices: Vec<&[u8]> = self.ops.iter().flat_map(host_slices).collect();
+        let start = Instant::now();
+        loop {
+            if write_slices_now(s, &slices, &mut self.done).map_err(write_err)? {
+                return Ok(true);
+            }
+            let left = linger.saturating_sub(start.elapsed());
+            let room = crate::workers::lingering(|| {
+                wait_writable_unless(s, left, || workers.work_waiting())
+            });
+            if !room {
+                return Ok(false);
+            }
+        }
     }
+}
+
+fn tx_part(s: &TcpStream, op: &TxOp, stager: &mut Stager<()>) -> Result<(), NetError> {
     write_all_slices(s, &[&op.hdr]).map_err(write_err)?;
     for run in op.pieces.chunk_by(|a, b| a.kind == b.kind) {
         match run[0].kind {
@@ -450,7 +486,7 @@ fn next_op(
             // it waits is taken by a busy stream once that one drains (a
             // part spills only when every stream had `AHEAD` queued), so it
             // never waits for this one.
-            match rx.recv_timeout(slice) {
+            match crate::workers::lingering(|| rx.recv_timeout(slice)) {
                 Ok(op) => return Next::Op(op),
                 Err(crossbeam_channel::RecvTimeoutError::Timeout) => {}
                 Err(crossbeam_channel::RecvTimeoutError::Disconnected) => return Next::Closed,
@@ -459,7 +495,7 @@ fn next_op(
             let mut sel = crossbeam_channel::Select::new();
             sel.recv(rx);
             sel.recv(spill);
-            if sel.ready_timeout(slice).is_ok() {
+            if crate::workers::lingering(|| sel.ready_timeout(slice)).is_ok() {
                 continue;
             }
         }
@@ -561,6 +597,8 @@ pub(super) struct TxTask {
     stager: Stager<()>,
     /// An op taken from the queue that did not join the batch before it.
     held: Option<TxOp>,
+    /// Host parts whose socket filled while they were written.
+    writing: Option<HostWrite>,
     workers: Workers,
 }
 
@@ -601,6 +639,7 @@ impl TxTask {
             lane,
             stager,
             held: None,
+            writing: None,
             workers,
         }
     }
@@ -618,6 +657,7 @@ impl Task for TxTask {
             lane,
             stager,
             held,
+            writing,
             workers,
         } = self;
         stager.bind_here();
@@ -630,6 +670,18 @@ impl Task for TxTask {
             finish_op(s, shared, op, r)
         };
         loop {
+            if let Some(w) = writing.as_mut() {
+                let r = match w.write(s, lane.linger, workers) {
+                    Ok(false) => return Step::Writable(std::os::fd::AsRawFd::as_raw_fd(&**s)),
+                    Ok(true) => Ok(()),
+                    Err(e) => Err(e),
+                };
+                let w = writing.take().expect("checked above");
+                tracing::trace!(seq = w.ops[0].head.seq, n = w.ops.len(), "lat: tx wrote");
+                for o in &w.ops {
+                    finish(o, &r);
+                }
+            }
             timing::mark(Spent::Other);
             let op = match held.take() {
                 Some(op) => op,
@@ -681,18 +733,17 @@ impl Task for TxTask {
                 tracing::trace!(seq, stream = lane.index, "lat: tx gpu parts out");
                 continue;
             }
-            if !batchable(&op) {
+            if !host_only(&op) {
                 let r = tx_part(s, &op, stager);
                 finish(&op, &r);
                 continue;
             }
-            let batch = take_host_batch(rx, op, held);
-            let slices: Vec<&[u8]> = batch.iter().flat_map(host_slices).collect();
-            let r = write_all_slices(s, &slices).map_err(write_err);
-            tracing::trace!(seq = batch[0].head.seq, n = batch.len(), "lat: tx wrote");
-            for o in &batch {
-                finish(o, &r);
-            }
+            let ops = if batchable(&op) {
+                take_host_batch(rx, op, held)
+            } else {
+                vec![op]
+            };
+            *writing = Some(HostWrite { ops, done: 0 });
         }
     }
 }
