@@ -472,16 +472,16 @@ pub struct Gather {
 
 impl Gather {
     /// Items of at most 256 KiB (capped by the chunk), up to a chunk and
-    /// `segs` of them a request: with the socket net's 8 MiB chunk a
-    /// 4,096-block KV transfer of 32 KiB blocks takes 16 requests, not
-    /// 4,096, each as large as a chunk of one message (measured on
-    /// h200-x2: 4 MiB requests moved scattered blocks at 13-14 GB/s
-    /// beside 18 for one message).
+    /// `segs` (at most 8,192) of them a request: with the socket net's
+    /// 8 MiB chunk a 4,096-block KV transfer of 32 KiB blocks takes 16
+    /// requests, not 4,096, each as large as a chunk of one message
+    /// (measured on h200-x2: 4 MiB requests moved scattered blocks at
+    /// 13-14 GB/s beside 18 for one message).
     pub fn new(chunk: usize, segs: usize) -> Self {
         Gather {
             item_max: (256usize << 10).min(chunk),
             bytes: chunk,
-            segs: segs.clamp(1, 1024),
+            segs: segs.clamp(1, 8192),
         }
     }
 }
@@ -926,6 +926,14 @@ mod tests {
                 OpPlan::Gather { start: 5, end: 8 },
             ]
         );
+        // vLLM's 131,072 blocks of 4 KiB through the socket net (8,192
+        // segments a message): a chunk a request, as one descriptor of the
+        // same bytes would be cut.
+        let plan = plan_ops(&[4096; 131_072], 8 << 20, Gather::new(8 << 20, 8192));
+        assert_eq!(plan.len(), 64);
+        assert!(plan
+            .iter()
+            .all(|p| matches!(p, OpPlan::Gather { start, end } if end - start == 2048)));
         // Segment limit, and a net that never gathers.
         let plan = plan_ops(&[4096; 10], 8 << 20, Gather::new(8 << 20, 4));
         assert_eq!(plan.len(), 3);

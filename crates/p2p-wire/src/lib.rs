@@ -348,8 +348,10 @@ pub const MAGIC: u64 = 0x3150_3250_5850_4354; // "TCPXP2P1"
 /// reads ([`Lease`]), which the target calls back (`Revoke` / `Revoked`)
 /// before their memory is deregistered. 14: a lease may also be written
 /// through (`Lease::write`, for records that live as long as their
-/// connection), and a target may lease on its own (`Leases`).
-pub const VERSION: u16 = 14;
+/// connection), and a target may lease on its own (`Leases`). 15: the
+/// socket net gathers up to 8,192 blocks a message (1,024 before), so
+/// both peers must plan a list's requests alike.
+pub const VERSION: u16 = 15;
 /// An ncclNet listen handle is at most this long.
 pub const NET_HANDLE_LEN: usize = 128;
 /// Most channels per set a connection may have.
