@@ -135,6 +135,12 @@ pub(crate) fn poll_readable(s: &impl std::os::fd::AsRawFd, spin: Duration) {
     }
 }
 
+/// Waits up to `limit` for `s` to have bytes to read (or to be closed);
+/// true if it has.
+pub(crate) fn wait_readable(s: &impl std::os::fd::AsRawFd, limit: Duration) -> bool {
+    wait_for(s, libc::POLLIN, limit)
+}
+
 /// Waits up to `limit` for `s` to be ready for `events` (`POLLIN`: bytes
 /// to read or closed; `POLLOUT`: room to write); true if it is. A wait
 /// that fails counts as ready (the read or write reports it); an
