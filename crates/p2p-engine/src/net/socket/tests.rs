@@ -1257,22 +1257,26 @@ fn a_receiver_gone_fails_every_send_spilled_ones_too() {
     }
 }
 
-#[test]
-fn a_send_whose_receiver_does_not_read_holds_no_worker_and_lands_whole_once_read() {
+/// A one-stream sender with small socket buffers whose raw receiver reads
+/// nothing: a 16 MiB message posted, and the stream seen waiting for room
+/// without a worker (in the poller, after its 10 ms linger).
+fn full_stream_sender() -> (
+    SocketNet,
+    super::send::SocketSend,
+    TcpStream,
+    std::net::TcpListener,
+    Vec<u8>,
+    ReqId,
+) {
     use std::io::Read;
-    // One stream, small socket buffers, a 16 MiB message: its part fills
-    // the socket at once. The stream waits for room in the poller after
-    // its linger, not blocked in a write on a worker; once the receiver
-    // reads, every byte comes, in order.
     let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     socket2::SockRef::from(&l)
         .set_recv_buffer_size(64 << 10)
         .unwrap();
-    let nonce = 0x5eed_0043;
     let handle = Handle {
         addr: l.local_addr().unwrap(),
         streams: 1,
-        nonce,
+        nonce: 0x5eed_0043,
         min_part: 4096,
     }
     .encode();
@@ -1299,6 +1303,14 @@ fn a_send_whose_receiver_does_not_read_holds_no_worker_and_lands_whole_once_read
     std::thread::sleep(Duration::from_millis(50));
     assert_eq!(w.busy(), 0, "a worker held by a stream waiting for room");
     assert_eq!(s.test(p).unwrap(), None, "done before its bytes were read");
+    (net, s, s0, l, big, p)
+}
+
+#[test]
+fn a_send_whose_receiver_does_not_read_holds_no_worker_and_lands_whole_once_read() {
+    // The stream waits for room in the poller, not blocked in a write on a
+    // worker; once the receiver reads, every byte comes, in order.
+    let (_net, mut s, mut s0, _l, big, p) = full_stream_sender();
     let mut got = Vec::with_capacity(big.len());
     while got.len() < big.len() {
         let (h, data) = read_part(&mut s0);
@@ -1307,4 +1319,26 @@ fn a_send_whose_receiver_does_not_read_holds_no_worker_and_lands_whole_once_read
     }
     assert!(got == big, "the message came with other bytes");
     assert_eq!(wait(|| s.test(p)), big.len());
+}
+
+#[test]
+fn a_send_waiting_for_room_fails_when_its_receiver_goes() {
+    // Parked in the poller on a full socket, the stream is woken by the
+    // receiver's close and fails its send, rather than waiting for good.
+    let (_net, mut s, s0, l, _big, p) = full_stream_sender();
+    drop((s0, l));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match s.test(p) {
+            Err(_) => break,
+            Ok(None) => {
+                assert!(
+                    Instant::now() < deadline,
+                    "the send neither failed nor ended"
+                );
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            Ok(Some(n)) => panic!("{n} bytes reported sent to a receiver that read few"),
+        }
+    }
 }
