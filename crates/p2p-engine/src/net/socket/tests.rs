@@ -1238,21 +1238,22 @@ fn a_receiver_gone_fails_every_send_spilled_ones_too() {
     // The receiver goes away: every send fails, none is left waiting.
     drop((s0, s1, l));
     for (i, p) in sends.into_iter().enumerate() {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            match s.test(p) {
-                Err(_) => break,
-                Ok(None) => {
-                    assert!(
-                        Instant::now() < deadline,
-                        "send {i} neither failed nor ended"
-                    );
-                    std::thread::sleep(Duration::from_millis(1));
-                }
-                Ok(Some(n)) => {
-                    panic!("send {i} reported {n} bytes sent to a receiver that read none")
-                }
+        fails_within_10s(&mut s, p, &format!("send {i}"));
+    }
+}
+
+/// Waits up to 10 s for send `p` to fail (its receiver gone); panics if it
+/// completes or is still pending then.
+fn fails_within_10s(s: &mut super::send::SocketSend, p: ReqId, what: &str) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match s.test(p) {
+            Err(_) => return,
+            Ok(None) => {
+                assert!(Instant::now() < deadline, "{what} neither failed nor ended");
+                std::thread::sleep(Duration::from_millis(1));
             }
+            Ok(Some(n)) => panic!("{what} reported {n} bytes sent to a receiver gone"),
         }
     }
 }
@@ -1327,18 +1328,5 @@ fn a_send_waiting_for_room_fails_when_its_receiver_goes() {
     // receiver's close and fails its send, rather than waiting for good.
     let (_net, mut s, s0, l, _big, p) = full_stream_sender();
     drop((s0, l));
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        match s.test(p) {
-            Err(_) => break,
-            Ok(None) => {
-                assert!(
-                    Instant::now() < deadline,
-                    "the send neither failed nor ended"
-                );
-                std::thread::sleep(Duration::from_millis(1));
-            }
-            Ok(Some(n)) => panic!("{n} bytes reported sent to a receiver that read few"),
-        }
-    }
+    fails_within_10s(&mut s, p, "the send");
 }
