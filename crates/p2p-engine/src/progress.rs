@@ -665,7 +665,7 @@ impl Engine {
                 // Woken by the transport's waker or by a new command.
                 let nap = linger
                     .saturating_sub(last_busy.elapsed())
-                    .min(crate::net::socket::LINGER_SLICE);
+                    .min(crate::workers::LINGER_SLICE);
                 crate::workers::lingering(|| std::thread::park_timeout(nap));
             }
         }

@@ -19,12 +19,13 @@
 //! worker busy, a wait that doubles with every two workers more
 //! ([`growth_stall`]), and only while a busy worker sleeps in the kernel
 //! (blocked: [`Inner::a_busy_worker_sleeps`]): busy workers that all run
-//! or wait for a core are not helped by another thread. The pool has no
-//! fixed cap: a task may still
-//! block (a GPU window's bytes, a send into a full socket), and a cap
-//! would let busy tasks on both ends wait for each other's queued ones.
-//! A host-memory part whose bytes stop coming waits in the poller, not
-//! on a worker (see `net::socket::rx`). Tasks are bounded by the
+//! or wait for a core are not helped by another thread, nor are workers
+//! whose task lingers ([`lingering`]). The pool has no fixed cap: a task
+//! may still block (a GPU window's bytes or its write), and a cap would
+//! let busy tasks on both ends wait for each other's queued ones. A
+//! host-memory part whose bytes stop coming, or whose socket is full,
+//! waits in the poller, not on a worker (see `net::socket::rx`,
+//! `net::socket::tx`). Tasks are bounded by the
 //! endpoint's admission limits (streams and connections per peer and in
 //! all; see `admission`).
 //!
@@ -351,19 +352,20 @@ thread_local! {
 /// as [`Workers::work_waiting`] says other work waits (a stream's
 /// linger): meanwhile the worker counts as free, not blocked, so the
 /// poller adds no thread for the work queued behind it -- the lingering
-/// task gives its worker back within a [`crate::net::socket::LINGER_SLICE`]
-/// instead. (Counted as blocked, lingering streams took the 2-core
+/// task gives its worker back within a [`LINGER_SLICE`] instead. (Counted as blocked, lingering streams took the 2-core
 /// machine's pool to 18-20 workers in the first rounds of sending to 64
 /// peers at once.) On a thread that is no worker it just runs `wait`.
 pub(crate) fn lingering<R>(wait: impl FnOnce() -> R) -> R {
-    let seat = SEAT.with(|s| s.borrow().clone());
-    if let Some(s) = &seat {
-        s.lingering.store(true, Ordering::Release);
-    }
+    let mark = |on: bool| {
+        SEAT.with(|s| {
+            if let Some(s) = &*s.borrow() {
+                s.lingering.store(on, Ordering::Release);
+            }
+        })
+    };
+    mark(true);
     let r = wait();
-    if let Some(s) = &seat {
-        s.lingering.store(false, Ordering::Release);
-    }
+    mark(false);
     r
 }
 
@@ -684,15 +686,13 @@ impl Inner {
     /// Parks a job until `fd` (if given) is ready as its interest says,
     /// or `until` (if given) has come.
     fn park_on(self: &Arc<Self>, job: Job, fd: Option<(RawFd, Interest)>, until: Option<Instant>) {
-        let (fd, interest) = match fd {
-            Some((fd, i)) => (Some(fd), i),
-            None => (None, Interest::READABLE),
-        };
         let token = self.next_token.fetch_add(1, Ordering::Relaxed) % (usize::MAX - 1);
         let home = job.home.clone();
         let earliest = {
             let mut parked = self.parked.lock();
-            parked.jobs.insert(token, (job, fd, until));
+            parked
+                .jobs
+                .insert(token, (job, fd.map(|(fd, _)| fd), until));
             until.is_some_and(|d| {
                 parked.timers.insert((d, token));
                 parked.timers.first() == Some(&(d, token))
@@ -702,7 +702,7 @@ impl Inner {
             // The poller may be asleep past this deadline: it looks again.
             let _ = self.waker.wake();
         }
-        let Some(fd) = fd else { return };
+        let Some((fd, interest)) = fd else { return };
         // Registering a descriptor that is ready already reports it at
         // once (epoll checks readiness when a descriptor is added).
         let r = self
@@ -723,6 +723,11 @@ impl Inner {
 /// How long queued work may wait with every worker busy before the poller
 /// adds workers (busy tasks may be blocked in a part; more must come).
 const STALL: Duration = Duration::from_micros(500);
+
+/// How often a lingering task ([`lingering`]) looks whether other work
+/// waits for its worker: the pool's first growth step, so that it gives
+/// the worker back before the pool would add one for that work.
+pub(crate) const LINGER_SLICE: Duration = STALL;
 
 /// How long queued work must have waited, with every worker busy, before
 /// the poller adds workers, given `threads` workers of which `base` come
@@ -829,9 +834,10 @@ fn poller(mut poll: Poll, pool: Weak<Inner>) {
 impl Inner {
     /// Whether some worker running a task sleeps in the kernel (state `S`
     /// or `D` in `/proc/self/task/TID/stat`): blocked on a socket, an
-    /// event, a lock -- not lingering ([`lingering`]). Work that waits while every busy worker is running
-    /// or runnable waits for a core, which another thread would not give
-    /// it. A state that cannot be read counts as asleep.
+    /// event, a lock -- not lingering ([`lingering`]). Work that waits
+    /// while every busy worker is running or runnable waits for a core,
+    /// which another thread would not give it. A state that cannot be read
+    /// counts as asleep.
     fn a_busy_worker_sleeps(&self) -> bool {
         let seats: Vec<Arc<Seat>> = self.seats.lock().clone();
         seats

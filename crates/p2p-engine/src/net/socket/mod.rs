@@ -55,7 +55,7 @@ mod streams;
 
 /// Whether a TCP stream has bytes to read, and a bounded spin until it
 /// has: the control connection's reader uses them too.
-pub(crate) use sockio::{poll_readable, wait_readable, LINGER_SLICE};
+pub(crate) use sockio::{poll_readable, wait_readable};
 pub(crate) mod splice;
 mod stage;
 #[cfg(test)]

@@ -70,14 +70,17 @@ pub(super) fn write_slices_now(
     parts: &[&[u8]],
     done: &mut usize,
 ) -> io::Result<bool> {
+    let sock = socket2::SockRef::from(s);
     // Where byte `done` lies: slice `idx`, `off` bytes in.
     let (mut idx, mut off) = (0, *done);
-    while idx < parts.len() && off >= parts[idx].len() {
-        off -= parts[idx].len();
-        idx += 1;
-    }
-    let sock = socket2::SockRef::from(s);
-    while idx < parts.len() {
+    loop {
+        while idx < parts.len() && off >= parts[idx].len() {
+            off -= parts[idx].len();
+            idx += 1;
+        }
+        if idx == parts.len() {
+            return Ok(true);
+        }
         let iov: Vec<IoSlice<'_>> = std::iter::once(IoSlice::new(&parts[idx][off..]))
             .chain(parts[idx + 1..].iter().take(1023).map(|p| IoSlice::new(p)))
             .collect();
@@ -93,18 +96,10 @@ pub(super) fn write_slices_now(
         timing::bytes(n);
         *done += n;
         off += n;
-        while idx < parts.len() && off >= parts[idx].len() {
-            off -= parts[idx].len();
-            idx += 1;
-        }
     }
-    Ok(true)
 }
 
-/// How often a lingering stream looks whether other work waits for its
-/// worker: the pool's first growth step ([`crate::workers`]), so that it
-/// gives the worker back before the pool adds one for that work.
-pub(crate) const LINGER_SLICE: Duration = Duration::from_micros(500);
+pub(super) use crate::workers::LINGER_SLICE;
 
 /// Whether the socket has bytes waiting to be read.
 pub(crate) fn readable_now(s: &impl std::os::fd::AsRawFd) -> bool {
