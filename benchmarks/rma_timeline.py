@@ -64,9 +64,21 @@ def control_events(lines):
     return out
 
 
-def _rows_by_id(events, steps):
+def wholes(lines):
+    """Each part's transfer: part xfer id -> the whole's id, from the
+    `lat: part of` trace lines (a list posted in several requests)."""
+    out = {}
+    for line in lines:
+        m = re.search(r"lat: part of xfer=(\d+) whole=(\d+)", ANSI.sub("", line))
+        if m:
+            out[int(m.group(1))] = int(m.group(2))
+    return out
+
+
+def _rows_by_id(events, steps, ids=None):
     """Per request (by its posted line's xfer id), each step's first time
-    at or after the step before it."""
+    at or after the step before it; with `ids` (a list), each row's xfer
+    id is appended to it."""
     by = {}
     for t, what, x in events:
         if x:
@@ -86,6 +98,8 @@ def _rows_by_id(events, steps):
             row.append(t)
         if len(row) == len(steps):
             rows.append(row)
+            if ids is not None:
+                ids.append(x)
     return rows
 
 
@@ -100,10 +114,20 @@ def _rows_by_order(events, steps):
     return [[c[k] for c in cols] for k in range(n)]
 
 
-def transfers_at(events, op, gap_ms):
-    """Per transfer, per request, each step's time (seconds, as logged)."""
+def transfers_at(events, op, gap_ms, whole=None):
+    """Per transfer, per request, each step's time (seconds, as logged).
+    Requests are grouped by the transfer they are parts of where `whole`
+    (see `wholes`) names it, else a gap of more than `gap_ms` between two
+    posts starts a new transfer (logs without part lines)."""
     steps = STEPS[op]
     with_ids = any(x for _, what, x in events if what[0] != "ended")
+    if with_ids and whole:
+        ids = []
+        rows = _rows_by_id(events, steps, ids)
+        groups = {}
+        for r, x in sorted(zip(rows, ids)):
+            groups.setdefault(whole.get(x, ("own", x)), []).append(r)
+        return sorted(groups.values())
     rows = sorted(_rows_by_id(events, steps) if with_ids else _rows_by_order(events, steps))
     if not rows:
         return []
@@ -117,9 +141,9 @@ def transfers_at(events, op, gap_ms):
     return transfers
 
 
-def timelines(events, op, gap_ms):
+def timelines(events, op, gap_ms, whole=None):
     """Per transfer, per request, each step's time from the transfer's first post."""
-    return [[[(x - tr[0][0]) * 1e3 for x in r] for r in tr] for tr in transfers_at(events, op, gap_ms)]
+    return [[[(x - tr[0][0]) * 1e3 for x in r] for r in tr] for tr in transfers_at(events, op, gap_ms, whole)]
 
 
 def data_events(lines):
@@ -225,7 +249,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("log")
     ap.add_argument("--op", choices=sorted(STEPS), default="write")
-    ap.add_argument("--gap", type=float, default=5.0, help="ms between posts that starts a new transfer")
+    ap.add_argument("--gap", type=float, default=5.0, help="ms between posts that starts a new transfer (logs without `lat: part of` lines)")
     ap.add_argument("--bytes", type=int, default=0, help="bytes a transfer moves (prints the data phase's GB/s)")
     ap.add_argument("--streams", action="store_true", help="each transfer's receive streams, by thread")
     ap.add_argument("--posting", action="store_true", help="where each posting call's time went")
@@ -235,7 +259,7 @@ def main(argv=None):
         lines = f.readlines()
     if a.posting:
         return 0 if posting_report(posting_events(lines)) else 1
-    at = transfers_at(control_events(lines), a.op, a.gap)
+    at = transfers_at(control_events(lines), a.op, a.gap, wholes(lines))
     if not at:
         print(f"no {a.op} requests traced in {a.log} (TCPX_P2P_LOG=trace on both sides?)")
         return 1

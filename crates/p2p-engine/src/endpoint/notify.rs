@@ -202,6 +202,7 @@ impl Endpoint {
                     return Ok(whole);
                 }
             };
+            tracing::trace!(xfer = part.id, whole = whole.id, "lat: part of");
             part.part_of(whole.clone());
         }
         Ok(whole)
