@@ -32,6 +32,7 @@ use crate::handshake::{self, Role};
 use crate::memory::Registry;
 use crate::net::{DataPaths, MemRef, Net, PeerInfo, RecvComm, SendComm, Waker};
 use crate::notif::{Notif, NotifQueue};
+use crate::pieces::Pieces;
 use crate::progress::{ChunkOp, Cmd, Engine, Progress, Until};
 use crate::proto::{self, Effect, Payload, Proto, Requested, Serve, Setup, PEER_CLOSED};
 use crate::rma;
@@ -551,7 +552,7 @@ impl Conn {
                             let inner = Transfer::new(0, self.id, n, vec![]);
                             (0..n)
                                 .map(|_| ChunkOp {
-                                    segs: vec![],
+                                    segs: Pieces::default(),
                                     xfer: inner.clone(),
                                     expect: None,
                                     remote: vec![],
@@ -696,7 +697,7 @@ impl Conn {
         let key_bytes = src.iter().map(|p| p.key.len()).sum();
         let room = wire::MAX_FRAME.saturating_sub(wire::pull_frame_len(0, src.len(), key_bytes));
         let leases = self.leases(st, tokens, room);
-        let held = Transfer::new(0, self.id, 1, distinct_regions(&serve.local));
+        let held = Transfer::new(0, self.id, 1, serve.local.regions());
         held.watch(
             &self.ends,
             Watch::Served {
@@ -797,14 +798,14 @@ impl Conn {
         &self,
         xfer_id: u64,
         write: bool,
-        local: &[(MemRef, Arc<crate::memory::Region>)],
+        local: &Pieces,
         remote: &[RmaItem],
         runs: &[u32],
         gpu: &[bool],
     ) -> Option<Arc<Transfer>> {
         let (srcs, used) = self.drive(|st, _| st.proto.leased(write, remote, runs, gpu))?;
-        let plan = self.plan(local.iter().map(|(m, _)| m.len));
-        let xfer = Transfer::new(xfer_id, self.id, plan.len(), distinct_regions(local));
+        let plan = self.plan(local.mems().iter().map(|m| m.len));
+        let xfer = Transfer::new(xfer_id, self.id, plan.len(), local.regions());
         let mut ops = Self::ops_for(&xfer, local, &plan, true);
         if point_at(&mut ops, &srcs).is_err() {
             self.drive(|st, _| st.proto.leased_ended(&used));
@@ -859,7 +860,7 @@ impl Conn {
     /// more event than its requests, given after the state lock is let go.
     /// With `remote`, each request pulls from the peer's memory there.
     fn serving(&self, s: Serve, remote: Option<Vec<PullRun>>, done: &mut Done) -> Vec<ChunkOp> {
-        let inner = Transfer::new(0, self.id, s.plan.len() + 1, distinct_regions(&s.local));
+        let inner = Transfer::new(0, self.id, s.plan.len() + 1, s.local.regions());
         inner.watch(
             &self.ends,
             Watch::Served {
@@ -1123,12 +1124,7 @@ impl Conn {
     }
 
     /// The chunk ops of `plan` over `items` for our transfer `xfer`.
-    fn ops_for(
-        xfer: &Arc<Transfer>,
-        items: &[(MemRef, Arc<crate::memory::Region>)],
-        plan: &[OpPlan],
-        exact: bool,
-    ) -> Vec<ChunkOp> {
+    fn ops_for(xfer: &Arc<Transfer>, items: &Pieces, plan: &[OpPlan], exact: bool) -> Vec<ChunkOp> {
         let mut ops = proto::requests(items, plan, exact, |segs, expect| ChunkOp {
             segs,
             xfer: xfer.clone(),
@@ -1147,12 +1143,12 @@ impl Conn {
         self: &Arc<Self>,
         xfer_id: u64,
         send: bool,
-        items: Vec<(MemRef, Arc<crate::memory::Region>)>,
+        items: Pieces,
     ) -> Result<Arc<Transfer>> {
         self.check_alive()?;
         tracing::trace!(xfer = xfer_id, send, "lat: post");
-        let regions = distinct_regions(&items);
-        let plan = self.plan(items.iter().map(|(m, _)| m.len));
+        let regions = items.regions();
+        let plan = self.plan(items.mems().iter().map(|m| m.len));
         // A send completes once its requests have: its bytes are out of
         // the caller's buffer. The receiver's acknowledgements (`MsgDone`)
         // are counted, and an orderly close waits for them
@@ -1187,7 +1183,7 @@ impl Conn {
         self: &Arc<Self>,
         xfer_id: u64,
         read: bool,
-        local: Vec<(MemRef, Arc<crate::memory::Region>)>,
+        local: Pieces,
         remote: Vec<RmaItem>,
         remote_region: &[u64],
     ) -> Result<Arc<Transfer>> {
@@ -1204,7 +1200,7 @@ impl Conn {
         // the runs, the requests' ops, the keys, letting go of our list of
         // runs (a region handle each), the state machine.
         let clock = crate::net::timing::Steps::start(tracing::enabled!(tracing::Level::TRACE));
-        let regions = distinct_regions(&local);
+        let regions = local.regions();
         let ids: Vec<(MemRef, u64)> = local.iter().map(|(m, r)| (*m, r.id)).collect();
         let runs = rma::plan_runs(&ids, &remote, remote_region);
         let local = rma::merge_runs(local, &runs).map_err(|e| Error::invalid(e.to_string()))?;
@@ -1240,7 +1236,7 @@ impl Conn {
             return Ok(xfer);
         }
         let t_runs = clock.at();
-        let plan = self.plan(local.iter().map(|(m, _)| m.len));
+        let plan = self.plan(local.mems().iter().map(|m| m.len));
         // +1: the target's WriteDone / ReadAck.
         let xfer = Transfer::new(xfer_id, self.id, plan.len() + 1, regions);
         let ops = Self::ops_for(&xfer, &local, &plan, true);
@@ -1290,18 +1286,15 @@ impl Conn {
     /// granted read's, for its reader). None sends the data: the net
     /// exports nothing here, or the runs are too many for one frame of
     /// `items` items more (the peer takes no longer one).
-    fn keys(
-        &self,
-        runs: &[(MemRef, Arc<crate::memory::Region>)],
-        items: usize,
-    ) -> Option<Vec<PullRun>> {
+    fn keys(&self, runs: &Pieces, items: usize) -> Option<Vec<PullRun>> {
         let net = self.exporter.as_ref()?;
         if runs.len() > PULL_MAX_RUNS {
             return None;
         }
         let src: Vec<PullRun> = runs
+            .mems()
             .iter()
-            .map(|(m, _)| {
+            .map(|m| {
                 let key = net.export(*m)?;
                 (key.len() <= wire::MAX_PULL_KEY).then_some(PullRun {
                     gpu: matches!(m.kind, crate::memory::MemKind::Cuda(_)),
@@ -1565,9 +1558,10 @@ impl Task for OobReader {
 }
 
 /// Which of `runs` are device memory.
-fn device_runs(runs: &[(MemRef, Arc<crate::memory::Region>)]) -> Vec<bool> {
-    runs.iter()
-        .map(|(m, _)| matches!(m.kind, crate::memory::MemKind::Cuda(_)))
+fn device_runs(runs: &Pieces) -> Vec<bool> {
+    runs.mems()
+        .iter()
+        .map(|m| matches!(m.kind, crate::memory::MemKind::Cuda(_)))
         .collect()
 }
 
@@ -1580,25 +1574,10 @@ fn point_at(
     srcs: &[crate::lease::RunSrc],
 ) -> std::result::Result<(), Option<OpPlan>> {
     for op in ops {
-        let lens: Vec<usize> = op.segs.iter().map(|(m, _)| m.len).collect();
+        let lens: Vec<usize> = op.segs.mems().iter().map(|m| m.len).collect();
         op.remote = proto::op_refs(op.plan, &lens, srcs).ok_or(op.plan)?;
     }
     Ok(())
-}
-
-/// The regions of `items`, each once per run of items in it (what a
-/// transfer holds until it ends): a list of 131,072 blocks in one region
-/// holds it once, not 131,072 times.
-fn distinct_regions(
-    items: &[(MemRef, Arc<crate::memory::Region>)],
-) -> Vec<Arc<crate::memory::Region>> {
-    let mut out: Vec<Arc<crate::memory::Region>> = Vec::new();
-    for (_, r) in items {
-        if !out.last().is_some_and(|l| Arc::ptr_eq(l, r)) {
-            out.push(r.clone());
-        }
-    }
-    out
 }
 
 #[cfg(test)]

@@ -12,10 +12,10 @@
 //! error.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::Arc;
 
-use crate::memory::{MemKind, Region, Registry};
+use crate::memory::{MemKind, Registry};
 use crate::net::MemRef;
+use crate::pieces::Pieces;
 use crate::rma;
 use crate::transfer::{plan_len, plan_ops, Gather, OpPlan};
 use crate::wire::{self, Control, RmaItem};
@@ -86,7 +86,7 @@ pub enum ProtocolError {
 #[derive(Debug)]
 pub struct Admitted {
     pub xfer: u64,
-    pub local: Vec<(MemRef, Arc<Region>)>,
+    pub local: Pieces,
     pub plan: Vec<OpPlan>,
     pub weight: usize,
 }
@@ -188,7 +188,7 @@ pub enum Action {
     /// `weight` back with [`Book::served_end`] and send `WriteDone`.
     LandWrite {
         xfer: u64,
-        local: Vec<(MemRef, Arc<Region>)>,
+        local: Pieces,
         len: usize,
         weight: usize,
     },
@@ -203,7 +203,7 @@ pub enum Action {
     /// bytes of `local`, then hand `weight` back.
     SendReadData {
         xfer: u64,
-        local: Vec<(MemRef, Arc<Region>)>,
+        local: Pieces,
         len: usize,
         weight: usize,
     },
@@ -387,7 +387,7 @@ impl Book {
                     Ok(Admitted { local, weight, .. }) => {
                         // Our records' length, not the claim's, must match
                         // the bytes that follow.
-                        let total: usize = local.iter().map(|(m, _)| m.len).sum();
+                        let total = local.total();
                         if total == len {
                             Action::LandWrite {
                                 xfer,
@@ -412,7 +412,7 @@ impl Book {
             Control::ReadInline { xfer, items, runs } => {
                 match self.admit(cx, xfer, &items, &runs) {
                     Ok(Admitted { local, weight, .. }) => {
-                        let len: usize = local.iter().map(|(m, _)| m.len).sum();
+                        let len = local.total();
                         if len <= wire::MAX_INLINE {
                             Action::SendReadData {
                                 xfer,
@@ -594,26 +594,21 @@ impl Book {
             ));
         }
         let mut adverts = cx.registry.resolver(cx.conn);
-        let each = items
-            .iter()
-            .enumerate()
-            .map(|(i, it)| {
-                let r = adverts
-                    .resolve(it.token, it.addr, it.len)
-                    .map_err(|e| format!("item {i}: {e}"))?;
-                Ok((
-                    MemRef {
-                        addr: it.addr,
-                        len: it.len as usize,
-                        kind: r.kind,
-                    },
-                    r,
-                ))
-            })
-            .collect::<Result<Vec<_>, String>>()?;
+        let mut each = Pieces::with_capacity(items.len());
+        for (i, it) in items.iter().enumerate() {
+            let r = adverts
+                .resolve(it.token, it.addr, it.len)
+                .map_err(|e| format!("item {i}: {e}"))?;
+            let mem = MemRef {
+                addr: it.addr,
+                len: it.len as usize,
+                kind: r.kind,
+            };
+            each.push(mem, r);
+        }
         let local = rma::merge_runs(each, runs).map_err(|e| e.to_string())?;
         // Bounded by our regions now; still counted before planned.
-        let lens: Vec<u64> = local.iter().map(|(m, _)| m.len as u64).collect();
+        let lens: Vec<u64> = local.mems().iter().map(|m| m.len as u64).collect();
         let pieces = plan_len(&lens, cx.chunk, cx.gather);
         let weight = (items.len() as u64).saturating_add(pieces);
         if weight > left as u64 {
@@ -621,7 +616,7 @@ impl Book {
                 "the request needs {weight} pieces, more than the {left} left of the limit of {max_items} outstanding (TCPX_P2P_MAX_PENDING_ITEMS)"
             ));
         }
-        let lens: Vec<usize> = local.iter().map(|(m, _)| m.len).collect();
+        let lens: Vec<usize> = local.mems().iter().map(|m| m.len).collect();
         let plan = plan_ops(&lens, cx.chunk, cx.gather);
         self.served += 1;
         self.served_items += weight as usize;
@@ -675,13 +670,14 @@ fn distinct_tokens(items: &[RmaItem]) -> Vec<wire::Token> {
 /// net with a one-sided path, one flag per run, and no run from our host
 /// memory into its GPU memory (cross-memory attach moves host memory
 /// only). Otherwise the read is served as a `ReadReq`.
-fn reader_copies(cx: &Ctx<'_>, local: &[(MemRef, Arc<Region>)], dst_gpu: &[bool]) -> bool {
+fn reader_copies(cx: &Ctx<'_>, local: &Pieces, dst_gpu: &[bool]) -> bool {
     cx.pull
         && dst_gpu.len() == local.len()
         && local
+            .mems()
             .iter()
             .zip(dst_gpu)
-            .all(|((m, _), &gpu)| !gpu || m.kind != MemKind::Host)
+            .all(|(m, &gpu)| !gpu || m.kind != MemKind::Host)
 }
 
 /// Whether we copy a peer's offered write (`WritePull`) ourselves, from
@@ -689,13 +685,14 @@ fn reader_copies(cx: &Ctx<'_>, local: &[(MemRef, Arc<Region>)], dst_gpu: &[bool]
 /// key per run, and no run from the peer's host memory into our GPU
 /// memory (cross-memory attach moves host memory only). Otherwise the
 /// write is served as a `WriteReq`.
-fn copies_itself(cx: &Ctx<'_>, local: &[(MemRef, Arc<Region>)], runs: &[wire::PullRun]) -> bool {
+fn copies_itself(cx: &Ctx<'_>, local: &Pieces, runs: &[wire::PullRun]) -> bool {
     cx.pull
         && runs.len() == local.len()
         && local
+            .mems()
             .iter()
             .zip(runs)
-            .all(|((m, _), r)| r.gpu || m.kind == MemKind::Host)
+            .all(|(m, r)| r.gpu || m.kind == MemKind::Host)
 }
 
 #[cfg(test)]
@@ -800,7 +797,7 @@ mod tests {
                 weight,
                 ..
             }) => {
-                assert_eq!(local[0].0.addr, f.buf.as_ptr() as u64 + 4096);
+                assert_eq!(local.mems()[0].addr, f.buf.as_ptr() as u64 + 4096);
                 assert_eq!(plan.len(), 2);
                 assert_eq!(weight, 3);
             }
@@ -1083,8 +1080,8 @@ mod tests {
                 len: 100,
                 weight,
             } => {
-                assert_eq!(local[0].0.addr, f.buf.as_ptr() as u64 + 4096);
-                assert_eq!(local[0].0.len, 100);
+                assert_eq!(local.mems()[0].addr, f.buf.as_ptr() as u64 + 4096);
+                assert_eq!(local.mems()[0].len, 100);
                 assert_eq!(weight, 2);
             }
             a => panic!("{a:?}"),

@@ -13,11 +13,10 @@
 
 use std::cell::RefCell;
 use std::io::{self, IoSlice, Read, Write};
-use std::sync::Arc;
 
 use crate::gpu;
-use crate::memory::{MemKind, Region};
-use crate::net::MemRef;
+use crate::memory::MemKind;
+use crate::pieces::Pieces;
 
 thread_local! {
     /// Host side of GPU inline copies: pinned, so that each is one DMA
@@ -50,8 +49,8 @@ fn with_scratch<R>(
 }
 
 /// The total byte length of `local`.
-pub(crate) fn total(local: &[(MemRef, Arc<Region>)]) -> usize {
-    local.iter().map(|(m, _)| m.len).sum()
+pub(crate) fn total(local: &Pieces) -> usize {
+    local.total()
 }
 
 fn cuda(e: crate::error::CudaError) -> io::Error {
@@ -65,8 +64,8 @@ fn bind(dev: i32) -> io::Result<()> {
 
 /// Reads the payload from `s` into `local`, in order: exactly the sum of
 /// their lengths.
-pub(crate) fn land(s: &mut impl Read, local: &[(MemRef, Arc<Region>)]) -> io::Result<()> {
-    for (m, _) in local {
+pub(crate) fn land(s: &mut impl Read, local: &Pieces) -> io::Result<()> {
+    for m in local.mems() {
         match m.kind {
             MemKind::Host => {
                 // SAFETY: `m` lies inside a live registered host region (the
@@ -102,15 +101,15 @@ pub(crate) fn drain(s: &mut impl Read, len: usize) -> io::Result<()> {
 pub(crate) fn write_with_payload(
     w: &mut impl Write,
     body: &[u8],
-    local: &[(MemRef, Arc<Region>)],
+    local: &Pieces,
 ) -> io::Result<()> {
     let mut head = Vec::with_capacity(4 + body.len());
     head.extend_from_slice(&(body.len() as u32).to_le_bytes());
     head.extend_from_slice(body);
-    if local.iter().all(|(m, _)| m.kind == MemKind::Host) {
+    if local.mems().iter().all(|m| m.kind == MemKind::Host) {
         let mut slices = Vec::with_capacity(1 + local.len());
         slices.push(IoSlice::new(&head));
-        for (m, _) in local {
+        for m in local.mems() {
             // SAFETY: `m` lies inside a live registered host region (the
             // caller resolved it; `local` holds the region).
             slices.push(IoSlice::new(unsafe {
@@ -121,15 +120,16 @@ pub(crate) fn write_with_payload(
     }
     // Some GPU memory: gather everything into the host buffer first.
     let dev = local
+        .mems()
         .iter()
-        .find_map(|(m, _)| match m.kind {
+        .find_map(|m| match m.kind {
             MemKind::Cuda(d) => Some(d),
             MemKind::Host => None,
         })
         .unwrap_or(0);
     with_scratch(dev, total(local), |buf| {
         let mut at = 0;
-        for (m, _) in local {
+        for m in local.mems() {
             let dst = &mut buf[at..at + m.len];
             match m.kind {
                 MemKind::Host => {
@@ -169,7 +169,9 @@ fn write_all_vectored(w: &mut impl Write, mut bufs: &mut [IoSlice<'_>]) -> io::R
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::memory::Registry;
+    use crate::memory::{Region, Registry};
+    use crate::net::MemRef;
+    use std::sync::Arc;
 
     #[test]
     fn payload_goes_out_after_its_frame_and_lands_in_order() {
@@ -190,8 +192,12 @@ mod tests {
         };
         let s0 = src.as_ptr() as u64;
         let d0 = dst.as_mut_ptr() as u64;
-        let from = [piece(s0, 0, 3000, &rs), piece(s0, 5000, 4000, &rs)];
-        let to = [piece(d0, 100, 3000, &rd), piece(d0, 6000, 4000, &rd)];
+        let from: Pieces = [piece(s0, 0, 3000, &rs), piece(s0, 5000, 4000, &rs)]
+            .into_iter()
+            .collect();
+        let to: Pieces = [piece(d0, 100, 3000, &rd), piece(d0, 6000, 4000, &rd)]
+            .into_iter()
+            .collect();
         let mut wire = Vec::new();
         write_with_payload(&mut wire, b"hdr", &from).unwrap();
         assert_eq!(&wire[..4], &3u32.to_le_bytes());

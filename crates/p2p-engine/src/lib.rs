@@ -30,6 +30,7 @@ mod memory;
 pub mod net;
 pub mod notif;
 mod oob_out;
+mod pieces;
 mod progress;
 mod proto;
 mod rma;
@@ -72,6 +73,7 @@ pub mod fuzzing {
     pub use crate::net::socket::fuzz_part_header;
     pub use crate::net::{MemRef, RemoteRef};
     pub use crate::notif::queue::NotifQueue;
+    pub use crate::pieces::Pieces;
     pub use crate::progress::Set;
     pub use crate::proto::{
         op_refs, pull_refs, requests, Effect, Landing, Payload, Proto, Requested, Serve, Setup,

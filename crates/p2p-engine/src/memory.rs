@@ -75,12 +75,10 @@ impl Resolver<'_> {
         token: Token,
         addr: u64,
         len: u64,
-    ) -> std::result::Result<Arc<Region>, String> {
+    ) -> std::result::Result<&Arc<Region>, String> {
+        let same = matches!(&self.last, Some((t, _, _)) if *t == token);
         match &self.last {
-            Some((t, a, r)) if *t == token => {
-                bounded(a, token, addr, len)?;
-                Ok(r.clone())
-            }
+            Some((_, a, _)) if same => bounded(a, token, addr, len)?,
             _ => {
                 // Descriptors made one per block (UCCL's `advertisev`) are
                 // all of one region: its lookup is kept with the last
@@ -91,10 +89,10 @@ impl Resolver<'_> {
                     _ => self.reg.advert_region(&a, token)?,
                 };
                 bounded(&a, token, addr, len)?;
-                self.last = Some((token, a, r.clone()));
-                Ok(r)
+                self.last = Some((token, a, r));
             }
         }
+        Ok(&self.last.as_ref().expect("set above").2)
     }
 }
 
@@ -108,10 +106,10 @@ pub struct Checker<'a> {
 
 impl Checker<'_> {
     /// The region `id` if `[ptr, ptr+len)` lies inside it.
-    pub fn check(&mut self, id: u64, ptr: u64, len: usize) -> Result<Arc<Region>> {
+    pub fn check(&mut self, id: u64, ptr: u64, len: usize) -> Result<&Arc<Region>> {
         let r = self.region(id)?;
         check_range(r, ptr, len)?;
-        Ok(r.clone())
+        Ok(r)
     }
 
     /// [`Checker::check`] without handing out the region (no reference

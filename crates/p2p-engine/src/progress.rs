@@ -15,6 +15,7 @@ use parking_lot::Mutex;
 use crate::error::NetError;
 use crate::memory::{MemKind, Region};
 use crate::net::{MemRef, MrHandle, Net, RecvComm, RemoteRef, ReqId, SendComm};
+use crate::pieces::Pieces;
 use crate::transfer::{Ends, Failure, Transfer};
 
 /// The two sets of channels of a connection: two-sided messages, and the
@@ -29,7 +30,7 @@ pub enum Set {
 pub struct ChunkOp {
     /// The memory of the request and the region of each piece: one segment,
     /// or several gathered into one message; none for an empty filler.
-    pub segs: Vec<(MemRef, Arc<Region>)>,
+    pub segs: Pieces,
     pub xfer: Arc<Transfer>,
     /// For receives: the bytes that must arrive (`None`: any up to `mem.len`).
     pub expect: Option<usize>,
@@ -193,7 +194,7 @@ impl CommState {
                 });
                 mrs.push(m);
             }
-            for (mem, r) in &op.segs {
+            for (mem, r) in op.segs.iter() {
                 let m = match last {
                     Some((id, m)) if id == r.id => m,
                     _ => {
@@ -253,7 +254,7 @@ impl CommState {
         if !self.out_of_order || self.inflight.len() < self.window {
             return Ok(any);
         }
-        let small = op.segs.iter().map(|(m, _)| m.len).sum::<usize>() <= self.stall_max;
+        let small = op.segs.total() <= self.stall_max;
         if !small {
             return Ok(any);
         }
@@ -297,7 +298,7 @@ impl CommState {
         if let (Comm::Recv(_), true, Some((_, op))) =
             (&self.comm, self.mismatch_is_fatal, self.inflight.get(i))
         {
-            let cap: usize = op.segs.iter().map(|(m, _)| m.len).sum();
+            let cap = op.segs.total();
             let hint = format!(
                 "a receive of at most {cap} bytes failed; a message larger than a receive fails it before any byte lands"
             );
@@ -785,7 +786,7 @@ mod tests {
                 let r = host_region(i as u64, &dst[i]);
                 let x = Transfer::new(i as u64, 0, 1, vec![r.clone()]);
                 cs.pending.push_back(ChunkOp {
-                    segs: vec![(host(&dst[i]), r)],
+                    segs: Pieces::one(host(&dst[i]), r),
                     xfer: x.clone(),
                     expect: Some(sizes[i]),
                     remote: vec![],

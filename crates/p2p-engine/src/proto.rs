@@ -29,6 +29,7 @@ use crate::handler::{Action, Admitted, Book, Ctx, Limits, ProtocolError};
 use crate::lease::{Leases, RunSrc};
 use crate::memory::{Region, Registry};
 use crate::net::{MemRef, RemoteRef};
+use crate::pieces::Pieces;
 use crate::progress::Set;
 use crate::rma_recvs::RmaRecvs;
 use crate::transfer::{Answer, Failure, Gather, OpPlan};
@@ -36,7 +37,7 @@ use crate::wire::{Control, Lease, PullRun, RmaItem, Token};
 
 /// Buffers of ours, in order, with their regions: where an inline
 /// transfer's bytes come from or land, or what a served request covers.
-pub type Landing = Vec<(MemRef, Arc<Region>)>;
+pub type Landing = Pieces;
 
 /// Inline reads stop while this many await their data: their answers (at
 /// most [`crate::wire::MAX_INLINE`] each) stay within the peer's control
@@ -945,11 +946,7 @@ impl<O: Requests> Proto<O> {
 /// copies its bytes from: the peer's run `src[i]` for our run `items[i]`,
 /// at the same offsets (the runs of both sides have the same lengths; the
 /// peer's net checks its own against the ranges asked of it).
-pub fn pull_refs(
-    items: &[(MemRef, Arc<Region>)],
-    plan: &[OpPlan],
-    src: Vec<PullRun>,
-) -> Vec<Vec<RemoteRef>> {
+pub fn pull_refs(items: &Pieces, plan: &[OpPlan], src: Vec<PullRun>) -> Vec<Vec<RemoteRef>> {
     let keys: Vec<Arc<[u8]>> = src.into_iter().map(|p| Arc::from(p.key)).collect();
     plan.iter()
         .map(|p| match *p {
@@ -962,7 +959,7 @@ pub fn pull_refs(
                 .map(|i| RemoteRef {
                     key: keys[i].clone(),
                     off: 0,
-                    len: items[i].0.len as u64,
+                    len: items.mems()[i].len as u64,
                 })
                 .collect(),
         })
@@ -1008,10 +1005,10 @@ pub fn op_refs(plan: Option<OpPlan>, lens: &[usize], runs: &[RunSrc]) -> Option<
 /// message may be shorter than its receive buffer; longer and gathered
 /// messages must match exactly.
 pub fn requests<T>(
-    items: &[(MemRef, Arc<Region>)],
+    items: &Pieces,
     plan: &[OpPlan],
     exact: bool,
-    mut make: impl FnMut(Vec<(MemRef, Arc<Region>)>, Option<usize>) -> T,
+    mut make: impl FnMut(Pieces, Option<usize>) -> T,
 ) -> Vec<T> {
     plan.iter()
         .map(|p| match *p {
@@ -1021,17 +1018,20 @@ pub fn requests<T>(
                 len,
                 pieces,
             } => {
-                let (m, r) = &items[item];
+                let (m, r) = items.get(item).expect("a plan covers its items");
                 let mem = MemRef {
                     addr: m.addr + off as u64,
                     len,
                     kind: m.kind,
                 };
-                make(vec![(mem, r.clone())], (exact || pieces > 1).then_some(len))
+                make(
+                    Pieces::one(mem, r.clone()),
+                    (exact || pieces > 1).then_some(len),
+                )
             }
             OpPlan::Gather { start, end } => {
-                let segs = items[start..end].to_vec();
-                let total = segs.iter().map(|(m, _)| m.len).sum();
+                let segs = items.slice(start..end);
+                let total = segs.total();
                 make(segs, Some(total))
             }
         })

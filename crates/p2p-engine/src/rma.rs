@@ -8,10 +8,8 @@
 //! regions) and sends them with the request; the target checks every item
 //! on its own, then that each run is contiguous inside one of its regions.
 
-use std::sync::Arc;
-
-use crate::memory::Region;
 use crate::net::MemRef;
+use crate::pieces::Pieces;
 use crate::wire::RmaItem;
 
 /// Groups items into runs: item i joins item i-1 when its local range
@@ -52,22 +50,19 @@ pub enum RunError {
 
 /// Merges each run of items into one range. Err names the first item that
 /// is not contiguous with its run or lies in another region.
-pub fn merge_runs(
-    items: Vec<(MemRef, Arc<Region>)>,
-    runs: &[u32],
-) -> Result<Vec<(MemRef, Arc<Region>)>, RunError> {
+pub fn merge_runs(items: Pieces, runs: &[u32]) -> Result<Pieces, RunError> {
     if runs.len() == items.len() && runs.iter().all(|&n| n == 1) {
         // Nothing merges (blocks scattered on one side, as KV blocks are):
         // the items as they are, not a copy of each.
         return Ok(items);
     }
-    let mut out: Vec<(MemRef, Arc<Region>)> = Vec::with_capacity(runs.len());
-    let mut it = items.into_iter().enumerate();
+    let mut out = Pieces::with_capacity(runs.len());
+    let mut it = items.iter().enumerate();
     for &n in runs {
-        let Some((_, first)) = it.next() else {
+        let Some((_, (&first, r))) = it.next() else {
             return Err(RunError::TooFewItems);
         };
-        let (mut m, r) = first;
+        let mut m = first;
         for _ in 1..n {
             let Some((i, (b, rb))) = it.next() else {
                 return Err(RunError::TooFewItems);
@@ -78,7 +73,7 @@ pub fn merge_runs(
             }
             m.len += b.len;
         }
-        out.push((m, r));
+        out.push(m, r);
     }
     if it.next().is_some() {
         return Err(RunError::TooManyItems);
@@ -89,8 +84,9 @@ pub fn merge_runs(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::memory::MemKind;
+    use crate::memory::{MemKind, Region};
     use crate::wire::Token;
+    use std::sync::Arc;
 
     fn mem(addr: u64, len: usize) -> MemRef {
         MemRef {
@@ -147,21 +143,23 @@ mod tests {
             })
         };
         let (a, b) = (region(1), region(2));
-        let items = vec![
+        let items: Pieces = [
             (mem(0, 10), a.clone()),
             (mem(10, 20), a.clone()),
             (mem(100, 5), a.clone()),
-        ];
+        ]
+        .into_iter()
+        .collect();
         let merged = merge_runs(items.clone(), &[2, 1]).unwrap();
         assert_eq!(merged.len(), 2);
-        assert_eq!((merged[0].0.addr, merged[0].0.len), (0, 30));
-        assert_eq!((merged[1].0.addr, merged[1].0.len), (100, 5));
+        assert_eq!((merged.mems()[0].addr, merged.mems()[0].len), (0, 30));
+        assert_eq!((merged.mems()[1].addr, merged.mems()[1].len), (100, 5));
         // A run over a gap, or over two regions, is refused.
         assert_eq!(
             merge_runs(items.clone(), &[3]).unwrap_err(),
             RunError::NotContiguous(2)
         );
-        let two = vec![(mem(0, 10), a), (mem(10, 10), b)];
+        let two: Pieces = [(mem(0, 10), a), (mem(10, 10), b)].into_iter().collect();
         assert!(merge_runs(two, &[2]).is_err());
         // Runs that do not cover the items exactly.
         assert!(merge_runs(items.clone(), &[1, 1]).is_err());

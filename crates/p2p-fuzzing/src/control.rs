@@ -12,9 +12,8 @@
 
 use std::collections::hash_map::Entry;
 use std::collections::HashMap;
-use std::sync::Arc;
 
-use tcpx_p2p::fuzzing::{Action, Book, Ctx, Gather, Limits, MemRef, OpPlan, Region, Registry};
+use tcpx_p2p::fuzzing::{Action, Book, Ctx, Gather, Limits, OpPlan, Pieces, Registry};
 use tcpx_p2p_wire::{self as wire, Control, PullRun, RmaItem, Token, MAX_INLINE};
 
 use crate::bytes::Bytes;
@@ -588,7 +587,7 @@ fn accepted(
     fx: &mut Fixture,
     model: &mut Model,
     seen: &mut Seen,
-    local: &[(MemRef, Arc<Region>)],
+    local: &Pieces,
     plan: &[OpPlan],
     weight: usize,
     write: bool,
@@ -601,7 +600,7 @@ fn accepted(
 
 /// An accepted request's memory: inside our advertisements, each piece of
 /// its plan inside its item; a write fills what it covers.
-fn carry_out(fx: &mut Fixture, local: &[(MemRef, Arc<Region>)], plan: &[OpPlan], write: bool) {
+fn carry_out(fx: &mut Fixture, local: &Pieces, plan: &[OpPlan], write: bool) {
     for (m, r) in local {
         assert_eq!(r.id, fx.rid, "accepted memory of another region");
         fx.check_ours(m.addr, m.len, "accepted memory");
@@ -609,13 +608,13 @@ fn carry_out(fx: &mut Fixture, local: &[(MemRef, Arc<Region>)], plan: &[OpPlan],
     for p in plan {
         let pieces: Vec<(u64, usize)> = match *p {
             OpPlan::Piece { item, off, len, .. } => {
-                let (m, _) = &local[item];
+                let m = &local.mems()[item];
                 assert!(off + len <= m.len);
                 vec![(m.addr + off as u64, len)]
             }
-            OpPlan::Gather { start, end } => local[start..end]
+            OpPlan::Gather { start, end } => local.mems()[start..end]
                 .iter()
-                .map(|(m, _)| (m.addr, m.len))
+                .map(|m| (m.addr, m.len))
                 .collect(),
         };
         if write {

@@ -18,7 +18,7 @@ use std::sync::Arc;
 
 use tcpx_p2p::fuzzing::{
     op_refs, plan_ops, pull_refs, requests, Answer, Effect, Failure, Gather, Limits, MemRef,
-    OpPlan, Payload, Proto, Region, Registry, RemoteRef, Requested, Set, Setup,
+    OpPlan, Payload, Pieces, Proto, Region, Registry, RemoteRef, Requested, Set, Setup,
 };
 use tcpx_p2p::MemKind;
 use tcpx_p2p_wire::{Control, Lease, PullRun, RmaItem, Token};
@@ -256,30 +256,22 @@ impl Side {
         }
     }
 
-    fn local(&self, ranges: &[(usize, usize)]) -> Vec<(MemRef, Arc<Region>)> {
-        ranges
-            .iter()
-            .map(|&(off, len)| {
-                assert!(off + len <= self.mem.len(), "a range outside the memory");
-                (
-                    MemRef {
-                        addr: self.base + off as u64,
-                        len,
-                        kind: MemKind::Host,
-                    },
-                    self.region.clone(),
-                )
-            })
-            .collect()
+    fn local(&self, ranges: &[(usize, usize)]) -> Pieces {
+        let mut out = Pieces::with_capacity(ranges.len());
+        for &(off, len) in ranges {
+            assert!(off + len <= self.mem.len(), "a range outside the memory");
+            let mem = MemRef {
+                addr: self.base + off as u64,
+                len,
+                kind: MemKind::Host,
+            };
+            out.push(mem, &self.region);
+        }
+        out
     }
 
-    fn reqs(
-        &self,
-        owner: Owner,
-        local: &[(MemRef, Arc<Region>)],
-        exact: bool,
-    ) -> (Vec<Req>, usize) {
-        let lens: Vec<usize> = local.iter().map(|(m, _)| m.len).collect();
+    fn reqs(&self, owner: Owner, local: &Pieces, exact: bool) -> (Vec<Req>, usize) {
+        let lens: Vec<usize> = local.mems().iter().map(|m| m.len).collect();
         let plan = plan_ops(&lens, CHUNK, self.gather);
         let n = plan.len();
         let mut reqs = requests(local, &plan, exact, |segs, expect| Req {

@@ -20,6 +20,7 @@ use crate::net::plugin::PluginNet;
 use crate::net::socket::{SocketConfig, SocketNet};
 use crate::net::{MemRef, Net, OneNet, SameHostConfig, SameHostNet, SameHostPaths};
 use crate::notif::{Notif, NotifLimits, NotifQueue, QUEUE_MAX, QUEUE_MAX_BYTES};
+use crate::pieces::Pieces;
 use crate::transfer::{Failure, Status, Transfer};
 use crate::wire::{DescEntry, FifoItem, GpuId, Metadata, RmaItem, Token};
 use crate::workers::Workers;
@@ -564,24 +565,22 @@ impl Endpoint {
         })
     }
 
-    fn resolve_local(&self, bufs: &[Buf]) -> Result<Vec<(MemRef, Arc<crate::memory::Region>)>> {
+    fn resolve_local(&self, bufs: &[Buf]) -> Result<Pieces> {
         if bufs.is_empty() {
             return Err(Error::invalid("no buffers given"));
         }
         let mut regions = self.inner.registry.checker();
-        bufs.iter()
-            .map(|b| {
-                let r = regions.check(b.mr, b.ptr, b.len)?;
-                Ok((
-                    MemRef {
-                        addr: b.ptr,
-                        len: b.len,
-                        kind: r.kind,
-                    },
-                    r,
-                ))
-            })
-            .collect()
+        let mut out = Pieces::with_capacity(bufs.len());
+        for b in bufs {
+            let r = regions.check(b.mr, b.ptr, b.len)?;
+            let mem = MemRef {
+                addr: b.ptr,
+                len: b.len,
+                kind: r.kind,
+            };
+            out.push(mem, r);
+        }
+        Ok(out)
     }
 
     /// Every buffer inside the region it names, or why not (nothing

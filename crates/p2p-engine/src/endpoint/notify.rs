@@ -297,11 +297,7 @@ impl Endpoint {
 
 /// One part of a one-sided transfer, as [`Conn::post_rma`] takes it: our
 /// runs resolved, the peer's items, each item's region id on the peer.
-pub(super) type RmaPart = (
-    Vec<(MemRef, Arc<crate::memory::Region>)>,
-    Vec<RmaItem>,
-    Vec<u64>,
-);
+pub(super) type RmaPart = (crate::pieces::Pieces, Vec<RmaItem>, Vec<u64>);
 
 /// Where a one-sided posting's time went (traced only).
 #[derive(Default)]
