@@ -503,11 +503,10 @@ impl Conn {
         if let Some(mut oob) = oob {
             tracing::trace!(frames = done.frames.len(), "lat: ctl writer taken");
             for (m, payload) in done.frames.drain(..) {
-                let mut body = Vec::new();
-                m.encode(&mut body);
+                let frame = m.to_frame();
                 let written = match &payload {
-                    None => write_frame(&mut *oob, &body),
-                    Some(local) => crate::inline::write_with_payload(&mut *oob, &body, local),
+                    None => std::io::Write::write_all(&mut *oob, &frame),
+                    Some(local) => crate::inline::write_with_payload(&mut *oob, &frame, local),
                 };
                 tracing::trace!(xfer = m.xfer().unwrap_or(0), "lat: ctl out {}", m.kind());
                 if let Err(e) = written {

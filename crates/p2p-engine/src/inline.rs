@@ -96,19 +96,16 @@ pub(crate) fn drain(s: &mut impl Read, len: usize) -> io::Result<()> {
     Ok(())
 }
 
-/// Writes one length-prefixed frame followed by the bytes of `local`, in
-/// as few system calls as the kernel takes them.
+/// Writes one frame (its length prefix included) followed by the bytes of
+/// `local`, in as few system calls as the kernel takes them.
 pub(crate) fn write_with_payload(
     w: &mut impl Write,
-    body: &[u8],
+    head: &[u8],
     local: &Pieces,
 ) -> io::Result<()> {
-    let mut head = Vec::with_capacity(4 + body.len());
-    head.extend_from_slice(&(body.len() as u32).to_le_bytes());
-    head.extend_from_slice(body);
     if local.mems().iter().all(|m| m.kind == MemKind::Host) {
         let mut slices = Vec::with_capacity(1 + local.len());
-        slices.push(IoSlice::new(&head));
+        slices.push(IoSlice::new(head));
         for m in local.mems() {
             // SAFETY: `m` lies inside a live registered host region (the
             // caller resolved it; `local` holds the region).
@@ -149,7 +146,7 @@ pub(crate) fn write_with_payload(
             at += m.len;
         }
         tracing::trace!(bytes = at, "lat: inline payload copied");
-        write_all_vectored(w, &mut [IoSlice::new(&head), IoSlice::new(buf)])
+        write_all_vectored(w, &mut [IoSlice::new(head), IoSlice::new(buf)])
     })
 }
 
@@ -199,7 +196,9 @@ mod tests {
             .into_iter()
             .collect();
         let mut wire = Vec::new();
-        write_with_payload(&mut wire, b"hdr", &from).unwrap();
+        let mut head = 3u32.to_le_bytes().to_vec();
+        head.extend_from_slice(b"hdr");
+        write_with_payload(&mut wire, &head, &from).unwrap();
         assert_eq!(&wire[..4], &3u32.to_le_bytes());
         assert_eq!(&wire[4..7], b"hdr");
         assert_eq!(wire.len(), 7 + 7000);
