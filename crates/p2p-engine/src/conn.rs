@@ -1200,8 +1200,7 @@ impl Conn {
         // runs (a region handle each), the state machine.
         let clock = crate::net::timing::Steps::start(tracing::enabled!(tracing::Level::TRACE));
         let regions = local.regions();
-        let ids: Vec<(MemRef, u64)> = local.iter().map(|(m, r)| (*m, r.id)).collect();
-        let runs = rma::plan_runs(&ids, &remote, remote_region);
+        let runs = rma::plan_runs(&local, &remote, remote_region);
         let local = rma::merge_runs(local, &runs).map_err(|e| Error::invalid(e.to_string()))?;
         let total = crate::inline::total(&local);
         // On a net with a one-sided path a read is offered (`dst_gpu`: which

@@ -16,23 +16,25 @@ use crate::wire::RmaItem;
 /// starts where the previous ended in the same local region, and its
 /// remote range starts where the previous ended in the same remote region
 /// (`remote_region[i]`, the peer's id for it).
-pub fn plan_runs(local: &[(MemRef, u64)], remote: &[RmaItem], remote_region: &[u64]) -> Vec<u32> {
+pub fn plan_runs(local: &Pieces, remote: &[RmaItem], remote_region: &[u64]) -> Vec<u32> {
     let mut runs: Vec<u32> = Vec::new();
-    for i in 0..local.len() {
-        let joins = i > 0 && {
-            let ((a, ra), (b, rb)) = (local[i - 1], local[i]);
-            let (x, y) = (&remote[i - 1], &remote[i]);
-            ra == rb
+    let mut prev: Option<(&MemRef, u64)> = None;
+    for (i, (b, rb)) in local.iter().enumerate() {
+        let joins = prev.is_some_and(|(a, ra)| {
+            let (x, y) = (remote.get(i - 1), remote.get(i));
+            ra == rb.id
                 && a.kind == b.kind
                 && a.addr.checked_add(a.len as u64) == Some(b.addr)
                 && remote_region.get(i - 1) == remote_region.get(i)
-                && x.addr.checked_add(x.len) == Some(y.addr)
+                && x.zip(y)
+                    .is_some_and(|(x, y)| x.addr.checked_add(x.len) == Some(y.addr))
                 && runs.last().is_some_and(|&n| n < u32::MAX)
-        };
+        });
         match runs.last_mut() {
             Some(n) if joins => *n += 1,
             _ => runs.push(1),
         }
+        prev = Some((b, rb.id));
     }
     runs
 }
@@ -109,8 +111,13 @@ mod tests {
 
     #[test]
     fn runs_join_only_what_is_contiguous_on_both_sides() {
+        let (r1, r2) = (region(1), region(2));
+        let pieces = |v: &[(MemRef, &Arc<Region>)]| -> Pieces {
+            v.iter().map(|(m, r)| (*m, (*r).clone())).collect()
+        };
         // Blocks back to back on both sides: one run.
-        let local: Vec<_> = (0..4).map(|i| (mem(1000 + i * 10, 10), 1)).collect();
+        let mems: Vec<MemRef> = (0..4).map(|i| mem(1000 + i * 10, 10)).collect();
+        let local = pieces(&mems.iter().map(|m| (*m, &r1)).collect::<Vec<_>>());
         let remote: Vec<_> = (0..4).map(|i| item(5000 + i * 10, 10)).collect();
         assert_eq!(plan_runs(&local, &remote, &[7; 4]), vec![4]);
         // Remote order scrambled: nothing joins.
@@ -121,27 +128,35 @@ mod tests {
         assert_eq!(plan_runs(&local, &scrambled, &[7; 4]), vec![1, 1, 1, 1]);
         // A break in the local side, in the remote regions, and in the local
         // region splits the run there.
-        let mut gap = local.clone();
-        gap[2].0.addr += 1;
-        gap[3].0.addr += 1;
+        let mut gap = mems.clone();
+        gap[2].addr += 1;
+        gap[3].addr += 1;
+        let gap = pieces(&gap.iter().map(|m| (*m, &r1)).collect::<Vec<_>>());
         assert_eq!(plan_runs(&gap, &remote, &[7; 4]), vec![2, 2]);
         assert_eq!(plan_runs(&local, &remote, &[7, 7, 8, 8]), vec![2, 2]);
-        let mut other = local.clone();
-        other[1].1 = 2;
-        assert_eq!(plan_runs(&other, &remote, &[7; 4]), vec![1, 1, 2]);
-        assert!(plan_runs(&[], &[], &[]).is_empty());
+        let other = pieces(&[
+            (mems[0], &r1),
+            (mems[1], &r2),
+            (mems[2], &r2),
+            (mems[3], &r2),
+        ]);
+        assert_eq!(plan_runs(&other, &remote, &[7; 4]), vec![1, 3]);
+        assert!(plan_runs(&Pieces::default(), &[], &[]).is_empty());
+        // Fewer remote items than pieces: the pieces without one join nothing.
+        assert_eq!(plan_runs(&local, &remote[..2], &[7; 2]), vec![2, 1, 1]);
+    }
+
+    fn region(id: u64) -> Arc<Region> {
+        Arc::new(Region {
+            id,
+            addr: 0,
+            len: 1 << 20,
+            kind: MemKind::Host,
+        })
     }
 
     #[test]
     fn merge_checks_contiguity_and_region() {
-        let region = |id| {
-            Arc::new(Region {
-                id,
-                addr: 0,
-                len: 1 << 20,
-                kind: MemKind::Host,
-            })
-        };
         let (a, b) = (region(1), region(2));
         let items: Pieces = [
             (mem(0, 10), a.clone()),
