@@ -120,26 +120,33 @@ impl Checker<'_> {
     }
 
     fn region(&mut self, id: u64) -> Result<&Arc<Region>> {
-        let r = match self.last.take() {
-            Some(r) if r.id == id => r,
-            _ => self.reg.get(id)?,
-        };
-        Ok(self.last.insert(r))
+        if self.last.as_ref().is_none_or(|r| r.id != id) {
+            self.last = Some(self.reg.get(id)?);
+        }
+        Ok(self.last.as_ref().expect("set above"))
     }
 }
 
-/// `[ptr, ptr+len)` non-null and inside `r`, or why not.
+/// `[ptr, ptr+len)` non-null and inside `r`, or why not. (Called once a
+/// piece for lists of 131,072: the refusal is built out of line.)
+#[inline]
 fn check_range(r: &Region, ptr: u64, len: usize) -> Result<()> {
+    if ptr != 0 && r.contains(ptr, len) {
+        return Ok(());
+    }
+    Err(out_of_range(r, ptr, len))
+}
+
+#[cold]
+#[inline(never)]
+fn out_of_range(r: &Region, ptr: u64, len: usize) -> Error {
     if ptr == 0 {
-        return Err(Error::invalid(format!("region {}: null pointer", r.id)));
+        return Error::invalid(format!("region {}: null pointer", r.id));
     }
-    if !r.contains(ptr, len) {
-        return Err(Error::invalid(format!(
-            "region {}: {len} bytes at {ptr:#x} lie outside the registered {} bytes at {:#x}",
-            r.id, r.len, r.addr
-        )));
-    }
-    Ok(())
+    Error::invalid(format!(
+        "region {}: {len} bytes at {ptr:#x} lie outside the registered {} bytes at {:#x}",
+        r.id, r.len, r.addr
+    ))
 }
 
 /// One advertisement: a byte range of a region offered to peers.
