@@ -1197,7 +1197,8 @@ impl Conn {
         }
         // Where a large list's posting time goes, step by step (traced):
         // the runs, the requests' ops, the keys, letting go of our list of
-        // runs (a region handle each), the state machine.
+        // runs (a region handle per run of them in one region), the state
+        // machine.
         let clock = crate::net::timing::Steps::start(tracing::enabled!(tracing::Level::TRACE));
         let regions = local.regions();
         let runs = rma::plan_runs(&local, &remote, remote_region);
