@@ -1203,7 +1203,7 @@ impl Conn {
         let regions = local.regions();
         let runs = rma::plan_runs(&local, &remote, remote_region);
         let local = rma::merge_runs(local, &runs).map_err(|e| Error::invalid(e.to_string()))?;
-        let total = crate::inline::total(&local);
+        let total = local.total();
         // On a net with a one-sided path a read is offered (`dst_gpu`: which
         // of our runs are device memory), never inline: its grant costs the
         // same round trip, and leases what it names for the reads after

@@ -48,11 +48,6 @@ fn with_scratch<R>(
     })
 }
 
-/// The total byte length of `local`.
-pub(crate) fn total(local: &Pieces) -> usize {
-    local.total()
-}
-
 fn cuda(e: crate::error::CudaError) -> io::Error {
     io::Error::other(e.to_string())
 }
@@ -124,7 +119,7 @@ pub(crate) fn write_with_payload(
             MemKind::Host => None,
         })
         .unwrap_or(0);
-    with_scratch(dev, total(local), |buf| {
+    with_scratch(dev, local.total(), |buf| {
         let mut at = 0;
         for m in local.mems() {
             let dst = &mut buf[at..at + m.len];

@@ -626,7 +626,7 @@ impl<O: Requests> Proto<O> {
         items: Vec<RmaItem>,
         runs: Vec<u32>,
     ) {
-        let len = crate::inline::total(&local) as u32;
+        let len = local.total() as u32;
         self.book.expect_inline(xfer, false, len);
         self.out.push_back(Effect::SendWithPayload(
             Control::WriteInline {
@@ -647,7 +647,7 @@ impl<O: Requests> Proto<O> {
         items: Vec<RmaItem>,
         runs: Vec<u32>,
     ) {
-        let len = crate::inline::total(&local) as u32;
+        let len = local.total() as u32;
         self.book.expect_inline(xfer, true, len);
         self.pending_reads.insert(xfer, Some(local));
         self.out
@@ -854,9 +854,7 @@ impl<O: Requests> Proto<O> {
                 return match self.pending_reads.remove(&xfer) {
                     // Cancelled: the length was checked against our request.
                     Some(None) => Ok(Payload::Drop { len, refusal: None }),
-                    Some(Some(local)) if crate::inline::total(&local) == len => {
-                        Ok(Payload::Read { xfer, local })
-                    }
+                    Some(Some(local)) if local.total() == len => Ok(Payload::Read { xfer, local }),
                     _ => Err(Failure::Protocol(format!(
                         "inline data for read {xfer}, which awaits none of that length"
                     ))),

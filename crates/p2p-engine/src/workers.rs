@@ -352,9 +352,10 @@ thread_local! {
 /// as [`Workers::work_waiting`] says other work waits (a stream's
 /// linger): meanwhile the worker counts as free, not blocked, so the
 /// poller adds no thread for the work queued behind it -- the lingering
-/// task gives its worker back within a [`LINGER_SLICE`] instead. (Counted as blocked, lingering streams took the 2-core
-/// machine's pool to 18-20 workers in the first rounds of sending to 64
-/// peers at once.) On a thread that is no worker it just runs `wait`.
+/// task gives its worker back within a [`LINGER_SLICE`] instead.
+/// (Counted as blocked, lingering streams took the 2-core machine's pool
+/// to 18-20 workers in the first rounds of sending to 64 peers at once.)
+/// On a thread that is no worker it just runs `wait`.
 pub(crate) fn lingering<R>(wait: impl FnOnce() -> R) -> R {
     let mark = |on: bool| {
         SEAT.with(|s| {
