@@ -76,23 +76,20 @@ impl Resolver<'_> {
         addr: u64,
         len: u64,
     ) -> std::result::Result<&Arc<Region>, String> {
-        let same = matches!(&self.last, Some((t, _, _)) if *t == token);
-        match &self.last {
-            Some((_, a, _)) if same => bounded(a, token, addr, len)?,
-            _ => {
-                // Descriptors made one per block (UCCL's `advertisev`) are
-                // all of one region: its lookup is kept with the last
-                // descriptor's.
-                let a = self.reg.advert_record(token, self.conn)?;
-                let r = match &self.last {
-                    Some((_, _, r)) if r.id == a.region => r.clone(),
-                    _ => self.reg.advert_region(&a, token)?,
-                };
-                bounded(&a, token, addr, len)?;
-                self.last = Some((token, a, r));
-            }
+        if !matches!(&self.last, Some((t, _, _)) if *t == token) {
+            // Descriptors made one per block (UCCL's `advertisev`) are
+            // all of one region: its lookup is kept with the last
+            // descriptor's.
+            let a = self.reg.advert_record(token, self.conn)?;
+            let r = match &self.last {
+                Some((_, _, r)) if r.id == a.region => r.clone(),
+                _ => self.reg.advert_region(&a, token)?,
+            };
+            self.last = Some((token, a, r));
         }
-        Ok(&self.last.as_ref().expect("set above").2)
+        let (_, a, r) = self.last.as_ref().expect("set above");
+        bounded(a, token, addr, len)?;
+        Ok(r)
     }
 }
 
