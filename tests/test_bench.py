@@ -284,6 +284,22 @@ def test_blocking_mode_rows_and_floor(tmp_path):
     assert table.read_text().splitlines()[1].split()[:3] == ["op", "size", "inflt"]
 
 
+def test_blocking_mode_after_idle_time(tmp_path):
+    """--gap: each transfer of --inflight 1 starts after that much idle
+    time, left out of its figures; bytes verified, the floor beside it."""
+    doc, r = run_bench(tmp_path, "--inflight", "1", "--gap", "30", "--op", "write,send", "--sizes", "4K", "--iters", "5", "--rounds", "1")
+    assert [x["op"] for x in doc["rows"]] == ["write", "send"]
+    for x in doc["rows"]:
+        check_blocking_row(x, x["op"], 4096, 1)
+        assert x["gap_ms"] == 30
+        # The 30 ms waits are not in the figures.
+        assert x["us_per_transfer"] < 30_000 and x["lat_p99_us"] < 30_000, x
+    assert "gap=30ms" in r.stdout
+    # Only with one transfer in flight.
+    bad = subprocess.run([sys.executable, "-m", "tcpx_p2p.bench", "pair", "--inflight", "4", "--gap", "5"], capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "--gap" in bad.stderr
+
+
 def test_inflight_window(tmp_path):
     """--inflight 4 keeps four transfers in flight; rows as above."""
     doc, _ = run_bench(tmp_path, "--inflight", "4", "--op", "write,send", "--sizes", "64K", "--iters", "12", "--rounds", "1")

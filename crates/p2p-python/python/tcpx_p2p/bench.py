@@ -643,7 +643,12 @@ def measure_inflight(ep, ctl, conn, a, op, gpu, size, nblk, refs):
     send with one in flight: the receiver answers each message with 8 bytes
     (through the engine, from and to host memory), so a transfer is timed to
     its news on the sender, as a write is (it returns once the bytes are in
-    the target's memory)."""
+    the target's memory).
+
+    With `a.gap` (ms, one in flight) each transfer waits that long, untimed,
+    before it is posted: it starts after idle time, as a serving system's
+    transfers do between requests, when the engine's threads have gone to
+    sleep. The floor is still raw TCP's back-to-back round trip."""
     tr = Transfer(ep, ctl, conn, a, op, gpu, size, nblk)
     verified = tr.verify()
     iters = a.iters or blocking_iters(tr.total)
@@ -658,21 +663,34 @@ def measure_inflight(ep, ctl, conn, a, op, gpu, size, nblk, refs):
         if not ok:
             raise RuntimeError(ep.last_error())
 
+    gap = a.gap / 1e3 if n_in == 1 else 0.0
+
+    def idle():
+        """The untimed wait before a transfer (--gap); the seconds it took."""
+        if not gap:
+            return 0.0
+        t = time.perf_counter()
+        time.sleep(gap)
+        return time.perf_counter() - t
+
     def timed():
         """Per-transfer seconds (post to completion) and the wall time of
-        `iters` transfers, after `warm` untimed ones."""
+        `iters` transfers, after `warm` untimed ones (the --gap waits left
+        out)."""
         lats = []
+        slept = 0.0
         if op == "send" and n_in == 1:
             ctl.send(cmd="echo", iters=warm + iters, ack=ack)
             for i in range(warm + iters):
                 if i == warm:
-                    t0 = time.perf_counter()
+                    t0, slept = time.perf_counter(), 0.0
+                slept += idle()
                 t = time.perf_counter()
                 tr.wait(tr.post())
                 if not ep.recv(conn, note_mr, note.ptr, ack):
                     raise RuntimeError(ep.last_error())
                 lats.append(time.perf_counter() - t)
-            wall = time.perf_counter() - t0
+            wall = time.perf_counter() - t0 - slept
             ctl.recv()
             return lats[warm:], wall
         if op == "send":
@@ -684,12 +702,13 @@ def measure_inflight(ep, ctl, conn, a, op, gpu, size, nblk, refs):
             if i == warm:
                 while pending:  # the warm-up drains before the clock starts
                     tr.wait(pending.pop(0)[0])
-                t0 = time.perf_counter()
+                t0, slept = time.perf_counter(), 0.0
             if len(pending) >= n_in:
                 x, t = pending.pop(0)
                 tr.wait(x)
                 if i >= warm:
                     lats.append(time.perf_counter() - t)
+            slept += idle()
             # Timed from before the post: a post may move data itself (an
             # inline write sends its bytes in the call).
             t = time.perf_counter()
@@ -698,7 +717,7 @@ def measure_inflight(ep, ctl, conn, a, op, gpu, size, nblk, refs):
             x, t = pending.pop(0)
             tr.wait(x)
             lats.append(time.perf_counter() - t)
-        wall = time.perf_counter() - t0
+        wall = time.perf_counter() - t0 - slept
         if op == "send":
             ctl.recv()
         return lats, wall
@@ -730,6 +749,7 @@ def measure_inflight(ep, ctl, conn, a, op, gpu, size, nblk, refs):
         "iters": iters,
         "rounds": rounds,
         "inflight": n_in,
+        "gap_ms": a.gap if gap else 0,
         "us_per_transfer": us(per),
         "GBps": round(tr.total / per / 1e9, 3),
         "Gbps": round(tr.total / per / 1e9 * 8, 2),
@@ -1116,6 +1136,12 @@ def main(argv=None):
         default=0,
         help="blocking mode: this many transfers in flight at a time (1: one at a time), microseconds per transfer beside the floor measured in the same run",
     )
+    ap.add_argument(
+        "--gap",
+        type=float,
+        default=0,
+        help="with --inflight 1: wait this many ms (untimed) before each transfer, so that each starts after idle time, as between a serving system's requests",
+    )
     ap.add_argument("--kv-blocks", type=int, default=0, help="vector of N KV blocks per transfer")
     ap.add_argument(
         "--kv-layout",
@@ -1149,6 +1175,8 @@ def main(argv=None):
         ap.error("--inflight: at least 1 (0: the throughput mode)")
     if a.inflight and (a.pairs > 1 or a.single_process):
         ap.error("--inflight measures one pair")
+    if a.gap < 0 or (a.gap and a.inflight != 1):
+        ap.error("--gap: ms (at least 0) before each transfer of --inflight 1")
     if a.rounds is None:
         a.rounds = 3 if a.reference or a.inflight else 1
     os.environ.setdefault("TCPX_P2P_IFNAME", "lo")
@@ -1202,6 +1230,8 @@ def main(argv=None):
     title = f"tcpx-p2p-bench {a.mode}: net={net} memory={a.memory} streams={streams} op={a.op}"
     if a.inflight:
         title += f" inflight={a.inflight} rounds={a.rounds}"
+    if a.gap:
+        title += f" gap={a.gap:g}ms"
     if a.pairs > 1 or a.single_process:
         title += f" pairs={a.pairs} layout={'single-process' if a.single_process else 'multi-process'}"
     print_table(rows, title)
