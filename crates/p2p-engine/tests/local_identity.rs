@@ -81,6 +81,13 @@ fn connector() {
         pid => assert!(pid > 0, "fork"),
     }
     say(&format!("info {}", hex(&info)));
+    // The exec comes after the endpoint has accepted this connection (its
+    // go-ahead on stdin): a peer that is another program by the time it is
+    // accepted is refused there, which is not the case this test covers
+    // (on a loaded machine the accept came after the exec, and the test
+    // waited for an accept that could not come).
+    let mut go = String::new();
+    std::io::stdin().read_line(&mut go).unwrap();
     // Same pid, another program, for as long as the test needs it: the
     // parent kills it once done (however slow the machine).
     let err = Command::new("sleep").arg("3600").exec();
@@ -111,8 +118,10 @@ fn run() {
     let mut p = me();
     p.env(ROLE, "connector")
         .env("TARGET_META", hex(&b.metadata()))
+        .stdin(Stdio::piped())
         .stdout(Stdio::piped());
     let mut p = Killed(p.spawn().unwrap());
+    let mut go = p.0.stdin.take().unwrap();
     let pid = p.0.id() as i32;
     let mut out = BufReader::new(p.0.stdout.take().unwrap()).lines();
     let info = loop {
@@ -124,6 +133,9 @@ fn run() {
     };
     let conn = b.accept_local(Some(Duration::from_secs(10))).unwrap().conn;
     assert_eq!(b.conn_net(conn).unwrap(), "same-host");
+    // Accepted: P may exec now.
+    writeln!(go, "go").unwrap();
+    go.flush().unwrap();
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
         let exe = std::fs::read_link(format!("/proc/{pid}/exe")).unwrap_or_default();
