@@ -72,6 +72,12 @@ pub struct Config {
     pub wait_spin: Duration,
     /// How long a stream or connection with nothing to do keeps its I/O
     /// worker before giving it back (an idle peer then holds no thread).
+    /// Within it, the next frame or part wakes the waiting thread itself;
+    /// past it, the poller's thread and then a worker. Measured after 20 ms
+    /// of idle time, one 4 KiB write at a time, p50: 2-core box, host
+    /// memory, 339-411 µs with 5 ms, 169-196 with 50; two H200s, 547 with
+    /// 5, 409 with 50 (1 MiB 2,995 / 1,578); back to back, and 64 peers at
+    /// once (threads at peak 11, first rounds 14-16), alike.
     pub io_linger: Duration,
     /// Keep-alive interval on an idle control connection.
     pub keepalive: Duration,
@@ -159,7 +165,7 @@ impl Default for Config {
             same_host_net: false,
             spin: default_spin(),
             wait_spin: default_spin() * 8,
-            io_linger: Duration::from_millis(5),
+            io_linger: Duration::from_millis(50),
             keepalive: Duration::from_millis(1000),
             deadline: Duration::from_millis(10_000),
             connect_timeout: Duration::from_secs(20),
