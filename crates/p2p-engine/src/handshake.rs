@@ -228,10 +228,7 @@ pub(crate) fn write_frame_by(s: &mut Ctl, body: &[u8], deadline: Instant) -> io:
         return Err(timed_out("writing"));
     }
     s.set_write_timeout(Some(left))?;
-    let mut v = Vec::with_capacity(4 + body.len());
-    v.extend_from_slice(&(body.len() as u32).to_le_bytes());
-    v.extend_from_slice(body);
-    s.write_all(&v)
+    s.write_all(&wire::frame_with(|v| v.extend_from_slice(body)))
 }
 
 /// What our side brings to a handshake.

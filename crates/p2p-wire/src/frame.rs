@@ -3,12 +3,20 @@
 
 use std::io::{self, Read, Write};
 
+/// One frame whose body `encode` writes in place, after room for the
+/// length, which is filled in once the body is written (a large body is
+/// not copied again behind its length).
+pub fn frame_with(encode: impl FnOnce(&mut Vec<u8>)) -> Vec<u8> {
+    let mut out = vec![0u8; 4];
+    encode(&mut out);
+    let n = (out.len() - 4) as u32;
+    out[..4].copy_from_slice(&n.to_le_bytes());
+    out
+}
+
 /// Writes one length-prefixed frame.
 pub fn write_frame(s: &mut impl Write, body: &[u8]) -> io::Result<()> {
-    let mut v = Vec::with_capacity(4 + body.len());
-    v.extend_from_slice(&(body.len() as u32).to_le_bytes());
-    v.extend_from_slice(body);
-    s.write_all(&v)
+    s.write_all(&frame_with(|v| v.extend_from_slice(body)))
 }
 
 /// Reads one length-prefixed frame of at most `max` bytes.

@@ -19,7 +19,7 @@ pub mod same_host;
 pub mod same_host_net;
 
 pub use error::WireError;
-pub use frame::{read_frame, write_frame};
+pub use frame::{frame_with, read_frame, write_frame};
 
 /// A cursor over borrowed bytes where every take is checked.
 pub struct Reader<'a> {
@@ -971,11 +971,7 @@ impl Control {
     /// encoded in place (a request of 8,192 items is 256 KiB: not copied
     /// again behind its length).
     pub fn to_frame(&self) -> Vec<u8> {
-        let mut out = vec![0u8; 4];
-        self.encode(&mut out);
-        let n = (out.len() - 4) as u32;
-        out[..4].copy_from_slice(&n.to_le_bytes());
-        out
+        frame_with(|out| self.encode(out))
     }
 
     /// The message body (without the frame's length prefix).
