@@ -15,7 +15,7 @@ use parking_lot::Mutex;
 
 use super::book::{check_part, claim_part, part_done, Landing, RecvReq, RecvShared};
 use super::reader::StreamReader;
-use super::segs::{uniform_kind, window_copies, windows};
+use super::segs::{uniform_kind, window_copies, windows, Window};
 use super::sockio::{poll_readable, read_err, readable_now, unread, wait_readable_unless};
 use super::stage::{Stager, StagingPool};
 use super::wire::{PartHeader, HDR_LEN};
@@ -68,7 +68,9 @@ fn rx_gpu_small(
 
 /// Reads device pieces through the slots, a slot per window, each
 /// window's copy to the device queued as soon as it is read (so the next
-/// window -- of this part or the next -- is read while it runs).
+/// window -- of this part or the next -- is read while it runs): the
+/// device runs of a part of mixed memory, read whole (a part of device
+/// memory alone is read as its bytes come: [`GpuIn`]).
 fn rx_windows(
     r: &mut StreamReader,
     run: &[MemRef],
@@ -99,26 +101,6 @@ fn rx_windows(
         ring.reap(done)?;
         complete(shared, done);
         timing::mark(Spent::Driver);
-    }
-    Ok(())
-}
-
-/// A large GPU part: read through the slots ([`rx_windows`]); it completes
-/// when its last copy has landed, waited for only when that slot is needed
-/// again or the stream goes quiet. (Waiting at the end of each part kept
-/// the stream unread while the part's last copy ran.)
-fn rx_gpu_large(
-    r: &mut StreamReader,
-    run: &[MemRef],
-    ring: &mut Ring<Landing>,
-    land: Landing,
-    shared: &RecvShared,
-    done: &mut Vec<Landing>,
-) -> Result<(), NetError> {
-    rx_windows(r, run, ring, shared, done)?;
-    if let Some(land) = ring.park(land) {
-        // Its last copy has landed already (reaped after its window).
-        part_done(shared, land);
     }
     Ok(())
 }
@@ -194,13 +176,31 @@ struct Rx {
 /// 2-core box for 64 peers).
 struct InPart {
     land: Landing,
-    /// The part's pieces of the receive's memory; `at` is the first not
-    /// full, `off` the bytes of it read.
+    /// The part's pieces of the receive's memory (host memory; none for a
+    /// device-memory part); `at` is the first not full, `off` the bytes of
+    /// it read.
     pieces: Vec<MemRef>,
     at: usize,
     off: usize,
     /// No byte by then fails the comm (the stall limit; None: never).
     until: Option<Instant>,
+    /// A device-memory part: read through the staging instead of in
+    /// place (then `pieces` is empty).
+    gpu: Option<GpuIn>,
+}
+
+/// A device-memory part read through the staging slots as its bytes come,
+/// a window at a time, each window's copy to the device queued once it is
+/// read: while its sender is slow the stream waits in the poller with the
+/// window half read, not on a worker (a GPU window was read whole, the
+/// worker held for as long as the sender took, up to the stall limit).
+struct GpuIn {
+    dev: i32,
+    wins: Vec<Window>,
+    /// The window being read, its slot once taken, and its bytes read.
+    next: usize,
+    slot: Option<usize>,
+    got: usize,
 }
 
 impl InPart {
@@ -383,12 +383,30 @@ impl Rx {
                     complete(shared, done);
                 }
                 let ring = &mut stager.get(d)?.ring;
-                if len <= BATCH_PART.min(lane.slice) {
+                // A small part whose bytes are all here shares the slot
+                // being filled with the parts around it (a read that
+                // cannot block); any other is read a window at a time.
+                let here = r.buffered() + unread(&*r.s) >= len;
+                if here && len <= BATCH_PART.min(lane.slice) {
                     rx_gpu_small(r, &dst, len, ring, land, shared, done)?;
-                } else {
-                    rx_gpu_large(r, &dst, ring, land, shared, done)?;
+                    return Ok(true);
                 }
-                Ok(true)
+                let wins = windows(&dst, ring.slice());
+                self.inpart = Some(InPart {
+                    land,
+                    pieces: Vec::new(),
+                    at: 0,
+                    off: 0,
+                    until: self.stall_from_now(),
+                    gpu: Some(GpuIn {
+                        dev: d,
+                        wins,
+                        next: 0,
+                        slot: None,
+                        got: 0,
+                    }),
+                });
+                self.read_in_part().map(|r| matches!(r, Read::Whole))
             }
             Some(MemKind::Host) if len > 0 => {
                 self.inpart = Some(InPart {
@@ -397,6 +415,7 @@ impl Rx {
                     at: 0,
                     off: 0,
                     until: self.stall_from_now(),
+                    gpu: None,
                 });
                 self.read_in_part().map(|r| matches!(r, Read::Whole))
             }
@@ -421,6 +440,9 @@ impl Rx {
     /// fails the comm, naming the stall.
     fn read_in_part(&mut self) -> Result<Read, NetError> {
         let since = Instant::now();
+        if self.inpart.as_ref().is_some_and(|p| p.gpu.is_some()) {
+            return self.read_gpu_in_part(since);
+        }
         loop {
             let Some(p) = self.inpart.as_mut() else {
                 return Ok(Read::Whole);
@@ -479,6 +501,105 @@ impl Rx {
         }
     }
 
+    /// As [`Rx::read_in_part`], for a device-memory part ([`GpuIn`]):
+    /// reads its windows into the slots, queuing each one's copy once it
+    /// is whole; the part completes when its last copy has landed (parked
+    /// behind it on the ring). `since`: when this stretch began.
+    fn read_gpu_in_part(&mut self, since: Instant) -> Result<Read, NetError> {
+        let Rx {
+            r,
+            stager,
+            shared,
+            lane,
+            done,
+            inpart,
+            workers,
+            ..
+        } = self;
+        loop {
+            let Some(p) = inpart.as_mut() else {
+                return Ok(Read::Whole);
+            };
+            let Some(g) = p.gpu.as_mut() else {
+                return Ok(Read::Whole);
+            };
+            let ring = &mut stager.get(g.dev)?.ring;
+            if g.next == g.wins.len() {
+                let p = inpart.take().expect("checked above");
+                if let Some(land) = ring.park(p.land) {
+                    // Its last copy has landed already (reaped after its
+                    // window).
+                    part_done(shared, land);
+                }
+                return Ok(Read::Whole);
+            }
+            let k = match g.slot {
+                Some(k) => k,
+                None => {
+                    timing::mark(Spent::Other);
+                    let k = ring.next_slot(ring.slice(), done)?;
+                    complete(shared, done);
+                    timing::mark(Spent::Copies);
+                    g.slot = Some(k);
+                    k
+                }
+            };
+            let wlen = g.wins[g.next].0;
+            let buf = &mut ring.slot_bytes_mut(k, wlen)[g.got..];
+            timing::mark(Spent::Other);
+            // Blocks at most the socket's read timeout (`LINGER_SLICE`).
+            let got = crate::workers::lingering(|| r.read_some(&mut [buf]));
+            match got {
+                Ok(n) => {
+                    timing::mark(Spent::Socket);
+                    timing::bytes(n);
+                    p.until = Some(lane.stall)
+                        .filter(|d| !d.is_zero())
+                        .map(|d| Instant::now() + d);
+                    g.got += n;
+                    if g.got < wlen {
+                        continue;
+                    }
+                    // Pieces next to each other both in the GPU and in the
+                    // slot are one copy.
+                    let ops = window_copies(&g.wins[g.next].1, ring.slot_addr(k), false);
+                    // SAFETY: the slot holds the window just read and is not
+                    // touched again until its event completes (its previous
+                    // one has: the slot was free); the device ranges lie
+                    // inside the posted buffer.
+                    unsafe { ring.queue_copies(k, &ops, true) }?;
+                    ring.seal(k)?;
+                    // Parts whose copies have landed complete now, not when
+                    // their slot is next needed.
+                    ring.reap(done)?;
+                    complete(shared, done);
+                    timing::mark(Spent::Driver);
+                    g.next += 1;
+                    g.slot = None;
+                    g.got = 0;
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    if p.until.is_some_and(|u| Instant::now() >= u) {
+                        return Err(read_err(e));
+                    }
+                    if workers.work_waiting() || since.elapsed() >= lane.linger {
+                        timing::mark(Spent::Waiting);
+                        return Ok(Read::Waiting);
+                    }
+                }
+                Err(e) => return Err(read_err(e)),
+            }
+        }
+    }
+
+    /// The staging goes back to the pool (see [`Stager::give_back`]),
+    /// unless a device-memory part is half read into one of its slots.
+    fn give_back(&mut self) {
+        if self.inpart.as_ref().is_none_or(|p| p.gpu.is_none()) {
+            self.stager.give_back();
+        }
+    }
+
     /// Goes on with the host part in progress (its receive counted as
     /// landing meanwhile, as in [`Rx::step`]); a comm closed meanwhile
     /// drops it.
@@ -513,7 +634,7 @@ impl Rx {
             self.fail(e);
             return Step::Done;
         }
-        self.stager.give_back();
+        self.give_back();
         match self.inpart.as_ref().and_then(|p| p.until) {
             Some(u) => Step::ReadableUntil(fd, u),
             None => Step::Readable(fd),
@@ -748,7 +869,7 @@ impl RxHandle {
             rx.flush()?;
             Ok(flow)
         });
-        rx.stager.give_back();
+        rx.give_back();
         let landed = landed.and_then(|flow| match flow {
             Flow::Part => {
                 tracing::trace!(seq, "lat: rx landed by the poster");

@@ -36,6 +36,14 @@ use std::sync::Arc;
 /// The receiver credits at least every this many lent bytes read.
 pub(super) const CREDIT_STEP: u64 = 512 << 10;
 
+/// How far the lending of one window has come: bytes moved into the pipe,
+/// and from it into the socket.
+#[derive(Default, Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct LendAt {
+    piped: usize,
+    sent: usize,
+}
+
 /// A stream's pipe and credit count, owned by its send thread.
 pub(super) struct Splicer {
     sock: Arc<TcpStream>,
@@ -108,7 +116,6 @@ impl Splicer {
     }
 
     /// Payload bytes lent so far.
-    #[cfg(test)]
     pub(super) fn lent(&self) -> u64 {
         self.lent
     }
@@ -135,48 +142,78 @@ impl Splicer {
         Ok(n as usize)
     }
 
-    /// Lends `data` to the socket; returns the lent count at its end (the
-    /// credit after which its memory may be written again). `data` must
-    /// stay untouched until then.
-    pub(super) fn send(&mut self, data: &[u8]) -> io::Result<u64> {
-        let mut off = 0;
-        while off < data.len() {
-            let n = self.to_pipe(&data[off..])?;
-            let more = if off + n < data.len() {
+    /// Lends `data` to the socket without blocking, from where `at` says
+    /// the last call stopped: true once all of it is in the socket
+    /// ([`Splicer::lent`] is then the credit after which its memory may be
+    /// written again), false when the socket is full. `data` must stay
+    /// untouched from the first call until that credit. Bytes count as
+    /// lent as they enter the socket: the receiver may read and credit
+    /// part of a window whose lend the socket cut short.
+    pub(super) fn send_now(&mut self, data: &[u8], at: &mut LendAt) -> io::Result<bool> {
+        while at.sent < data.len() {
+            if at.piped == at.sent {
+                // The pipe is empty: it takes the next pages (up to its
+                // size) without blocking.
+                at.piped += self.to_pipe(&data[at.piped..])?;
+            }
+            let more = if at.piped < data.len() {
                 libc::SPLICE_F_MORE
             } else {
                 0
             };
-            let mut left = n;
-            while left > 0 {
-                // SAFETY: moves pipe contents to the socket; no user memory
-                // is passed.
-                let m = unsafe {
-                    libc::splice(
-                        self.rd.as_raw_fd(),
-                        std::ptr::null_mut(),
-                        self.sock.as_raw_fd(),
-                        std::ptr::null_mut(),
-                        left,
-                        libc::SPLICE_F_MOVE | more,
-                    )
-                };
-                if m < 0 {
-                    let e = io::Error::last_os_error();
-                    if e.kind() == io::ErrorKind::Interrupted {
-                        continue;
-                    }
-                    return Err(io::Error::new(e.kind(), format!("splice: {e}")));
+            match self.pipe_to_socket(at.piped - at.sent, more)? {
+                Some(m) => {
+                    at.sent += m;
+                    self.lent += m as u64;
                 }
-                if m == 0 {
-                    return Err(io::ErrorKind::WriteZero.into());
-                }
-                left -= m as usize;
+                None => return Ok(false),
             }
-            off += n;
         }
-        self.lent += data.len() as u64;
-        Ok(self.lent)
+        *at = LendAt::default();
+        Ok(true)
+    }
+
+    /// Moves up to `len` bytes from the pipe to the socket without
+    /// blocking (the socket is non-blocking for the call only: the stream's
+    /// other writes block); None when the socket is full.
+    fn pipe_to_socket(&self, len: usize, more: libc::c_uint) -> io::Result<Option<usize>> {
+        let fd = self.sock.as_raw_fd();
+        let nonblocking = |on: libc::c_int| {
+            // SAFETY: FIONBIO reads one int through the pointer given.
+            if unsafe { libc::ioctl(fd, libc::FIONBIO, &on) } != 0 {
+                return last_error("setting the socket non-blocking");
+            }
+            Ok(())
+        };
+        nonblocking(1)?;
+        let r = loop {
+            // SAFETY: moves pipe contents to the socket; no user memory is
+            // passed.
+            let m = unsafe {
+                libc::splice(
+                    self.rd.as_raw_fd(),
+                    std::ptr::null_mut(),
+                    fd,
+                    std::ptr::null_mut(),
+                    len,
+                    libc::SPLICE_F_MOVE | libc::SPLICE_F_NONBLOCK | more,
+                )
+            };
+            if m > 0 {
+                break Ok(Some(m as usize));
+            }
+            if m == 0 {
+                break Err(io::ErrorKind::WriteZero.into());
+            }
+            let e = io::Error::last_os_error();
+            match e.kind() {
+                io::ErrorKind::Interrupted => continue,
+                io::ErrorKind::WouldBlock => break Ok(None),
+                _ => break Err(io::Error::new(e.kind(), format!("splice: {e}"))),
+            }
+        };
+        nonblocking(0)?;
+        r
     }
 
     /// Takes the credits that have arrived, without blocking.
@@ -307,6 +344,23 @@ mod tests {
         (a, b)
     }
 
+    /// Lends all of `data`, waiting for room whenever the socket is full;
+    /// returns how many times it was.
+    fn lend_all(sp: &mut Splicer, data: &[u8]) -> usize {
+        let mut at = LendAt::default();
+        let mut full = 0;
+        while !sp.send_now(data, &mut at).unwrap() {
+            full += 1;
+            let sock = sp.sock.clone();
+            assert!(super::super::sockio::wait_writable_unless(
+                &*sock,
+                std::time::Duration::from_secs(10),
+                || false
+            ));
+        }
+        full
+    }
+
     /// A sender lends slots of a small ring and rewrites each slot as soon
     /// as its bytes are credited; the receiver must see every message as it
     /// was when lent (a slot rewritten too early shows as another pattern).
@@ -344,7 +398,8 @@ mod tests {
             let k = m % DEPTH;
             sp.wait_credit(mark[k]).unwrap();
             ring[k].fill((m % 251) as u8);
-            mark[k] = sp.send(&ring[k]).unwrap();
+            lend_all(&mut sp, &ring[k]);
+            mark[k] = sp.lent();
         }
         sp.wait_credit(sp.lent()).unwrap();
         assert_eq!(recv.join().unwrap(), (SLOT * MSGS) as u64);
@@ -364,8 +419,57 @@ mod tests {
     fn a_closed_peer_ends_a_wait_for_credit() {
         let (tx, rx) = pair();
         let mut sp = Splicer::new(Arc::new(tx), 4096).unwrap();
-        sp.send(&[7u8; 4096]).unwrap();
+        lend_all(&mut sp, &[7u8; 4096]);
         drop(rx);
         assert!(sp.wait_credit(4096).is_err());
+    }
+
+    #[test]
+    fn a_lend_into_a_full_socket_stops_there_and_resumes_where_it_stopped() {
+        // The receiver reads nothing at first: the lend fills the socket
+        // and returns without blocking; read, it resumes, and every byte
+        // comes once, in order.
+        const N: usize = 8 << 20;
+        let (tx, mut rx) = pair();
+        socket2::SockRef::from(&tx)
+            .set_send_buffer_size(64 << 10)
+            .unwrap();
+        let data: Vec<u8> = (0..N)
+            .map(|i| (i as u8).wrapping_mul(13) ^ (i >> 12) as u8)
+            .collect();
+        let mut sp = Splicer::new(Arc::new(tx), 1 << 20).unwrap();
+        let mut at = LendAt::default();
+        assert!(
+            !sp.send_now(&data, &mut at).unwrap(),
+            "8 MiB fit a full socket"
+        );
+        assert!(at.sent > 0 && at.sent < N, "stopped at {} of {N}", at.sent);
+        assert_eq!(sp.lent(), at.sent as u64, "lent as they entered the socket");
+        // What the receiver may credit of the window so far is no error.
+        let mut first = vec![0u8; at.sent];
+        rx.read_exact(&mut first).unwrap();
+        assert!(first == data[..at.sent]);
+        rx.write_all(&(at.sent as u64).to_le_bytes()).unwrap();
+        sp.wait_credit(at.sent as u64).unwrap();
+        let done = at.sent;
+        let want = data.clone();
+        let reader = std::thread::spawn(move || {
+            let mut got = vec![0u8; N - done];
+            rx.read_exact(&mut got).unwrap();
+            got == want[done..]
+        });
+        let mut full = 0;
+        while !sp.send_now(&data, &mut at).unwrap() {
+            full += 1;
+            assert!(super::super::sockio::wait_writable_unless(
+                &*sp.sock.clone(),
+                std::time::Duration::from_secs(10),
+                || false
+            ));
+        }
+        assert_eq!(sp.lent(), N as u64);
+        assert_eq!(at, LendAt::default());
+        assert!(reader.join().unwrap(), "the bytes came changed");
+        eprintln!("resumed after {full} more full sockets");
     }
 }

@@ -11,7 +11,6 @@ use std::sync::Arc;
 use super::splice::Splicer;
 use crate::error::NetError;
 use crate::gpu::staging::Ring;
-use crate::net::timing::{self, Spent};
 
 /// Why a send thread's pipe waited, logged (`debug`) when its staging is
 /// dropped: how often the oldest window's copy had not landed when it was
@@ -83,24 +82,13 @@ impl<T> Staging<T> {
     }
 
     /// Whether slot `k` may be written: not lent, or credited since (taking
-    /// the credits that have come; with `block`, waiting for its own).
-    pub(super) fn unlent(
-        &mut self,
-        k: usize,
-        sp: Option<&mut Splicer>,
-        block: bool,
-    ) -> Result<bool, NetError> {
+    /// the credits that have come, without waiting for more).
+    pub(super) fn unlent(&mut self, k: usize, sp: Option<&mut Splicer>) -> Result<bool, NetError> {
         let mark = self.lent[k];
         let Some(sp) = sp.filter(|sp| mark > sp.credited()) else {
             return Ok(true);
         };
         sp.poll_credits().map_err(credit_err)?;
-        if mark > sp.credited() && block {
-            self.stats.credit_blocks += 1;
-            timing::mark(Spent::Other);
-            sp.wait_credit(mark).map_err(credit_err)?;
-            timing::mark(Spent::Socket);
-        }
         Ok(mark <= sp.credited())
     }
 

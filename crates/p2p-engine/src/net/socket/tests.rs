@@ -1330,3 +1330,232 @@ fn a_send_waiting_for_room_fails_when_its_receiver_goes() {
     drop((s0, l));
     fails_within_10s(&mut s, p, "the send");
 }
+
+/// A GPU message on one stream to a raw receiver that stops reading: the
+/// stream waits for room in the poller, holding no worker, in the middle
+/// of a window it writes or lends; lending (`splice`), it also waits there
+/// for the credit of a slot it needs again when the receiver reads without
+/// crediting. Then the receiver reads (and credits) on: every byte comes,
+/// once, in order. Skipped without a GPU.
+fn gpu_send_to_a_receiver_that_stops(splice: bool) {
+    use crate::gpu;
+    use std::io::Read;
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    if !gpu::available() {
+        eprintln!("no GPU: skipped");
+        return;
+    }
+    const N: usize = 16 << 20;
+    let dev = gpu::Device::get(0).unwrap();
+    let src: Vec<u8> = (0..N)
+        .map(|i: usize| (i as u8).wrapping_mul(31) ^ (i >> 14) as u8)
+        .collect();
+    let buf = gpu::DeviceBuf::new(&dev, N).unwrap();
+    // SAFETY: both ranges are N bytes, ours.
+    #[allow(unsafe_code)]
+    unsafe { gpu::copy_sync(buf.ptr, src.as_ptr() as u64, N) }.unwrap();
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    socket2::SockRef::from(&l)
+        .set_recv_buffer_size(64 << 10)
+        .unwrap();
+    let handle = Handle {
+        addr: l.local_addr().unwrap(),
+        streams: 1,
+        nonce: 0x5eed_0044,
+        min_part: 4096,
+    }
+    .encode();
+    let net = SocketNet::new(SocketConfig {
+        sockbuf: 64 << 10,
+        linger: Duration::from_millis(10),
+        splice,
+        ..cfg(1)
+    });
+    let mut s = net.connect_here(&handle, Arc::new(|| {})).unwrap();
+    let (mut s0, _) = l.accept().unwrap();
+    let mut hello = [0u8; super::wire::HELLO_LEN];
+    s0.read_exact(&mut hello).unwrap();
+    let mem = MemRef {
+        addr: buf.ptr,
+        len: N,
+        kind: MemKind::Cuda(0),
+    };
+    let p = s.isend(mem, MrHandle(0)).unwrap().unwrap();
+    let w = net
+        .workers
+        .0
+        .lock()
+        .clone()
+        .expect("the send started the workers");
+    let parked = |what: &str| {
+        until(|| w.busy() == 0, what);
+        std::thread::sleep(Duration::from_millis(50));
+        assert_eq!(w.busy(), 0, "a worker held: {what}");
+    };
+    parked("the full socket's stream gives its worker back");
+    assert_eq!(s.test(p).unwrap(), None, "done before its bytes were read");
+    // The receiver: reads every part, crediting what it read of lent
+    // parts once `credit` is set.
+    let read = Arc::new(AtomicUsize::new(0));
+    let credit = Arc::new(AtomicBool::new(false));
+    let mut back = s0.try_clone().unwrap();
+    let reader = {
+        let (read, credit) = (read.clone(), credit.clone());
+        std::thread::spawn(move || {
+            let mut got = vec![0u8; N];
+            let (mut total, mut lent) = (0, 0u64);
+            while total < N {
+                let mut hdr = [0u8; super::wire::HDR_LEN];
+                s0.read_exact(&mut hdr).expect("a part header");
+                let h = PartHeader::decode(&hdr).unwrap();
+                let (off, len) = (h.off as usize, h.len as usize);
+                assert!(off + len <= N, "a part past the message");
+                let mut at = 0;
+                while at < len {
+                    let end = (at + (256 << 10)).min(len);
+                    let n = s0.read(&mut got[off + at..off + end]).unwrap();
+                    assert!(n > 0, "the sender closed mid-part");
+                    at += n;
+                    read.fetch_add(n, Ordering::SeqCst);
+                    if h.spliced {
+                        lent += n as u64;
+                        if credit.load(Ordering::SeqCst) {
+                            s0.write_all(&lent.to_le_bytes()).unwrap();
+                        }
+                    }
+                }
+                total += len;
+            }
+            (got, lent)
+        })
+    };
+    if splice {
+        // Read on without credit: the sender lends its slots, then waits
+        // for the first one's credit in the poller.
+        // Depth 2, doubled for lending, of 1 MiB slots.
+        let slots = 4 << 20;
+        until(
+            || read.load(Ordering::SeqCst) >= slots,
+            "the lent slots' bytes came",
+        );
+        parked("the stream waiting for a credit gives its worker back");
+        let n = read.load(Ordering::SeqCst);
+        assert!(n < N, "all {n} bytes came with no credit");
+        std::thread::sleep(Duration::from_millis(50));
+        assert_eq!(
+            read.load(Ordering::SeqCst),
+            n,
+            "a lent slot rewritten uncredited"
+        );
+        // The reader waits in a read: the first credit comes from here.
+        credit.store(true, Ordering::SeqCst);
+        back.write_all(&(n as u64).to_le_bytes()).unwrap();
+    } else {
+        credit.store(true, Ordering::SeqCst);
+        back.flush().unwrap();
+    }
+    let (got, lent) = reader.join().unwrap();
+    assert!(got == src, "the message came with other bytes");
+    if splice {
+        assert_eq!(lent, N as u64, "not every window was lent");
+    }
+    assert_eq!(wait(|| s.test(p)), N);
+}
+
+#[test]
+fn a_gpu_send_whose_receiver_stops_holds_no_worker_and_lands_whole() {
+    gpu_send_to_a_receiver_that_stops(false);
+}
+
+#[test]
+fn a_lending_gpu_send_waits_for_room_and_credit_without_a_worker() {
+    gpu_send_to_a_receiver_that_stops(true);
+}
+
+#[test]
+#[allow(unsafe_code)] // copies device memory back to check it
+fn gpu_parts_whose_bytes_trickle_in_hold_no_worker_while_they_wait() {
+    // As `parts_whose_bytes_trickle_in_hold_no_worker_while_they_wait`,
+    // into GPU memory: parts of several staging windows, and a small one
+    // whose bytes were not all there when its header came. Between the
+    // pieces every stream waits in the poller with its window half read;
+    // every part lands whole. Skipped without a GPU.
+    use crate::gpu;
+    if !gpu::available() {
+        eprintln!("no GPU: skipped");
+        return;
+    }
+    let dev = gpu::Device::get(0).unwrap();
+    let net = SocketNet::new(SocketConfig {
+        linger: Duration::from_millis(10),
+        stall: Duration::from_secs(20),
+        ..cfg(1)
+    });
+    let lens = [
+        (3 << 20) + 4093,
+        (3 << 20) + 4093,
+        5 << 20,
+        2 << 20,
+        100_000,
+    ];
+    let srcs: Vec<Vec<u8>> = lens
+        .iter()
+        .enumerate()
+        .map(|(p, &len)| {
+            (0..len)
+                .map(|i| (i * 7 + p * 59 + i / 4091) as u8)
+                .collect()
+        })
+        .collect();
+    let bufs: Vec<gpu::DeviceBuf> = lens
+        .iter()
+        .map(|&len| gpu::DeviceBuf::new(&dev, len).unwrap())
+        .collect();
+    let mut comms = Vec::new();
+    for (p, b) in bufs.iter().enumerate() {
+        let len = lens[p];
+        let (mut l, h) = listen_on(&net);
+        let mut s = raw_stream(h.addr, h.nonce, 0);
+        let mut r = accept(&mut l);
+        let m = MemRef {
+            addr: b.ptr,
+            len,
+            kind: MemKind::Cuda(0),
+        };
+        let q = r.irecv(m, MrHandle(0)).unwrap().unwrap();
+        s.write_all(&part_header(0, 0, len, len, 1, m).encode())
+            .unwrap();
+        s.write_all(&srcs[p][..1000]).unwrap();
+        comms.push((l, s, r, q));
+    }
+    for k in 0..8 {
+        std::thread::sleep(Duration::from_millis(60));
+        let w = net
+            .workers
+            .0
+            .lock()
+            .clone()
+            .expect("the comms started the workers");
+        assert_eq!(
+            w.busy(),
+            0,
+            "piece {k}: workers held by streams waiting inside a GPU part"
+        );
+        for (p, (_, s, r, q)) in comms.iter_mut().enumerate() {
+            let len = lens[p];
+            let cut = |k: usize| 1000 + k * (len - 1000) / 8;
+            assert_eq!(r.test(*q).unwrap(), None, "peer {p}: done before its bytes");
+            s.write_all(&srcs[p][cut(k)..cut(k + 1)]).unwrap();
+        }
+    }
+    for (p, (_, _, r, q)) in comms.iter_mut().enumerate() {
+        assert_eq!(wait(|| r.test(*q)), lens[p], "peer {p}");
+    }
+    dev.bind().unwrap();
+    for (p, (b, src)) in bufs.iter().zip(&srcs).enumerate() {
+        let mut got = vec![0u8; src.len()];
+        // SAFETY: both ranges are the part's length, ours.
+        unsafe { gpu::copy_sync(got.as_mut_ptr() as u64, b.ptr, got.len()) }.unwrap();
+        assert!(got == *src, "peer {p}: the part landed with other bytes");
+    }
+}

@@ -14,9 +14,10 @@ use parking_lot::Mutex;
 
 use super::segs::{small_gpu_part, uniform_kind, window_copies, windows, Window};
 use super::sockio::{
-    wait_writable_unless, write_all_slices, write_err, write_slices_now, LINGER_SLICE,
+    wait_readable_unless, wait_writable_unless, write_all_slices, write_err, write_slices_now,
+    LINGER_SLICE,
 };
-use super::splice::Splicer;
+use super::splice::{LendAt, Splicer};
 use super::stage::{Lend, Stager, Staging, StagingPool};
 use super::wire::{PartHeader, HDR_LEN};
 use super::{Lane, BATCH_BYTES, BATCH_OPS, BATCH_PART, NET};
@@ -158,7 +159,18 @@ fn tx_part(s: &TcpStream, op: &TxOp, stager: &mut Stager<()>) -> Result<(), NetE
                 let mut pipe = TxPipe::default();
                 pipe.push(Vec::new(), windows(run, st.ring.slice()), false);
                 while !pipe.is_empty() {
-                    pipe.write_next(s, st, sp.as_deref_mut(), false)?;
+                    // A part of mixed memory (rare) still blocks its
+                    // worker while its socket is full.
+                    let wait = match pipe.write_next(s, st, sp.as_deref_mut(), false)? {
+                        Advance::Wrote(_) => continue,
+                        Advance::Full => libc::POLLOUT,
+                        Advance::Credit => libc::POLLIN,
+                    };
+                    let forever = Duration::from_secs(u32::MAX.into());
+                    match wait {
+                        libc::POLLOUT => wait_writable_unless(s, forever, || false),
+                        _ => wait_readable_unless(s, forever, || false),
+                    };
                 }
             }
         }
@@ -198,6 +210,30 @@ struct TxPipe {
     /// Windows whose copies were queued, and windows written, all parts.
     issued: usize,
     written: usize,
+    /// How far the oldest window's write (or lend) has come: the socket
+    /// filled in the middle of it.
+    out: WindowOut,
+}
+
+/// The progress of a window's write: bytes of its slices written (a lent
+/// window's header), and of its lend.
+#[derive(Default)]
+struct WindowOut {
+    done: usize,
+    lend: LendAt,
+}
+
+/// What [`TxPipe::write_next`] did.
+enum Advance {
+    /// Wrote a window (or had none to write); with the part it finished.
+    Wrote(Option<PipePart>),
+    /// The socket is full in the middle of a window: run again once it
+    /// has room.
+    Full,
+    /// Every window known is written and the next slot is still lent:
+    /// run again once the receiver's credit comes (the socket is
+    /// readable).
+    Credit,
 }
 
 impl TxPipe {
@@ -263,8 +299,8 @@ impl TxPipe {
 
     /// Queues the copies of the next windows into the free slots. With
     /// `sp`, a slot still lent to the socket is free once the receiver has
-    /// credited it; the pipe blocks for that credit only when it has
-    /// nothing else to write.
+    /// credited it (the credits that have come are taken; none is waited
+    /// for: see [`Advance::Credit`]).
     fn top_up(
         &mut self,
         st: &mut Staging<()>,
@@ -277,9 +313,7 @@ impl TxPipe {
                 break;
             };
             let k = self.issued % depth;
-            // Block for a lent slot's credit only with nothing staged to
-            // write meanwhile.
-            if !st.unlent(k, sp.as_deref_mut(), self.issued == self.written)? {
+            if !st.unlent(k, sp.as_deref_mut())? {
                 st.stats.stop_lent += 1;
                 break;
             }
@@ -298,25 +332,34 @@ impl TxPipe {
 
     /// Tops the copies up, then writes the oldest window once its copy has
     /// landed (with `lend`: lends it to the socket through `sp`, its part's
-    /// header marked spliced); returns the part when that was its last
-    /// window. `sp` is the stream's splicer, if any, whose credits free
-    /// lent slots.
+    /// header marked spliced), without blocking on the socket: where it
+    /// fills, the window's progress is kept for the next call. `sp` is the
+    /// stream's splicer, if any, whose credits free lent slots.
+    ///
+    /// The wait for a window's copy does block: it is the GPU's copy of at
+    /// most one slot, tens of microseconds, which no peer can stretch (a
+    /// hand-off through the poller costs more).
     fn write_next(
         &mut self,
         s: &TcpStream,
         st: &mut Staging<()>,
         mut sp: Option<&mut Splicer>,
         lend: bool,
-    ) -> Result<Option<PipePart>, NetError> {
+    ) -> Result<Advance, NetError> {
         timing::mark(Spent::Other);
         self.top_up(st, sp.as_deref_mut())?;
         timing::mark(Spent::Driver);
         let depth = st.ring.depth();
         let Some(p) = self.parts.front_mut() else {
-            return Ok(None);
+            return Ok(Advance::Wrote(None));
         };
+        if self.issued == self.written {
+            st.stats.credit_blocks += 1;
+            return Ok(Advance::Credit);
+        }
         let k = self.written % depth;
-        if st.stats.on {
+        let fresh = self.out.done == 0 && self.out.lend == LendAt::default();
+        if st.stats.on && fresh {
             st.stats.windows += 1;
             if st.ring.still_copying(k) {
                 st.stats.not_landed += 1;
@@ -326,25 +369,35 @@ impl TxPipe {
         st.ring.wait(k)?;
         timing::mark(Spent::Copies);
         let data = st.ring.slot_bytes(k, p.wins[p.written].0);
-        match (sp.filter(|_| lend && p.lend), p.ops.as_slice(), p.written) {
+        let out = &mut self.out;
+        let now = |slices: &[&[u8]], done: &mut usize| write_slices_now(s, slices, done);
+        let complete = match (sp.filter(|_| lend && p.lend), p.ops.as_slice(), p.written) {
             (Some(sp), ops, w) => {
-                if let ([op], 0) = (ops, w) {
-                    let hdr = PartHeader {
-                        spliced: true,
-                        ..op.head
+                let hdr_out = match (ops, w) {
+                    ([op], 0) => {
+                        let hdr = PartHeader {
+                            spliced: true,
+                            ..op.head
+                        }
+                        .encode();
+                        now(&[&hdr], &mut out.done)
                     }
-                    .encode();
-                    write_all_slices(s, &[&hdr]).map_err(write_err)?;
-                }
+                    _ => Ok(true),
+                };
                 timing::mark(Spent::Other);
-                st.lent[k] = sp
-                    .send(data)
-                    .map_err(|e| NetError::io(NET, "lending pages to the socket", e))?;
+                let lent = hdr_out.map_err(write_err)?
+                    && sp
+                        .send_now(data, &mut out.lend)
+                        .map_err(|e| NetError::io(NET, "lending pages to the socket", e))?;
                 timing::mark(Spent::Socket);
-                timing::bytes(data.len());
+                if lent {
+                    timing::bytes(data.len());
+                    st.lent[k] = sp.lent();
+                }
+                lent
             }
-            (None, [op], 0) => write_all_slices(s, &[&op.hdr, data]).map_err(write_err)?,
-            (None, [], _) | (None, [_], _) => write_all_slices(s, &[data]).map_err(write_err)?,
+            (None, [op], 0) => now(&[&op.hdr, data], &mut out.done).map_err(write_err)?,
+            (None, [], _) | (None, [_], _) => now(&[data], &mut out.done).map_err(write_err)?,
             (None, ops, _) => {
                 // A batch: each part's header, then its bytes.
                 let mut at = 0;
@@ -354,15 +407,19 @@ impl TxPipe {
                     slices.push(&data[at..at + o.len]);
                     at += o.len;
                 }
-                write_all_slices(s, &slices).map_err(write_err)?
+                now(&slices, &mut out.done).map_err(write_err)?
             }
+        };
+        if !complete {
+            return Ok(Advance::Full);
         }
+        self.out = WindowOut::default();
         p.written += 1;
         self.written += 1;
         if p.written == p.wins.len() {
-            return Ok(self.parts.pop_front());
+            return Ok(Advance::Wrote(self.parts.pop_front()));
         }
-        Ok(None)
+        Ok(Advance::Wrote(None))
     }
 }
 
@@ -381,46 +438,78 @@ fn piped_gpu(op: &TxOp, slice: usize) -> Option<i32> {
     }
 }
 
-/// Device-memory parts of GPU `dev` through one [`TxPipe`]: `first`, and
-/// those `next` hands over (parts queued behind it that join it) while a
-/// slot is free for them -- small ones batched into shared windows. Each
-/// is finished when written; after a failure, all of them with it.
-fn tx_gpu_stream(
-    s: &TcpStream,
-    first: TxOp,
+/// Device-memory parts of one GPU being written through the stream's
+/// staging ([`TxPipe`]), kept across the task's runs: where the socket
+/// fills, or a lent slot waits for the receiver's credit, the task waits
+/// in the poller holding no thread (blocked there, a receiver that stopped
+/// reading held the worker for as long as it liked).
+struct GpuWrite {
     dev: i32,
-    stager: &mut Stager<()>,
-    next: &mut dyn FnMut() -> Option<TxOp>,
-    finish: &dyn Fn(&TxOp, &Result<(), NetError>),
-) {
-    let (st, mut sp) = match stager.lending(dev) {
-        Ok(x) => x,
-        Err(e) => return finish(&first, &Err(e)),
-    };
-    let slice = st.ring.slice();
-    let mut pipe = TxPipe::default();
-    pipe.add(first, slice);
-    let res = loop {
-        while pipe.takes_more(st.ring.depth()) {
-            let Some(o) = next() else { break };
-            pipe.add(o, slice);
-        }
-        match pipe.write_next(s, st, sp.as_deref_mut(), true) {
-            Ok(Some(part)) => {
-                for op in &part.ops {
-                    finish(op, &Ok(()));
+    pipe: TxPipe,
+}
+
+impl GpuWrite {
+    /// Writes the pipe's windows, taking in the parts `next` hands over
+    /// (those queued behind, on the same GPU) while a slot is free for
+    /// them; each part is finished when written, all of them with a
+    /// failure. Returns what to wait for when the socket is full or a
+    /// credit is due, and has not come within `linger` (or at once when
+    /// other work waits for a worker); None once the pipe is empty.
+    fn pump(
+        &mut self,
+        s: &TcpStream,
+        stager: &mut Stager<()>,
+        next: &mut dyn FnMut() -> Option<TxOp>,
+        finish: &dyn Fn(&TxOp, &Result<(), NetError>),
+        linger: Duration,
+        workers: &Workers,
+    ) -> Option<Step> {
+        let res = (|| -> Result<Option<Step>, NetError> {
+            let (st, mut sp) = stager.lending(self.dev)?;
+            let slice = st.ring.slice();
+            loop {
+                while self.pipe.takes_more(st.ring.depth()) {
+                    let Some(o) = next() else { break };
+                    self.pipe.add(o, slice);
+                }
+                let fd = std::os::fd::AsRawFd::as_raw_fd(s);
+                let (ready, step) = match self.pipe.write_next(s, st, sp.as_deref_mut(), true)? {
+                    Advance::Wrote(part) => {
+                        for op in part.iter().flat_map(|p| &p.ops) {
+                            finish(op, &Ok(()));
+                        }
+                        if self.pipe.is_empty() {
+                            return Ok(None);
+                        }
+                        continue;
+                    }
+                    Advance::Full => (
+                        crate::workers::lingering(|| {
+                            wait_writable_unless(s, linger, || workers.work_waiting())
+                        }),
+                        Step::Writable(fd),
+                    ),
+                    // The credit comes on the same socket.
+                    Advance::Credit => (
+                        crate::workers::lingering(|| {
+                            wait_readable_unless(s, linger, || workers.work_waiting())
+                        }),
+                        Step::Readable(fd),
+                    ),
+                };
+                if !ready {
+                    return Ok(Some(step));
                 }
             }
-            Ok(None) => {}
-            Err(e) => break Err(e),
-        }
-        if pipe.is_empty() {
-            break Ok(());
-        }
-    };
-    if let Err(e) = res {
-        for op in pipe.parts.drain(..).flat_map(|p| p.ops) {
-            finish(&op, &Err(e.clone()));
+        })();
+        match res {
+            Ok(step) => step,
+            Err(e) => {
+                for op in self.pipe.parts.drain(..).flat_map(|p| p.ops) {
+                    finish(&op, &Err(e.clone()));
+                }
+                None
+            }
         }
     }
 }
@@ -599,6 +688,8 @@ pub(super) struct TxTask {
     held: Option<TxOp>,
     /// Host parts whose socket filled while they were written.
     writing: Option<HostWrite>,
+    /// Device-memory parts being written through the staging.
+    gpu: Option<GpuWrite>,
     workers: Workers,
 }
 
@@ -640,6 +731,7 @@ impl TxTask {
             stager,
             held: None,
             writing: None,
+            gpu: None,
             workers,
         }
     }
@@ -658,6 +750,7 @@ impl Task for TxTask {
             stager,
             held,
             writing,
+            gpu,
             workers,
         } = self;
         stager.bind_here();
@@ -682,34 +775,19 @@ impl Task for TxTask {
                     finish(o, &r);
                 }
             }
-            timing::mark(Spent::Other);
-            let op = match held.take() {
-                Some(op) => op,
-                None => match next_op(rx, spill, queued, spin, lane.linger, stager, workers) {
-                    Next::Op(op) => op,
-                    Next::Quiet => return Step::Idle,
-                    Next::Closed => return Step::Done,
-                },
-            };
-            timing::mark(Spent::Waiting);
-            if let Some(f) = shared.failed.lock().clone() {
-                queued.fetch_sub(op.weight(), Ordering::AcqRel);
-                *op.req.error.lock() = Some(f);
-                (shared.waker)();
-                continue;
-            }
-            if let Some(dev) = piped_gpu(&op, slice) {
-                // The parts queued behind it on the same GPU join it; the first
-                // that does not (or any, once the comm has failed) is held for
-                // this loop.
+            if let Some(g) = gpu.as_mut() {
+                let dev = g.dev;
+                // The parts queued behind on the same GPU join the pipe;
+                // the first that does not (or any, once the comm has
+                // failed) is held for this loop.
                 let mut next = || {
                     if held.is_some() {
                         return None;
                     }
                     // Its own parts first (they are older than any spilled
                     // one), then the comm's spilled parts: this stream is
-                    // busy (the part in hand is counted), so it takes them
-                    // without holding the stream.
+                    // busy (the parts in the pipe are counted), so it takes
+                    // them without holding the stream.
                     let got = rx
                         .try_recv()
                         .ok()
@@ -728,9 +806,32 @@ impl Task for TxTask {
                         None => None,
                     }
                 };
-                let seq = op.head.seq;
-                tx_gpu_stream(s, op, dev, stager, &mut next, &finish);
-                tracing::trace!(seq, stream = lane.index, "lat: tx gpu parts out");
+                if let Some(step) = g.pump(s, stager, &mut next, &finish, lane.linger, workers) {
+                    return step;
+                }
+                *gpu = None;
+                tracing::trace!(stream = lane.index, "lat: tx gpu parts out");
+            }
+            timing::mark(Spent::Other);
+            let op = match held.take() {
+                Some(op) => op,
+                None => match next_op(rx, spill, queued, spin, lane.linger, stager, workers) {
+                    Next::Op(op) => op,
+                    Next::Quiet => return Step::Idle,
+                    Next::Closed => return Step::Done,
+                },
+            };
+            timing::mark(Spent::Waiting);
+            if let Some(f) = shared.failed.lock().clone() {
+                queued.fetch_sub(op.weight(), Ordering::AcqRel);
+                *op.req.error.lock() = Some(f);
+                (shared.waker)();
+                continue;
+            }
+            if let Some(dev) = piped_gpu(&op, slice) {
+                let mut pipe = TxPipe::default();
+                pipe.add(op, slice);
+                *gpu = Some(GpuWrite { dev, pipe });
                 continue;
             }
             if !host_only(&op) {
