@@ -21,11 +21,11 @@
 //! (blocked: [`Inner::a_busy_worker_sleeps`]): busy workers that all run
 //! or wait for a core are not helped by another thread, nor are workers
 //! whose task lingers ([`lingering`]). The pool has no fixed cap: a task
-//! may still block (a GPU window's bytes or its write), and a cap would
-//! let busy tasks on both ends wait for each other's queued ones. A
-//! host-memory part whose bytes stop coming, or whose socket is full,
-//! waits in the poller, not on a worker (see `net::socket::rx`,
-//! `net::socket::tx`). Tasks are bounded by the
+//! may still block (a part of mixed host and GPU memory, a GPU copy
+//! landing), and a cap would let busy tasks on both ends wait for each
+//! other's queued ones. A part whose bytes stop coming, or whose socket
+//! is full, waits in the poller, not on a worker, host memory and GPU
+//! windows alike (see `net::socket::rx`, `net::socket::tx`). Tasks are bounded by the
 //! endpoint's admission limits (streams and connections per peer and in
 //! all; see `admission`).
 //!
