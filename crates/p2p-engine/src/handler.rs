@@ -608,7 +608,7 @@ impl Book {
         }
         let local = rma::merge_runs(each, runs).map_err(|e| e.to_string())?;
         // Bounded by our regions now; still counted before planned.
-        let lens: Vec<u64> = local.mems().iter().map(|m| m.len as u64).collect();
+        let lens: Vec<usize> = local.mems().iter().map(|m| m.len).collect();
         let pieces = plan_len(&lens, cx.chunk, cx.gather);
         let weight = (items.len() as u64).saturating_add(pieces);
         if weight > left as u64 {
@@ -616,7 +616,6 @@ impl Book {
                 "the request needs {weight} pieces, more than the {left} left of the limit of {max_items} outstanding (TCPX_P2P_MAX_PENDING_ITEMS)"
             ));
         }
-        let lens: Vec<usize> = local.mems().iter().map(|m| m.len).collect();
         let plan = plan_ops(&lens, cx.chunk, cx.gather);
         self.served += 1;
         self.served_items += weight as usize;

@@ -531,17 +531,19 @@ pub fn plan_ops(lens: &[usize], chunk: usize, g: Gather) -> Vec<OpPlan> {
 }
 
 /// How many requests [`plan_ops`] would plan for items of lengths `lens`,
-/// counted without allocating (a peer's claimed lengths may be absurd).
-pub fn plan_len(lens: &[u64], chunk: usize, g: Gather) -> u64 {
-    let small = |l: u64| g.segs > 1 && l > 0 && l <= g.item_max as u64;
+/// counted without allocating and without overflow (a list of huge items
+/// plans more requests than could be held: counted first, refused before
+/// planned).
+pub fn plan_len(lens: &[usize], chunk: usize, g: Gather) -> u64 {
+    let small = |l: usize| g.segs > 1 && l > 0 && l <= g.item_max;
     let mut n = 0u64;
     let mut i = 0;
     while i < lens.len() {
-        let (mut j, mut bytes) = (i, 0u64);
+        let (mut j, mut bytes) = (i, 0usize);
         while j < lens.len()
             && j - i < g.segs
             && small(lens[j])
-            && bytes + lens[j] <= g.bytes as u64
+            && bytes.saturating_add(lens[j]) <= g.bytes
         {
             bytes += lens[j];
             j += 1;
@@ -551,7 +553,7 @@ pub fn plan_len(lens: &[u64], chunk: usize, g: Gather) -> u64 {
             i = j;
             continue;
         }
-        n = n.saturating_add(lens[i].div_ceil(chunk.max(1) as u64).max(1));
+        n = n.saturating_add(lens[i].div_ceil(chunk.max(1)).max(1) as u64);
         i += 1;
     }
     n
@@ -963,15 +965,14 @@ mod tests {
                 .collect();
             let chunk = [4096, 65536, 1 << 20][rng.random_range(0..3)];
             let g = Gather::new(chunk, [1, 4, 1024][rng.random_range(0..3)]);
-            let l64: Vec<u64> = lens.iter().map(|&l| l as u64).collect();
             assert_eq!(
-                plan_len(&l64, chunk, g),
+                plan_len(&lens, chunk, g),
                 plan_ops(&lens, chunk, g).len() as u64
             );
         }
         assert_eq!(plan_len(&[1 << 62], 4096, Gather::new(4096, 64)), 1 << 50);
         assert_eq!(
-            plan_len(&[u64::MAX, u64::MAX], 1, Gather::new(1, 1)),
+            plan_len(&[usize::MAX, usize::MAX], 1, Gather::new(1, 1)),
             u64::MAX
         );
     }
