@@ -1258,6 +1258,43 @@ fn fails_within_10s(s: &mut super::send::SocketSend, p: ReqId, what: &str) {
     }
 }
 
+/// A one-stream send comm (10 ms linger, `splice` as given) with 64 KiB
+/// socket buffers on both ends, to a raw receiver (its stream accepted, the
+/// hello read): the net, the comm, the receiver's stream and its listener.
+fn small_buffered_sender(
+    nonce: u64,
+    splice: bool,
+) -> (
+    SocketNet,
+    super::send::SocketSend,
+    TcpStream,
+    std::net::TcpListener,
+) {
+    use std::io::Read;
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    socket2::SockRef::from(&l)
+        .set_recv_buffer_size(64 << 10)
+        .unwrap();
+    let handle = Handle {
+        addr: l.local_addr().unwrap(),
+        streams: 1,
+        nonce,
+        min_part: 4096,
+    }
+    .encode();
+    let net = SocketNet::new(SocketConfig {
+        sockbuf: 64 << 10,
+        linger: Duration::from_millis(10),
+        splice,
+        ..cfg(1)
+    });
+    let s = net.connect_here(&handle, Arc::new(|| {})).unwrap();
+    let (mut s0, _) = l.accept().unwrap();
+    let mut hello = [0u8; super::wire::HELLO_LEN];
+    s0.read_exact(&mut hello).unwrap();
+    (net, s, s0, l)
+}
+
 /// A one-stream sender with small socket buffers whose raw receiver reads
 /// nothing: a 16 MiB message posted, and the stream seen waiting for room
 /// without a worker (in the poller, after its 10 ms linger).
@@ -1269,27 +1306,7 @@ fn full_stream_sender() -> (
     Vec<u8>,
     ReqId,
 ) {
-    use std::io::Read;
-    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    socket2::SockRef::from(&l)
-        .set_recv_buffer_size(64 << 10)
-        .unwrap();
-    let handle = Handle {
-        addr: l.local_addr().unwrap(),
-        streams: 1,
-        nonce: 0x5eed_0043,
-        min_part: 4096,
-    }
-    .encode();
-    let net = SocketNet::new(SocketConfig {
-        sockbuf: 64 << 10,
-        linger: Duration::from_millis(10),
-        ..cfg(1)
-    });
-    let mut s = net.connect_here(&handle, Arc::new(|| {})).unwrap();
-    let (mut s0, _) = l.accept().unwrap();
-    let mut hello = [0u8; super::wire::HELLO_LEN];
-    s0.read_exact(&mut hello).unwrap();
+    let (net, mut s, s0, l) = small_buffered_sender(0x5eed_0043, true);
     let big: Vec<u8> = (0..16 << 20)
         .map(|i: usize| (i as u8).wrapping_mul(29) ^ (i >> 13) as u8)
         .collect();
@@ -1354,27 +1371,7 @@ fn gpu_send_to_a_receiver_that_stops(splice: bool) {
     // SAFETY: both ranges are N bytes, ours.
     #[allow(unsafe_code)]
     unsafe { gpu::copy_sync(buf.ptr, src.as_ptr() as u64, N) }.unwrap();
-    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    socket2::SockRef::from(&l)
-        .set_recv_buffer_size(64 << 10)
-        .unwrap();
-    let handle = Handle {
-        addr: l.local_addr().unwrap(),
-        streams: 1,
-        nonce: 0x5eed_0044,
-        min_part: 4096,
-    }
-    .encode();
-    let net = SocketNet::new(SocketConfig {
-        sockbuf: 64 << 10,
-        linger: Duration::from_millis(10),
-        splice,
-        ..cfg(1)
-    });
-    let mut s = net.connect_here(&handle, Arc::new(|| {})).unwrap();
-    let (mut s0, _) = l.accept().unwrap();
-    let mut hello = [0u8; super::wire::HELLO_LEN];
-    s0.read_exact(&mut hello).unwrap();
+    let (net, mut s, mut s0, _l) = small_buffered_sender(0x5eed_0044, splice);
     let mem = MemRef {
         addr: buf.ptr,
         len: N,
