@@ -161,15 +161,11 @@ fn tx_part(s: &TcpStream, op: &TxOp, stager: &mut Stager<()>) -> Result<(), NetE
                 while !pipe.is_empty() {
                     // A part of mixed memory (rare) still blocks its
                     // worker while its socket is full.
-                    let wait = match pipe.write_next(s, st, sp.as_deref_mut(), false)? {
-                        Advance::Wrote(_) => continue,
-                        Advance::Full => libc::POLLOUT,
-                        Advance::Credit => libc::POLLIN,
-                    };
                     let forever = Duration::from_secs(u32::MAX.into());
-                    match wait {
-                        libc::POLLOUT => wait_writable_unless(s, forever, || false),
-                        _ => wait_readable_unless(s, forever, || false),
+                    match pipe.write_next(s, st, sp.as_deref_mut(), false)? {
+                        Advance::Wrote(_) => true,
+                        Advance::Full => wait_writable_unless(s, forever, || false),
+                        Advance::Credit => wait_readable_unless(s, forever, || false),
                     };
                 }
             }
