@@ -16,7 +16,7 @@ use parking_lot::Mutex;
 use super::book::{check_part, claim_part, part_done, Landing, RecvReq, RecvShared};
 use super::reader::StreamReader;
 use super::segs::{uniform_kind, window_copies, windows, Window};
-use super::sockio::{poll_readable, read_err, readable_now, unread, wait_readable_unless};
+use super::sockio::{linger_readable, poll_readable, read_err, readable_now, unread};
 use super::stage::{Stager, StagingPool};
 use super::wire::{PartHeader, HDR_LEN};
 use super::{Lane, BATCH_PART, INLINE_MAX, NET, READ_BUF};
@@ -87,22 +87,63 @@ fn rx_windows(
             .map_err(read_err)?;
         timing::mark(Spent::Socket);
         timing::bytes(wlen);
-        // Pieces next to each other both in the GPU and in the slot are
-        // one copy (a READ of many blocks into one local buffer made a
-        // 4 KiB copy per block).
-        let ops = window_copies(&pieces, ring.slot_addr(k), false);
-        // SAFETY: the slot holds the window just read and is not touched
-        // again until its event completes (its previous one has: the slot
-        // was free); the device ranges lie inside the posted buffer.
-        unsafe { ring.queue_copies(k, &ops, true) }?;
-        ring.seal(k)?;
-        // Parts whose copies have landed complete now, not when their
-        // slot is next needed (a window of another message may come first).
-        ring.reap(done)?;
-        complete(shared, done);
-        timing::mark(Spent::Driver);
+        queue_window(ring, k, &pieces, shared, done)?;
     }
     Ok(())
+}
+
+/// A window just read whole into slot `k`: its copies to the device
+/// (`pieces`, as [`windows`] cut them) queued behind the slot's event;
+/// then the parts whose copies have landed complete now, not when their
+/// slot is next needed (a window of another message may come first).
+fn queue_window(
+    ring: &mut Ring<Landing>,
+    k: usize,
+    pieces: &[(u64, usize, usize)],
+    shared: &RecvShared,
+    done: &mut Vec<Landing>,
+) -> Result<(), NetError> {
+    // Pieces next to each other both in the GPU and in the slot are one
+    // copy (a READ of many blocks into one local buffer made a 4 KiB copy
+    // per block).
+    let ops = window_copies(pieces, ring.slot_addr(k), false);
+    // SAFETY: the slot holds the window just read and is not touched again
+    // until its event completes (its previous one has: the slot was free);
+    // the device ranges lie inside the posted buffer.
+    unsafe { ring.queue_copies(k, &ops, true) }?;
+    ring.seal(k)?;
+    ring.reap(done)?;
+    complete(shared, done);
+    timing::mark(Spent::Driver);
+    Ok(())
+}
+
+/// When a part's stall limit falls if a byte comes now (None: never).
+fn stall_from_now(lane: &Lane) -> Option<Instant> {
+    Some(lane.stall)
+        .filter(|d| !d.is_zero())
+        .map(|d| Instant::now() + d)
+}
+
+/// No byte came inside a part for a read timeout (`e`): past the stall
+/// limit `until` the comm fails, naming the stall; otherwise the worker
+/// goes back (`Some(Read::Waiting)`) once other work waits for one, or
+/// the linger has passed since `since`.
+fn no_byte(
+    e: std::io::Error,
+    until: Option<Instant>,
+    since: Instant,
+    lane: &Lane,
+    workers: &Workers,
+) -> Result<Option<Read>, NetError> {
+    if until.is_some_and(|u| Instant::now() >= u) {
+        return Err(read_err(e));
+    }
+    if workers.work_waiting() || since.elapsed() >= lane.linger {
+        timing::mark(Spent::Waiting);
+        return Ok(Some(Read::Waiting));
+    }
+    Ok(None)
 }
 
 /// A part in host memory, or in host and device memory together: host
@@ -397,7 +438,7 @@ impl Rx {
                     pieces: Vec::new(),
                     at: 0,
                     off: 0,
-                    until: self.stall_from_now(),
+                    until: stall_from_now(&self.lane),
                     gpu: Some(GpuIn {
                         dev: d,
                         wins,
@@ -414,7 +455,7 @@ impl Rx {
                     pieces: dst,
                     at: 0,
                     off: 0,
-                    until: self.stall_from_now(),
+                    until: stall_from_now(&self.lane),
                     gpu: None,
                 });
                 self.read_in_part().map(|r| matches!(r, Read::Whole))
@@ -425,12 +466,6 @@ impl Rx {
                 Ok(true)
             }
         }
-    }
-
-    fn stall_from_now(&self) -> Option<Instant> {
-        Some(self.lane.stall)
-            .filter(|d| !d.is_zero())
-            .map(|d| Instant::now() + d)
     }
 
     /// Reads what has come of the host part in progress. Where its bytes
@@ -478,22 +513,15 @@ impl Rx {
                 Ok(n) => {
                     timing::mark(Spent::Socket);
                     timing::bytes(n);
-                    let until = self.stall_from_now();
+                    let until = stall_from_now(&self.lane);
                     let p = self.inpart.as_mut().expect("checked above");
                     p.advance(n);
                     p.until = until;
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
                     let until = self.inpart.as_ref().and_then(|p| p.until);
-                    if until.is_some_and(|u| Instant::now() >= u) {
-                        return Err(read_err(e));
-                    }
-                    // Nothing came for a read timeout: the worker goes
-                    // back once other work waits for one, or the linger
-                    // has passed.
-                    if self.workers.work_waiting() || since.elapsed() >= self.lane.linger {
-                        timing::mark(Spent::Waiting);
-                        return Ok(Read::Waiting);
+                    if let Some(w) = no_byte(e, until, since, &self.lane, &self.workers)? {
+                        return Ok(w);
                     }
                 }
                 Err(e) => return Err(read_err(e)),
@@ -516,6 +544,10 @@ impl Rx {
             workers,
             ..
         } = self;
+        let Some(dev) = inpart.as_ref().and_then(|p| p.gpu.as_ref()).map(|g| g.dev) else {
+            return Ok(Read::Whole);
+        };
+        let ring = &mut stager.get(dev)?.ring;
         loop {
             let Some(p) = inpart.as_mut() else {
                 return Ok(Read::Whole);
@@ -523,7 +555,6 @@ impl Rx {
             let Some(g) = p.gpu.as_mut() else {
                 return Ok(Read::Whole);
             };
-            let ring = &mut stager.get(g.dev)?.ring;
             if g.next == g.wins.len() {
                 let p = inpart.take().expect("checked above");
                 if let Some(land) = ring.park(p.land) {
@@ -553,38 +584,18 @@ impl Rx {
                 Ok(n) => {
                     timing::mark(Spent::Socket);
                     timing::bytes(n);
-                    p.until = Some(lane.stall)
-                        .filter(|d| !d.is_zero())
-                        .map(|d| Instant::now() + d);
+                    p.until = stall_from_now(lane);
                     g.got += n;
-                    if g.got < wlen {
-                        continue;
+                    if g.got == wlen {
+                        queue_window(ring, k, &g.wins[g.next].1, shared, done)?;
+                        g.next += 1;
+                        g.slot = None;
+                        g.got = 0;
                     }
-                    // Pieces next to each other both in the GPU and in the
-                    // slot are one copy.
-                    let ops = window_copies(&g.wins[g.next].1, ring.slot_addr(k), false);
-                    // SAFETY: the slot holds the window just read and is not
-                    // touched again until its event completes (its previous
-                    // one has: the slot was free); the device ranges lie
-                    // inside the posted buffer.
-                    unsafe { ring.queue_copies(k, &ops, true) }?;
-                    ring.seal(k)?;
-                    // Parts whose copies have landed complete now, not when
-                    // their slot is next needed.
-                    ring.reap(done)?;
-                    complete(shared, done);
-                    timing::mark(Spent::Driver);
-                    g.next += 1;
-                    g.slot = None;
-                    g.got = 0;
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                    if p.until.is_some_and(|u| Instant::now() >= u) {
-                        return Err(read_err(e));
-                    }
-                    if workers.work_waiting() || since.elapsed() >= lane.linger {
-                        timing::mark(Spent::Waiting);
-                        return Ok(Read::Waiting);
+                    if let Some(w) = no_byte(e, p.until, since, lane, workers)? {
+                        return Ok(w);
                     }
                 }
                 Err(e) => return Err(read_err(e)),
@@ -942,11 +953,7 @@ impl Task for RxTask {
                     // worker back.
                     rx.lane.spin_for_data(&rx.r.s, &rx.shared);
                     rx.watch_while_a_caller_waits();
-                    let workers = &rx.workers;
-                    let came = crate::workers::lingering(|| {
-                        wait_readable_unless(&rx.r.s, self.linger, || workers.work_waiting())
-                    });
-                    if !came {
+                    if !linger_readable(&*rx.r.s, self.linger, &rx.workers) {
                         return Step::Readable(fd);
                     }
                 }

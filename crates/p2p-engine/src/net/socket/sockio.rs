@@ -183,6 +183,27 @@ pub(super) fn wait_writable_unless(
     wait_unless(s, libc::POLLOUT, limit, give_up)
 }
 
+/// A task's linger on its socket: waits up to `limit` for bytes to read
+/// (or a close), given up as soon as other work waits for a worker, the
+/// worker counting as free meanwhile ([`crate::workers::lingering`]);
+/// true if they came.
+pub(super) fn linger_readable(
+    s: &impl std::os::fd::AsRawFd,
+    limit: Duration,
+    workers: &crate::workers::Workers,
+) -> bool {
+    crate::workers::lingering(|| wait_readable_unless(s, limit, || workers.work_waiting()))
+}
+
+/// As [`linger_readable`], for room to write.
+pub(super) fn linger_writable(
+    s: &impl std::os::fd::AsRawFd,
+    limit: Duration,
+    workers: &crate::workers::Workers,
+) -> bool {
+    crate::workers::lingering(|| wait_writable_unless(s, limit, || workers.work_waiting()))
+}
+
 fn wait_unless(
     s: &impl std::os::fd::AsRawFd,
     events: libc::c_short,

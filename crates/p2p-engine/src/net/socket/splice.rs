@@ -344,12 +344,11 @@ mod tests {
         (a, b)
     }
 
-    /// Lends all of `data`, waiting for room whenever the socket is full;
-    /// returns how many times it was.
-    fn lend_all(sp: &mut Splicer, data: &[u8]) -> usize {
-        let mut at = LendAt::default();
+    /// Lends the rest of `data` from `at`, waiting for room whenever the
+    /// socket is full; returns how many times it was.
+    fn lend_rest(sp: &mut Splicer, data: &[u8], at: &mut LendAt) -> usize {
         let mut full = 0;
-        while !sp.send_now(data, &mut at).unwrap() {
+        while !sp.send_now(data, at).unwrap() {
             full += 1;
             let sock = sp.sock.clone();
             assert!(super::super::sockio::wait_writable_unless(
@@ -398,7 +397,7 @@ mod tests {
             let k = m % DEPTH;
             sp.wait_credit(mark[k]).unwrap();
             ring[k].fill((m % 251) as u8);
-            lend_all(&mut sp, &ring[k]);
+            lend_rest(&mut sp, &ring[k], &mut LendAt::default());
             mark[k] = sp.lent();
         }
         sp.wait_credit(sp.lent()).unwrap();
@@ -419,7 +418,7 @@ mod tests {
     fn a_closed_peer_ends_a_wait_for_credit() {
         let (tx, rx) = pair();
         let mut sp = Splicer::new(Arc::new(tx), 4096).unwrap();
-        lend_all(&mut sp, &[7u8; 4096]);
+        lend_rest(&mut sp, &[7u8; 4096], &mut LendAt::default());
         drop(rx);
         assert!(sp.wait_credit(4096).is_err());
     }
@@ -458,15 +457,7 @@ mod tests {
             rx.read_exact(&mut got).unwrap();
             got == want[done..]
         });
-        let mut full = 0;
-        while !sp.send_now(&data, &mut at).unwrap() {
-            full += 1;
-            assert!(super::super::sockio::wait_writable_unless(
-                &*sp.sock.clone(),
-                std::time::Duration::from_secs(10),
-                || false
-            ));
-        }
+        let full = lend_rest(&mut sp, &data, &mut at);
         assert_eq!(sp.lent(), N as u64);
         assert_eq!(at, LendAt::default());
         assert!(reader.join().unwrap(), "the bytes came changed");

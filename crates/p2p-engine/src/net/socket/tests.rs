@@ -443,6 +443,23 @@ fn accept(l: &mut super::SocketListen) -> super::recv::SocketRecv {
     }
 }
 
+/// The net's I/O workers (started by its first comm).
+fn workers_of(net: &SocketNet) -> crate::workers::Workers {
+    net.workers
+        .0
+        .lock()
+        .clone()
+        .expect("the net's comms started its workers")
+}
+
+/// Waits until no worker is busy (`what`: what should free them), and
+/// checks that none is 50 ms later.
+fn parked(w: &crate::workers::Workers, what: &str) {
+    until(|| w.busy() == 0, what);
+    std::thread::sleep(Duration::from_millis(50));
+    assert_eq!(w.busy(), 0, "a worker held: {what}");
+}
+
 /// Waits until `f` holds (5 s at most).
 fn until(mut f: impl FnMut() -> bool, what: &str) {
     let deadline = Instant::now() + Duration::from_secs(5);
@@ -878,12 +895,7 @@ fn parts_whose_bytes_trickle_in_hold_no_worker_while_they_wait() {
     let cuts: Vec<usize> = (0..=8).map(|k| 1000 + k * (len - 1000) / 8).collect();
     for k in 0..8 {
         std::thread::sleep(Duration::from_millis(60));
-        let w = net
-            .workers
-            .0
-            .lock()
-            .clone()
-            .expect("the comms started the workers");
+        let w = workers_of(&net);
         assert_eq!(
             w.busy(),
             0,
@@ -1311,15 +1323,7 @@ fn full_stream_sender() -> (
         .map(|i: usize| (i as u8).wrapping_mul(29) ^ (i >> 13) as u8)
         .collect();
     let p = send_all(s_dyn(&mut s), &big);
-    let w = net
-        .workers
-        .0
-        .lock()
-        .clone()
-        .expect("the send started the workers");
-    until(|| w.busy() == 0, "the full stream gives its worker back");
-    std::thread::sleep(Duration::from_millis(50));
-    assert_eq!(w.busy(), 0, "a worker held by a stream waiting for room");
+    parked(&workers_of(&net), "the full stream gives its worker back");
     assert_eq!(s.test(p).unwrap(), None, "done before its bytes were read");
     (net, s, s0, l, big, p)
 }
@@ -1378,18 +1382,8 @@ fn gpu_send_to_a_receiver_that_stops(splice: bool) {
         kind: MemKind::Cuda(0),
     };
     let p = s.isend(mem, MrHandle(0)).unwrap().unwrap();
-    let w = net
-        .workers
-        .0
-        .lock()
-        .clone()
-        .expect("the send started the workers");
-    let parked = |what: &str| {
-        until(|| w.busy() == 0, what);
-        std::thread::sleep(Duration::from_millis(50));
-        assert_eq!(w.busy(), 0, "a worker held: {what}");
-    };
-    parked("the full socket's stream gives its worker back");
+    let w = workers_of(&net);
+    parked(&w, "the full socket's stream gives its worker back");
     assert_eq!(s.test(p).unwrap(), None, "done before its bytes were read");
     // The receiver: reads every part, crediting what it read of lent
     // parts once `credit` is set.
@@ -1435,7 +1429,7 @@ fn gpu_send_to_a_receiver_that_stops(splice: bool) {
             || read.load(Ordering::SeqCst) >= slots,
             "the lent slots' bytes came",
         );
-        parked("the stream waiting for a credit gives its worker back");
+        parked(&w, "the stream waiting for a credit gives its worker back");
         let n = read.load(Ordering::SeqCst);
         assert!(n < N, "all {n} bytes came with no credit");
         std::thread::sleep(Duration::from_millis(50));
@@ -1527,12 +1521,7 @@ fn gpu_parts_whose_bytes_trickle_in_hold_no_worker_while_they_wait() {
     }
     for k in 0..8 {
         std::thread::sleep(Duration::from_millis(60));
-        let w = net
-            .workers
-            .0
-            .lock()
-            .clone()
-            .expect("the comms started the workers");
+        let w = workers_of(&net);
         assert_eq!(
             w.busy(),
             0,

@@ -14,8 +14,8 @@ use parking_lot::Mutex;
 
 use super::segs::{small_gpu_part, uniform_kind, window_copies, windows, Window};
 use super::sockio::{
-    wait_readable_unless, wait_writable_unless, write_all_slices, write_err, write_slices_now,
-    LINGER_SLICE,
+    linger_readable, linger_writable, wait_readable_unless, wait_writable_unless, write_all_slices,
+    write_err, write_slices_now, LINGER_SLICE,
 };
 use super::splice::{LendAt, Splicer};
 use super::stage::{Lend, Stager, Staging, StagingPool};
@@ -136,10 +136,7 @@ impl HostWrite {
                 return Ok(true);
             }
             let left = linger.saturating_sub(start.elapsed());
-            let room = crate::workers::lingering(|| {
-                wait_writable_unless(s, left, || workers.work_waiting())
-            });
-            if !room {
+            if !linger_writable(s, left, workers) {
                 return Ok(false);
             }
         }
@@ -479,19 +476,9 @@ impl GpuWrite {
                         }
                         continue;
                     }
-                    Advance::Full => (
-                        crate::workers::lingering(|| {
-                            wait_writable_unless(s, linger, || workers.work_waiting())
-                        }),
-                        Step::Writable(fd),
-                    ),
+                    Advance::Full => (linger_writable(s, linger, workers), Step::Writable(fd)),
                     // The credit comes on the same socket.
-                    Advance::Credit => (
-                        crate::workers::lingering(|| {
-                            wait_readable_unless(s, linger, || workers.work_waiting())
-                        }),
-                        Step::Readable(fd),
-                    ),
+                    Advance::Credit => (linger_readable(s, linger, workers), Step::Readable(fd)),
                 };
                 if !ready {
                     return Ok(Some(step));
