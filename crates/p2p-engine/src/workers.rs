@@ -332,6 +332,9 @@ struct Inner {
     /// Every worker alive: its thread id and whether it runs a task now
     /// (for [`Inner::a_busy_worker_sleeps`]).
     seats: Mutex<Vec<Arc<Seat>>>,
+    /// Whether a worker's thread sleeps in the kernel ([`thread_sleeps`];
+    /// a test may answer for the kernel).
+    sleeps: fn(libc::pid_t) -> bool,
 }
 
 /// A worker as the poller sees it.
@@ -421,6 +424,17 @@ impl Workers {
         cpus: Option<Arc<[usize]>>,
         keep_idle: Duration,
     ) -> std::io::Result<Self> {
+        Self::build(name, cpus, keep_idle, thread_sleeps)
+    }
+
+    /// As [`Workers::with_keep_idle`], asking `sleeps` whether a worker's
+    /// thread sleeps in the kernel.
+    fn build(
+        name: &'static str,
+        cpus: Option<Arc<[usize]>>,
+        keep_idle: Duration,
+        sleeps: fn(libc::pid_t) -> bool,
+    ) -> std::io::Result<Self> {
         let poll = Poll::new()?;
         let registry = poll.registry().try_clone()?;
         let waker = mio::Waker::new(poll.registry(), WAKE)?;
@@ -448,6 +462,7 @@ impl Workers {
             summoned: AtomicBool::new(false),
             epoch: Instant::now(),
             seats: Mutex::default(),
+            sleeps,
         });
         let weak = Arc::downgrade(&inner);
         let cpus = inner.cpus.clone();
@@ -608,33 +623,51 @@ impl Inner {
         // message's parts on several streams): add a worker at once, up to
         // four per core; beyond that the poller adds them if the queue
         // stalls.
-        if self.jobs.len() > self.idle.load(Ordering::SeqCst) {
-            if self.threads.load(Ordering::SeqCst) < 4 * self.max_idle {
-                self.spawn_worker();
-            } else {
-                let _ = self.waker.wake();
-            }
+        if self.jobs.len() > self.idle.load(Ordering::SeqCst)
+            && !self.spawn_worker_below(self.base())
+        {
+            let _ = self.waker.wake();
         }
     }
 
+    /// Workers made on demand at once, four per core; past this only for
+    /// work that waits while a busy worker sleeps.
+    fn base(&self) -> usize {
+        4 * self.max_idle
+    }
+
+    /// Adds a worker if fewer than `cap` are alive (counted and started as
+    /// one step, so neither callers at once nor the poller beside a
+    /// caller go past `cap`); false if there were `cap` already.
+    fn spawn_worker_below(self: &Arc<Self>, cap: usize) -> bool {
+        let reserved = self
+            .threads
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |t| {
+                (t < cap).then_some(t + 1)
+            });
+        if reserved.is_ok() {
+            self.start_worker();
+        }
+        reserved.is_ok()
+    }
+
+    /// Adds a worker, however many there are.
     fn spawn_worker(self: &Arc<Self>) {
+        self.threads.fetch_add(1, Ordering::SeqCst);
+        self.start_worker();
+    }
+
+    /// Starts the thread of a worker already counted in `threads`.
+    fn start_worker(self: &Arc<Self>) {
         let weak = Arc::downgrade(self);
         let jobs = self.jobs.clone();
         let cpus = self.cpus.clone();
-        self.threads.fetch_add(1, Ordering::SeqCst);
         let spawned = std::thread::Builder::new()
             .name(self.name.to_string())
             .spawn(move || {
                 crate::topo::pin_thread(cpus.as_deref());
-                // This thread's id: `/proc/thread-self` names its task
-                // folder (0 where it cannot be read: its state then
-                // counts as asleep).
-                let tid = std::fs::read_link("/proc/thread-self")
-                    .ok()
-                    .and_then(|p| p.file_name()?.to_str()?.parse().ok())
-                    .unwrap_or(0);
                 let seat = Arc::new(Seat {
-                    tid,
+                    tid: this_thread_id(),
                     busy: AtomicBool::new(false),
                     lingering: AtomicBool::new(false),
                 });
@@ -775,17 +808,17 @@ fn poller(mut poll: Poll, pool: Weak<Inner>) {
                 let now = Instant::now();
                 let since = *stalled_since.get_or_insert(now);
                 let threads = p.threads.load(Ordering::SeqCst);
-                let base = 4 * p.max_idle;
+                let base = p.base();
                 if now.duration_since(since) >= growth_stall(threads, base) {
-                    // Up to four at a time below the base; past it one,
-                    // and only for a worker that is blocked (one short of
-                    // a core is not helped by another thread).
-                    let add = if threads < base {
-                        queued.min(4)
-                    } else {
-                        usize::from(p.a_busy_worker_sleeps())
-                    };
-                    for _ in 0..add {
+                    // Up to four at a time below the base (never past
+                    // it); past it one, and only for a worker that is
+                    // blocked (one short of a core is not helped by
+                    // another thread).
+                    if threads < base {
+                        for _ in 0..queued.min(4) {
+                            p.spawn_worker_below(base);
+                        }
+                    } else if p.a_busy_worker_sleeps() {
                         p.spawn_worker();
                     }
                     stalled_since = Some(now);
@@ -832,6 +865,27 @@ fn poller(mut poll: Poll, pool: Weak<Inner>) {
     }
 }
 
+/// The calling thread's id: `/proc/thread-self` names its task folder (0
+/// where it cannot be read: its state then counts as asleep).
+fn this_thread_id() -> libc::pid_t {
+    std::fs::read_link("/proc/thread-self")
+        .ok()
+        .and_then(|p| p.file_name()?.to_str()?.parse().ok())
+        .unwrap_or(0)
+}
+
+/// Whether thread `tid` of this process sleeps in the kernel: its state
+/// in `/proc/self/task/TID/stat` is not `R` (running or runnable). A state
+/// that cannot be read counts as asleep.
+fn thread_sleeps(tid: libc::pid_t) -> bool {
+    let stat = std::fs::read_to_string(format!("/proc/self/task/{tid}/stat"));
+    let state = stat.ok().and_then(|t| {
+        let after = t.rfind(')')?;
+        t[after + 1..].trim_start().chars().next()
+    });
+    !matches!(state, Some('R'))
+}
+
 impl Inner {
     /// Whether some worker running a task sleeps in the kernel (state `S`
     /// or `D` in `/proc/self/task/TID/stat`): blocked on a socket, an
@@ -844,14 +898,7 @@ impl Inner {
         seats
             .iter()
             .filter(|s| s.busy.load(Ordering::Acquire) && !s.lingering.load(Ordering::Acquire))
-            .any(|s| {
-                let stat = std::fs::read_to_string(format!("/proc/self/task/{}/stat", s.tid));
-                let state = stat.ok().and_then(|t| {
-                    let after = t.rfind(')')?;
-                    t[after + 1..].trim_start().chars().next()
-                });
-                !matches!(state, Some('R'))
-            })
+            .any(|s| (self.sleeps)(s.tid))
     }
 
     /// Queues a job taken off the poller (one closed meanwhile ends here).
@@ -1043,13 +1090,14 @@ mod tests {
     }
 
     #[test]
-    fn the_pool_grows_past_its_base_for_blocked_workers_not_for_busy_ones() {
-        let w = Workers::with_keep_idle("test-io", None, Duration::from_secs(5)).unwrap();
-        let base = 4 * w.inner.max_idle;
+    fn the_pool_does_not_grow_past_its_base_for_tasks_that_want_a_core() {
         // Three times the base of tasks that want a core: those past the
-        // base wait for a worker, and no worker is blocked, so none is
-        // added (one at most: a worker may sleep for a moment, on a lock
-        // or a page). Each new worker used to be added for such a wait.
+        // base wait for a worker, and no worker sleeps in the kernel (the
+        // test answers for the kernel, which would otherwise report a
+        // worker asleep for a moment on a lock or a page), so none is
+        // added. Each new worker used to be added for such a wait.
+        let w = Workers::build("test-io", None, Duration::from_secs(5), |_| false).unwrap();
+        let base = w.inner.base();
         let homes: Vec<_> = (0..3 * base)
             .map(|_| w.start(Box::new(Spinner(Duration::from_millis(100)))))
             .collect();
@@ -1059,11 +1107,18 @@ mod tests {
             homes.iter().all(|h| h.is_done())
         }));
         assert!(
-            most <= base + 1,
+            most <= base,
             "{most} workers for {} spinning tasks (base {base})",
             3 * base
         );
-        // Blocked tasks: every one of them gets a worker, past the base.
+    }
+
+    #[test]
+    fn the_pool_grows_past_its_base_for_blocked_workers() {
+        // Blocked tasks, the kernel asked: every one of them gets a
+        // worker, past the base.
+        let w = Workers::with_keep_idle("test-io", None, Duration::from_secs(5)).unwrap();
+        let base = w.inner.base();
         let (tx, rx) = crossbeam_channel::unbounded();
         let n = base + 4;
         let homes: Vec<_> = (0..n)
@@ -1078,6 +1133,44 @@ mod tests {
         for h in &homes {
             assert!(h.wait_done(Duration::from_secs(10)));
         }
+    }
+
+    #[test]
+    fn a_thread_blocked_on_a_channel_sleeps_and_a_spinning_one_does_not() {
+        let tid = this_thread_id;
+        let (tx, rx) = crossbeam_channel::bounded::<libc::pid_t>(1);
+        let (stop_tx, stop_rx) = crossbeam_channel::bounded::<()>(0);
+        let blocked = std::thread::spawn(move || {
+            tx.send(tid()).unwrap();
+            let _ = stop_rx.recv();
+        });
+        let b = rx.recv().unwrap();
+        assert!(
+            until(Duration::from_secs(10), || thread_sleeps(b)),
+            "a thread waiting on a channel never read as asleep"
+        );
+        let stop = Arc::new(AtomicBool::new(false));
+        let (tx, rx) = crossbeam_channel::bounded::<libc::pid_t>(1);
+        let spinning = {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                tx.send(tid()).unwrap();
+                while !stop.load(Ordering::Relaxed) {
+                    std::hint::spin_loop();
+                }
+            })
+        };
+        let s = rx.recv().unwrap();
+        // Running or runnable nearly always; a page fault may catch it
+        // once, twenty times in a row never.
+        let running = (0..20).filter(|_| !thread_sleeps(s)).count();
+        stop.store(true, Ordering::Relaxed);
+        drop(stop_tx);
+        spinning.join().unwrap();
+        blocked.join().unwrap();
+        assert!(running > 0, "a spinning thread read as asleep 20 times");
+        // A thread that is gone cannot be read: it counts as asleep.
+        assert!(thread_sleeps(s));
     }
 
     /// Waits for its channel in [`lingering`] (a stream's linger), then
@@ -1098,7 +1191,7 @@ mod tests {
         // as soon as work waits), so the poller adds none, where it adds
         // one for each blocked task (the test above).
         let w = Workers::with_keep_idle("test-io", None, Duration::from_secs(5)).unwrap();
-        let base = 4 * w.inner.max_idle;
+        let base = w.inner.base();
         let (tx, rx) = crossbeam_channel::unbounded();
         let homes: Vec<_> = (0..base + 4)
             .map(|_| w.start(Box::new(Lingerer(rx.clone()))))
@@ -1213,7 +1306,7 @@ mod tests {
         // for each to run once more: here, for workers the poller adds over
         // seconds, and in a real pool for 5 s each.
         let w = Workers::with_keep_idle("test-io", None, Duration::from_secs(5)).unwrap();
-        let n = 4 * w.inner.max_idle + 48;
+        let n = w.inner.base() + 48;
         let runs: Vec<(Arc<AtomicBool>, Seen)> = (0..n).map(|_| Default::default()).collect();
         let homes: Vec<_> = runs
             .iter()
