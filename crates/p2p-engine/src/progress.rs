@@ -453,6 +453,7 @@ impl Progress {
     /// the oldest request of every comm. Ok(true) if anything happened;
     /// Err(reason) when the connection must stop.
     pub fn step(&mut self) -> Result<bool, Failure> {
+        let mut clock = RoundClock::start();
         let mut busy = false;
         loop {
             match self.cmds.try_recv() {
@@ -466,11 +467,15 @@ impl Progress {
                 }
             }
         }
+        clock.lap(Phase::Cmds);
         for c in self.all() {
             let p = c.post()?;
+            clock.lap(Phase::Post);
             let t = c.test()?;
+            clock.lap(Phase::Test);
             busy |= p || t;
         }
+        clock.end();
         Ok(busy)
     }
 
@@ -500,6 +505,63 @@ impl Progress {
     }
 }
 
+/// A round that held the engine this long is traced with its phases.
+const LONG_ROUND: Duration = Duration::from_micros(300);
+
+/// A round's phases (see [`RoundClock`]).
+#[derive(Clone, Copy)]
+enum Phase {
+    Cmds,
+    Post,
+    Test,
+}
+
+/// Where a round's time goes, kept only while tracing is on (no clock is
+/// read otherwise): a round over [`LONG_ROUND`] is traced with the time of
+/// each phase; what is left passed between them (the thread off its core).
+/// Under UCCL's benchmark on 2 × H200, posting rounds took up to 2.4 ms
+/// (`benchmarks/results/2026-11-28-h200x2-caller-helps/`).
+struct RoundClock {
+    start: Option<Instant>,
+    last: Option<Instant>,
+    spent: [Duration; 3],
+}
+
+impl RoundClock {
+    fn start() -> Self {
+        let now = tracing::enabled!(tracing::Level::TRACE).then(Instant::now);
+        RoundClock {
+            start: now,
+            last: now,
+            spent: [Duration::ZERO; 3],
+        }
+    }
+
+    /// The time since the last lap goes to `phase`.
+    fn lap(&mut self, phase: Phase) {
+        if let Some(last) = self.last {
+            let now = Instant::now();
+            self.spent[phase as usize] += now - last;
+            self.last = Some(now);
+        }
+    }
+
+    fn end(&self) {
+        let Some(start) = self.start else { return };
+        let all = start.elapsed();
+        if all > LONG_ROUND {
+            let us = |d: Duration| u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
+            tracing::trace!(
+                us = us(all),
+                cmds_us = us(self.spent[Phase::Cmds as usize]),
+                post_us = us(self.spent[Phase::Post as usize]),
+                test_us = us(self.spent[Phase::Test as usize]),
+                "lat: long round"
+            );
+        }
+    }
+}
+
 /// A connection's progress engine, shared: its own thread drives it, and so
 /// do callers that post work or wait for it when they find it free (which
 /// saves the thread hand-offs that dominate small-message latency).
@@ -512,6 +574,9 @@ pub struct Engine {
     /// failing the connection) is left to the round, which stops the
     /// engine when it returns.
     owner: AtomicU64,
+    /// Callers' rounds not run since the last one that ran, for the lock
+    /// being held (traced).
+    turned_away: AtomicU64,
     /// Why a stop was asked for from inside a round.
     stop_asked: Mutex<Option<Failure>>,
 }
@@ -541,6 +606,7 @@ impl Engine {
             spin: p.spin,
             state: Mutex::new(Some(p)),
             owner: AtomicU64::new(0),
+            turned_away: AtomicU64::new(0),
             stop_asked: Mutex::new(None),
         }
     }
@@ -615,8 +681,17 @@ impl Engine {
     /// round not run here needs the progress thread).
     pub fn try_step(&self) -> Result<bool, Failure> {
         match self.state.try_lock() {
-            Some(mut g) => self.round(&mut g),
-            None => Ok(true),
+            Some(mut g) => {
+                let away = self.turned_away.swap(0, Ordering::Relaxed);
+                if away > 0 {
+                    tracing::trace!(away, "lat: engine was busy");
+                }
+                self.round(&mut g)
+            }
+            None => {
+                self.turned_away.fetch_add(1, Ordering::Relaxed);
+                Ok(true)
+            }
         }
     }
 
@@ -646,7 +721,11 @@ impl Engine {
         let mut last_busy = Instant::now();
         loop {
             let (busy, outstanding) = {
+                let asked = tracing::enabled!(tracing::Level::TRACE).then(Instant::now);
                 let mut g = self.state.lock();
+                if let Some(waited) = asked.map(|t| t.elapsed()).filter(|w| *w > LONG_ROUND) {
+                    tracing::trace!(us = waited.as_micros() as u64, "lat: engine lock waited");
+                }
                 match self.owned_step(&mut g) {
                     None => return Until::Stopped(Failure::Lost("stopped".into())),
                     Some(Ok(b)) => (b, g.as_mut().is_some_and(|p| p.outstanding())),
@@ -676,6 +755,32 @@ impl Engine {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_rounds_clock_reads_no_clock_without_tracing_and_gives_each_lap_to_its_phase() {
+        // Timed only while tracing is on (as `TCPX_P2P_LOG=trace` sets it);
+        // off, no lap reads the clock.
+        let tracing_on = tracing::enabled!(tracing::Level::TRACE);
+        let mut clock = RoundClock::start();
+        assert_eq!(clock.start.is_some(), tracing_on);
+        std::thread::sleep(Duration::from_millis(1));
+        clock.lap(Phase::Post);
+        assert_eq!(clock.spent[Phase::Post as usize].is_zero(), !tracing_on);
+        // Timed: each lap's time goes to the phase it names, and only there.
+        let t = Instant::now();
+        let mut on = RoundClock {
+            start: Some(t),
+            last: Some(t),
+            spent: [Duration::ZERO; 3],
+        };
+        std::thread::sleep(Duration::from_millis(2));
+        on.lap(Phase::Post);
+        on.lap(Phase::Test);
+        assert!(on.spent[Phase::Post as usize] >= Duration::from_millis(2));
+        assert_eq!(on.spent[Phase::Cmds as usize], Duration::ZERO);
+        assert!(on.spent[Phase::Test as usize] < Duration::from_millis(2));
+        on.end();
+    }
     use crate::net::socket::{test_config, test_pair};
     use crate::transfer::Status;
 
