@@ -871,9 +871,11 @@ impl RxHandle {
             return Landed::No;
         }
         *budget -= h.len as usize;
+        tracing::trace!(seq, stream = rx.lane.index, "lat: poster lands");
         // The application's GPU context is put back after the copy.
         let _ctx = crate::gpu::ContextGuard::save();
         rx.stager.bind_here();
+        tracing::trace!(seq, "lat: poster bound");
         let landed = rx.step(Duration::ZERO).and_then(|flow| {
             // Its copy to the device (if any) is waited for here: the
             // task is idle and would not complete it.

@@ -173,10 +173,18 @@ impl<T> StagingPool<T> {
     }
 
     fn put(&self, st: Staging<T>) {
-        let mut free = self.free.lock();
-        if free.len() < self.keep {
-            free.push(st);
-        }
+        let extra = {
+            let mut free = self.free.lock();
+            if free.len() < self.keep {
+                free.push(st);
+                None
+            } else {
+                Some(st)
+            }
+        };
+        // One more than the pool keeps is let go outside its lock (freeing
+        // pinned memory takes milliseconds).
+        drop(extra);
     }
 }
 
@@ -266,6 +274,7 @@ impl<T> Stager<T> {
             None => match pooled() {
                 // Made on another thread: its GPU current on this one.
                 Some(st) => {
+                    tracing::trace!("lat: staging from the pool");
                     crate::gpu::bind_here(device)?;
                     st
                 }
