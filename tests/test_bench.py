@@ -446,7 +446,8 @@ def test_tcp_counters_snapshot_and_changes(tmp_path):
 def test_sendrecv_loop_checks_bytes_and_writes_every_round(tmp_path):
     """benchmarks/sendrecv_loop.py (UCCL's blocking send/recv loop) end to
     end on host memory: every size's first message checked on both sides,
-    every round kept. Figures are not asserted."""
+    every round kept, with and without the receiver lagging. Figures are
+    not asserted."""
     script = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "sendrecv_loop.py")
     out = tmp_path / "loop.json"
     r = subprocess.run(
@@ -461,6 +462,21 @@ def test_sendrecv_loop_checks_bytes_and_writes_every_round(tmp_path):
     for row in doc["rows"]:
         assert len(row["send_us"]) == len(row["recv_us"]) == 2 and row["iters"] == 20
         assert min(row["send_us"]) <= row["send_us_p50"] <= max(row["send_us"])
+    # The receiver lagging the sender (UCCL's server setting up each size):
+    # the same bytes checked, each round's slowest receive kept.
+    r = subprocess.run(
+        [sys.executable, script, "--sizes", "64K", "--rounds", "2", "--iters", "20", "--lag", "5", "--json", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    doc = json.load(open(out))
+    assert doc["lag_ms"] == 5
+    (row,) = doc["rows"]
+    assert len(row["recv_slowest_us"]) == len(row["recv_us"]) == 2
+    for slowest, mean in zip(row["recv_slowest_us"], row["recv_us"]):
+        assert slowest >= 0.9 * mean, (slowest, mean)
 
 
 def test_nixl_pack_keeps_what_the_loader_needs(tmp_path):
