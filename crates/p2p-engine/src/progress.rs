@@ -575,7 +575,7 @@ pub struct Engine {
     /// engine when it returns.
     owner: AtomicU64,
     /// Callers' rounds not run since the last one that ran, for the lock
-    /// being held (traced).
+    /// being held (counted and traced only while tracing is on).
     turned_away: AtomicU64,
     /// Why a stop was asked for from inside a round.
     stop_asked: Mutex<Option<Failure>>,
@@ -682,14 +682,19 @@ impl Engine {
     pub fn try_step(&self) -> Result<bool, Failure> {
         match self.state.try_lock() {
             Some(mut g) => {
-                let away = self.turned_away.swap(0, Ordering::Relaxed);
-                if away > 0 {
-                    tracing::trace!(away, "lat: engine was busy");
+                if tracing::enabled!(tracing::Level::TRACE) {
+                    let away = self.turned_away.swap(0, Ordering::Relaxed);
+                    if away > 0 {
+                        tracing::trace!(away, "lat: engine was busy");
+                    }
                 }
                 self.round(&mut g)
             }
             None => {
-                self.turned_away.fetch_add(1, Ordering::Relaxed);
+                // Counted only while traced: no shared write per call else.
+                if tracing::enabled!(tracing::Level::TRACE) {
+                    self.turned_away.fetch_add(1, Ordering::Relaxed);
+                }
                 Ok(true)
             }
         }

@@ -432,40 +432,42 @@ impl Rx {
                     rx_gpu_small(r, &dst, len, ring, land, shared, done)?;
                     return Ok(true);
                 }
-                let wins = windows(&dst, ring.slice());
-                self.inpart = Some(InPart {
-                    land,
-                    pieces: Vec::new(),
-                    at: 0,
-                    off: 0,
-                    until: stall_from_now(&self.lane),
-                    gpu: Some(GpuIn {
-                        dev: d,
-                        wins,
-                        next: 0,
-                        slot: None,
-                        got: 0,
-                    }),
-                });
-                self.read_in_part().map(|r| matches!(r, Read::Whole))
+                let gpu = GpuIn {
+                    dev: d,
+                    wins: windows(&dst, ring.slice()),
+                    next: 0,
+                    slot: None,
+                    got: 0,
+                };
+                self.begin_part(land, Vec::new(), Some(gpu))
             }
-            Some(MemKind::Host) if len > 0 => {
-                self.inpart = Some(InPart {
-                    land,
-                    pieces: dst,
-                    at: 0,
-                    off: 0,
-                    until: stall_from_now(&self.lane),
-                    gpu: None,
-                });
-                self.read_in_part().map(|r| matches!(r, Read::Whole))
-            }
+            Some(MemKind::Host) if len > 0 => self.begin_part(land, dst, None),
             _ => {
                 rx_part(r, &dst, stager, shared, done)?;
                 part_done(shared, land);
                 Ok(true)
             }
         }
+    }
+
+    /// Starts reading a part into `pieces` (host memory) or through the
+    /// staging (`gpu`), as far as its bytes have come: true once it is
+    /// whole ([`Rx::read_in_part`]).
+    fn begin_part(
+        &mut self,
+        land: Landing,
+        pieces: Vec<MemRef>,
+        gpu: Option<GpuIn>,
+    ) -> Result<bool, NetError> {
+        self.inpart = Some(InPart {
+            land,
+            pieces,
+            at: 0,
+            off: 0,
+            until: stall_from_now(&self.lane),
+            gpu,
+        });
+        self.read_in_part().map(|r| matches!(r, Read::Whole))
     }
 
     /// Reads what has come of the host part in progress. Where its bytes
