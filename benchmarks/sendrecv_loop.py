@@ -4,7 +4,10 @@ call is its loop's wall time over the iterations), through our Python API,
 two processes on this host. Host memory, or GPU memory with --gpus A,B
 (sender's and receiver's GPU). Each size is measured in --rounds rounds;
 the table gives medians, the JSON every round. The bytes of each size's
-first message are checked (SHA-256 on both sides).
+first message are checked (SHA-256 on both sides, and against the
+sender's pattern, saying where they differ); with --check-all the
+receiver checks every message (its buffer zeroed before each call, the
+checks left out of the time).
 
 With --lag MS the receiver starts each round's loop that long after the
 sender has started its own, as UCCL's server does while it sets up each
@@ -34,6 +37,34 @@ def parse_size(s):
     return int(s[:-1]) * UNITS[s[-1]] if s[-1] in UNITS else int(s)
 
 
+def pattern(n, seed):
+    """The `n` bytes a sender of seed `seed` sends."""
+    return (bytes((i * 31 + seed) & 0xFF for i in range(256)) * (n // 256 + 1))[:n]
+
+
+def where_differ(got, want):
+    """Where `got` differs from `want`, in words: the first byte that
+    differs, the 4 KiB pages that differ (as ranges of KiB), and what the
+    first bad bytes are (zeros: never written)."""
+    if got == want:
+        return None
+    first = next(i for i in range(len(want)) if got[i] != want[i])
+    bad = [i for i in range(0, len(want), 4096) if got[i : i + 4096] != want[i : i + 4096]]
+    runs = []
+    for i in bad:
+        if runs and runs[-1][1] == i:
+            runs[-1][1] = i + 4096
+        else:
+            runs.append([i, i + 4096])
+    spans = ", ".join(f"{a >> 10}-{b >> 10}" for a, b in runs[:16]) + (" ..." if len(runs) > 16 else "")
+    zeros = all(got[a:b] == bytes(b - a) for a, b in runs)
+    return (
+        f"first differing byte at {first} of {len(want)}; {len(bad)} of {(len(want) + 4095) // 4096} "
+        f"4 KiB pages differ (KiB {spans}); there: {got[first:first + 16].hex()} "
+        f"(wanted {want[first:first + 16].hex()})" + ("; all zeros (never written)" if zeros else "")
+    )
+
+
 class Buf:
     """`n` bytes of host memory (numpy-free: ctypes) or of one GPU (torch)."""
 
@@ -51,16 +82,32 @@ class Buf:
             self.torch = torch
             torch.cuda.set_device(gpu)
             self.buf = torch.zeros(n, dtype=torch.uint8, device=f"cuda:{gpu}")
+            # The zeroing runs on torch's stream, unordered with the
+            # engine's copies: it must be done before a receive can land.
+            torch.cuda.synchronize()
             self.ptr = self.buf.data_ptr()
 
     def fill(self, seed):
-        data = bytes((i * 31 + seed) & 0xFF for i in range(256)) * (self.n // 256 + 1)
+        data = pattern(self.n, seed)
         if self.gpu is None:
             self._c.memmove(self.ptr, data, self.n)
         else:
             t = self.torch.frombuffer(bytearray(data[: self.n]), dtype=self.torch.uint8)
             self.buf.copy_(t)
             self.torch.cuda.synchronize()
+
+    def zero(self):
+        if self.gpu is None:
+            self._c.memset(self.ptr, 0, self.n)
+        else:
+            self.buf.zero_()
+            self.torch.cuda.synchronize()
+
+    def bytes(self):
+        if self.gpu is None:
+            return self._c.string_at(self.ptr, self.n)
+        self.torch.cuda.synchronize()
+        return self.buf.cpu().numpy().tobytes()
 
     def digest(self):
         if self.gpu is None:
@@ -91,9 +138,13 @@ def side(rank, chan, a, out):
             call = ep.send if rank == 0 else ep.recv
             if rank == 0:
                 b.fill(n % 251)
-            # The first message: bytes checked on both sides.
+            # The first message: bytes checked on both sides, and against
+            # the sender's pattern where they differ.
             assert call(conn, mr, b.ptr, n), ep.last_error()
             res.setdefault(n, {"digest": b.digest(), "us": []})
+            want = pattern(n, n % 251)
+            if rank == 1:
+                res[n]["differ"] = where_differ(b.bytes(), want)
             iters = a.iters or max(20, min(5000, (256 << 20) // n))
             for _ in range(a.rounds):
                 chan.send("go") if rank == 0 else chan.recv()
@@ -102,11 +153,19 @@ def side(rank, chan, a, out):
                     time.sleep(a.lag / 1e3)
                 each = []
                 t = time.perf_counter()
-                for _ in range(iters):
+                for i in range(iters):
+                    if rank == 1 and a.check_all:
+                        b.zero()
                     c = time.perf_counter()
                     assert call(conn, mr, b.ptr, n), ep.last_error()
                     each.append(time.perf_counter() - c)
-                res[n]["us"].append((time.perf_counter() - t) / iters * 1e6)
+                    if rank == 1 and a.check_all:
+                        bad = where_differ(b.bytes(), want)
+                        if bad:
+                            raise AssertionError(f"size {n}, round {len(res[n]['us']) + 1}, message {i + 1}: {bad}")
+                # (With --check-all the checks are left out of the time.)
+                total = sum(each) if a.check_all else time.perf_counter() - t
+                res[n]["us"].append(total / iters * 1e6)
                 res[n].setdefault("slowest_us", []).append(max(each) * 1e6)
             res[n]["iters"] = iters
             chan.send("size done") if rank == 0 else chan.recv()
@@ -125,6 +184,7 @@ def main(argv=None):
     ap.add_argument("--iters", type=int, default=0, help="calls per round (0: by size)")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--lag", type=float, default=0, help="ms the receiver starts each round after the sender (0: together)")
+    ap.add_argument("--check-all", action="store_true", help="the receiver checks every message against the sender's pattern (its buffer zeroed before each; checks not timed)")
     ap.add_argument("--json", default="", help="write the results here")
     a = ap.parse_args(argv)
     a.sizes = [parse_size(s) for s in a.sizes.split(",") if s]
@@ -154,8 +214,8 @@ def main(argv=None):
     print(f"{'size':>8} {'send us':>9} {'recv us':>9} {'GB/s':>7} {'recv max':>9}  rounds (recv us)")
     for n in a.sizes:
         s, r = got[0][n], got[1][n]
-        if s["digest"] != r["digest"]:
-            print(f"size {n}: the bytes received differ from those sent", file=sys.stderr)
+        if s["digest"] != r["digest"] or r.get("differ"):
+            print(f"size {n}: the bytes received differ from those sent: {r.get('differ')}", file=sys.stderr)
             return 1
         ms, mr = statistics.median(s["us"]), statistics.median(r["us"])
         slow = statistics.median(r["slowest_us"])

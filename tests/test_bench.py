@@ -463,9 +463,10 @@ def test_sendrecv_loop_checks_bytes_and_writes_every_round(tmp_path):
         assert len(row["send_us"]) == len(row["recv_us"]) == 2 and row["iters"] == 20
         assert min(row["send_us"]) <= row["send_us_p50"] <= max(row["send_us"])
     # The receiver lagging the sender (UCCL's server setting up each size):
-    # the same bytes checked, each round's slowest receive kept.
+    # every message checked against the sender's pattern, each round's
+    # slowest receive kept.
     r = subprocess.run(
-        [sys.executable, script, "--sizes", "64K", "--rounds", "2", "--iters", "20", "--lag", "5", "--json", str(out)],
+        [sys.executable, script, "--sizes", "64K", "--rounds", "2", "--iters", "20", "--lag", "5", "--check-all", "--json", str(out)],
         capture_output=True,
         text=True,
         timeout=120,
@@ -477,6 +478,27 @@ def test_sendrecv_loop_checks_bytes_and_writes_every_round(tmp_path):
     assert len(row["recv_slowest_us"]) == len(row["recv_us"]) == 2
     for slowest, mean in zip(row["recv_slowest_us"], row["recv_us"]):
         assert slowest >= 0.9 * mean, (slowest, mean)
+
+
+def test_sendrecv_loop_says_where_bytes_differ():
+    """The loop's byte check names the first differing byte and the pages
+    that differ, and says when they were never written (zeros)."""
+    spec = importlib.util.spec_from_file_location("sendrecv_loop", ROOT / "benchmarks" / "sendrecv_loop.py")
+    loop = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(loop)
+    want = loop.pattern(1 << 20, 117)
+    assert len(want) == 1 << 20 and loop.where_differ(want, want) is None
+    got = bytearray(want)
+    got[256 << 10 : 512 << 10] = bytes(256 << 10)
+    said = loop.where_differ(bytes(got), want)
+    assert said.startswith("first differing byte at 262144 of 1048576; 64 of 256 4 KiB pages differ (KiB 256-512)")
+    assert said.endswith("all zeros (never written)")
+    got = bytearray(want)
+    got[5000] ^= 0xFF
+    got[900000] ^= 0xFF
+    said = loop.where_differ(bytes(got), want)
+    assert "first differing byte at 5000 " in said and "2 of 256 4 KiB pages differ (KiB 4-8, 876-880)" in said
+    assert "never written" not in said
 
 
 def test_nixl_pack_keeps_what_the_loader_needs(tmp_path):

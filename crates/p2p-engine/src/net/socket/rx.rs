@@ -46,12 +46,13 @@ fn complete(shared: &RecvShared, done: &mut Vec<Landing>) {
 fn rx_gpu_small(
     r: &mut StreamReader,
     dst: &[MemRef],
-    len: usize,
+    h: &PartHeader,
     ring: &mut Ring<Landing>,
     land: Landing,
     shared: &RecvShared,
     done: &mut Vec<Landing>,
 ) -> Result<(), NetError> {
+    let len = h.len as usize;
     timing::mark(Spent::Other);
     tracing::trace!(seq = land.seq, "lat: rx slot wanted");
     ring.next_slot(len, done)?;
@@ -61,7 +62,7 @@ fn rx_gpu_small(
     r.read_exact(ring.fill_buf(len)).map_err(read_err)?;
     timing::mark(Spent::Socket);
     timing::bytes(len);
-    tracing::trace!(seq = land.seq, "lat: rx payload");
+    super::trace_payload("rx", land.seq, h.off, ring.fill_buf(len));
     ring.fill(dst.iter().map(|m| (m.addr, m.len)), len, land);
     Ok(())
 }
@@ -237,6 +238,8 @@ struct InPart {
 /// worker held for as long as the sender took, up to the stall limit).
 struct GpuIn {
     dev: i32,
+    /// The message offset of the window being read.
+    off: u64,
     wins: Vec<Window>,
     /// The window being read, its slot once taken, and its bytes read.
     next: usize,
@@ -429,11 +432,12 @@ impl Rx {
                 // cannot block); any other is read a window at a time.
                 let here = r.buffered() + unread(&*r.s) >= len;
                 if here && len <= BATCH_PART.min(lane.slice) {
-                    rx_gpu_small(r, &dst, len, ring, land, shared, done)?;
+                    rx_gpu_small(r, &dst, &h, ring, land, shared, done)?;
                     return Ok(true);
                 }
                 let gpu = GpuIn {
                     dev: d,
+                    off: h.off,
                     wins: windows(&dst, ring.slice()),
                     next: 0,
                     slot: None,
@@ -589,6 +593,9 @@ impl Rx {
                     p.until = stall_from_now(lane);
                     g.got += n;
                     if g.got == wlen {
+                        let seq = p.land.seq;
+                        super::trace_payload("rx", seq, g.off, ring.slot_bytes(k, wlen));
+                        g.off += wlen as u64;
                         queue_window(ring, k, &g.wins[g.next].1, shared, done)?;
                         g.next += 1;
                         g.slot = None;

@@ -362,6 +362,17 @@ impl TxPipe {
         st.ring.wait(k)?;
         timing::mark(Spent::Copies);
         let data = st.ring.slot_bytes(k, p.wins[p.written].0);
+        if fresh && tracing::enabled!(tracing::Level::TRACE) {
+            // A large part's window lies past its windows written before.
+            let before: usize = p.wins[..p.written].iter().map(|w| w.0).sum();
+            let mut at = 0;
+            for o in &p.ops {
+                let n = if p.ops.len() == 1 { data.len() } else { o.len };
+                let off = o.head.off + before as u64;
+                super::trace_payload("tx", o.head.seq, off, &data[at..at + n]);
+                at += n;
+            }
+        }
         let out = &mut self.out;
         let now = |slices: &[&[u8]], done: &mut usize| write_slices_now(s, slices, done);
         let complete = match (sp.filter(|_| lend && p.lend), p.ops.as_slice(), p.written) {
