@@ -35,6 +35,7 @@ mod progress;
 mod proto;
 mod rma;
 mod rma_recvs;
+mod spin;
 pub mod timeout;
 mod topo;
 mod transfer;

@@ -332,9 +332,24 @@ struct Inner {
     /// Every worker alive: its thread id and whether it runs a task now
     /// (for [`Inner::a_busy_worker_sleeps`]).
     seats: Mutex<Vec<Arc<Seat>>>,
-    /// Whether a worker's thread sleeps in the kernel ([`thread_sleeps`];
-    /// a test may answer for the kernel).
+    /// What the pool asks of the machine (a test may answer for it).
+    probes: Probes,
+}
+
+/// What a pool asks of the machine: the real answers, or a test's.
+#[derive(Clone, Copy)]
+struct Probes {
+    /// Whether a thread sleeps in the kernel ([`thread_sleeps`]).
     sleeps: fn(libc::pid_t) -> bool,
+    /// Whether busy-waiting pays now ([`crate::spin::spinning_pays`]).
+    spin_pays: fn() -> bool,
+}
+
+impl Probes {
+    const REAL: Probes = Probes {
+        sleeps: thread_sleeps,
+        spin_pays: crate::spin::spinning_pays,
+    };
 }
 
 /// A worker as the poller sees it.
@@ -424,16 +439,15 @@ impl Workers {
         cpus: Option<Arc<[usize]>>,
         keep_idle: Duration,
     ) -> std::io::Result<Self> {
-        Self::build(name, cpus, keep_idle, thread_sleeps)
+        Self::build(name, cpus, keep_idle, Probes::REAL)
     }
 
-    /// As [`Workers::with_keep_idle`], asking `sleeps` whether a worker's
-    /// thread sleeps in the kernel.
+    /// As [`Workers::with_keep_idle`], asking `probes` of the machine.
     fn build(
         name: &'static str,
         cpus: Option<Arc<[usize]>>,
         keep_idle: Duration,
-        sleeps: fn(libc::pid_t) -> bool,
+        probes: Probes,
     ) -> std::io::Result<Self> {
         let poll = Poll::new()?;
         let registry = poll.registry().try_clone()?;
@@ -462,7 +476,7 @@ impl Workers {
             summoned: AtomicBool::new(false),
             epoch: Instant::now(),
             seats: Mutex::default(),
-            sleeps,
+            probes,
         });
         let weak = Arc::downgrade(&inner);
         let cpus = inner.cpus.clone();
@@ -495,7 +509,8 @@ impl Workers {
     /// [`set_spin`]: Workers::set_spin
     pub(crate) fn keep_spinning(&self, d: Duration) {
         let inner = &self.inner;
-        if d.is_zero() || inner.spin_ns.load(Ordering::Relaxed) == 0 {
+        if d.is_zero() || inner.spin_ns.load(Ordering::Relaxed) == 0 || !(inner.probes.spin_pays)()
+        {
             return;
         }
         let until = inner.now_ns().saturating_add(d.as_nanos() as u64);
@@ -515,6 +530,7 @@ impl Workers {
         let inner = &self.inner;
         inner.spin_ns.load(Ordering::Relaxed) != 0
             && inner.now_ns() < inner.spin_until.load(Ordering::Acquire)
+            && (inner.probes.spin_pays)()
     }
 
     /// Whether work waits for a worker with none idle: a task lingering
@@ -695,7 +711,7 @@ impl Inner {
         // does (which then spins through the callers' window too).
         self.summoned.store(false, Ordering::Release);
         let spin = self.spin_ns.load(Ordering::Relaxed);
-        if spin == 0 || self.spinning.swap(true, Ordering::AcqRel) {
+        if spin == 0 || !(self.probes.spin_pays)() || self.spinning.swap(true, Ordering::AcqRel) {
             return None;
         }
         let own = self.now_ns().saturating_add(spin);
@@ -898,7 +914,7 @@ impl Inner {
         seats
             .iter()
             .filter(|s| s.busy.load(Ordering::Acquire) && !s.lingering.load(Ordering::Acquire))
-            .any(|s| (self.sleeps)(s.tid))
+            .any(|s| (self.probes.sleeps)(s.tid))
     }
 
     /// Queues a job taken off the poller (one closed meanwhile ends here).
@@ -1048,6 +1064,13 @@ fn run_job(pool: &Weak<Inner>, job: Job) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The machine answered as having CPUs to spare, so that spinning is
+    /// tested whatever else runs beside the tests.
+    const SPIN_PAYS: Probes = Probes {
+        spin_pays: || true,
+        ..Probes::REAL
+    };
     use std::io::{Read, Write};
     use std::net::{TcpListener, TcpStream};
     use std::os::fd::AsRawFd;
@@ -1096,7 +1119,11 @@ mod tests {
         // test answers for the kernel, which would otherwise report a
         // worker asleep for a moment on a lock or a page), so none is
         // added. Each new worker used to be added for such a wait.
-        let w = Workers::build("test-io", None, Duration::from_secs(5), |_| false).unwrap();
+        let probes = Probes {
+            sleeps: |_| false,
+            ..Probes::REAL
+        };
+        let w = Workers::build("test-io", None, Duration::from_secs(5), probes).unwrap();
         let base = w.inner.base();
         let homes: Vec<_> = (0..3 * base)
             .map(|_| w.start(Box::new(Spinner(Duration::from_millis(100)))))
@@ -1593,7 +1620,7 @@ mod tests {
     fn a_spinning_worker_takes_every_wake_and_stops_spinning() {
         // One idle worker spins for the next job: wakes that come while it
         // spins, and after it gave up and slept, each give a turn.
-        let w = Workers::with_keep_idle("test-io", None, Duration::from_millis(50)).unwrap();
+        let w = Workers::build("test-io", None, Duration::from_millis(50), SPIN_PAYS).unwrap();
         w.set_spin(Duration::from_millis(20));
         let n = Arc::new(AtomicU64::new(0));
         let home = w.start_idle(Box::new(Counter(n.clone())));
@@ -1620,7 +1647,7 @@ mod tests {
 
     #[test]
     fn a_waiting_caller_keeps_a_worker_spinning_for_its_window() {
-        let w = Workers::with_keep_idle("test-io", None, Duration::from_secs(5)).unwrap();
+        let w = Workers::build("test-io", None, Duration::from_secs(5), SPIN_PAYS).unwrap();
         let n = Arc::new(AtomicU64::new(0));
         let home = w.start_idle(Box::new(Counter(n.clone())));
         // Spinning off: nothing is summoned.
@@ -1653,7 +1680,7 @@ mod tests {
 
     #[test]
     fn a_callers_window_is_seen_while_it_lasts_and_only_with_spinning_on() {
-        let w = Workers::with_keep_idle("test-io", None, Duration::from_secs(5)).unwrap();
+        let w = Workers::build("test-io", None, Duration::from_secs(5), SPIN_PAYS).unwrap();
         w.keep_spinning(Duration::from_secs(30));
         assert!(!w.caller_waiting(), "spinning off: no window");
         w.set_spin(Duration::from_micros(100));
@@ -1662,6 +1689,29 @@ mod tests {
         assert!(w.caller_waiting(), "inside the window");
         std::thread::sleep(Duration::from_millis(300));
         assert!(!w.caller_waiting(), "the window has passed");
+    }
+
+    #[test]
+    fn nothing_spins_where_spinning_does_not_pay() {
+        let probes = Probes {
+            spin_pays: || false,
+            ..Probes::REAL
+        };
+        let w = Workers::build("test-io", None, Duration::from_secs(5), probes).unwrap();
+        w.set_spin(Duration::from_micros(100));
+        w.keep_spinning(Duration::from_secs(30));
+        assert!(!w.caller_waiting(), "no window kept");
+        assert!(
+            !w.inner.summoned.load(Ordering::SeqCst),
+            "no worker summoned"
+        );
+        let n = Arc::new(AtomicU64::new(0));
+        let home = w.start_idle(Box::new(Counter(n.clone())));
+        home.kick();
+        assert!(until(Duration::from_secs(10), || n.load(Ordering::SeqCst) == 1));
+        // The worker goes to sleep rather than spin for the next job.
+        std::thread::sleep(Duration::from_millis(50));
+        assert!(!w.inner.spinning.load(Ordering::SeqCst));
     }
 
     #[test]

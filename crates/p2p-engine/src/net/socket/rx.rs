@@ -339,7 +339,7 @@ impl Rx {
         // sleeping (once): a receive posted right after the last one
         // completed then finds this stream awake, not waiting for a
         // condition variable's wake-up (up to milliseconds on a VM).
-        let mut spun = lane.spin.is_zero() || limit.is_zero();
+        let mut spun = lane.spin.is_zero() || limit.is_zero() || !crate::spin::spinning_pays();
         loop {
             let mut book = shared.book.lock();
             if shared.closing.load(Ordering::Acquire) {

@@ -121,7 +121,7 @@ pub(super) fn unread(s: &impl std::os::fd::AsRawFd) -> usize {
 /// Spins until `s` has bytes to read or `spin` has passed (at once when
 /// `spin` is zero).
 pub(crate) fn poll_readable(s: &impl std::os::fd::AsRawFd, spin: Duration) {
-    if spin.is_zero() {
+    if spin.is_zero() || !crate::spin::spinning_pays() {
         return;
     }
     let start = Instant::now();

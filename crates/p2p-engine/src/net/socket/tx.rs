@@ -547,7 +547,7 @@ fn next_op(
         if let Some(op) = take_spilled(spill, queued) {
             return Next::Op(op);
         }
-        if start.elapsed() < spin || workers.caller_waiting() {
+        if (start.elapsed() < spin && crate::spin::spinning_pays()) || workers.caller_waiting() {
             std::hint::spin_loop();
             continue;
         }
