@@ -12,9 +12,12 @@
 //! threads spinning, 2.6 and 7.9 with spinning turned off.
 //!
 //! So, as Go's scheduler spins a thread only while a processor is idle, the
-//! engine spins only while the machine has no more runnable threads than
-//! CPUs: the running count of `/proc/loadavg`, read at most every
-//! [`REFRESH`] by whichever thread asks first.
+//! engine spins only while some CPU is idle: while the running count of
+//! `/proc/loadavg` (the asking thread among them) is below the CPUs
+//! online, read at most every [`REFRESH`] by whichever thread asks first.
+//! (Spinning also through the moment every CPU is taken, up to one more
+//! runnable thread than CPUs, read lower on the same machine: 10 MB 4.35
+//! against 5.03 GB/s, blocking send / recv 256 MiB 15.6 against 19.1.)
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::OnceLock;
@@ -51,15 +54,15 @@ fn parse_running(loadavg: &str) -> Option<u64> {
     field.split_once('/')?.0.parse().ok()
 }
 
-/// More runnable threads (the asking one among them) than CPUs.
+/// No CPU idle: as many runnable threads (the asking one among them) as
+/// CPUs, or more.
 fn oversubscribed(running: u64, cpus: u64) -> bool {
-    running > cpus
+    running >= cpus
 }
 
 /// Whether a thread of ours may busy-wait now: true unless the last
-/// reading of the machine's load (at most [`REFRESH`] old) found more
-/// runnable threads than CPUs. Where the load cannot be read, spinning is
-/// left as configured.
+/// reading of the machine's load (at most [`REFRESH`] old) found no CPU
+/// idle. Where the load cannot be read, spinning is left as configured.
 pub(crate) fn spinning_pays() -> bool {
     let now = u64::try_from(epoch().elapsed().as_nanos())
         .unwrap_or(u64::MAX)
@@ -101,9 +104,10 @@ mod tests {
     }
 
     #[test]
-    fn spinning_stops_once_runnable_threads_outnumber_the_cpus() {
+    fn spinning_stops_once_no_cpu_is_idle() {
         assert!(!oversubscribed(1, 16));
-        assert!(!oversubscribed(16, 16));
+        assert!(!oversubscribed(15, 16));
+        assert!(oversubscribed(16, 16));
         assert!(oversubscribed(17, 16));
         assert!(oversubscribed(34, 16));
         assert!(online_cpus() >= 1);

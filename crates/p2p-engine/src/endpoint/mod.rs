@@ -777,7 +777,7 @@ impl Endpoint {
         // Busy phase: drive the connection's progress from this thread (no
         // hand-off to wait for), then sleep on the transfer.
         let deadline = crate::timeout::deadline(timeout);
-        // (No spinning on a machine with more runnable threads than CPUs.)
+        // (No spinning while no CPU is idle: see `crate::spin`.)
         let busy = if crate::spin::spinning_pays() {
             self.inner.cfg.wait_spin
         } else {
