@@ -59,7 +59,7 @@ fn parse_running(loadavg: &str) -> Option<u64> {
 
 /// No CPU idle: as many runnable threads (the asking one among them) as
 /// CPUs, or more.
-fn oversubscribed(running: u64, cpus: u64) -> bool {
+fn no_cpu_idle(running: u64, cpus: u64) -> bool {
     running >= cpus
 }
 
@@ -81,7 +81,7 @@ pub(crate) fn spinning_pays() -> bool {
             .as_deref()
             .and_then(parse_running)
         {
-            let pays = !oversubscribed(running, online_cpus());
+            let pays = !no_cpu_idle(running, online_cpus());
             if PAYS.swap(pays, Ordering::Relaxed) != pays {
                 tracing::trace!(running, cpus = online_cpus(), pays, "lat: spinning pays");
             }
@@ -108,11 +108,11 @@ mod tests {
 
     #[test]
     fn spinning_stops_once_no_cpu_is_idle() {
-        assert!(!oversubscribed(1, 16));
-        assert!(!oversubscribed(15, 16));
-        assert!(oversubscribed(16, 16));
-        assert!(oversubscribed(17, 16));
-        assert!(oversubscribed(34, 16));
+        assert!(!no_cpu_idle(1, 16));
+        assert!(!no_cpu_idle(15, 16));
+        assert!(no_cpu_idle(16, 16));
+        assert!(no_cpu_idle(17, 16));
+        assert!(no_cpu_idle(34, 16));
         assert!(online_cpus() >= 1);
     }
 
