@@ -216,12 +216,43 @@ fn check_mapped(addr: u64, len: usize) -> Result<()> {
     Ok(())
 }
 
+/// Hashes the registry's own ids for its maps. The ids come from one
+/// counter and only the registry inserts them; a peer only looks them up,
+/// so the map needs no keyed hash against chosen collisions. The low bits
+/// are the id itself, so that ids made one after another (UCCL's
+/// `advertisev`, one per block) sit in neighbouring buckets and a list of
+/// them resolves with few cache misses; the top seven bits, which the map
+/// compares first, are mixed from the whole id. (SipHash scattered them:
+/// 131,072 descriptors resolved at 120-190 ns each on the 2-core box.)
+#[derive(Default, Clone, Copy)]
+struct IdHasher(u64);
+
+impl Hasher for IdHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        // Keys are u64 ids; any other input is folded in whole.
+        for &b in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(b);
+        }
+    }
+
+    fn write_u64(&mut self, id: u64) {
+        self.0 = id;
+    }
+
+    fn finish(&self) -> u64 {
+        const LOW: u64 = (1 << 57) - 1;
+        (self.0 & LOW) | (self.0.wrapping_mul(0x9E37_79B9_7F4A_7C15) & !LOW)
+    }
+}
+
+type IdMap<V> = HashMap<u64, V, std::hash::BuildHasherDefault<IdHasher>>;
+
 /// Regions and advertisements of one endpoint.
 #[derive(Default)]
 pub struct Registry {
     next_id: AtomicU64,
-    regions: RwLock<HashMap<u64, Arc<Region>>>,
-    adverts: RwLock<HashMap<u64, Advert>>,
+    regions: RwLock<IdMap<Arc<Region>>>,
+    adverts: RwLock<IdMap<Advert>>,
 }
 
 impl Registry {
@@ -631,5 +662,62 @@ mod tests {
     #[test]
     fn random_values_differ() {
         assert_ne!(random_u64(), random_u64());
+    }
+
+    #[test]
+    fn ids_hash_to_themselves_below_and_mixed_above() {
+        let hash = |id: u64| {
+            let mut h = IdHasher::default();
+            h.write_u64(id);
+            h.finish()
+        };
+        const LOW: u64 = (1 << 57) - 1;
+        // Ids made one after another land in neighbouring buckets...
+        for id in [1u64, 2, 3, 1000, 131_072, LOW] {
+            assert_eq!(hash(id) & LOW, id);
+        }
+        // ...and the seven bits compared first tell them apart.
+        let tops: std::collections::HashSet<u64> = (1..=128u64).map(|id| hash(id) >> 57).collect();
+        assert!(tops.len() > 64, "{} distinct of 128", tops.len());
+        // Other input is folded in, never dropped.
+        let mut h = IdHasher::default();
+        h.write(&[1, 2, 3]);
+        assert_ne!(h.finish(), IdHasher::default().finish());
+    }
+
+    #[test]
+    fn many_adverts_resolve_in_any_order_and_forged_ones_do_not() {
+        let reg = Registry::new();
+        let n = 4096usize;
+        let buf = vec![0u8; n * 64];
+        let base = buf.as_ptr() as u64;
+        let r = reg.register(base, buf.len()).unwrap();
+        let toks: Vec<Token> = (0..n)
+            .map(|i| {
+                reg.advertise(r.id, base + (i * 64) as u64, 64, Some(7))
+                    .unwrap()
+            })
+            .collect();
+        let mut res = reg.resolver(7);
+        for i in (0..n).rev().step_by(3).chain(0..n) {
+            assert_eq!(
+                res.resolve(toks[i], base + (i * 64) as u64, 64).unwrap().id,
+                r.id
+            );
+            // Not past its own block, nor under another's secret or id.
+            assert!(res.resolve(toks[i], base + (i * 64) as u64, 65).is_err());
+        }
+        let forged = Token {
+            id: toks[5].id,
+            secret: toks[5].secret ^ 1,
+        };
+        assert!(reg.resolver(7).resolve(forged, base + 5 * 64, 64).is_err());
+        let unknown = Token {
+            id: toks[n - 1].id + 1_000_000,
+            secret: toks[5].secret,
+        };
+        assert!(reg.resolver(7).resolve(unknown, base, 64).is_err());
+        // Another connection may not use them.
+        assert!(reg.resolver(8).resolve(toks[0], base, 64).is_err());
     }
 }
