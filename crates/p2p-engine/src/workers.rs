@@ -1064,6 +1064,10 @@ fn run_job(pool: &Weak<Inner>, job: Job) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::io::{Read, Write};
+    use std::net::{TcpListener, TcpStream};
+    use std::os::fd::AsRawFd;
+    use std::sync::atomic::AtomicU64;
 
     /// The machine answered as having CPUs to spare, so that spinning is
     /// tested whatever else runs beside the tests.
@@ -1071,10 +1075,6 @@ mod tests {
         spin_pays: || true,
         ..Probes::REAL
     };
-    use std::io::{Read, Write};
-    use std::net::{TcpListener, TcpStream};
-    use std::os::fd::AsRawFd;
-    use std::sync::atomic::AtomicU64;
 
     #[test]
     fn the_pool_grows_past_its_base_ever_more_slowly() {

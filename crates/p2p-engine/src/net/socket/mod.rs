@@ -277,20 +277,6 @@ impl SocketNet {
     }
 }
 
-/// Parts are never cut smaller than this (nor than `min_part`, where that
-/// is smaller): 128 KiB parts were tuned on nvidia-h200-x2 (32 cores).
-const SPLIT_FLOOR: usize = 128 << 10;
-
-/// How many parts a message of `len` bytes is cut into (at most): a count
-/// that grows with the square root of the size, `1 MiB / min_part` parts
-/// for 1 MiB, each part at least [`SPLIT_FLOOR`] (or `min_part`, if
-/// smaller). Each part's fixed work -- threads woken, copies queued and
-/// waited for, on both sides -- adds up where cores are not spare, while
-/// its bytes are shared out: `n` parts take about `n·c + len/(n·b)`, least
-/// at `n ∝ √len`. Measured on one H100 (16 cores, both sides on it), GPU
-/// blocking write: 256 KiB in 2 parts 185 µs p50, in 1 part 235-259; 1 MiB
-/// send in 4 parts 255-285, in 8 parts 418-561, and 8 in flight 7.7
-/// against 6.7 GB/s.
 /// While tracing is on, what a staged payload holds (its first eight
 /// bytes, whether every byte is zero), where `side` (`tx`, `rx`) saw it:
 /// bytes a receive lands wrong can then be traced to the wire or not.
@@ -312,6 +298,20 @@ pub(super) fn trace_payload(side: &'static str, seq: u64, off: u64, bytes: &[u8]
     }
 }
 
+/// Parts are never cut smaller than this (nor than `min_part`, where that
+/// is smaller): 128 KiB parts were tuned on nvidia-h200-x2 (32 cores).
+const SPLIT_FLOOR: usize = 128 << 10;
+
+/// How many parts a message of `len` bytes is cut into (at most): a count
+/// that grows with the square root of the size, `1 MiB / min_part` parts
+/// for 1 MiB, each part at least [`SPLIT_FLOOR`] (or `min_part`, if
+/// smaller). Each part's fixed work -- threads woken, copies queued and
+/// waited for, on both sides -- adds up where cores are not spare, while
+/// its bytes are shared out: `n` parts take about `n·c + len/(n·b)`, least
+/// at `n ∝ √len`. Measured on one H100 (16 cores, both sides on it), GPU
+/// blocking write: 256 KiB in 2 parts 185 µs p50, in 1 part 235-259; 1 MiB
+/// send in 4 parts 255-285, in 8 parts 418-561, and 8 in flight 7.7
+/// against 6.7 GB/s.
 fn part_count(len: usize, streams: usize, min_part: usize) -> usize {
     let min_part = min_part.max(1);
     let by_size = len.div_ceil(min_part.min(SPLIT_FLOOR));
