@@ -18,6 +18,25 @@ receiver's slowest call of each round is shown beside its loop's time.
     python benchmarks/sendrecv_loop.py --sizes 64K,1M --rounds 5
     python benchmarks/sendrecv_loop.py --sizes 256K,1M --iters 10 --rounds 20 --lag 20
     python benchmarks/sendrecv_loop.py --memory gpu --gpus 0,1 --sizes 64K,1M,16M,256M
+
+With --shape uccl each round is one of UCCL's sizes as its benchmark runs
+it: the buffer made anew the way it makes it (`torch.ones(n // 4).cuda()`
+for GPU memory, which from 256 KB up fills on PyTorch's OpenMP team and
+leaves that team spinning), registered, one warm-up call, then --iters
+calls (default 10) timed at once, with no barrier between warm-up and loop.
+The sender's buffer then holds the pattern, the receiver's is zeroed (both
+done before registering); the warm-up message and the last one are
+checked.
+
+With --via raw the same loop runs over the reference instead of our
+engine: one plain TCP connection (Python sockets, Nagle off), a GPU buffer
+staged through pinned host memory on each side (a synchronous copy out
+before `sendall`, in after the last byte arrives). It has no threads to
+hand work to, so it shows what the machine leaves for a transfer in the
+same loop (NCCL refuses two ranks on one GPU).
+
+    python benchmarks/sendrecv_loop.py --memory gpu --shape uccl --sizes 64K,256K,1M,10M --rounds 6
+    python benchmarks/sendrecv_loop.py --memory gpu --shape uccl --via raw --sizes 64K,256K,1M,10M --rounds 6
 """
 
 import argparse
@@ -68,7 +87,7 @@ def where_differ(got, want):
 class Buf:
     """`n` bytes of host memory (numpy-free: ctypes) or of one GPU (torch)."""
 
-    def __init__(self, n, gpu):
+    def __init__(self, n, gpu, uccl=False):
         self.n, self.gpu = n, gpu
         if gpu is None:
             import ctypes
@@ -81,11 +100,20 @@ class Buf:
 
             self.torch = torch
             torch.cuda.set_device(gpu)
-            self.buf = torch.zeros(n, dtype=torch.uint8, device=f"cuda:{gpu}")
-            # The zeroing runs on torch's stream, unordered with the
+            if uccl and n % 4 == 0:
+                # As UCCL's benchmark makes it: filled on the CPU (on
+                # PyTorch's OpenMP team from 65,536 floats up), then copied.
+                self.buf = torch.ones(n // 4, dtype=torch.float32).cuda().view(torch.uint8)
+            else:
+                self.buf = torch.zeros(n, dtype=torch.uint8, device=f"cuda:{gpu}")
+            # The fill runs on torch's stream, unordered with the
             # engine's copies: it must be done before a receive can land.
             torch.cuda.synchronize()
             self.ptr = self.buf.data_ptr()
+
+    def view(self):
+        """The buffer's bytes as a writable memoryview (host memory)."""
+        return memoryview(self.buf).cast("B")
 
     def fill(self, seed):
         data = pattern(self.n, seed)
@@ -113,31 +141,141 @@ class Buf:
         return hashlib.sha256(self.bytes()).hexdigest()
 
 
-def side(rank, chan, a, out):
-    try:
+class RawLink:
+    """The reference: one plain TCP connection between the two ranks, GPU
+    buffers staged through pinned host memory (see the module's doc)."""
+
+    def __init__(self, rank, chan, cap, gpu):
+        import socket
+
+        if rank == 1:
+            ls = socket.create_server(("127.0.0.1", 0))
+            chan.send(ls.getsockname()[1])
+            self.sock, _ = ls.accept()
+            ls.close()
+        else:
+            self.sock = socket.create_connection(("127.0.0.1", chan.recv()))
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.host = None
+        if gpu is not None:
+            import torch
+
+            self.host = torch.empty(cap, dtype=torch.uint8).pin_memory()
+            self.host_view = memoryview(self.host.numpy()).cast("B")
+
+    def send(self, b):
+        if b.gpu is None:
+            self.sock.sendall(b.view())
+            return True
+        # A copy to pageable-or-pinned host memory waits for the GPU.
+        self.host[: b.n].copy_(b.buf)
+        self.sock.sendall(self.host_view[: b.n])
+        return True
+
+    def recv(self, b):
+        view = b.view() if b.gpu is None else self.host_view[: b.n]
+        got = 0
+        while got < b.n:
+            k = self.sock.recv_into(view[got:], b.n - got)
+            if k == 0:
+                raise ConnectionError(f"the raw TCP reference's peer closed after {got} of {b.n} bytes")
+            got += k
+        if b.gpu is not None:
+            b.buf.copy_(self.host[: b.n])
+            b.torch.cuda.synchronize()
+        return True
+
+
+class EngineLink:
+    """Our engine through its Python API (UCCL's `p2p.Endpoint`)."""
+
+    def __init__(self, rank, chan, gpu):
         from tcpx_p2p import p2p
 
-        gpus = [int(g) for g in a.gpus.split(",")] if a.gpus else None
-        gpu = gpus[rank] if gpus else None
-        ep = p2p.Endpoint(gpu)
+        self.ep = ep = p2p.Endpoint(gpu)
         if rank == 1:
             chan.send(bytes(ep.get_metadata()))
-            ok, _, _, conn = ep.accept()
+            ok, _, _, self.conn = ep.accept()
         else:
             ip, port, r_gpu = p2p.Endpoint.parse_metadata(chan.recv())
-            ok, conn = ep.connect(ip, r_gpu, remote_port=port)
+            ok, self.conn = ep.connect(ip, r_gpu, remote_port=port)
         assert ok, ep.last_error()
+        self.mrs = {}
+
+    def reg(self, b):
+        ok, self.mrs[b.ptr] = self.ep.reg(b.ptr, b.n)
+        assert ok, self.ep.last_error()
+
+    def dereg(self, b):
+        self.ep.dereg(self.mrs.pop(b.ptr))
+
+    def send(self, b):
+        assert self.ep.send(self.conn, self.mrs[b.ptr], b.ptr, b.n), self.ep.last_error()
+        return True
+
+    def recv(self, b):
+        assert self.ep.recv(self.conn, self.mrs[b.ptr], b.ptr, b.n), self.ep.last_error()
+        return True
+
+
+def uccl_round(rank, link, n, gpu, iters, seed):
+    """One size as UCCL's benchmark runs it: the buffer made anew, one
+    warm-up call, `iters` calls timed at once. Returns (time per call,
+    slowest call, where the warm-up's bytes differ, where the last's do)."""
+    b = Buf(n, gpu, uccl=True)
+    if rank == 0:
+        b.fill(seed)
+    else:
+        b.zero()
+    if hasattr(link, "reg"):
+        link.reg(b)
+    call = link.send if rank == 0 else link.recv
+    call(b)
+    want = pattern(n, seed)
+    first = where_differ(b.bytes(), want) if rank == 1 else None
+    if rank == 1:
+        b.zero()
+    each = []
+    t = time.perf_counter()
+    for _ in range(iters):
+        c = time.perf_counter()
+        call(b)
+        each.append(time.perf_counter() - c)
+    total = time.perf_counter() - t
+    last = where_differ(b.bytes(), want) if rank == 1 else None
+    if hasattr(link, "dereg"):
+        link.dereg(b)
+    return total / iters * 1e6, max(each) * 1e6, first, last
+
+
+def side(rank, chan, a, out):
+    try:
+        gpus = [int(g) for g in a.gpus.split(",")] if a.gpus else None
+        gpu = gpus[rank] if gpus else None
+        link = RawLink(rank, chan, max(a.sizes), gpu) if a.via == "raw" else EngineLink(rank, chan, gpu)
         res = {}
         for n in a.sizes:
+            if a.shape == "uccl":
+                r = res[n] = {"us": [], "slowest_us": [], "iters": a.iters or 10}
+                for k in range(a.rounds):
+                    chan.send("go") if rank == 0 else chan.recv()
+                    chan.recv() if rank == 0 else chan.send("ready")
+                    us, slow, first, last = uccl_round(rank, link, n, gpu, r["iters"], (n + k) % 251)
+                    if first or last:
+                        raise AssertionError(f"size {n}, round {k + 1}: " + (f"warm-up message: {first}" if first else f"last message: {last}"))
+                    r["us"].append(us)
+                    r["slowest_us"].append(slow)
+                    r["digest"] = "checked by the receiver"
+                continue
             b = Buf(n, gpu)
-            ok, mr = ep.reg(b.ptr, n)
-            assert ok, ep.last_error()
-            call = ep.send if rank == 0 else ep.recv
+            if hasattr(link, "reg"):
+                link.reg(b)
+            call = link.send if rank == 0 else link.recv
             if rank == 0:
                 b.fill(n % 251)
             # The first message: bytes checked on both sides, and against
             # the sender's pattern where they differ.
-            assert call(conn, mr, b.ptr, n), ep.last_error()
+            call(b)
             res.setdefault(n, {"digest": b.digest(), "us": []})
             want = pattern(n, n % 251)
             if rank == 1:
@@ -154,7 +292,7 @@ def side(rank, chan, a, out):
                     if rank == 1 and a.check_all:
                         b.zero()
                     c = time.perf_counter()
-                    assert call(conn, mr, b.ptr, n), ep.last_error()
+                    call(b)
                     each.append(time.perf_counter() - c)
                     if rank == 1 and a.check_all:
                         bad = where_differ(b.bytes(), want)
@@ -165,6 +303,8 @@ def side(rank, chan, a, out):
                 res[n]["us"].append(total / iters * 1e6)
                 res[n].setdefault("slowest_us", []).append(max(each) * 1e6)
             res[n]["iters"] = iters
+            if hasattr(link, "dereg"):
+                link.dereg(b)
             chan.send("size done") if rank == 0 else chan.recv()
         out.put((rank, "ok", res))
     except BaseException:
@@ -182,6 +322,8 @@ def main(argv=None):
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--lag", type=float, default=0, help="ms the receiver starts each round after the sender (0: together)")
     ap.add_argument("--check-all", action="store_true", help="the receiver checks every message against the sender's pattern (its buffer zeroed before each; checks not timed)")
+    ap.add_argument("--shape", choices=["loop", "uccl"], default="loop", help="uccl: each round one size as UCCL's benchmark runs it (buffer made anew, one warm-up, --iters calls, default 10)")
+    ap.add_argument("--via", choices=["engine", "raw"], default="engine", help="raw: the same loop over one plain TCP connection (the reference)")
     ap.add_argument("--json", default="", help="write the results here")
     a = ap.parse_args(argv)
     a.sizes = [parse_size(s) for s in a.sizes.split(",") if s]
@@ -189,6 +331,8 @@ def main(argv=None):
         a.gpus = "0,0"
     if a.memory == "host":
         a.gpus = ""
+    if a.shape == "uccl" and a.lag:
+        ap.error("--lag is for --shape loop (in UCCL's shape the receiver lags as it sets up)")
     os.environ.setdefault("TCPX_P2P_IFNAME", "lo")
     ctx = mp.get_context("spawn")
     c0, c1 = ctx.Pipe()
@@ -228,13 +372,14 @@ def main(argv=None):
             }
         )
         each = " ".join(f"{x:.1f}" for x in r["us"])
-        # With --lag the sender's loop runs ahead of the receiver's: the
-        # receiver's time is the row's.
-        per = mr if a.lag else max(ms, mr)
+        # With --lag (and in UCCL's shape, whose rows are its server's) the
+        # sender's loop runs ahead of the receiver's: the receiver's time is
+        # the row's.
+        per = mr if a.lag or a.shape == "uccl" else max(ms, mr)
         print(f"{n:>8} {ms:9.1f} {mr:9.1f} {n / per / 1e3:7.2f} {slow:9.1f}  {each}")
     if a.json:
         with open(a.json, "w") as f:
-            json.dump({"memory": a.memory, "gpus": a.gpus, "lag_ms": a.lag, "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "rows": rows}, f, indent=1)
+            json.dump({"memory": a.memory, "gpus": a.gpus, "lag_ms": a.lag, "shape": a.shape, "via": a.via, "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "rows": rows}, f, indent=1)
     return 0
 
 

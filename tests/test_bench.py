@@ -480,6 +480,50 @@ def test_sendrecv_loop_checks_bytes_and_writes_every_round(tmp_path):
         assert slowest >= 0.9 * mean, (slowest, mean)
 
 
+def test_sendrecv_loop_in_uccls_shape_over_the_engine_and_the_raw_reference(tmp_path):
+    """In UCCL's shape (each round a buffer made anew, one warm-up, the
+    calls timed at once) over our engine and over the plain TCP reference:
+    the warm-up and last messages of every round are checked by the
+    receiver (a failed check fails the run), every round is kept."""
+    script = ROOT / "benchmarks" / "sendrecv_loop.py"
+    for via in ("engine", "raw"):
+        out = tmp_path / f"{via}.json"
+        r = subprocess.run(
+            [sys.executable, str(script), "--shape", "uccl", "--via", via, "--sizes", "4K,1M", "--rounds", "3", "--json", str(out)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert r.returncode == 0, r.stdout + r.stderr
+        doc = json.loads(out.read_text())
+        assert doc["shape"] == "uccl" and doc["via"] == via
+        assert [row["bytes"] for row in doc["rows"]] == [4096, 1 << 20]
+        for row in doc["rows"]:
+            assert row["iters"] == 10 and len(row["recv_us"]) == len(row["recv_slowest_us"]) == 3
+    # The receiver lags by itself in this shape: --lag is refused.
+    r = subprocess.run([sys.executable, str(script), "--shape", "uccl", "--lag", "5"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "--lag is for --shape loop" in r.stderr
+
+
+def test_the_raw_reference_refuses_a_short_message():
+    """The raw reference's receive fails, saying how far it got, when its
+    peer closes mid-message (never a silent short read)."""
+    spec = importlib.util.spec_from_file_location("sendrecv_loop", ROOT / "benchmarks" / "sendrecv_loop.py")
+    loop = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(loop)
+    import socket
+
+    a, b = socket.socketpair()
+    link = loop.RawLink.__new__(loop.RawLink)
+    link.sock, link.host = b, None
+    buf = loop.Buf(8192, None)
+    a.sendall(b"x" * 5000)
+    a.close()
+    with pytest.raises(ConnectionError, match="after 5000 of 8192 bytes"):
+        link.recv(buf)
+    assert buf.bytes()[:5000] == b"x" * 5000
+
+
 def test_sendrecv_loop_says_where_bytes_differ():
     """The loop's byte check names the first differing byte and the pages
     that differ, and says when they were never written (zeros)."""
