@@ -44,6 +44,7 @@ use std::sync::{Arc, Weak};
 use std::thread::Thread;
 use std::time::{Duration, Instant};
 
+use crate::spin::Spin;
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use mio::unix::SourceFd;
 use mio::{Events, Interest, Poll, Token};
@@ -341,14 +342,17 @@ struct Inner {
 struct Probes {
     /// Whether a thread sleeps in the kernel ([`thread_sleeps`]).
     sleeps: fn(libc::pid_t) -> bool,
-    /// Whether busy-waiting pays now ([`crate::spin::spinning_pays`]).
+    /// Whether a thread could busy-wait now ([`crate::spin::spinning_pays`]).
     spin_pays: fn() -> bool,
+    /// Leave for this thread to busy-wait ([`crate::spin::start`]).
+    spin: fn() -> Option<Spin>,
 }
 
 impl Probes {
     const REAL: Probes = Probes {
         sleeps: thread_sleeps,
         spin_pays: crate::spin::spinning_pays,
+        spin: crate::spin::start,
     };
 }
 
@@ -528,9 +532,10 @@ impl Workers {
     /// watch its socket or queue instead, for the window.
     pub(crate) fn caller_waiting(&self) -> bool {
         let inner = &self.inner;
+        // (Whether the machine lets the watching thread spin is asked by
+        // it: `crate::spin::start`.)
         inner.spin_ns.load(Ordering::Relaxed) != 0
             && inner.now_ns() < inner.spin_until.load(Ordering::Acquire)
-            && (inner.probes.spin_pays)()
     }
 
     /// Whether work waits for a worker with none idle: a task lingering
@@ -711,12 +716,16 @@ impl Inner {
         // does (which then spins through the callers' window too).
         self.summoned.store(false, Ordering::Release);
         let spin = self.spin_ns.load(Ordering::Relaxed);
-        if spin == 0 || !(self.probes.spin_pays)() || self.spinning.swap(true, Ordering::AcqRel) {
+        if spin == 0 || self.spinning.swap(true, Ordering::AcqRel) {
             return None;
         }
+        let Some(leave) = (self.probes.spin)() else {
+            self.spinning.store(false, Ordering::Release);
+            return None;
+        };
         let own = self.now_ns().saturating_add(spin);
         let mut got = None;
-        while got.is_none() && !self.stopping.load(Ordering::Acquire) {
+        while got.is_none() && !self.stopping.load(Ordering::Acquire) && leave.pays() {
             let until = own.max(self.spin_until.load(Ordering::Acquire));
             if self.now_ns() >= until {
                 break;
@@ -1073,6 +1082,7 @@ mod tests {
     /// tested whatever else runs beside the tests.
     const SPIN_PAYS: Probes = Probes {
         spin_pays: || true,
+        spin: || Some(Spin::uncounted()),
         ..Probes::REAL
     };
 
@@ -1695,6 +1705,7 @@ mod tests {
     fn nothing_spins_where_spinning_does_not_pay() {
         let probes = Probes {
             spin_pays: || false,
+            spin: || None,
             ..Probes::REAL
         };
         let w = Workers::build("test-io", None, Duration::from_secs(5), probes).unwrap();

@@ -777,19 +777,19 @@ impl Endpoint {
         // Busy phase: drive the connection's progress from this thread (no
         // hand-off to wait for), then sleep on the transfer.
         let deadline = crate::timeout::deadline(timeout);
-        // (No spinning while no CPU is idle: see `crate::spin`.)
-        let busy = if crate::spin::spinning_pays() {
-            self.inner.cfg.wait_spin
-        } else {
-            Duration::ZERO
-        };
+        // (No spinning unless the machine leaves CPUs idle: see
+        // `crate::spin`.)
+        let busy = self.inner.cfg.wait_spin;
         let spin = timeout.map_or(busy, |d| d.min(busy));
         let conn = self.inner.conns.read().get(&t.conn).cloned();
-        if !spin.is_zero() && !t.ended() {
+        if let Some(leave) = (!spin.is_zero() && !t.ended())
+            .then(crate::spin::start)
+            .flatten()
+        {
             // Its next steps may be jobs of the I/O workers: one spins too.
             self.inner.params.workers.keep_spinning(spin);
             let start = Instant::now();
-            while !t.ended() && start.elapsed() < spin && crate::spin::spinning_pays() {
+            while !t.ended() && start.elapsed() < spin && leave.pays() {
                 // Each round keeps the window's end, and where the spinning
                 // worker went off with a job, brings another idle one to
                 // spin (one spins at a time).

@@ -339,7 +339,7 @@ impl Rx {
         // sleeping (once): a receive posted right after the last one
         // completed then finds this stream awake, not waiting for a
         // condition variable's wake-up (up to milliseconds on a VM).
-        let mut spun = lane.spin.is_zero() || limit.is_zero() || !crate::spin::spinning_pays();
+        let mut spun = lane.spin.is_zero() || limit.is_zero();
         loop {
             let mut book = shared.book.lock();
             if shared.closing.load(Ordering::Acquire) {
@@ -373,15 +373,19 @@ impl Rx {
                 // (Earlier messages' copies have landed: their receives
                 // can complete, and the caller post this one.)
                 spun = true;
-                drop(book);
-                let spin_until = now + lane.spin.min(until - now);
-                while shared.posted.load(Ordering::Acquire) <= seq
-                    && !shared.closing.load(Ordering::Acquire)
-                    && Instant::now() < spin_until
-                {
-                    std::hint::spin_loop();
+                // (As the machine allows: see `crate::spin`.)
+                if let Some(leave) = crate::spin::start() {
+                    drop(book);
+                    let spin_until = now + lane.spin.min(until - now);
+                    while shared.posted.load(Ordering::Acquire) <= seq
+                        && !shared.closing.load(Ordering::Acquire)
+                        && Instant::now() < spin_until
+                        && leave.pays()
+                    {
+                        std::hint::spin_loop();
+                    }
+                    continue;
                 }
-                continue;
             }
             shared
                 .cv
@@ -1003,9 +1007,14 @@ impl Rx {
         if !self.workers.caller_waiting() || self.shared.book.lock().due.is_empty() {
             return;
         }
+        // (As the machine allows: see `crate::spin`.)
+        let Some(leave) = crate::spin::start() else {
+            return;
+        };
         while self.workers.caller_waiting()
             && !readable_now(&self.r.s)
             && !self.shared.closing.load(Ordering::Acquire)
+            && leave.pays()
         {
             std::hint::spin_loop();
         }

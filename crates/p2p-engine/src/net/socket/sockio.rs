@@ -121,11 +121,11 @@ pub(super) fn unread(s: &impl std::os::fd::AsRawFd) -> usize {
 /// Spins until `s` has bytes to read or `spin` has passed (at once when
 /// `spin` is zero).
 pub(crate) fn poll_readable(s: &impl std::os::fd::AsRawFd, spin: Duration) {
-    if spin.is_zero() || !crate::spin::spinning_pays() {
+    let Some(leave) = (!spin.is_zero()).then(crate::spin::start).flatten() else {
         return;
-    }
+    };
     let start = Instant::now();
-    while !readable_now(s) && start.elapsed() < spin {
+    while !readable_now(s) && start.elapsed() < spin && leave.pays() {
         std::hint::spin_loop();
     }
 }

@@ -538,6 +538,7 @@ fn next_op(
     let start = Instant::now();
     let mut gave_back = false;
     let mut linger_end = None;
+    let mut leave: Option<crate::spin::Spin> = None;
     loop {
         match rx.try_recv() {
             Ok(op) => return Next::Op(op),
@@ -547,10 +548,21 @@ fn next_op(
         if let Some(op) = take_spilled(spill, queued) {
             return Next::Op(op);
         }
-        if (start.elapsed() < spin && crate::spin::spinning_pays()) || workers.caller_waiting() {
-            std::hint::spin_loop();
-            continue;
+        if start.elapsed() < spin || workers.caller_waiting() {
+            // (As the machine allows: see `crate::spin`.)
+            let spinning = match &leave {
+                Some(l) => l.pays(),
+                None => {
+                    leave = crate::spin::start();
+                    leave.is_some()
+                }
+            };
+            if spinning {
+                std::hint::spin_loop();
+                continue;
+            }
         }
+        leave = None;
         if !gave_back {
             // The staging goes back to the endpoint's pool while the
             // stream waits (a ring made anew costs milliseconds, and
