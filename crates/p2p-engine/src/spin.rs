@@ -34,7 +34,7 @@
 //! (`OMP_NUM_THREADS=1`: 256 KB 3.4-3.9 against 2.4-2.6 with none) and the
 //! blocking write's latency (4 KiB p50 37-38 µs).
 
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
@@ -86,6 +86,12 @@ fn allowance(running: u64, ours: usize, cpus: u64) -> usize {
     usize::try_from(cpus.saturating_sub(others) / 4).unwrap_or(usize::MAX)
 }
 
+/// No CPU idle beside the asking thread: other runnable threads (not our
+/// spinners, which give their CPUs up at once) take every other CPU.
+fn full(running: u64, ours: usize, cpus: u64) -> bool {
+    running.saturating_sub(ours as u64) >= cpus
+}
+
 /// The process's spinning threads and how many the machine allows.
 pub(crate) struct Spinners {
     /// Threads holding a [`Spin`] now.
@@ -94,6 +100,9 @@ pub(crate) struct Spinners {
     allowed: AtomicUsize,
     /// When the load was last read (ns past [`epoch`]; 0: never).
     checked_ns: AtomicU64,
+    /// Whether the last reading found no CPU idle beside the reading
+    /// thread ([`machine_full`]).
+    full: AtomicBool,
     /// Reads the machine's runnable threads (`/proc/loadavg`; a test's).
     running: fn() -> Option<u64>,
     cpus: fn() -> u64,
@@ -112,6 +121,7 @@ impl Spinners {
             now: AtomicUsize::new(0),
             allowed: AtomicUsize::new(UNREAD),
             checked_ns: AtomicU64::new(0),
+            full: AtomicBool::new(false),
             running,
             cpus,
         }
@@ -133,9 +143,14 @@ impl Spinners {
             // Where the load cannot be read, spinning is left as
             // configured: one thread, as on a machine with CPUs to spare.
             let ours = self.now.load(Ordering::Relaxed);
-            let allowed = (self.running)().map_or(ours.max(1), |running| {
+            let running = (self.running)();
+            let allowed = running.map_or(ours.max(1), |running| {
                 allowance(running, ours, (self.cpus)())
             });
+            self.full.store(
+                running.is_some_and(|r| full(r, ours, (self.cpus)())),
+                Ordering::Relaxed,
+            );
             if self.allowed.swap(allowed, Ordering::Relaxed) != allowed {
                 tracing::trace!(allowed, ours, cpus = (self.cpus)(), "lat: spinners allowed");
             }
@@ -198,6 +213,32 @@ impl Drop for Spin {
 /// Leave for this thread to busy-wait now (None: it should sleep).
 pub(crate) fn start() -> Option<Spin> {
     SPINNERS.start()
+}
+
+/// Whether the machine has no CPU idle (at the last reading, at most
+/// [`REFRESH`] old): work handed to another thread of ours would wait for
+/// a CPU (a scheduler's slice, milliseconds), so a thread that has one
+/// does the work itself.
+pub(crate) fn machine_full() -> bool {
+    #[cfg(test)]
+    if let Some(full) = FULL_HERE.with(|f| f.get()) {
+        return full;
+    }
+    SPINNERS.refresh();
+    SPINNERS.full.load(Ordering::Relaxed)
+}
+
+#[cfg(test)]
+thread_local! {
+    /// A test's answer to [`machine_full`], on its own thread.
+    static FULL_HERE: std::cell::Cell<Option<bool>> = const { std::cell::Cell::new(None) };
+}
+
+/// Answers [`machine_full`] on the calling thread (tests; None: the
+/// machine's own answer).
+#[cfg(test)]
+pub(crate) fn answer_full_here(full: Option<bool>) {
+    FULL_HERE.with(|f| f.set(full));
 }
 
 /// Whether a thread of ours could busy-wait now (one more spinner fits in
@@ -276,6 +317,24 @@ mod tests {
         // A test's leave counts against nothing.
         assert!(Spin::uncounted().pays());
         assert_eq!(s.now.load(Ordering::SeqCst), 0);
+    }
+
+    #[test]
+    fn the_machine_is_full_once_other_threads_take_every_cpu() {
+        assert!(full(16, 0, 16));
+        assert!(full(40, 0, 16));
+        assert!(!full(15, 0, 16), "one idle");
+        // Our spinners give their CPUs up at once: not counted.
+        assert!(!full(20, 8, 16));
+        assert!(full(17, 1, 16));
+        assert!(full(2, 0, 2) && !full(1, 0, 2));
+        // A test answers for the machine on its own thread only.
+        answer_full_here(Some(true));
+        assert!(machine_full());
+        std::thread::spawn(|| assert_eq!(FULL_HERE.with(|f| f.get()), None))
+            .join()
+            .unwrap();
+        answer_full_here(None);
     }
 
     #[test]

@@ -1,6 +1,8 @@
 //! Posting sends: a message is cut into parts, each queued to its
-//! stream's send task (on the endpoint's I/O workers) -- or, for a lone small message on an idle stream,
-//! written by the posting thread itself without waking anyone.
+//! stream's send task (on the endpoint's I/O workers) -- or, for a lone
+//! small message on an idle stream, and for any message up to 1 MiB while
+//! the machine has no CPU idle (`crate::spin::machine_full`), written by
+//! the posting thread itself without waking anyone.
 
 use std::collections::HashMap;
 use std::io::IoSlice;
@@ -46,6 +48,15 @@ const LONE_GAP: Duration = Duration::from_micros(50);
 /// hundred MiB, whose parts are given at once.
 const AHEAD: usize = 4 << 20;
 
+/// Messages up to this size are written by the posting thread (what an
+/// idle stream's socket takes at once) when the machine has no CPU idle.
+/// Measured on the 2-core box with two CPU hogs, host memory, UCCL's loop
+/// (`sendrecv_loop.py --shape uccl`): 64 KiB 0.07-0.09 → 0.76-2.38 GB/s,
+/// 256 KiB 0.16-0.20 → 0.73-8.22, 1 MiB 0.48-0.57 → 1.23-1.33; 10 MiB
+/// read lower (2.07-2.91 → 1.48-1.89), so larger messages go to the
+/// streams' threads as before.
+const FULL_DIRECT_MAX: usize = 1 << 20;
+
 pub(super) struct SocketSend {
     txs: Vec<Sender<TxOp>>,
     socks: Vec<Arc<TcpStream>>,
@@ -60,6 +71,10 @@ pub(super) struct SocketSend {
     /// The posting thread's own pinned slot, for small GPU parts it copies
     /// and writes itself when their stream is idle.
     inline_staging: Stager<()>,
+    /// A ring of the streams' pool (one slot of a stream's slice), taken by
+    /// the posting thread for a larger GPU part it writes itself when no
+    /// CPU is idle, and given back after.
+    full_staging: Stager<()>,
     /// When the last `isend` returned: a part is written (a GPU part copied
     /// and written) inline only when it does not follow another post
     /// closely (a lone message, where latency counts); a burst (KV blocks)
@@ -111,6 +126,7 @@ impl SocketSend {
             // here: making it binds the GPU's context on the calling
             // (application) thread.
             inline_staging: Stager::<()>::lazy(INLINE_MAX, 1),
+            full_staging: Stager::pooled(staging.clone(), cfg.staging_slice, 1),
             last_post: Instant::now(),
             lone_gap: if cfg.spin.is_zero() {
                 LONE_GAP
@@ -202,13 +218,20 @@ impl SocketSend {
         Some(op)
     }
 
-    /// A small GPU part on an idle stream: copied out by this thread and
+    /// A GPU part on an idle stream (a small one, or one up to a stream's
+    /// staging slice when no CPU is idle): copied out by this thread and
     /// written without blocking, so that no I/O thread has to wake for it.
     /// Returns what is left for the stream's thread (as host bytes) if the
     /// socket took only part of it.
     fn send_gpu_inline(&mut self, k: usize, dev: i32, op: TxOp) -> Result<Option<TxOp>, NetError> {
         let len = op.len;
-        let st = self.inline_staging.get(dev)?;
+        let big = len > INLINE_MAX;
+        let stager = if big {
+            &mut self.full_staging
+        } else {
+            &mut self.inline_staging
+        };
+        let st = stager.get(dev)?;
         let data = st
             .ring
             .stage_out(op.pieces.iter().map(|m| (m.addr, m.len)), |step| {
@@ -223,10 +246,7 @@ impl SocketSend {
         let sent = socket2::SockRef::from(&*self.socks[k])
             .send_vectored_with_flags(&iov, libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL)
             .unwrap_or(0);
-        if sent == HDR_LEN + len {
-            return Ok(None);
-        }
-        Ok(Some(TxOp {
+        let rest = (sent < HDR_LEN + len).then(|| TxOp {
             head: op.head,
             hdr: op.hdr,
             pieces: Vec::new(),
@@ -234,7 +254,12 @@ impl SocketSend {
             owned: Some(data.to_vec()),
             req: op.req,
             skip: sent,
-        }))
+        });
+        if big {
+            // The ring goes back for the streams (and the next such part).
+            self.full_staging.give_back();
+        }
+        Ok(rest)
     }
 }
 
@@ -282,6 +307,12 @@ impl SendComm for SocketSend {
             error: Mutex::new(None),
         });
         let lone = self.last_post.elapsed() >= self.lone_gap;
+        // With no CPU idle, a part handed to a stream's task waits for a
+        // CPU (a scheduler's slice); this thread has one: it writes what
+        // an idle stream's socket takes of a message up to FULL_DIRECT_MAX
+        // itself (larger ones gain more from the streams' threads writing
+        // at once than they lose to their wake-ups).
+        let full = segs.total <= FULL_DIRECT_MAX && crate::spin::machine_full();
         // Parts follow parts already spilled (a stream takes its parts in
         // the order they were posted: a part never goes ahead of an
         // earlier message's on one stream).
@@ -318,15 +349,20 @@ impl SendComm for SocketSend {
                 continue;
             }
             let kind = uniform_kind(&op.pieces);
-            // A lone small part is written by this thread when its stream
-            // is idle: the stream is held (its count taken from 0) so that
-            // its task does not take a spilled part and write meanwhile.
-            let direct = len <= INLINE_MAX
-                && lone
-                && matches!(kind, Some(MemKind::Host | MemKind::Cuda(_)))
-                && self.queued[k]
-                    .compare_exchange(0, weight, Ordering::AcqRel, Ordering::Acquire)
-                    .is_ok();
+            // A lone small part -- or, with no CPU idle, a part of a message
+            // up to FULL_DIRECT_MAX (a GPU one up to a staging slice) -- is
+            // written by this thread when its stream is idle: the stream is
+            // held (its count taken from 0) so that its task does not take a
+            // spilled part and write meanwhile.
+            let direct = match kind {
+                Some(MemKind::Host) => (len <= INLINE_MAX && lone) || full,
+                Some(MemKind::Cuda(_)) => {
+                    (len <= INLINE_MAX && lone) || (full && len <= self.cfg.staging_slice)
+                }
+                _ => false,
+            } && self.queued[k]
+                .compare_exchange(0, weight, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok();
             if direct {
                 let written = match kind {
                     Some(MemKind::Cuda(dev)) => self.send_gpu_inline(k, dev, op),

@@ -1127,6 +1127,119 @@ fn second_raw_stream(
     s1
 }
 
+#[test]
+fn with_no_cpu_idle_the_posting_thread_writes_a_message_up_to_1_mib_itself() {
+    // The machine answered as full on the posting thread: a 256 KiB host
+    // message (above the inline size, posted right after the last, so not
+    // "lone") is written by `isend` itself, complete when it returns, with
+    // no stream's task run for it; a 2 MiB one, and any with CPUs idle, go
+    // to the stream's task. Every part read back by a raw receiver, byte
+    // for byte.
+    let (_net, mut s, mut s0, _l) = big_buffered_sender(77);
+    let check = whole_part;
+    let n = 256 << 10;
+    crate::spin::answer_full_here(Some(true));
+    for seq in 0..4u64 {
+        let src: Vec<u8> = (0..n).map(|i| (i * 7 + seq as usize * 3) as u8).collect();
+        let q = send_all(s_dyn(&mut s), &src);
+        assert_eq!(
+            s.test(q).unwrap(),
+            Some(n),
+            "message {seq}: left to the stream's task"
+        );
+        check(&mut s0, seq, &src);
+    }
+    // Over 1 MiB, and with CPUs idle: the stream's task writes them.
+    let big: Vec<u8> = (0..2usize << 20).map(|i| (i / 3) as u8).collect();
+    let q = send_all(s_dyn(&mut s), &big);
+    check(&mut s0, 4, &big);
+    assert_eq!(wait(|| s.test(q)), big.len());
+    crate::spin::answer_full_here(Some(false));
+    let src: Vec<u8> = (0..n).map(|i| (i * 13) as u8).collect();
+    let q = send_all(s_dyn(&mut s), &src);
+    check(&mut s0, 5, &src);
+    assert_eq!(wait(|| s.test(q)), n);
+    crate::spin::answer_full_here(None);
+}
+
+#[test]
+fn with_no_cpu_idle_the_posting_thread_writes_a_gpu_message_up_to_a_slice_itself() {
+    // As above, GPU memory: a 256 KiB part (above the inline size) is
+    // copied out through a ring of the streams' pool and written by
+    // `isend` itself. Skipped without a GPU.
+    use crate::gpu;
+    if !gpu::available() {
+        eprintln!("no GPU: skipped");
+        return;
+    }
+    let dev = gpu::Device::get(0).unwrap();
+    let (_net, mut s, mut s0, _l) = big_buffered_sender(78);
+    let n = 256 << 10;
+    let buf = gpu::DeviceBuf::new(&dev, n).unwrap();
+    crate::spin::answer_full_here(Some(true));
+    for seq in 0..4u64 {
+        let src: Vec<u8> = (0..n).map(|i| (i * 11 + seq as usize) as u8).collect();
+        // SAFETY: both ranges are n bytes, ours.
+        #[allow(unsafe_code)]
+        unsafe { gpu::copy_sync(buf.ptr, src.as_ptr() as u64, n) }.unwrap();
+        let mem = MemRef {
+            addr: buf.ptr,
+            len: n,
+            kind: MemKind::Cuda(0),
+        };
+        let q = s.isend(mem, MrHandle(0)).unwrap().unwrap();
+        assert_eq!(
+            s.test(q).unwrap(),
+            Some(n),
+            "message {seq}: left to the stream's task"
+        );
+        whole_part(&mut s0, seq, &src);
+    }
+    crate::spin::answer_full_here(None);
+}
+
+/// A one-stream sender (parts up to 4 MiB) with large socket buffers on
+/// both ends, to a raw receiver (its stream accepted, the hello read): the
+/// net, the comm, the receiver's stream and its listener.
+fn big_buffered_sender(
+    nonce: u64,
+) -> (
+    SocketNet,
+    super::send::SocketSend,
+    TcpStream,
+    std::net::TcpListener,
+) {
+    use std::io::Read;
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    socket2::SockRef::from(&l)
+        .set_recv_buffer_size(8 << 20)
+        .unwrap();
+    let handle = Handle {
+        addr: l.local_addr().unwrap(),
+        streams: 1,
+        nonce,
+        min_part: 4 << 20,
+    }
+    .encode();
+    let net = SocketNet::new(SocketConfig {
+        sockbuf: 8 << 20,
+        ..cfg(1)
+    });
+    let s = net.connect_here(&handle, Arc::new(|| {})).unwrap();
+    let (mut s0, _) = l.accept().unwrap();
+    let mut hello = [0u8; super::wire::HELLO_LEN];
+    s0.read_exact(&mut hello).unwrap();
+    (net, s, s0, l)
+}
+
+/// Reads one part from a raw stream and checks it is message `seq` whole,
+/// byte for byte `src`.
+fn whole_part(s0: &mut TcpStream, seq: u64, src: &[u8]) {
+    let (h, data) = read_part(s0);
+    assert_eq!((h.seq, h.off, data.len()), (seq, 0, src.len()));
+    assert!(data == src, "message {seq}'s bytes");
+}
+
 /// Reads one part (header and payload) from a raw stream.
 fn read_part(s: &mut TcpStream) -> (PartHeader, Vec<u8>) {
     use std::io::Read;
