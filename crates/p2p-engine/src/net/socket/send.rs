@@ -51,10 +51,10 @@ const AHEAD: usize = 4 << 20;
 /// Messages up to this size are written by the posting thread (what an
 /// idle stream's socket takes at once) when the machine has no CPU idle.
 /// Measured on the 2-core box with two CPU hogs, host memory, UCCL's loop
-/// (`sendrecv_loop.py --shape uccl`): 64 KiB 0.07-0.09 → 0.76-2.38 GB/s,
-/// 256 KiB 0.16-0.20 → 0.73-8.22, 1 MiB 0.48-0.57 → 1.23-1.33; 10 MiB
-/// read lower (2.07-2.91 → 1.48-1.89), so larger messages go to the
-/// streams' threads as before.
+/// (`sendrecv_loop.py --shape uccl`): 64 KiB 0.07-0.99 → 3.17-3.58 GB/s,
+/// 256 KiB 0.16-0.22 → 1.56-6.04, 1 MiB 0.48-0.66 → 1.25-1.48. Written
+/// this way at any size, 10 MiB read lower (2.07-2.91 → 1.48-1.89), so
+/// larger messages go to the streams' threads as before.
 const FULL_DIRECT_MAX: usize = 1 << 20;
 
 pub(super) struct SocketSend {
