@@ -102,6 +102,11 @@ pub fn open(name: String) {
     });
 }
 
+/// Whether this thread has an account open (see [`start`]).
+pub fn is_open() -> bool {
+    ACCOUNT.with(|a| a.borrow().is_some())
+}
+
 /// Charges the time since the previous mark to `what`.
 pub fn mark(what: Spent) {
     ACCOUNT.with(|a| {

@@ -364,10 +364,27 @@ impl SendComm for SocketSend {
                 .compare_exchange(0, weight, Ordering::AcqRel, Ordering::Acquire)
                 .is_ok();
             if direct {
+                // Accounted as the stream's own writes are (`timing`, with
+                // debug logging): this thread's share of its bytes.
+                let _account = (!timing::is_open()).then(|| {
+                    timing::start(|| {
+                        let peer = self.socks[k]
+                            .peer_addr()
+                            .map(|a| a.to_string())
+                            .unwrap_or_default();
+                        format!("tx stream {k} to {peer}")
+                    })
+                });
                 let written = match kind {
                     Some(MemKind::Cuda(dev)) => self.send_gpu_inline(k, dev, op),
                     _ => Ok(self.send_host_inline(k, op)),
                 };
+                timing::mark(Spent::Socket);
+                timing::bytes(match &written {
+                    Ok(None) => HDR_LEN + len,
+                    Ok(Some(rest)) => rest.skip,
+                    Err(_) => 0,
+                });
                 match written {
                     Ok(None) => {
                         tracing::trace!(seq, "lat: sent inline");

@@ -1201,35 +1201,15 @@ fn with_no_cpu_idle_the_posting_thread_writes_a_gpu_message_up_to_a_slice_itself
 /// A one-stream sender (parts up to 4 MiB) with large socket buffers on
 /// both ends, to a raw receiver (its stream accepted, the hello read): the
 /// net, the comm, the receiver's stream and its listener.
-fn big_buffered_sender(
-    nonce: u64,
-) -> (
-    SocketNet,
-    super::send::SocketSend,
-    TcpStream,
-    std::net::TcpListener,
-) {
-    use std::io::Read;
-    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    socket2::SockRef::from(&l)
-        .set_recv_buffer_size(8 << 20)
-        .unwrap();
-    let handle = Handle {
-        addr: l.local_addr().unwrap(),
-        streams: 1,
+fn big_buffered_sender(nonce: u64) -> SenderToRaw {
+    sender_to_raw(
         nonce,
-        min_part: 4 << 20,
-    }
-    .encode();
-    let net = SocketNet::new(SocketConfig {
-        sockbuf: 8 << 20,
-        ..cfg(1)
-    });
-    let s = net.connect_here(&handle, Arc::new(|| {})).unwrap();
-    let (mut s0, _) = l.accept().unwrap();
-    let mut hello = [0u8; super::wire::HELLO_LEN];
-    s0.read_exact(&mut hello).unwrap();
-    (net, s, s0, l)
+        4 << 20,
+        SocketConfig {
+            sockbuf: 8 << 20,
+            ..cfg(1)
+        },
+    )
 }
 
 /// Reads one part from a raw stream and checks it is message `seq` whole,
@@ -1388,33 +1368,45 @@ fn fails_within_10s(s: &mut super::send::SocketSend, p: ReqId, what: &str) {
 /// A one-stream send comm (10 ms linger, `splice` as given) with 64 KiB
 /// socket buffers on both ends, to a raw receiver (its stream accepted, the
 /// hello read): the net, the comm, the receiver's stream and its listener.
-fn small_buffered_sender(
-    nonce: u64,
-    splice: bool,
-) -> (
+fn small_buffered_sender(nonce: u64, splice: bool) -> SenderToRaw {
+    sender_to_raw(
+        nonce,
+        4096,
+        SocketConfig {
+            sockbuf: 64 << 10,
+            linger: Duration::from_millis(10),
+            splice,
+            ..cfg(1)
+        },
+    )
+}
+
+/// A sender's net and comm, its raw receiver's stream and listener.
+type SenderToRaw = (
     SocketNet,
     super::send::SocketSend,
     TcpStream,
     std::net::TcpListener,
-) {
+);
+
+/// A one-stream sender set up as `cfg`, to a raw receiver asking for
+/// parts of `min_part` (its receive buffer `cfg.sockbuf`; its stream
+/// accepted, the hello read): the net, the comm, the receiver's stream and
+/// its listener.
+fn sender_to_raw(nonce: u64, min_part: usize, cfg: SocketConfig) -> SenderToRaw {
     use std::io::Read;
     let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     socket2::SockRef::from(&l)
-        .set_recv_buffer_size(64 << 10)
+        .set_recv_buffer_size(cfg.sockbuf)
         .unwrap();
     let handle = Handle {
         addr: l.local_addr().unwrap(),
         streams: 1,
         nonce,
-        min_part: 4096,
+        min_part,
     }
     .encode();
-    let net = SocketNet::new(SocketConfig {
-        sockbuf: 64 << 10,
-        linger: Duration::from_millis(10),
-        splice,
-        ..cfg(1)
-    });
+    let net = SocketNet::new(cfg);
     let s = net.connect_here(&handle, Arc::new(|| {})).unwrap();
     let (mut s0, _) = l.accept().unwrap();
     let mut hello = [0u8; super::wire::HELLO_LEN];
