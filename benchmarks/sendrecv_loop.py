@@ -163,14 +163,19 @@ class RawLink:
             self.host = torch.empty(cap, dtype=torch.uint8).pin_memory()
             self.host_view = memoryview(self.host.numpy()).cast("B")
 
+    def reg(self, b):
+        """Nothing to register: plain TCP reads and writes any memory."""
+
+    def dereg(self, b):
+        """Nothing registered."""
+
     def send(self, b):
         if b.gpu is None:
             self.sock.sendall(b.view())
-            return True
+            return
         # A copy to pageable-or-pinned host memory waits for the GPU.
         self.host[: b.n].copy_(b.buf)
         self.sock.sendall(self.host_view[: b.n])
-        return True
 
     def recv(self, b):
         view = b.view() if b.gpu is None else self.host_view[: b.n]
@@ -183,7 +188,6 @@ class RawLink:
         if b.gpu is not None:
             b.buf.copy_(self.host[: b.n])
             b.torch.cuda.synchronize()
-        return True
 
 
 class EngineLink:
@@ -211,11 +215,9 @@ class EngineLink:
 
     def send(self, b):
         assert self.ep.send(self.conn, self.mrs[b.ptr], b.ptr, b.n), self.ep.last_error()
-        return True
 
     def recv(self, b):
         assert self.ep.recv(self.conn, self.mrs[b.ptr], b.ptr, b.n), self.ep.last_error()
-        return True
 
 
 def uccl_round(rank, link, n, gpu, iters, seed):
@@ -227,8 +229,7 @@ def uccl_round(rank, link, n, gpu, iters, seed):
         b.fill(seed)
     else:
         b.zero()
-    if hasattr(link, "reg"):
-        link.reg(b)
+    link.reg(b)
     call = link.send if rank == 0 else link.recv
     call(b)
     want = pattern(n, seed)
@@ -243,8 +244,7 @@ def uccl_round(rank, link, n, gpu, iters, seed):
         each.append(time.perf_counter() - c)
     total = time.perf_counter() - t
     last = where_differ(b.bytes(), want) if rank == 1 else None
-    if hasattr(link, "dereg"):
-        link.dereg(b)
+    link.dereg(b)
     return total / iters * 1e6, max(each) * 1e6, first, last
 
 
@@ -256,7 +256,7 @@ def side(rank, chan, a, out):
         res = {}
         for n in a.sizes:
             if a.shape == "uccl":
-                r = res[n] = {"us": [], "slowest_us": [], "iters": a.iters or 10}
+                r = res[n] = {"us": [], "slowest_us": [], "iters": a.iters or 10, "digest": "checked by the receiver"}
                 for k in range(a.rounds):
                     chan.send("go") if rank == 0 else chan.recv()
                     chan.recv() if rank == 0 else chan.send("ready")
@@ -265,11 +265,9 @@ def side(rank, chan, a, out):
                         raise AssertionError(f"size {n}, round {k + 1}: " + (f"warm-up message: {first}" if first else f"last message: {last}"))
                     r["us"].append(us)
                     r["slowest_us"].append(slow)
-                    r["digest"] = "checked by the receiver"
                 continue
             b = Buf(n, gpu)
-            if hasattr(link, "reg"):
-                link.reg(b)
+            link.reg(b)
             call = link.send if rank == 0 else link.recv
             if rank == 0:
                 b.fill(n % 251)
@@ -303,8 +301,7 @@ def side(rank, chan, a, out):
                 res[n]["us"].append(total / iters * 1e6)
                 res[n].setdefault("slowest_us", []).append(max(each) * 1e6)
             res[n]["iters"] = iters
-            if hasattr(link, "dereg"):
-                link.dereg(b)
+            link.dereg(b)
             chan.send("size done") if rank == 0 else chan.recv()
         out.put((rank, "ok", res))
     except BaseException:

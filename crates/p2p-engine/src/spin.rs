@@ -143,16 +143,15 @@ impl Spinners {
             // Where the load cannot be read, spinning is left as
             // configured: one thread, as on a machine with CPUs to spare.
             let ours = self.now.load(Ordering::Relaxed);
+            let cpus = (self.cpus)();
             let running = (self.running)();
-            let allowed = running.map_or(ours.max(1), |running| {
-                allowance(running, ours, (self.cpus)())
-            });
+            let allowed = running.map_or(ours.max(1), |running| allowance(running, ours, cpus));
             self.full.store(
-                running.is_some_and(|r| full(r, ours, (self.cpus)())),
+                running.is_some_and(|r| full(r, ours, cpus)),
                 Ordering::Relaxed,
             );
             if self.allowed.swap(allowed, Ordering::Relaxed) != allowed {
-                tracing::trace!(allowed, ours, cpus = (self.cpus)(), "lat: spinners allowed");
+                tracing::trace!(allowed, ours, cpus, "lat: spinners allowed");
             }
         }
     }
@@ -213,6 +212,18 @@ impl Drop for Spin {
 /// Leave for this thread to busy-wait now (None: it should sleep).
 pub(crate) fn start() -> Option<Spin> {
     SPINNERS.start()
+}
+
+/// Busy-waits while `keep` holds and the machine allows (leave taken
+/// first, given back at the end); false if no leave was given.
+pub(crate) fn spin_while(mut keep: impl FnMut() -> bool) -> bool {
+    let Some(leave) = start() else {
+        return false;
+    };
+    while keep() && leave.pays() {
+        std::hint::spin_loop();
+    }
+    true
 }
 
 /// Whether the machine has no CPU idle (at the last reading, at most

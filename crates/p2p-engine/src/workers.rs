@@ -44,11 +44,12 @@ use std::sync::{Arc, Weak};
 use std::thread::Thread;
 use std::time::{Duration, Instant};
 
-use crate::spin::Spin;
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use mio::unix::SourceFd;
 use mio::{Events, Interest, Poll, Token};
 use parking_lot::{Condvar, Mutex};
+
+use crate::spin::Spin;
 
 /// A worker with no task for this long leaves.
 pub(crate) const KEEP_IDLE: Duration = Duration::from_secs(2);

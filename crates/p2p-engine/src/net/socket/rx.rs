@@ -373,19 +373,16 @@ impl Rx {
                 // (Earlier messages' copies have landed: their receives
                 // can complete, and the caller post this one.)
                 spun = true;
-                // (As the machine allows: see `crate::spin`.)
-                if let Some(leave) = crate::spin::start() {
-                    drop(book);
-                    let spin_until = now + lane.spin.min(until - now);
-                    while shared.posted.load(Ordering::Acquire) <= seq
+                drop(book);
+                let spin_until = now + lane.spin.min(until - now);
+                // (As the machine allows: see `crate::spin`; refused, the
+                // book is looked at once more before the wait.)
+                crate::spin::spin_while(|| {
+                    shared.posted.load(Ordering::Acquire) <= seq
                         && !shared.closing.load(Ordering::Acquire)
                         && Instant::now() < spin_until
-                        && leave.pays()
-                    {
-                        std::hint::spin_loop();
-                    }
-                    continue;
-                }
+                });
+                continue;
             }
             shared
                 .cv
@@ -1008,16 +1005,11 @@ impl Rx {
             return;
         }
         // (As the machine allows: see `crate::spin`.)
-        let Some(leave) = crate::spin::start() else {
-            return;
-        };
-        while self.workers.caller_waiting()
-            && !readable_now(&self.r.s)
-            && !self.shared.closing.load(Ordering::Acquire)
-            && leave.pays()
-        {
-            std::hint::spin_loop();
-        }
+        crate::spin::spin_while(|| {
+            self.workers.caller_waiting()
+                && !readable_now(&self.r.s)
+                && !self.shared.closing.load(Ordering::Acquire)
+        });
     }
 }
 

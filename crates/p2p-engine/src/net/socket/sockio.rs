@@ -121,13 +121,11 @@ pub(super) fn unread(s: &impl std::os::fd::AsRawFd) -> usize {
 /// Spins until `s` has bytes to read or `spin` has passed (at once when
 /// `spin` is zero).
 pub(crate) fn poll_readable(s: &impl std::os::fd::AsRawFd, spin: Duration) {
-    let Some(leave) = (!spin.is_zero()).then(crate::spin::start).flatten() else {
+    if spin.is_zero() {
         return;
-    };
-    let start = Instant::now();
-    while !readable_now(s) && start.elapsed() < spin && leave.pays() {
-        std::hint::spin_loop();
     }
+    let start = Instant::now();
+    crate::spin::spin_while(|| !readable_now(s) && start.elapsed() < spin);
 }
 
 /// Waits up to `limit` for `s` to have bytes to read (or to be closed);

@@ -1136,7 +1136,6 @@ fn with_no_cpu_idle_the_posting_thread_writes_a_message_up_to_1_mib_itself() {
     // to the stream's task. Every part read back by a raw receiver, byte
     // for byte.
     let (_net, mut s, mut s0, _l) = big_buffered_sender(77);
-    let check = whole_part;
     let n = 256 << 10;
     crate::spin::answer_full_here(Some(true));
     for seq in 0..4u64 {
@@ -1147,17 +1146,17 @@ fn with_no_cpu_idle_the_posting_thread_writes_a_message_up_to_1_mib_itself() {
             Some(n),
             "message {seq}: left to the stream's task"
         );
-        check(&mut s0, seq, &src);
+        whole_part(&mut s0, seq, &src);
     }
     // Over 1 MiB, and with CPUs idle: the stream's task writes them.
     let big: Vec<u8> = (0..2usize << 20).map(|i| (i / 3) as u8).collect();
     let q = send_all(s_dyn(&mut s), &big);
-    check(&mut s0, 4, &big);
+    whole_part(&mut s0, 4, &big);
     assert_eq!(wait(|| s.test(q)), big.len());
     crate::spin::answer_full_here(Some(false));
     let src: Vec<u8> = (0..n).map(|i| (i * 13) as u8).collect();
     let q = send_all(s_dyn(&mut s), &src);
-    check(&mut s0, 5, &src);
+    whole_part(&mut s0, 5, &src);
     assert_eq!(wait(|| s.test(q)), n);
     crate::spin::answer_full_here(None);
 }
