@@ -37,6 +37,21 @@ same loop (NCCL refuses two ranks on one GPU).
 
     python benchmarks/sendrecv_loop.py --memory gpu --shape uccl --sizes 64K,256K,1M,10M --rounds 6
     python benchmarks/sendrecv_loop.py --memory gpu --shape uccl --via raw --sizes 64K,256K,1M,10M --rounds 6
+
+With --via nccl the loop runs over NCCL's socket transport through
+PyTorch (`torch.distributed` send / recv, each call waiting for its GPU
+stream as UCCL's calls return once done), NCCL's shared-memory,
+peer-to-peer and InfiniBand paths off so its bytes go over TCP on
+loopback: the reference where two GPUs are lent (--gpus 0,1).
+
+    python benchmarks/sendrecv_loop.py --memory gpu --gpus 0,1 --shape uccl --via nccl --sizes 64K,256K,1M,10M --rounds 6
+
+With --sched each side reads its threads' scheduler accounts (Linux's
+/proc/self/task/*/schedstat) before and after every round's timed calls
+and reports, per group of threads of one name (the calling thread as
+`caller`), the time they ran and the time they waited for a CPU while
+runnable: where a loop is slow because its threads wait behind others
+(PyTorch's OpenMP team spinning, say), the wait shows there.
 """
 
 import argparse
@@ -44,6 +59,7 @@ import hashlib
 import json
 import multiprocessing as mp
 import os
+import re
 import statistics
 import sys
 import time
@@ -190,6 +206,43 @@ class RawLink:
             b.torch.cuda.synchronize()
 
 
+class NcclLink:
+    """NCCL's socket transport through PyTorch (see the module's doc)."""
+
+    def __init__(self, rank, chan, gpu):
+        import socket
+
+        import torch
+        import torch.distributed as dist
+
+        if rank == 0:
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                port = s.getsockname()[1]
+            chan.send(port)
+        else:
+            port = chan.recv()
+        for k, v in {"NCCL_NET": "Socket", "NCCL_P2P_DISABLE": "1", "NCCL_SHM_DISABLE": "1", "NCCL_IB_DISABLE": "1", "NCCL_SOCKET_IFNAME": "lo"}.items():
+            os.environ.setdefault(k, v)
+        torch.cuda.set_device(gpu)
+        dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2, device_id=torch.device("cuda", gpu))
+        self.torch, self.dist = torch, dist
+
+    def reg(self, b):
+        """NCCL takes any buffer of its GPU."""
+
+    def dereg(self, b):
+        """Nothing registered."""
+
+    def send(self, b):
+        self.dist.send(b.buf, 1)
+        self.torch.cuda.synchronize()
+
+    def recv(self, b):
+        self.dist.recv(b.buf, 0)
+        self.torch.cuda.synchronize()
+
+
 class EngineLink:
     """Our engine through its Python API (UCCL's `p2p.Endpoint`)."""
 
@@ -220,7 +273,39 @@ class EngineLink:
         assert self.ep.recv(self.conn, self.mrs[b.ptr], b.ptr, b.n), self.ep.last_error()
 
 
-def uccl_round(rank, link, n, gpu, iters, seed):
+def thread_times():
+    """Every thread of this process: {tid: (name, ns run, ns waited runnable)}."""
+    out = {}
+    me = os.getpid()
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                name = f.read().strip()
+            with open(f"/proc/self/task/{tid}/schedstat") as f:
+                run, wait = (int(x) for x in f.read().split()[:2])
+        except (OSError, ValueError):
+            continue  # the thread ended, or the kernel keeps no accounts
+        out[int(tid)] = ("caller" if int(tid) == me else re.sub(r"[-_.]?\d+$", "", name), run, wait)
+    return out
+
+
+def add_sched(into, before, after):
+    """Adds each thread group's run and wait (ms) and how many of its
+    threads ran between two `thread_times` readings to `into`."""
+    for tid, (name, run, wait) in after.items():
+        _, r0, w0 = before.get(tid, (name, 0, 0))
+        g = into.setdefault(name, {"run_ms": 0.0, "wait_ms": 0.0, "threads_ran": 0})
+        g["run_ms"] += (run - r0) / 1e6
+        g["wait_ms"] += (wait - w0) / 1e6
+        g["threads_ran"] += run > r0
+
+
+def print_sched(rank, n, sched, rounds):
+    rows = sorted(sched.items(), key=lambda kv: -(kv[1]["run_ms"] + kv[1]["wait_ms"]))
+    print(f"  rank {rank}, {n} B, per round: " + "; ".join(f"{k} run {v['run_ms'] / rounds:.2f} wait {v['wait_ms'] / rounds:.2f} ms ({v['threads_ran'] / rounds:.1f} ran)" for k, v in rows[:6] if v["run_ms"] or v["wait_ms"]))
+
+
+def uccl_round(rank, link, n, gpu, iters, seed, sched=None):
     """One size as UCCL's benchmark runs it: the buffer made anew, one
     warm-up call, `iters` calls timed at once. Returns (time per call,
     slowest call, where the warm-up's bytes differ, where the last's do)."""
@@ -237,12 +322,15 @@ def uccl_round(rank, link, n, gpu, iters, seed):
     if rank == 1:
         b.zero()
     each = []
+    before = thread_times() if sched is not None else None
     t = time.perf_counter()
     for _ in range(iters):
         c = time.perf_counter()
         call(b)
         each.append(time.perf_counter() - c)
     total = time.perf_counter() - t
+    if sched is not None:
+        add_sched(sched, before, thread_times())
     last = where_differ(b.bytes(), want) if rank == 1 else None
     link.dereg(b)
     return total / iters * 1e6, max(each) * 1e6, first, last
@@ -252,7 +340,12 @@ def side(rank, chan, a, out):
     try:
         gpus = [int(g) for g in a.gpus.split(",")] if a.gpus else None
         gpu = gpus[rank] if gpus else None
-        link = RawLink(rank, chan, max(a.sizes), gpu) if a.via == "raw" else EngineLink(rank, chan, gpu)
+        if a.via == "raw":
+            link = RawLink(rank, chan, max(a.sizes), gpu)
+        elif a.via == "nccl":
+            link = NcclLink(rank, chan, gpu)
+        else:
+            link = EngineLink(rank, chan, gpu)
         res = {}
         for n in a.sizes:
             if a.shape == "uccl":
@@ -260,7 +353,7 @@ def side(rank, chan, a, out):
                 for k in range(a.rounds):
                     chan.send("go") if rank == 0 else chan.recv()
                     chan.recv() if rank == 0 else chan.send("ready")
-                    us, slow, first, last = uccl_round(rank, link, n, gpu, r["iters"], (n + k) % 251)
+                    us, slow, first, last = uccl_round(rank, link, n, gpu, r["iters"], (n + k) % 251, r.setdefault("sched", {}) if a.sched else None)
                     if first or last:
                         raise AssertionError(f"size {n}, round {k + 1}: " + (f"warm-up message: {first}" if first else f"last message: {last}"))
                     r["us"].append(us)
@@ -285,6 +378,7 @@ def side(rank, chan, a, out):
                 if rank == 1 and a.lag:
                     time.sleep(a.lag / 1e3)
                 each = []
+                before = thread_times() if a.sched else None
                 t = time.perf_counter()
                 for i in range(iters):
                     if rank == 1 and a.check_all:
@@ -298,6 +392,8 @@ def side(rank, chan, a, out):
                             raise AssertionError(f"size {n}, round {len(res[n]['us']) + 1}, message {i + 1}: {bad}")
                 # (With --check-all the checks are left out of the time.)
                 total = sum(each) if a.check_all else time.perf_counter() - t
+                if a.sched:
+                    add_sched(res[n].setdefault("sched", {}), before, thread_times())
                 res[n]["us"].append(total / iters * 1e6)
                 res[n].setdefault("slowest_us", []).append(max(each) * 1e6)
             res[n]["iters"] = iters
@@ -320,7 +416,8 @@ def main(argv=None):
     ap.add_argument("--lag", type=float, default=0, help="ms the receiver starts each round after the sender (0: together)")
     ap.add_argument("--check-all", action="store_true", help="the receiver checks every message against the sender's pattern (its buffer zeroed before each; checks not timed)")
     ap.add_argument("--shape", choices=["loop", "uccl"], default="loop", help="uccl: each round one size as UCCL's benchmark runs it (buffer made anew, one warm-up, --iters calls, default 10)")
-    ap.add_argument("--via", choices=["engine", "raw"], default="engine", help="raw: the same loop over one plain TCP connection (the reference)")
+    ap.add_argument("--via", choices=["engine", "raw", "nccl"], default="engine", help="raw: the same loop over one plain TCP connection (the reference); nccl: over NCCL's socket transport (two GPUs)")
+    ap.add_argument("--sched", action="store_true", help="report each side's thread groups' run and CPU-wait time over the timed calls (Linux schedstat)")
     ap.add_argument("--json", default="", help="write the results here")
     a = ap.parse_args(argv)
     a.sizes = [parse_size(s) for s in a.sizes.split(",") if s]
@@ -328,6 +425,8 @@ def main(argv=None):
         a.gpus = "0,0"
     if a.memory == "host":
         a.gpus = ""
+    if a.via == "nccl" and (a.memory != "gpu" or len(set(a.gpus.split(","))) != 2):
+        ap.error("--via nccl needs --memory gpu and two GPUs (--gpus 0,1): NCCL moves GPU memory and refuses two ranks on one GPU")
     if a.shape == "uccl" and a.lag:
         ap.error("--lag is for --shape loop (in UCCL's shape the receiver lags as it sets up)")
     os.environ.setdefault("TCPX_P2P_IFNAME", "lo")
@@ -368,12 +467,17 @@ def main(argv=None):
                 "recv_slowest_us": r["slowest_us"],
             }
         )
+        if a.sched:
+            rows[-1]["sched"] = {"send": s.get("sched", {}), "recv": r.get("sched", {})}
         each = " ".join(f"{x:.1f}" for x in r["us"])
         # With --lag (and in UCCL's shape, whose rows are its server's) the
         # sender's loop runs ahead of the receiver's: the receiver's time is
         # the row's.
         per = mr if a.lag or a.shape == "uccl" else max(ms, mr)
         print(f"{n:>8} {ms:9.1f} {mr:9.1f} {n / per / 1e3:7.2f} {slow:9.1f}  {each}")
+        if a.sched:
+            for rank, side_res in ((0, s), (1, r)):
+                print_sched(rank, n, side_res.get("sched", {}), a.rounds)
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"memory": a.memory, "gpus": a.gpus, "lag_ms": a.lag, "shape": a.shape, "via": a.via, "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "rows": rows}, f, indent=1)

@@ -484,12 +484,14 @@ def test_sendrecv_loop_in_uccls_shape_over_the_engine_and_the_raw_reference(tmp_
     """In UCCL's shape (each round a buffer made anew, one warm-up, the
     calls timed at once) over our engine and over the plain TCP reference:
     the warm-up and last messages of every round are checked by the
-    receiver (a failed check fails the run), every round is kept."""
+    receiver (a failed check fails the run), every round is kept; with
+    --sched each side's thread groups' run and CPU-wait times are kept,
+    the calling thread's among them."""
     script = ROOT / "benchmarks" / "sendrecv_loop.py"
     for via in ("engine", "raw"):
         out = tmp_path / f"{via}.json"
         r = subprocess.run(
-            [sys.executable, str(script), "--shape", "uccl", "--via", via, "--sizes", "4K,1M", "--rounds", "3", "--json", str(out)],
+            [sys.executable, str(script), "--shape", "uccl", "--via", via, "--sizes", "4K,1M", "--rounds", "3", "--sched", "--json", str(out)],
             capture_output=True,
             text=True,
             timeout=120,
@@ -500,9 +502,21 @@ def test_sendrecv_loop_in_uccls_shape_over_the_engine_and_the_raw_reference(tmp_
         assert [row["bytes"] for row in doc["rows"]] == [4096, 1 << 20]
         for row in doc["rows"]:
             assert row["iters"] == 10 and len(row["recv_us"]) == len(row["recv_slowest_us"]) == 3
+            for side in ("send", "recv"):
+                groups = row["sched"][side]
+                assert "caller" in groups and groups["caller"]["run_ms"] >= 0 and groups["caller"]["wait_ms"] >= 0
+            # Our engine's I/O threads are there beside the caller; the
+            # raw reference has none.
+            assert any(g.startswith("tcpx-") for g in row["sched"]["recv"]) == (via == "engine")
+        assert "rank 1, 1048576 B, per round: caller run" in r.stdout or "rank 1, 1048576 B, per round: tcpx" in r.stdout
     # The receiver lags by itself in this shape: --lag is refused.
     r = subprocess.run([sys.executable, str(script), "--shape", "uccl", "--lag", "5"], capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "--lag is for --shape loop" in r.stderr
+    # NCCL's socket transport needs two GPUs: one, or host memory, is
+    # refused before anything starts.
+    for args in (["--memory", "host"], ["--memory", "gpu", "--gpus", "0,0"]):
+        r = subprocess.run([sys.executable, str(script), "--via", "nccl", *args], capture_output=True, text=True, timeout=60)
+        assert r.returncode == 2 and "refuses two ranks on one GPU" in r.stderr, r.stderr
 
 
 def test_the_raw_reference_refuses_a_short_message():

@@ -866,47 +866,74 @@ impl RxHandle {
     /// receive then completes without an I/O worker being woken for it (a
     /// wake-up cost 60-110 µs per message on 2 × H100 when a sender runs
     /// ahead of blocking receives, and up to milliseconds on a busy VM).
-    /// Where the next part's header is here too, it is read and kept the
-    /// same way, so that a run of messages sent ahead of their receives
-    /// lands on the posting thread one after another with no worker woken
-    /// at all. Never waits: not for the task, nor for bytes.
+    /// The next part's header, where it is here too, is read: another part
+    /// of the same message, whole, is landed the same way (a message of
+    /// several parts sent on one stream, as a sender with no CPU idle
+    /// writes them, had its second part handed to the task: a wake-up
+    /// that waited behind PyTorch's spinning OpenMP team); a later
+    /// message's is kept, so that a run of messages sent ahead of their
+    /// receives lands on the posting thread one after another with no
+    /// worker woken at all. Never waits: not for the task, nor for bytes.
     pub(super) fn land_held(&self, seq: u64, budget: &mut usize) -> Landed {
         let Some(mut rx) = self.0.try_lock() else {
             return Landed::No; // the task is running: it finds the receive
         };
-        let Some(h) = rx.held_part(seq).filter(|h| h.len as usize <= *budget) else {
-            return Landed::No;
-        };
-        if rx.shared.closing.load(Ordering::Acquire) {
-            return Landed::No;
-        }
-        *budget -= h.len as usize;
-        tracing::trace!(seq, stream = rx.lane.index, "lat: poster lands");
-        // The application's GPU context is put back after the copy.
-        let _ctx = crate::gpu::ContextGuard::save();
-        rx.stager.bind_here();
-        tracing::trace!(seq, "lat: poster bound");
-        let landed = rx.step(Duration::ZERO).and_then(|flow| {
-            // Its copy to the device (if any) is waited for here: the
-            // task is idle and would not complete it.
-            rx.flush()?;
-            Ok(flow)
-        });
-        rx.give_back();
-        let landed = landed.and_then(|flow| match flow {
-            Flow::Part => {
-                tracing::trace!(seq, "lat: rx landed by the poster");
-                rx.read_ahead().map(|kept| Landed::Here { kick: !kept })
+        // The application's GPU context is put back after the copies.
+        let mut ctx = None;
+        let mut landed = false;
+        loop {
+            let Some(h) = rx.held_part(seq).filter(|h| h.len as usize <= *budget) else {
+                // Another part's header is here, its bytes still coming,
+                // or too many for the poster: the task lands it.
+                return if landed {
+                    Landed::Here { kick: true }
+                } else {
+                    Landed::No
+                };
+            };
+            if rx.shared.closing.load(Ordering::Acquire) {
+                return if landed {
+                    Landed::Here { kick: true }
+                } else {
+                    Landed::No
+                };
             }
-            // Bytes the poster was told were here are not all there: the
-            // task reads the rest.
-            Flow::InPart => Ok(Landed::Here { kick: true }),
-            Flow::AwaitPost | Flow::Closing => Ok(Landed::No),
-        });
-        landed.unwrap_or_else(|e| {
-            rx.fail(e);
-            Landed::Here { kick: true }
-        })
+            *budget -= h.len as usize;
+            tracing::trace!(seq, stream = rx.lane.index, "lat: poster lands");
+            ctx.get_or_insert_with(crate::gpu::ContextGuard::save);
+            rx.stager.bind_here();
+            tracing::trace!(seq, "lat: poster bound");
+            let stepped = rx.step(Duration::ZERO).and_then(|flow| {
+                // Its copy to the device (if any) is waited for here: the
+                // task is idle and would not complete it.
+                rx.flush()?;
+                Ok(flow)
+            });
+            rx.give_back();
+            let next = stepped.and_then(|flow| match flow {
+                Flow::Part => {
+                    tracing::trace!(seq, "lat: rx landed by the poster");
+                    // Kept for a receive not posted yet: nothing for the
+                    // task. Otherwise another part of this message may be
+                    // here whole (the loop looks), or the task has work.
+                    rx.read_ahead()
+                        .map(|kept| kept.then_some(Landed::Here { kick: false }))
+                }
+                // Bytes the poster was told were here are not all there:
+                // the task reads the rest.
+                Flow::InPart => Ok(Some(Landed::Here { kick: true })),
+                Flow::AwaitPost | Flow::Closing if landed => Ok(Some(Landed::Here { kick: true })),
+                Flow::AwaitPost | Flow::Closing => Ok(Some(Landed::No)),
+            });
+            match next {
+                Ok(Some(done)) => return done,
+                Ok(None) => landed = true,
+                Err(e) => {
+                    rx.fail(e);
+                    return Landed::Here { kick: true };
+                }
+            }
+        }
     }
 
     /// Whether the task is idle keeping message `seq`'s header, all the
