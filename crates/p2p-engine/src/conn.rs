@@ -619,8 +619,8 @@ impl Conn {
     }
 
     /// Feeds the machine the ends held for it (see [`Ends`]), then
-    /// publishes each: a receive's acknowledgement, a served request's
-    /// answer and a notification after a transfer leave before anyone
+    /// publishes each: a receive is counted, and a served request's
+    /// answer and a notification after a transfer leave, before anyone
     /// waiting on the transfer sees it end (one thread at a time:
     /// [`Ends::hear`]).
     fn hear_ends(&self) {
@@ -1073,7 +1073,9 @@ impl Conn {
     /// Before an orderly close, wait until the peer's `MsgDone` counts cover
     /// every message we sent, the connection fails, or the deadline passes,
     /// so that a sender may close (or drop its endpoint and exit) right
-    /// after `send` returns and lose nothing.
+    /// after `send` returns and lose nothing. The peer acknowledges
+    /// together ([`crate::proto::ACK_EVERY`]): each look that finds
+    /// messages unacknowledged asks it for its count.
     fn deliver_sent(&self) {
         let until = Instant::now() + self.delivery;
         let mut pause = Duration::from_micros(50);
@@ -1088,6 +1090,7 @@ impl Conn {
             if unacked == 0 {
                 return;
             }
+            self.drive(|st, _| st.proto.ask_acks());
             if Instant::now() >= until {
                 tracing::warn!(
                     conn = self.id,

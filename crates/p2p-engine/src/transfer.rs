@@ -98,7 +98,8 @@ pub enum Status {
 /// end is published (see [`Ends`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Watch {
-    /// Our receive number `seq`: its acknowledgement leaves first.
+    /// Our receive number `seq`: counted first among those landed (the
+    /// peer is told the count together, [`crate::proto::ACK_EVERY`]).
     Recv { seq: u64 },
     /// The requests serving the peer's accepted request `xfer` (what it
     /// held, `weight`), answered as `answer` says.
@@ -338,10 +339,10 @@ impl Transfer {
 
     /// Ends the transfer with `s` unless its end is decided already. A
     /// watched transfer's end is held for its connection, which publishes
-    /// it ([`Transfer::finish`]) once what must leave first has (a
-    /// receive's acknowledgement, a notification after a transfer), so
-    /// that nobody waiting on the transfer acts on its end (exits, closing
-    /// the connection) before.
+    /// it ([`Transfer::finish`]) once the machine has heard it (a receive
+    /// counted, a notification after a transfer sent), so that nobody
+    /// waiting on the transfer acts on its end (exits, closing the
+    /// connection) before what must leave first has.
     fn end(&self, s: Status) -> bool {
         let watch = {
             let mut e = self.ending.lock();
@@ -667,9 +668,10 @@ mod tests {
 
     #[test]
     fn a_watched_end_is_held_for_its_connection_until_it_is_finished() {
-        // A receive's acknowledgement must leave before its waiter can see
-        // the receive done (and exit, closing the connection under it):
-        // the end waits in the connection's ends, unpublished.
+        // A receive must be counted (and a notification after a transfer
+        // leave) before its waiter can see it done (and exit, closing the
+        // connection under it): the end waits in the connection's ends,
+        // unpublished.
         let ends = Ends::new();
         let t = Transfer::new(1, 1, 1, vec![]);
         assert!(!t.watch(&ends, Watch::Recv { seq: 4 }));

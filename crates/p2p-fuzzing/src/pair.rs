@@ -907,6 +907,9 @@ impl Pair {
                 return;
             }
         };
+        // As a connection's reader does: the frame is heard first (the
+        // machine answers it with the receives it has to acknowledge).
+        to.proto.heard(0);
         let r = to.proto.on_control(m);
         to.effects();
         let payload = match r {

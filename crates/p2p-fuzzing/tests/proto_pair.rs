@@ -122,7 +122,13 @@ fn sends_and_receives_match_in_posting_order_and_are_acknowledged() {
         &p.a.mem[..5 * CHUNK + 17]
     );
     assert_eq!(&p.b.mem[400_000..400_640], &p.a.mem[100_000..100_640]);
-    // Every message acknowledged (an orderly close would wait for none).
+    // The receiver acknowledges together: two landed receives are not
+    // told yet. A closing sender asks (a keep-alive), and the count comes
+    // back: every message acknowledged, the close waits for none.
+    assert_eq!(p.a.proto.msgs_unacked(), 2);
+    p.a.proto.ask_acks();
+    p.a.effects();
+    p.settle();
     assert_eq!(p.a.proto.msgs_unacked(), 0);
 }
 
