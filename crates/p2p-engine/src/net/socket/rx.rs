@@ -881,36 +881,32 @@ impl RxHandle {
         // The application's GPU context is put back after the copies.
         let mut ctx = None;
         let mut landed = false;
-        loop {
+        let outcome = loop {
             let Some(h) = rx.held_part(seq).filter(|h| h.len as usize <= *budget) else {
                 // Another part's header is here, its bytes still coming,
                 // or too many for the poster: the task lands it.
-                return if landed {
+                break Ok(if landed {
                     Landed::Here { kick: true }
                 } else {
                     Landed::No
-                };
+                });
             };
             if rx.shared.closing.load(Ordering::Acquire) {
-                return if landed {
+                break Ok(if landed {
                     Landed::Here { kick: true }
                 } else {
                     Landed::No
-                };
+                });
             }
             *budget -= h.len as usize;
             tracing::trace!(seq, stream = rx.lane.index, "lat: poster lands");
-            ctx.get_or_insert_with(crate::gpu::ContextGuard::save);
-            rx.stager.bind_here();
-            tracing::trace!(seq, "lat: poster bound");
-            let stepped = rx.step(Duration::ZERO).and_then(|flow| {
-                // Its copy to the device (if any) is waited for here: the
-                // task is idle and would not complete it.
-                rx.flush()?;
-                Ok(flow)
-            });
-            rx.give_back();
-            let next = stepped.and_then(|flow| match flow {
+            if ctx.is_none() {
+                ctx = Some(crate::gpu::ContextGuard::save());
+                rx.stager.bind_here();
+                tracing::trace!(seq, "lat: poster bound");
+            }
+            // A part's copy to the device runs while the next part is read.
+            let next = rx.step(Duration::ZERO).and_then(|flow| match flow {
                 Flow::Part => {
                     tracing::trace!(seq, "lat: rx landed by the poster");
                     // Kept for a receive not posted yet: nothing for the
@@ -926,12 +922,23 @@ impl RxHandle {
                 Flow::AwaitPost | Flow::Closing => Ok(Some(Landed::No)),
             });
             match next {
-                Ok(Some(done)) => return done,
+                Ok(Some(done)) => break Ok(done),
                 Ok(None) => landed = true,
-                Err(e) => {
-                    rx.fail(e);
-                    return Landed::Here { kick: true };
-                }
+                Err(e) => break Err(e),
+            }
+        };
+        if ctx.is_none() {
+            return outcome.unwrap_or(Landed::No);
+        }
+        // The copies to the device (if any) are waited for here: the task
+        // is idle and would not complete them.
+        let flushed = rx.flush();
+        rx.give_back();
+        match outcome.and_then(|landed| flushed.map(|()| landed)) {
+            Ok(landed) => landed,
+            Err(e) => {
+                rx.fail(e);
+                Landed::Here { kick: true }
             }
         }
     }
