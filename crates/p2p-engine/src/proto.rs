@@ -213,13 +213,16 @@ pub const ACK_EVERY: u64 = 32;
 
 /// Our two-sided receives, numbered in posting order (the order the peer's
 /// messages fill them), how many of them, counted from the first, have
-/// landed (what `MsgDone` tells the sender), and how many we told.
+/// landed (what `MsgDone` tells the sender), the count last queued to
+/// tell, and the count last written (a count must grow from frame to
+/// frame: one queued behind a larger one that went ahead is dropped).
 #[derive(Default)]
 struct RecvAcks {
     next: u64,
     landed: BTreeSet<u64>,
     count: u64,
     told: u64,
+    sent: u64,
 }
 
 impl RecvAcks {
@@ -323,8 +326,16 @@ impl<O: Requests> Proto<O> {
             if frame && self.failed.is_some() {
                 continue;
             }
-            if frame && !matches!(e, Effect::Send(Control::MsgDone { .. })) {
+            if let Effect::Send(Control::MsgDone { count }) = e {
+                if count <= self.recvs.sent {
+                    continue; // a larger count went ahead of it
+                }
+                self.recvs.sent = count;
+                return Some(e);
+            }
+            if frame {
                 if let Some(count) = self.recvs.due() {
+                    self.recvs.sent = count;
                     self.out.push_front(e);
                     return Some(Effect::Send(Control::MsgDone { count }));
                 }
@@ -1180,6 +1191,31 @@ mod tests {
                 Control::Close
             ]
         );
+    }
+
+    #[test]
+    fn counts_leave_growing_when_one_queued_is_overtaken() {
+        // A frame queued first, then ACK_EVERY receives landing (their
+        // count queued behind it), then one more: the frame carries the
+        // larger count ahead of it, and the smaller one queued is dropped
+        // (the peer refuses a count that does not grow).
+        let mut p = machine();
+        for _ in 0..ACK_EVERY + 1 {
+            p.post_recv(vec![]);
+        }
+        let _ = frames(&mut p);
+        p.send_notif("a".into(), b"x".to_vec());
+        for seq in 0..=ACK_EVERY {
+            p.recv_ended(seq, Ok(())).unwrap();
+        }
+        let f = frames(&mut p);
+        assert_eq!(
+            f[0],
+            Control::MsgDone {
+                count: ACK_EVERY + 1
+            }
+        );
+        assert!(matches!(f[1..], [Control::Notif { .. }]), "{f:?}");
     }
 
     #[test]
