@@ -276,7 +276,7 @@ mod tests {
     }
 
     #[test]
-    fn spinners_fill_at_most_half_of_what_other_threads_leave() {
+    fn spinners_fill_at_most_a_quarter_of_what_other_threads_leave() {
         // The asking thread alone on 16 CPUs: 16 left, 4 may spin.
         assert_eq!(allowance(1, 0, 16), 4);
         assert_eq!(allowance(1, 0, 208), 52);

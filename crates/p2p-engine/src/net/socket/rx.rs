@@ -881,23 +881,23 @@ impl RxHandle {
         // The application's GPU context is put back after the copies.
         let mut ctx = None;
         let mut landed = false;
-        let outcome = loop {
-            let Some(h) = rx.held_part(seq).filter(|h| h.len as usize <= *budget) else {
-                // Another part's header is here, its bytes still coming,
-                // or too many for the poster: the task lands it.
-                break Ok(if landed {
-                    Landed::Here { kick: true }
-                } else {
-                    Landed::No
-                });
-            };
-            if rx.shared.closing.load(Ordering::Acquire) {
-                break Ok(if landed {
-                    Landed::Here { kick: true }
-                } else {
-                    Landed::No
-                });
+        // Stopping before a part: whatever else there is, the task does
+        // (kicked once something was landed here).
+        let left = |landed: bool| {
+            if landed {
+                Landed::Here { kick: true }
+            } else {
+                Landed::No
             }
+        };
+        let outcome = loop {
+            // Another part's header is here, its bytes still coming, or too
+            // many for the poster, or the comm closing: the task goes on.
+            let Some(h) = rx.held_part(seq).filter(|h| {
+                h.len as usize <= *budget && !rx.shared.closing.load(Ordering::Acquire)
+            }) else {
+                break Ok(left(landed));
+            };
             *budget -= h.len as usize;
             tracing::trace!(seq, stream = rx.lane.index, "lat: poster lands");
             if ctx.is_none() {
@@ -918,8 +918,7 @@ impl RxHandle {
                 // Bytes the poster was told were here are not all there:
                 // the task reads the rest.
                 Flow::InPart => Ok(Some(Landed::Here { kick: true })),
-                Flow::AwaitPost | Flow::Closing if landed => Ok(Some(Landed::Here { kick: true })),
-                Flow::AwaitPost | Flow::Closing => Ok(Some(Landed::No)),
+                Flow::AwaitPost | Flow::Closing => Ok(Some(left(landed))),
             });
             match next {
                 Ok(Some(done)) => break Ok(done),

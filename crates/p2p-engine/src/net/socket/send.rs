@@ -231,35 +231,38 @@ impl SocketSend {
         } else {
             &mut self.inline_staging
         };
-        let st = stager.get(dev)?;
-        let data = st
-            .ring
-            .stage_out(op.pieces.iter().map(|m| (m.addr, m.len)), |step| {
-                timing::mark(match step {
-                    StageStep::Start => Spent::Other,
-                    StageStep::Queued => Spent::Driver,
-                    StageStep::Landed => Spent::Copies,
-                })
-            })?;
-        tracing::trace!("lat: staged out");
-        let iov = [IoSlice::new(&op.hdr), IoSlice::new(data)];
-        let sent = socket2::SockRef::from(&*self.socks[k])
-            .send_vectored_with_flags(&iov, libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL)
-            .unwrap_or(0);
-        let rest = (sent < HDR_LEN + len).then(|| TxOp {
-            head: op.head,
-            hdr: op.hdr,
-            pieces: Vec::new(),
-            len,
-            owned: Some(data.to_vec()),
-            req: op.req,
-            skip: sent,
+        let sock = &*self.socks[k];
+        let written = stager.get(dev).and_then(|st| {
+            let data = st
+                .ring
+                .stage_out(op.pieces.iter().map(|m| (m.addr, m.len)), |step| {
+                    timing::mark(match step {
+                        StageStep::Start => Spent::Other,
+                        StageStep::Queued => Spent::Driver,
+                        StageStep::Landed => Spent::Copies,
+                    })
+                })?;
+            tracing::trace!("lat: staged out");
+            let iov = [IoSlice::new(&op.hdr), IoSlice::new(data)];
+            let sent = socket2::SockRef::from(sock)
+                .send_vectored_with_flags(&iov, libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL)
+                .unwrap_or(0);
+            Ok((sent < HDR_LEN + len).then(|| TxOp {
+                head: op.head,
+                hdr: op.hdr,
+                pieces: Vec::new(),
+                len,
+                owned: Some(data.to_vec()),
+                req: op.req,
+                skip: sent,
+            }))
         });
         if big {
-            // The ring goes back for the streams (and the next such part).
-            self.full_staging.give_back();
+            // The ring goes back for the streams (and the next such part),
+            // whether or not the copy out succeeded.
+            stager.give_back();
         }
-        Ok(rest)
+        written
     }
 }
 
@@ -366,15 +369,7 @@ impl SendComm for SocketSend {
             if direct {
                 // Accounted as the stream's own writes are (`timing`, with
                 // debug logging): this thread's share of its bytes.
-                let _account = (!timing::is_open()).then(|| {
-                    timing::start(|| {
-                        let peer = self.socks[k]
-                            .peer_addr()
-                            .map(|a| a.to_string())
-                            .unwrap_or_default();
-                        format!("tx stream {k} to {peer}")
-                    })
-                });
+                let _account = (!timing::is_open()).then(|| super::tx::account(&self.socks[k], k));
                 let written = match kind {
                     Some(MemKind::Cuda(dev)) => self.send_gpu_inline(k, dev, op),
                     _ => Ok(self.send_host_inline(k, op)),

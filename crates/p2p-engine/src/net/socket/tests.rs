@@ -356,12 +356,7 @@ fn every_part_of_a_message_sent_ahead_on_one_stream_lands_on_the_posting_thread(
     // (The second part's header, read after the first part landed, was
     // handed to the stream's task: a wake-up that waited behind
     // PyTorch's spinning OpenMP team in UCCL's benchmark at 256 KB.)
-    let waker: Waker = Arc::new(|| {});
-    let mut l = SocketNet::new(big_buffers(2)).listen_here().unwrap();
-    let mut s = SocketNet::new(big_buffers(2))
-        .connect_here(&super::ListenComm::handle(&l), waker)
-        .unwrap();
-    let mut r = accept(&mut l);
+    let (mut s, mut r, _l) = own_pair_of(big_buffers(2));
     let n = 256usize << 10;
     assert_eq!(split_parts(n, 2, big_buffers(2).min_part).len(), 2);
     let src: Vec<u8> = (0..n).map(|i| (i * 29 + 5) as u8).collect();
@@ -525,9 +520,20 @@ fn own_pair(
     super::recv::SocketRecv,
     super::SocketListen,
 ) {
+    own_pair_of(cfg(streams))
+}
+
+/// As [`own_pair`], both sides made with `c`.
+fn own_pair_of(
+    c: SocketConfig,
+) -> (
+    super::send::SocketSend,
+    super::recv::SocketRecv,
+    super::SocketListen,
+) {
     let waker: Waker = Arc::new(|| {});
-    let mut l = SocketNet::new(cfg(streams)).listen_here().unwrap();
-    let s = SocketNet::new(cfg(streams))
+    let mut l = SocketNet::new(c.clone()).listen_here().unwrap();
+    let s = SocketNet::new(c)
         .connect_here(&super::ListenComm::handle(&l), waker)
         .unwrap();
     let r = accept(&mut l);

@@ -657,6 +657,16 @@ fn take_host_batch(rx: &Receiver<TxOp>, first: TxOp, held: &mut Option<TxOp>) ->
     batch
 }
 
+/// Opens this thread's time account for the writes to send stream
+/// `index` (`s`), as its task and the posting thread writing for it name
+/// it.
+pub(super) fn account(s: &TcpStream, index: usize) -> timing::Open {
+    timing::start(|| {
+        let peer = s.peer_addr().map(|a| a.to_string()).unwrap_or_default();
+        format!("tx stream {index} to {peer}")
+    })
+}
+
 fn finish_op(s: &TcpStream, shared: &SendShared, op: &TxOp, r: &Result<(), NetError>) {
     match r {
         Ok(()) => {
@@ -760,10 +770,7 @@ impl Task for TxTask {
             workers,
         } = self;
         stager.bind_here();
-        let _account = timing::start(|| {
-            let peer = s.peer_addr().map(|a| a.to_string()).unwrap_or_default();
-            format!("tx stream {} to {peer}", lane.index)
-        });
+        let _account = account(s, lane.index);
         let finish = |op: &TxOp, r: &Result<(), NetError>| {
             queued.fetch_sub(op.weight(), Ordering::AcqRel);
             finish_op(s, shared, op, r)
