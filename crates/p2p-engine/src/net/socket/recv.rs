@@ -76,6 +76,12 @@ impl SocketRecv {
         self.streams.holds(seq)
     }
 
+    /// How many streams hold a part of message `seq` whole (tests).
+    #[cfg(test)]
+    pub(super) fn holders(&self, seq: u64) -> usize {
+        self.streams.holders(seq)
+    }
+
     /// Receive streams open now.
     pub(super) fn stream_count(&self) -> usize {
         self.shared.streams.load(Ordering::Acquire)

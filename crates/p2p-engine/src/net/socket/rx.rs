@@ -873,7 +873,11 @@ impl RxHandle {
     /// that waited behind PyTorch's spinning OpenMP team); a later
     /// message's is kept, so that a run of messages sent ahead of their
     /// receives lands on the posting thread one after another with no
-    /// worker woken at all. Never waits: not for the task, nor for bytes.
+    /// worker woken at all. With no CPU idle the first header too is read
+    /// here when the task has not read it (it waits for a CPU): on one
+    /// H200 in UCCL's shape, the posting thread then landed twice as many
+    /// parts and 256 KB read 2.97 GB/s (2.71 before, 2.92 plain TCP).
+    /// Never waits: not for the task, nor for bytes.
     pub(super) fn land_held(&self, seq: u64, budget: &mut usize) -> Landed {
         let Some(mut rx) = self.0.try_lock() else {
             return Landed::No; // the task is running: it finds the receive
@@ -890,13 +894,25 @@ impl RxHandle {
                 Landed::No
             }
         };
+        // With no CPU idle, a header the task has not read yet (it waits
+        // for a CPU) is read here when all of it has arrived.
+        // A header read here and not landed is the task's to act on: it is
+        // kicked, as after a landing.
+        let full = crate::spin::machine_full();
+        let mut read_here = false;
         let outcome = loop {
+            if full && rx.pending.is_none() && rx.inpart.is_none() {
+                match rx.read_ahead() {
+                    Ok(_) => read_here |= rx.pending.is_some(),
+                    Err(e) => break Err(e),
+                }
+            }
             // Another part's header is here, its bytes still coming, or too
             // many for the poster, or the comm closing: the task goes on.
             let Some(h) = rx.held_part(seq).filter(|h| {
                 h.len as usize <= *budget && !rx.shared.closing.load(Ordering::Acquire)
             }) else {
-                break Ok(left(landed));
+                break Ok(left(landed || read_here));
             };
             *budget -= h.len as usize;
             tracing::trace!(seq, stream = rx.lane.index, "lat: poster lands");
@@ -918,7 +934,7 @@ impl RxHandle {
                 // Bytes the poster was told were here are not all there:
                 // the task reads the rest.
                 Flow::InPart => Ok(Some(Landed::Here { kick: true })),
-                Flow::AwaitPost | Flow::Closing => Ok(Some(left(landed))),
+                Flow::AwaitPost | Flow::Closing => Ok(Some(left(landed || read_here))),
             });
             match next {
                 Ok(Some(done)) => break Ok(done),
@@ -927,7 +943,13 @@ impl RxHandle {
             }
         };
         if ctx.is_none() {
-            return outcome.unwrap_or(Landed::No);
+            return match outcome {
+                Ok(landed) => landed,
+                Err(e) => {
+                    rx.fail(e);
+                    Landed::Here { kick: true }
+                }
+            };
         }
         // The copies to the device (if any) are waited for here: the task
         // is idle and would not complete them.
@@ -940,6 +962,13 @@ impl RxHandle {
                 Landed::Here { kick: true }
             }
         }
+    }
+
+    /// Bytes of this stream in its buffer or waiting in its socket (tests).
+    #[cfg(test)]
+    pub(super) fn bytes_waiting(&self) -> usize {
+        let rx = self.0.lock();
+        rx.r.buffered() + unread(&rx.r.s)
     }
 
     /// Whether the task is idle keeping message `seq`'s header, all the

@@ -370,6 +370,44 @@ fn every_part_of_a_message_sent_ahead_on_one_stream_lands_on_the_posting_thread(
 }
 
 #[test]
+fn with_no_cpu_idle_the_poster_lands_every_part_held_on_the_streams() {
+    // A message of four parts on four streams, each held whole before its
+    // receive is posted. With no CPU idle no task is kicked to land its
+    // part beside the poster (it would wait for a CPU, holding the part):
+    // the poster lands all four, and the receive is complete when `irecv`
+    // returns.
+    let c = big_buffers(4);
+    let (mut s, mut r, _l) = own_pair_of(c.clone());
+    let n = 1usize << 20;
+    assert_eq!(split_parts(n, 4, c.min_part).len(), 4);
+    for seq in 0..6usize {
+        let src: Vec<u8> = (0..n).map(|i| (i * 17 + seq * 3 + 7) as u8).collect();
+        let q = send_all(&mut s, &src);
+        assert_eq!(wait(|| s.test(q)), n);
+        if seq == 0 {
+            // The first message asked for the other streams.
+            let mut dst = vec![0u8; n];
+            let q = recv_into(&mut r, &mut dst);
+            assert_eq!(wait(|| r.test(q)), n);
+            assert!(dst == src, "message 0: bytes differ");
+            s.settle_streams();
+            until(
+                || r.stream_count() == 4,
+                "the receiver takes in four streams",
+            );
+            continue;
+        }
+        until(
+            || r.holders(seq as u64) == 4,
+            "each stream holds a part whole",
+        );
+        crate::spin::answer_full_here(Some(true));
+        recv_landed_by_the_poster(&mut r, seq, &src);
+        crate::spin::answer_full_here(None);
+    }
+}
+
+#[test]
 fn parts_sent_ahead_on_several_streams_land_between_the_poster_and_the_kicked_tasks() {
     // A message of four parts, all arrived before its receive: the tasks
     // of the streams but the first are kicked, and the poster lands what
@@ -1229,6 +1267,65 @@ fn with_no_cpu_idle_the_posting_thread_writes_a_gpu_message_up_to_a_slice_itself
     crate::spin::answer_full_here(None);
 }
 
+#[test]
+fn with_no_cpu_idle_a_gpu_message_of_several_parts_is_written_by_the_posting_thread() {
+    // With no CPU idle, every part of a GPU message of several parts up
+    // to a staging slice is copied out and written by `isend` itself, on
+    // one stream (a comm's first message) and on several; the receiver
+    // gets every byte. Skipped without a GPU.
+    use crate::gpu;
+    if !gpu::available() {
+        eprintln!("no GPU: skipped");
+        return;
+    }
+    let dev = gpu::Device::get(0).unwrap();
+    let c = SocketConfig {
+        sockbuf: 8 << 20,
+        ..cfg(4)
+    };
+    let (mut s, mut r, _l) = own_pair_of(c.clone());
+    let n = 512 << 10;
+    assert_eq!(split_parts(n, 4, c.min_part).len(), 4);
+    assert!(n <= c.staging_slice);
+    let from = gpu::DeviceBuf::new(&dev, n).unwrap();
+    let to = gpu::DeviceBuf::new(&dev, n).unwrap();
+    let gpu_mem = |ptr| MemRef {
+        addr: ptr,
+        len: n,
+        kind: MemKind::Cuda(0),
+    };
+    crate::spin::answer_full_here(Some(true));
+    for seq in 0..6usize {
+        if seq == 1 {
+            // The first message asked for the other streams.
+            s.settle_streams();
+            assert_eq!(s.stream_count(), 4);
+        }
+        let src: Vec<u8> = (0..n).map(|i| (i * 13 + seq * 5 + 1) as u8).collect();
+        // SAFETY: both ranges are n bytes, ours.
+        #[allow(unsafe_code)]
+        unsafe { gpu::copy_sync(from.ptr, src.as_ptr() as u64, n) }.unwrap();
+        let zero = vec![0u8; n];
+        // SAFETY: as above.
+        #[allow(unsafe_code)]
+        unsafe { gpu::copy_sync(to.ptr, zero.as_ptr() as u64, n) }.unwrap();
+        let q = r.irecv(gpu_mem(to.ptr), MrHandle(0)).unwrap().unwrap();
+        let p = s.isend(gpu_mem(from.ptr), MrHandle(0)).unwrap().unwrap();
+        assert_eq!(
+            s.test(p).unwrap(),
+            Some(n),
+            "message {seq}: a part left to a stream's task"
+        );
+        assert_eq!(wait(|| r.test(q)), n, "message {seq}");
+        let mut got = vec![0u8; n];
+        // SAFETY: as above.
+        #[allow(unsafe_code)]
+        unsafe { gpu::copy_sync(got.as_mut_ptr() as u64, to.ptr, n) }.unwrap();
+        assert!(got == src, "message {seq}: bytes differ");
+    }
+    crate::spin::answer_full_here(None);
+}
+
 /// A one-stream sender (parts up to 4 MiB) with large socket buffers on
 /// both ends, to a raw receiver (its stream accepted, the hello read): the
 /// net, the comm, the receiver's stream and its listener.
@@ -1681,4 +1778,126 @@ fn gpu_parts_whose_bytes_trickle_in_hold_no_worker_while_they_wait() {
         unsafe { gpu::copy_sync(got.as_mut_ptr() as u64, b.ptr, got.len()) }.unwrap();
         assert!(got == *src, "peer {p}: the part landed with other bytes");
     }
+}
+
+/// A receive stream whose task is made but never run (as one waiting for
+/// a CPU that does not come), over loopback: the stream's handle, the
+/// comm's shared state, and the peer's end to write parts into.
+fn stream_without_its_task() -> (
+    super::rx::RxHandle,
+    Arc<super::book::RecvShared>,
+    TcpStream,
+    super::rx::RxTask,
+) {
+    use super::book::{Book, RecvShared};
+    use parking_lot::{Condvar, Mutex};
+    use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize};
+    let c = cfg(1);
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let peer = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+    let (s, _) = l.accept().unwrap();
+    s.set_read_timeout(Some(super::sockio::LINGER_SLICE))
+        .unwrap();
+    let shared = Arc::new(RecvShared {
+        book: Mutex::new(Book::default()),
+        cv: Condvar::new(),
+        streams: AtomicUsize::new(1),
+        split: (c.streams, c.min_part),
+        posted: AtomicU64::new(0),
+        closing: AtomicBool::new(false),
+        failed: Mutex::new(None),
+        waker: Arc::new(|| {}),
+    });
+    let workers = crate::workers::Workers::new("test-rx", None).unwrap();
+    let (task, handle) = super::rx::RxTask::new(
+        Arc::new(s),
+        shared.clone(),
+        super::Lane::new(0, &c),
+        c.linger,
+        Arc::new(super::stage::StagingPool::new(1)),
+        workers,
+    );
+    (handle, shared, peer, task)
+}
+
+/// Enters a receive of message `seq` into `dst` (host memory) in the book,
+/// as `irecv` does.
+fn enter_recv(
+    shared: &super::book::RecvShared,
+    seq: u64,
+    dst: &mut [u8],
+) -> Arc<super::book::RecvReq> {
+    use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+    let req = Arc::new(super::book::RecvReq {
+        segs: Segs::new(&[host(dst.as_mut_ptr() as u64, dst.len())]).unwrap(),
+        parts_done: AtomicUsize::new(0),
+        shape: parking_lot::Mutex::new(None),
+        claimed: AtomicU64::new(0),
+        done: AtomicBool::new(false),
+        landing: AtomicUsize::new(0),
+    });
+    shared.book.lock().due.insert(seq, req.clone());
+    shared.posted.store(seq + 1, Ordering::Release);
+    req
+}
+
+/// Writes message `seq` (all of `src`, one part) as a sender would.
+fn write_part(peer: &mut TcpStream, seq: u64, src: &[u8]) {
+    let h = part_header(seq, 0, src.len(), src.len(), 1, host(0, src.len()));
+    peer.write_all(&h.encode()).unwrap();
+    peer.write_all(src).unwrap();
+}
+
+#[test]
+fn with_no_cpu_idle_the_poster_reads_a_header_its_streams_task_has_not() {
+    use super::rx::Landed;
+    use std::sync::atomic::Ordering;
+    // A part arrived before its receive, its stream's task not yet run (no
+    // CPU for it): the header is still in the socket. With CPUs idle the
+    // poster leaves it to the task; with none, it reads the header and
+    // lands the part itself, and a header of another receive it read is
+    // the task's (kicked).
+    let (handle, shared, mut peer, mut task) = stream_without_its_task();
+    let n = 64 << 10;
+    let src: Vec<u8> = (0..n).map(|i| (i * 7 + 3) as u8).collect();
+    write_part(&mut peer, 0, &src);
+    let mut dst = vec![0u8; n + 8];
+    let req = enter_recv(&shared, 0, &mut dst);
+    until(|| handle.bytes_waiting() >= n, "the part's bytes arrive");
+    let mut budget = super::rx::POSTER_BUDGET;
+    crate::spin::answer_full_here(Some(false));
+    assert_eq!(handle.land_held(0, &mut budget), Landed::No, "CPUs idle");
+    crate::spin::answer_full_here(Some(true));
+    let landed = handle.land_held(0, &mut budget);
+    assert!(matches!(landed, Landed::Here { .. }), "{landed:?}");
+    assert!(req.done.load(Ordering::Acquire), "the receive completed");
+    assert!(dst[..n] == src[..], "the part's bytes");
+    assert!(dst[n..].iter().all(|&b| b == 0), "nothing past it");
+    assert_eq!(budget, super::rx::POSTER_BUDGET - n);
+    // Two receives posted, message 2's part here and not message 1's:
+    // landing message 1, the poster reads message 2's header (its receive
+    // is not the one it lands) and kicks the task, which lands it.
+    let src2: Vec<u8> = (0..n).map(|i| (i * 5 + 1) as u8).collect();
+    let (mut d1, mut d2) = (vec![0u8; n], vec![0u8; n]);
+    let _r1 = enter_recv(&shared, 1, &mut d1);
+    let r2 = enter_recv(&shared, 2, &mut d2);
+    write_part(&mut peer, 2, &src2);
+    until(|| handle.bytes_waiting() >= n, "message 2's bytes arrive");
+    let mut budget = super::rx::POSTER_BUDGET;
+    assert_eq!(
+        handle.land_held(1, &mut budget),
+        Landed::Here { kick: true },
+        "a header read for the task"
+    );
+    assert!(!r2.done.load(Ordering::Acquire), "message 2 is the task's");
+    assert_eq!(budget, super::rx::POSTER_BUDGET, "nothing landed");
+    assert!(handle.awaits(2), "the header kept for the task");
+    crate::spin::answer_full_here(None);
+    // The task, run (as the kick would), lands it.
+    crate::workers::Task::run(&mut task);
+    assert!(
+        r2.done.load(Ordering::Acquire),
+        "message 2 landed by the task"
+    );
+    assert!(d2 == src2, "message 2's bytes");
 }
