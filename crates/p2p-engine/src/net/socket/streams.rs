@@ -313,8 +313,21 @@ impl RxStreams {
         // it the poster lands. (One thread landing a 1 MB message's eight
         // parts took 640 µs on 2 × H100; a wake-up 60 µs to milliseconds.)
         // With no CPU idle a kicked task waits for one (a scheduler's
-        // slice) and holds its part meanwhile: the poster lands them all.
-        if !crate::spin::machine_full() {
+        // slice) and holds its part meanwhile: the poster lands them all,
+        // and for a receive it may land whole reads the headers the tasks
+        // have not read yet (never for a larger one: its parts are the
+        // tasks', and the poster -- the engine's progress -- would only
+        // be held up reading them).
+        let full = crate::spin::machine_full();
+        let read = full
+            && self
+                .shared
+                .book
+                .lock()
+                .due
+                .get(&seq)
+                .is_some_and(|r| r.segs.total <= super::rx::POSTER_BUDGET);
+        if !full {
             let mut first = true;
             for (h, t) in inner.held.iter().zip(&inner.tasks) {
                 if h.holds(seq) {
@@ -327,7 +340,7 @@ impl RxStreams {
         }
         let mut budget = super::rx::POSTER_BUDGET;
         for (h, t) in inner.held.iter().zip(&inner.tasks) {
-            let kick = match h.land_held(seq, &mut budget) {
+            let kick = match h.land_held(seq, &mut budget, read) {
                 Landed::Here { kick } => kick,
                 Landed::No => h.awaits(seq),
             };

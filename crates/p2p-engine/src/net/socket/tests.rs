@@ -1849,14 +1849,15 @@ fn write_part(peer: &mut TcpStream, seq: u64, src: &[u8]) {
 }
 
 #[test]
-fn with_no_cpu_idle_the_poster_reads_a_header_its_streams_task_has_not() {
+fn asked_to_the_poster_reads_a_header_its_streams_task_has_not() {
     use super::rx::Landed;
     use std::sync::atomic::Ordering;
     // A part arrived before its receive, its stream's task not yet run (no
-    // CPU for it): the header is still in the socket. With CPUs idle the
-    // poster leaves it to the task; with none, it reads the header and
-    // lands the part itself, and a header of another receive it read is
-    // the task's (kicked).
+    // CPU for it): the header is still in the socket. Unless asked to read
+    // (no CPU idle, a receive it may land whole: `RxStreams::posted`) the
+    // poster leaves it to the task; asked, it reads the header and lands
+    // the part itself, and a header of another receive it read is the
+    // task's (kicked).
     let (handle, shared, mut peer, mut task) = stream_without_its_task();
     let n = 64 << 10;
     let src: Vec<u8> = (0..n).map(|i| (i * 7 + 3) as u8).collect();
@@ -1865,10 +1866,12 @@ fn with_no_cpu_idle_the_poster_reads_a_header_its_streams_task_has_not() {
     let req = enter_recv(&shared, 0, &mut dst);
     until(|| handle.bytes_waiting() >= n, "the part's bytes arrive");
     let mut budget = super::rx::POSTER_BUDGET;
-    crate::spin::answer_full_here(Some(false));
-    assert_eq!(handle.land_held(0, &mut budget), Landed::No, "CPUs idle");
-    crate::spin::answer_full_here(Some(true));
-    let landed = handle.land_held(0, &mut budget);
+    assert_eq!(
+        handle.land_held(0, &mut budget, false),
+        Landed::No,
+        "not asked to read"
+    );
+    let landed = handle.land_held(0, &mut budget, true);
     assert!(matches!(landed, Landed::Here { .. }), "{landed:?}");
     assert!(req.done.load(Ordering::Acquire), "the receive completed");
     assert!(dst[..n] == src[..], "the part's bytes");
@@ -1885,14 +1888,13 @@ fn with_no_cpu_idle_the_poster_reads_a_header_its_streams_task_has_not() {
     until(|| handle.bytes_waiting() >= n, "message 2's bytes arrive");
     let mut budget = super::rx::POSTER_BUDGET;
     assert_eq!(
-        handle.land_held(1, &mut budget),
+        handle.land_held(1, &mut budget, true),
         Landed::Here { kick: true },
         "a header read for the task"
     );
     assert!(!r2.done.load(Ordering::Acquire), "message 2 is the task's");
     assert_eq!(budget, super::rx::POSTER_BUDGET, "nothing landed");
     assert!(handle.awaits(2), "the header kept for the task");
-    crate::spin::answer_full_here(None);
     // The task, run (as the kick would), lands it.
     crate::workers::Task::run(&mut task);
     assert!(
