@@ -896,14 +896,15 @@ impl RxHandle {
             }
         };
         // With `read`, a header the task has not read yet (it waits for a
-        // CPU) is read here when all of it has arrived. A header read here
-        // and not landed is the task's to act on: it is kicked, as after a
-        // landing.
+        // CPU) is read here when all of it has arrived. A header so read of
+        // a posted receive, and not landed here, is the task's to act on:
+        // it is kicked (one of a receive not posted yet is kept, as the
+        // task keeps it).
         let mut read_here = false;
         let outcome = loop {
             if read && rx.pending.is_none() && rx.inpart.is_none() {
                 match rx.read_ahead() {
-                    Ok(_) => read_here |= rx.pending.is_some(),
+                    Ok(kept) => read_here = rx.pending.is_some() && !kept,
                     Err(e) => break Err(e),
                 }
             }
@@ -915,6 +916,7 @@ impl RxHandle {
                 break Ok(left(landed || read_here));
             };
             *budget -= h.len as usize;
+            read_here = false;
             tracing::trace!(seq, stream = rx.lane.index, "lat: poster lands");
             if ctx.is_none() {
                 ctx = Some(crate::gpu::ContextGuard::save());

@@ -1849,7 +1849,7 @@ fn write_part(peer: &mut TcpStream, seq: u64, src: &[u8]) {
 }
 
 #[test]
-fn asked_to_the_poster_reads_a_header_its_streams_task_has_not() {
+fn when_asked_the_poster_reads_a_header_its_streams_task_has_not() {
     use super::rx::Landed;
     use std::sync::atomic::Ordering;
     // A part arrived before its receive, its stream's task not yet run (no
@@ -1902,4 +1902,26 @@ fn asked_to_the_poster_reads_a_header_its_streams_task_has_not() {
         "message 2 landed by the task"
     );
     assert!(d2 == src2, "message 2's bytes");
+    // A header of a receive not posted yet, read so, is kept with no kick,
+    // as the task keeps one; its post lands the part.
+    let src3: Vec<u8> = (0..n).map(|i| (i * 3 + 2) as u8).collect();
+    write_part(&mut peer, 3, &src3);
+    until(|| handle.bytes_waiting() >= n, "message 3's bytes arrive");
+    assert_eq!(
+        handle.land_held(1, &mut budget, true),
+        Landed::No,
+        "a header kept for a receive to come"
+    );
+    assert!(!handle.awaits(1), "nothing for message 1's receive");
+    let mut d3 = vec![0u8; n];
+    let r3 = enter_recv(&shared, 3, &mut d3);
+    assert!(matches!(
+        handle.land_held(3, &mut budget, true),
+        Landed::Here { .. }
+    ));
+    assert!(
+        r3.done.load(Ordering::Acquire),
+        "message 3 landed on its post"
+    );
+    assert!(d3 == src3, "message 3's bytes");
 }
