@@ -70,6 +70,40 @@ pub(super) struct RecvShared {
 }
 
 impl RecvShared {
+    /// A receive comm's state before any stream is in or any receive is
+    /// posted; `split`: how the peer cuts messages (its listen handle's
+    /// streams and smallest part).
+    pub(super) fn new(split: (usize, usize), waker: Waker) -> Self {
+        RecvShared {
+            book: Mutex::new(Book::default()),
+            cv: Condvar::new(),
+            streams: AtomicUsize::new(0),
+            split,
+            posted: AtomicU64::new(0),
+            closing: AtomicBool::new(false),
+            failed: Mutex::new(None),
+            waker,
+        }
+    }
+
+    /// Enters the receive of message `seq` into `segs` in the book (the
+    /// streams waiting for it are told), and marks receives up to it
+    /// posted.
+    pub(super) fn enter(&self, seq: u64, segs: Segs) -> Arc<RecvReq> {
+        let req = Arc::new(RecvReq {
+            segs,
+            parts_done: AtomicUsize::new(0),
+            shape: Mutex::new(None),
+            claimed: AtomicU64::new(0),
+            done: AtomicBool::new(false),
+            landing: AtomicUsize::new(0),
+        });
+        self.book.lock().due.insert(seq, req.clone());
+        self.cv.notify_all();
+        self.posted.store(seq + 1, Ordering::Release);
+        req
+    }
+
     /// Wakes every stream's thread (closing, failing).
     pub(super) fn notify_all(&self) {
         self.cv.notify_all();

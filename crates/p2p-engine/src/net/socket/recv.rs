@@ -2,12 +2,10 @@
 //! receive streams' tasks ([`super::rx`]) find it.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use parking_lot::{Condvar, Mutex};
-
-use super::book::{Book, Landing, RecvReq, RecvShared};
+use super::book::{Landing, RecvReq, RecvShared};
 use super::door::Door;
 use super::segs::Segs;
 use super::stage::StagingPool;
@@ -42,16 +40,7 @@ impl SocketRecv {
         workers: &Workers,
         staging: &Arc<StagingPool<Landing>>,
     ) -> Result<Self, NetError> {
-        let shared = Arc::new(RecvShared {
-            book: Mutex::new(Book::default()),
-            cv: Condvar::new(),
-            streams: AtomicUsize::new(0),
-            split: (cfg.streams, cfg.min_part),
-            posted: AtomicU64::new(0),
-            closing: AtomicBool::new(false),
-            failed: Mutex::new(None),
-            waker,
-        });
+        let shared = Arc::new(RecvShared::new((cfg.streams, cfg.min_part), waker));
         let streams = RxStreams::new(shared.clone(), cfg, workers, staging.clone());
         for (index, s) in door.attach(nonce, &streams)? {
             streams.join(index, s);
@@ -100,17 +89,7 @@ impl RecvComm for SocketRecv {
         let segs = Segs::new(segs)?;
         let seq = self.next_seq;
         self.next_seq += 1;
-        let req = Arc::new(RecvReq {
-            segs,
-            parts_done: AtomicUsize::new(0),
-            shape: Mutex::new(None),
-            claimed: AtomicU64::new(0),
-            done: AtomicBool::new(false),
-            landing: AtomicUsize::new(0),
-        });
-        self.shared.book.lock().due.insert(seq, req.clone());
-        self.shared.cv.notify_all();
-        self.shared.posted.store(seq + 1, Ordering::Release);
+        let req = self.shared.enter(seq, segs);
         // A stream that read this message's header first waits idle: a
         // small part whose bytes are here is landed by this thread, and
         // the tasks are kicked to go on reading (or to land it).

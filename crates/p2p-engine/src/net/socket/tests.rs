@@ -1789,25 +1789,16 @@ fn stream_without_its_task() -> (
     TcpStream,
     super::rx::RxTask,
 ) {
-    use super::book::{Book, RecvShared};
-    use parking_lot::{Condvar, Mutex};
-    use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize};
     let c = cfg(1);
     let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let peer = TcpStream::connect(l.local_addr().unwrap()).unwrap();
     let (s, _) = l.accept().unwrap();
     s.set_read_timeout(Some(super::sockio::LINGER_SLICE))
         .unwrap();
-    let shared = Arc::new(RecvShared {
-        book: Mutex::new(Book::default()),
-        cv: Condvar::new(),
-        streams: AtomicUsize::new(1),
-        split: (c.streams, c.min_part),
-        posted: AtomicU64::new(0),
-        closing: AtomicBool::new(false),
-        failed: Mutex::new(None),
-        waker: Arc::new(|| {}),
-    });
+    let shared = Arc::new(super::book::RecvShared::new(
+        (c.streams, c.min_part),
+        Arc::new(|| {}),
+    ));
     let workers = crate::workers::Workers::new("test-rx", None).unwrap();
     let (task, handle) = super::rx::RxTask::new(
         Arc::new(s),
@@ -1827,18 +1818,10 @@ fn enter_recv(
     seq: u64,
     dst: &mut [u8],
 ) -> Arc<super::book::RecvReq> {
-    use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-    let req = Arc::new(super::book::RecvReq {
-        segs: Segs::new(&[host(dst.as_mut_ptr() as u64, dst.len())]).unwrap(),
-        parts_done: AtomicUsize::new(0),
-        shape: parking_lot::Mutex::new(None),
-        claimed: AtomicU64::new(0),
-        done: AtomicBool::new(false),
-        landing: AtomicUsize::new(0),
-    });
-    shared.book.lock().due.insert(seq, req.clone());
-    shared.posted.store(seq + 1, Ordering::Release);
-    req
+    shared.enter(
+        seq,
+        Segs::new(&[host(dst.as_mut_ptr() as u64, dst.len())]).unwrap(),
+    )
 }
 
 /// Writes message `seq` (all of `src`, one part) as a sender would.
