@@ -966,6 +966,14 @@ impl RxHandle {
         }
     }
 
+    /// The size of message `seq` as the header this stream's task keeps
+    /// for it says, if it keeps one (and is not running).
+    pub(super) fn held_total(&self, seq: u64) -> Option<usize> {
+        let rx = self.0.try_lock()?;
+        let h = rx.pending.filter(|h| h.seq == seq)?;
+        usize::try_from(h.total).ok()
+    }
+
     /// Bytes of this stream in its buffer or waiting in its socket (tests).
     #[cfg(test)]
     pub(super) fn bytes_waiting(&self) -> usize {

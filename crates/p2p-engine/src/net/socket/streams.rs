@@ -313,21 +313,29 @@ impl RxStreams {
         // it the poster lands. (One thread landing a 1 MB message's eight
         // parts took 640 µs on 2 × H100; a wake-up 60 µs to milliseconds.)
         // With no CPU idle a kicked task waits for one (a scheduler's
-        // slice) and holds its part meanwhile: the poster lands them all,
-        // and for a receive it may land whole reads the headers the tasks
-        // have not read yet (never for a larger one: its parts are the
-        // tasks', and the poster -- the engine's progress -- would only
-        // be held up reading them).
-        let full = crate::spin::machine_full();
-        let read = full
-            && self
+        // slice) and holds its part meanwhile: for a receive it may land
+        // whole the poster lands every part itself, reading the headers
+        // the tasks have not read yet. Not for a larger one: its parts
+        // beyond the poster's budget are the tasks' whatever happens, so
+        // they are kicked first as above (kicked only after the poster's
+        // own part, they would start that much later), and reading their
+        // headers would hold up the poster -- the engine's progress.
+        // (The message's size is its header's, where a stream holds one:
+        // a receive may be posted larger than the message it takes.)
+        let fits = |total: usize| total <= super::rx::POSTER_BUDGET;
+        let alone = crate::spin::machine_full()
+            && (self
                 .shared
                 .book
                 .lock()
                 .due
                 .get(&seq)
-                .is_some_and(|r| r.segs.total <= super::rx::POSTER_BUDGET);
-        if !full {
+                .is_some_and(|r| fits(r.segs.total))
+                || inner
+                    .held
+                    .iter()
+                    .any(|h| h.held_total(seq).is_some_and(fits)));
+        if !alone {
             let mut first = true;
             for (h, t) in inner.held.iter().zip(&inner.tasks) {
                 if h.holds(seq) {
@@ -340,7 +348,7 @@ impl RxStreams {
         }
         let mut budget = super::rx::POSTER_BUDGET;
         for (h, t) in inner.held.iter().zip(&inner.tasks) {
-            let kick = match h.land_held(seq, &mut budget, read) {
+            let kick = match h.land_held(seq, &mut budget, alone) {
                 Landed::Here { kick } => kick,
                 Landed::No => h.awaits(seq),
             };
