@@ -59,6 +59,11 @@
 #            x 50 iterations; needs UCCL_BENCH (the file) and 2 GPUs  (~3)
 #   sendrecv blocking send / recv in UCCL's benchmark loop
 #            (benchmarks/sendrecv_loop.py), 64 KiB … 256 MiB          (~2)
+#   uccl_shape the same loop in UCCL's own shape (--shape uccl: buffers
+#            made as its benchmark makes them, ten calls after one
+#            warm-up), 64 KB … 100 MB, through ours, plain TCP (--via raw)
+#            and, with 2 GPUs, NCCL's socket transport (--via nccl), in
+#            turn, three times                                        (~4)
 #   trace    where one blocking GPU transfer's time goes: send 4K / 64K / 1M
 #            and write 64K / 1M traced (TCPX_P2P_LOG=trace), split by
 #            benchmarks/lat_breakdown.py                              (~3)
@@ -221,6 +226,15 @@ step() { # step NAME: one step for the build whose environment is set
       pack ;;
     sendrecv)
       run sendrecv 240 python3 benchmarks/sendrecv_loop.py --memory gpu --gpus "$GPUS" --sizes 64K,1M,16M,256M --rounds 5 --json "$O/${P}sendrecv_loop.json" ;;
+    uccl_shape)
+      local i v
+      for i in 1 2 3; do
+        for v in engine raw nccl; do
+          [ "$v" = nccl ] && [ "$NGPU" -lt 2 ] && continue
+          run "uccl_shape_${v}_$i" 90 python3 benchmarks/sendrecv_loop.py --memory gpu --gpus "$GPUS" --shape uccl --via "$v" \
+            --sizes 64K,256K,1M,10M,100M --rounds 6 --json "$O/${P}uccl_shape_${v}_$i.json"
+        done
+      done ;;
     trace)
       # Tracing costs a few µs per event: the split between steps is what
       # this is for, not the sums.
