@@ -313,7 +313,7 @@ impl RxStreams {
         // it the poster lands. (One thread landing a 1 MB message's eight
         // parts took 640 µs on 2 × H100; a wake-up 60 µs to milliseconds.)
         // With no CPU idle a kicked task waits for one (a scheduler's
-        // slice) and holds its part meanwhile: for a receive it may land
+        // slice) and holds its part meanwhile: for a message it may land
         // whole the poster lands every part itself, reading the headers
         // the tasks have not read yet. Not for a larger one: its parts
         // beyond the poster's budget are the tasks' whatever happens, so
