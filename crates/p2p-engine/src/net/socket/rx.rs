@@ -944,20 +944,16 @@ impl RxHandle {
                 Err(e) => break Err(e),
             }
         };
-        if ctx.is_none() {
-            return match outcome {
-                Ok(landed) => landed,
-                Err(e) => {
-                    rx.fail(e);
-                    Landed::Here { kick: true }
-                }
-            };
-        }
-        // The copies to the device (if any) are waited for here: the task
-        // is idle and would not complete them.
-        let flushed = rx.flush();
-        rx.give_back();
-        match outcome.and_then(|landed| flushed.map(|()| landed)) {
+        // Where a part was landed, its copies to the device (if any) are
+        // waited for here: the task is idle and would not complete them.
+        let outcome = if ctx.is_some() {
+            let flushed = rx.flush();
+            rx.give_back();
+            outcome.and_then(|landed| flushed.map(|()| landed))
+        } else {
+            outcome
+        };
+        match outcome {
             Ok(landed) => landed,
             Err(e) => {
                 rx.fail(e);
