@@ -19,6 +19,7 @@ round). Bytes are checked once per row, in the first round, before timing.
 """
 
 import argparse
+import atexit
 import glob
 import hashlib
 import importlib
@@ -27,6 +28,7 @@ import multiprocessing as mp
 import os
 import random
 import resource
+import shutil
 import statistics
 import sys
 import tempfile
@@ -647,6 +649,8 @@ def main(argv=None):
     a.notif_backend = "TCPX_P2P"
     budget = parse_size(a.bytes_per_row)
     env = plugin_env("UCX" in backends)
+    # The folder of links is this run's: gone when it ends (or starts again).
+    atexit.register(shutil.rmtree, env["NIXL_PLUGIN_DIR"], True)
     if "UCX" in backends:
         env["UCX_TLS"] = os.environ.get("UCX_TLS", "tcp,cuda_copy" if a.memory == "gpu" else "tcp")
     env.setdefault("TCPX_P2P_IFNAME", os.environ.get("TCPX_P2P_IFNAME", "lo"))
@@ -654,6 +658,7 @@ def main(argv=None):
     if a.one_process and "UCX" in backends and os.environ.get("NIXL_BENCH_REEXEC") != "1":
         # The loader reads LD_LIBRARY_PATH once, at start: start again with it.
         os.environ["NIXL_BENCH_REEXEC"] = "1"
+        shutil.rmtree(env["NIXL_PLUGIN_DIR"], True)
         os.execv(sys.executable, [sys.executable, os.path.abspath(__file__)] + (argv if argv is not None else sys.argv[1:]))
 
     one_desc = set()
