@@ -67,6 +67,11 @@ pub(super) struct RecvShared {
     pub(super) closing: AtomicBool,
     pub(super) failed: Mutex<Option<NetError>>,
     pub(super) waker: Waker,
+    /// Per stream (by its index), the message of the last part header
+    /// read on it. A stream carries the sender's messages in the order they
+    /// were sent (each stream's parts go out in order), so no part of an
+    /// earlier message can come on it any more.
+    past: Box<[AtomicU64]>,
 }
 
 impl RecvShared {
@@ -83,6 +88,57 @@ impl RecvShared {
             closing: AtomicBool::new(false),
             failed: Mutex::new(None),
             waker,
+            past: (0..split.0).map(|_| AtomicU64::new(0)).collect(),
+        }
+    }
+
+    /// Stream `index` read a part header of message `seq`.
+    pub(super) fn moved_past(&self, index: usize, seq: u64) {
+        if let Some(p) = self.past.get(index) {
+            p.fetch_max(seq, Ordering::AcqRel);
+        }
+    }
+
+    /// The earliest message a part may still come for: every stream is in
+    /// and has read a header of this message or a later one. None while a
+    /// stream is still to come (it may bring any message's part).
+    pub(super) fn streams_past(&self) -> Option<u64> {
+        if self.streams.load(Ordering::Acquire) < self.past.len() {
+            return None;
+        }
+        self.past.iter().map(|p| p.load(Ordering::Acquire)).min()
+    }
+
+    /// A posted receive before `past` ([`Self::streams_past`]) that still
+    /// lacks parts: none can come for it, so it would wait for ever.
+    pub(super) fn stranded_before(&self, past: u64) -> Option<u64> {
+        self.book
+            .lock()
+            .due
+            .keys()
+            .copied()
+            .filter(|&seq| seq < past)
+            .min()
+    }
+
+    /// The error of a receive no part can come for any more.
+    pub(super) fn stranded(seq: u64, past: u64) -> NetError {
+        NetError::Protocol {
+            net: super::NET,
+            reason: format!(
+                "message {seq} lacks parts that no stream can bring: every stream has gone on to message {past} or later (the sender broke its order, or skipped them)"
+            ),
+        }
+    }
+
+    /// Fails the comm with its first failure, which every receive not yet
+    /// done then reports; later failures are not kept.
+    pub(super) fn fail(&self, e: NetError) {
+        if !self.closing.load(Ordering::Acquire) {
+            self.failed.lock().get_or_insert(e);
+            self.closing.store(true, Ordering::Release);
+            self.notify_all();
+            (self.waker)();
         }
     }
 

@@ -56,6 +56,8 @@ mod streams;
 /// Whether a TCP stream has bytes to read, and a bounded spin until it
 /// has: the control connection's reader uses them too.
 pub(crate) use sockio::{poll_readable, wait_readable};
+#[cfg(test)]
+mod fuzz_tests;
 pub(crate) mod splice;
 mod stage;
 #[cfg(test)]

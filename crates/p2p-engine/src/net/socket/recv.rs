@@ -94,6 +94,14 @@ impl RecvComm for SocketRecv {
         // small part whose bytes are here is landed by this thread, and
         // the tasks are kicked to go on reading (or to land it).
         self.streams.posted(seq);
+        // Every stream gone past this message already: none of its parts
+        // can come (the comm fails; `test` reports it).
+        if let Some(past) = self.shared.streams_past().filter(|&p| p > seq) {
+            if let Some(stranded) = self.shared.stranded_before(past) {
+                self.shared
+                    .fail(super::book::RecvShared::stranded(stranded, past));
+            }
+        }
         self.reqs.insert(seq, req);
         Ok(Some(ReqId(seq)))
     }

@@ -318,6 +318,7 @@ impl Rx {
             .read_head(&mut hdr, self.large_before)
             .map_err(read_err)?;
         let h = PartHeader::decode(&hdr).map_err(|e| self.protocol(e))?;
+        self.shared.moved_past(self.lane.index, h.seq);
         tracing::trace!(seq = h.seq, "lat: rx header");
         timing::mark(Spent::Waiting);
         timing::bytes(HDR_LEN);
@@ -680,7 +681,7 @@ impl Rx {
             Found::Recv(req) => req,
             Found::Closing => return Ok(Flow::Closing),
             Found::NotYet => {
-                self.pending = Some(h);
+                self.await_post(h)?;
                 return Ok(Flow::AwaitPost);
             }
         };
@@ -730,16 +731,25 @@ impl Rx {
 
     /// The comm's first failure, seen by every receive.
     fn fail(&self, e: NetError) {
-        let shared = &self.shared;
-        if !shared.closing.load(Ordering::Acquire) {
+        if !self.shared.closing.load(Ordering::Acquire) {
             tracing::debug!("socket net: receive stream from {} failed: {e}", self.peer);
-            // The first failure of the comm is what every receive reports.
-            // (`test` reports it for every receive not yet done.)
-            shared.failed.lock().get_or_insert(e);
-            shared.closing.store(true, Ordering::Release);
-            shared.notify_all();
-            (shared.waker)();
         }
+        self.shared.fail(e);
+    }
+
+    /// Keeps header `h`, whose receive is not posted yet, until it is: the
+    /// stream reads nothing more meanwhile. Fails where every stream has
+    /// now gone past a posted receive that still lacks parts (none can
+    /// come for it: without this it would wait for ever, the peer's close
+    /// unseen by streams that read nothing).
+    fn await_post(&mut self, h: PartHeader) -> Result<(), NetError> {
+        self.pending = Some(h);
+        if let Some(past) = self.shared.streams_past() {
+            if let Some(seq) = self.shared.stranded_before(past) {
+                return Err(RecvShared::stranded(seq, past));
+            }
+        }
+        Ok(())
     }
 
     /// The header kept of message `seq`'s part, if that part is small and
@@ -760,7 +770,11 @@ impl Rx {
         }
         let h = self.read_header()?;
         let posted = h.seq < self.shared.posted.load(Ordering::Acquire);
-        self.pending = Some(h);
+        if posted {
+            self.pending = Some(h);
+        } else {
+            self.await_post(h)?;
+        }
         Ok(!posted)
     }
 }

@@ -81,7 +81,7 @@ fn wait<F: FnMut() -> Result<Option<usize>, NetError>>(mut f: F) -> usize {
     }
 }
 
-fn host(addr: u64, len: usize) -> MemRef {
+pub(super) fn host(addr: u64, len: usize) -> MemRef {
     MemRef {
         addr,
         len,
@@ -471,13 +471,13 @@ fn peers_with_other_part_sizes_agree_on_streams() {
 /// A listening comm on `streams` streams and the raw streams a test peer
 /// opens to it (each with the hello `(nonce, index)` given), the receive
 /// comm accepted once the first is in.
-fn raw_peer(streams: usize) -> (super::SocketListen, Handle) {
+pub(super) fn raw_peer(streams: usize) -> (super::SocketListen, Handle) {
     let l = SocketNet::new(cfg(streams)).listen_here().unwrap();
     let handle = Handle::decode(&super::ListenComm::handle(&l)).unwrap();
     (l, handle)
 }
 
-fn raw_stream(addr: std::net::SocketAddr, nonce: u64, index: u64) -> TcpStream {
+pub(super) fn raw_stream(addr: std::net::SocketAddr, nonce: u64, index: u64) -> TcpStream {
     let mut s = TcpStream::connect(addr).unwrap();
     s.write_all(
         &Hello {
@@ -490,7 +490,7 @@ fn raw_stream(addr: std::net::SocketAddr, nonce: u64, index: u64) -> TcpStream {
     s
 }
 
-fn accept(l: &mut super::SocketListen) -> super::recv::SocketRecv {
+pub(super) fn accept(l: &mut super::SocketListen) -> super::recv::SocketRecv {
     let waker: Waker = Arc::new(|| {});
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {
@@ -520,7 +520,7 @@ fn parked(w: &crate::workers::Workers, what: &str) {
 }
 
 /// Waits until `f` holds (5 s at most).
-fn until(mut f: impl FnMut() -> bool, what: &str) {
+pub(super) fn until(mut f: impl FnMut() -> bool, what: &str) {
     let deadline = Instant::now() + Duration::from_secs(5);
     while !f() {
         assert!(Instant::now() < deadline, "{what}");
@@ -693,6 +693,89 @@ fn a_part_sent_twice_on_two_streams_fails_the_receive() {
         dst[plen..].iter().all(|&b| b == 0),
         "the second part's bytes untouched"
     );
+}
+
+/// Waits (5 s at most) for receive `q` to fail; its error.
+fn fails(r: &mut super::recv::SocketRecv, q: ReqId, what: &str) -> String {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        match r.test(q) {
+            Err(e) => return e.to_string(),
+            Ok(Some(n)) => panic!("{what}: completed with {n} bytes"),
+            Ok(None) => assert!(Instant::now() < deadline, "{what}: waited for ever"),
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+#[test]
+fn a_receive_no_stream_can_still_bring_a_part_for_fails_instead_of_waiting() {
+    // Each stream carries the sender's messages in order: once every
+    // stream has read a header of a later message, a receive still
+    // lacking parts can get none. Its stream, keeping the later header for
+    // its receive, reads nothing more (so a peer's close went unseen): the
+    // receive failed nowhere and waited for ever.
+    let n = 4096;
+    let src = vec![9u8; n];
+    // Posted first, then the header of message 1 on the only stream.
+    let (mut l, h) = raw_peer(1);
+    let mut s0 = raw_stream(h.addr, h.nonce, 0);
+    let mut r = accept(&mut l);
+    let mut dst = vec![0u8; n];
+    let q = r
+        .irecv(host(dst.as_mut_ptr() as u64, n), MrHandle(0))
+        .unwrap()
+        .unwrap();
+    s0.write_all(&part_header(1, 0, n, n, 1, host(0, n)).encode())
+        .unwrap();
+    s0.write_all(&src).unwrap();
+    drop(s0);
+    let err = fails(&mut r, q, "receive 0, message 1 on every stream");
+    assert!(err.contains("message 0 lacks parts"), "{err}");
+    assert!(dst.iter().all(|&b| b == 0), "nothing written");
+    // Message 1's header held first: receive 0, posted after it, fails at
+    // once (the peer still connected).
+    let (mut l, h) = raw_peer(1);
+    let mut s0 = raw_stream(h.addr, h.nonce, 0);
+    let mut r = accept(&mut l);
+    s0.write_all(&part_header(1, 0, n, n, 1, host(0, n)).encode())
+        .unwrap();
+    s0.write_all(&src).unwrap();
+    until(|| r.holds(1), "message 1's part is held");
+    let q = r
+        .irecv(host(dst.as_mut_ptr() as u64, n), MrHandle(0))
+        .unwrap()
+        .unwrap();
+    let err = fails(&mut r, q, "receive 0 posted after message 1's header");
+    assert!(err.contains("message 0 lacks parts"), "{err}");
+    // A stream still to come may bring it: with one of two streams in and
+    // past message 0, receive 0 waits, and completes once the second
+    // stream brings it (message 1 after it).
+    let (mut l, h) = raw_peer(2);
+    let mut s0 = raw_stream(h.addr, h.nonce, 0);
+    let mut r = accept(&mut l);
+    let (mut d0, mut d1) = (vec![0u8; n], vec![0u8; n]);
+    let q0 = r
+        .irecv(host(d0.as_mut_ptr() as u64, n), MrHandle(0))
+        .unwrap()
+        .unwrap();
+    s0.write_all(&part_header(1, 0, n, n, 2, host(0, n)).encode())
+        .unwrap();
+    s0.write_all(&src).unwrap();
+    std::thread::sleep(Duration::from_millis(50));
+    assert_eq!(r.test(q0).unwrap(), None, "receive 0 waits for stream 1");
+    let mut s1 = raw_stream(h.addr, h.nonce, 1);
+    let src0 = vec![3u8; n];
+    s1.write_all(&part_header(0, 0, n, n, 2, host(0, n)).encode())
+        .unwrap();
+    s1.write_all(&src0).unwrap();
+    assert_eq!(wait(|| r.test(q0)), n);
+    let q1 = r
+        .irecv(host(d1.as_mut_ptr() as u64, n), MrHandle(0))
+        .unwrap()
+        .unwrap();
+    assert_eq!(wait(|| r.test(q1)), n);
+    assert!(d0 == src0 && d1 == src, "bytes");
 }
 
 #[test]
