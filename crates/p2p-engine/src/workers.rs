@@ -87,8 +87,9 @@ enum State {
     Running { thread: Thread, woken: bool },
     /// Waiting for a wake.
     Idle(Box<dyn Task>),
-    /// Waiting for its descriptor (in the poller's set) or its deadline.
-    Polling,
+    /// Waiting for its descriptor (in the poller's set as `token`) or its
+    /// deadline; `woken`: a wake came meanwhile (see [`Home::wake_with`]).
+    Polling { token: usize, woken: bool },
     /// Finished.
     Done,
 }
@@ -143,7 +144,24 @@ impl Home {
                     thread.unpark();
                 }
             }
-            State::Queued | State::Polling | State::Done => {}
+            // Waiting for its descriptor: taken out of the poller's set
+            // and queued. Whoever gave it work may have taken the bytes
+            // its descriptor was to announce (a receive's posting thread
+            // reading a header for it), and a wake left unseen here kept it
+            // waiting for ever. Not in the set yet (being parked): the
+            // parking sees `woken` and queues it.
+            State::Polling { token, woken } => {
+                *woken = true;
+                let token = *token;
+                drop(st);
+                if let Some(pool) = self.pool.upgrade() {
+                    let parked = pool.parked.lock().take(token);
+                    if let Some((job, fd)) = parked {
+                        pool.unpark(job, fd);
+                    }
+                }
+            }
+            State::Queued | State::Done => {}
         }
     }
 
@@ -153,7 +171,7 @@ impl Home {
             State::Queued => "queued",
             State::Running { .. } => "running",
             State::Idle(_) => "idle",
-            State::Polling => "waiting for its socket or its time",
+            State::Polling { .. } => "waiting for its socket or its time",
             State::Done => "done",
         };
         match self.pool.upgrade() {
@@ -564,12 +582,17 @@ impl Workers {
     }
 
     fn start_parked(&self, task: Box<dyn Task>, fd: RawFd, until: Option<Instant>) -> Arc<Home> {
-        let home = self.home(State::Polling);
+        let token = self.inner.token();
+        let home = self.home(State::Polling {
+            token,
+            woken: false,
+        });
         self.inner.park_on(
             Job {
                 task,
                 home: home.clone(),
             },
+            token,
             Some((fd, Interest::READABLE)),
             until,
         );
@@ -745,36 +768,62 @@ impl Inner {
 
     /// Parks a job until `fd` (if given) is ready as its interest says,
     /// or `until` (if given) has come.
-    fn park_on(self: &Arc<Self>, job: Job, fd: Option<(RawFd, Interest)>, until: Option<Instant>) {
-        let token = self.next_token.fetch_add(1, Ordering::Relaxed) % (usize::MAX - 1);
+    /// A token for a job to park as ([`Inner::park_on`]).
+    fn token(&self) -> usize {
+        self.next_token.fetch_add(1, Ordering::Relaxed) % (usize::MAX - 1)
+    }
+
+    /// Parks `job` (its home's state `Polling` with `token`) until `fd` is
+    /// ready or `until` has come.
+    fn park_on(
+        self: &Arc<Self>,
+        job: Job,
+        token: usize,
+        fd: Option<(RawFd, Interest)>,
+        until: Option<Instant>,
+    ) {
         let home = job.home.clone();
-        let earliest = {
+        let (earliest, registered) = {
             let mut parked = self.parked.lock();
             parked
                 .jobs
                 .insert(token, (job, fd.map(|(fd, _)| fd), until));
-            until.is_some_and(|d| {
+            let earliest = until.is_some_and(|d| {
                 parked.timers.insert((d, token));
                 parked.timers.first() == Some(&(d, token))
-            })
+            });
+            // Registered while the job is in the set and before anyone can
+            // take it out (and deregister): its descriptor is then never
+            // left registered for a job gone. Registering a descriptor that
+            // is ready already reports it at once (epoll checks readiness
+            // when a descriptor is added); the poller takes the job once
+            // this lock is let go.
+            let registered = fd.map(|(fd, interest)| {
+                self.registry
+                    .register(&mut SourceFd(&fd), Token(token), interest)
+                    .map_err(|e| (fd, e))
+            });
+            (earliest, registered)
         };
         if earliest {
             // The poller may be asleep past this deadline: it looks again.
             let _ = self.waker.wake();
         }
-        let Some((fd, interest)) = fd else { return };
-        // Registering a descriptor that is ready already reports it at
-        // once (epoll checks readiness when a descriptor is added).
-        let r = self
-            .registry
-            .register(&mut SourceFd(&fd), Token(token), interest);
-        if let Err(e) = r {
-            tracing::debug!("I/O pool {}: cannot watch descriptor {fd}: {e}", self.name);
-            // Run it: its read will meet the descriptor's error.
+        let run_now = match registered {
+            Some(Err((fd, e))) => {
+                tracing::debug!("I/O pool {}: cannot watch descriptor {fd}: {e}", self.name);
+                // Run it: its read will meet the descriptor's error.
+                true
+            }
+            // A wake that came before the job was in the set.
+            _ => {
+                matches!(*home.state.lock(), State::Polling { token: t, woken: true } if t == token)
+            }
+        };
+        if run_now {
             let parked = self.parked.lock().take(token);
-            if let Some((job, _)) = parked {
-                *home.state.lock() = State::Queued;
-                self.submit(job);
+            if let Some((job, fd)) = parked {
+                self.unpark(job, fd);
             }
         }
     }
@@ -1056,19 +1105,26 @@ fn run_job(pool: &Weak<Inner>, job: Job) {
         Step::Writable(fd) => (Some((fd, Interest::WRITABLE)), None),
         Step::Until(d) => (None, Some(d)),
     };
-    *st = State::Polling;
+    let Some(p) = pool.upgrade() else {
+        drop(st);
+        home.finish(task);
+        return;
+    };
+    let token = p.token();
+    *st = State::Polling {
+        token,
+        woken: false,
+    };
     drop(st);
-    match pool.upgrade() {
-        Some(p) => p.park_on(
-            Job {
-                task,
-                home: home.clone(),
-            },
-            fd,
-            until,
-        ),
-        None => home.finish(task),
-    }
+    p.park_on(
+        Job {
+            task,
+            home: home.clone(),
+        },
+        token,
+        fd,
+        until,
+    );
 }
 
 #[cfg(test)]
@@ -1590,6 +1646,43 @@ mod tests {
             assert_eq!(turns.load(Ordering::SeqCst), 1, "one turn, at its deadline");
         }
         // Every deadline has left with its task (the one that was read too).
+        let parked = w.inner.parked.lock();
+        assert!(parked.timers.is_empty() && parked.jobs.is_empty());
+    }
+
+    #[test]
+    fn a_wake_reaches_a_task_waiting_for_its_descriptor() {
+        // Whoever gives a waiting task work may have taken the bytes its
+        // descriptor was to announce (a receive's posting thread reads a
+        // header for a stream's task): the wake alone must give it a
+        // turn. It was left unseen, and the task waited for ever.
+        let w = Workers::with_keep_idle("test-io", None, Duration::from_millis(50)).unwrap();
+        let (mut a, b) = pair();
+        let far = Instant::now() + Duration::from_secs(600);
+        let (turns, ended) = (Arc::new(AtomicU64::new(0)), Arc::new(Mutex::new(None)));
+        let fd = b.as_raw_fd();
+        let t = Timed {
+            s: b,
+            until: far,
+            turns: turns.clone(),
+            ended: ended.clone(),
+        };
+        let home = w.start_readable_until(Box::new(t), fd, far);
+        for i in 1..=50u64 {
+            home.kick();
+            // A turn after each wake, nothing to read: it waits again (at
+            // times while it is being parked, or still running).
+            assert!(
+                until(Duration::from_secs(10), || turns.load(Ordering::SeqCst)
+                    >= i),
+                "wake {i}: no turn"
+            );
+        }
+        assert!(ended.lock().is_none(), "it read nothing");
+        // Still watching its descriptor: bytes end it.
+        a.write_all(b"now").unwrap();
+        assert!(home.wait_done(Duration::from_secs(10)));
+        assert_eq!(ended.lock().map(|e| e.0), Some(false), "it read its bytes");
         let parked = w.inner.parked.lock();
         assert!(parked.timers.is_empty() && parked.jobs.is_empty());
     }
