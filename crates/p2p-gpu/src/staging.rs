@@ -328,6 +328,15 @@ impl<T> Ring<T> {
         Ok(self.fill_slot)
     }
 
+    /// Gives up every token (returned) and the copies not yet queued,
+    /// without waiting: only where the stream can no longer be waited on
+    /// (its device failed).
+    pub fn forget(&mut self) -> Vec<T> {
+        self.pending.clear();
+        self.fill_used = 0;
+        self.landing.iter_mut().flat_map(std::mem::take).collect()
+    }
+
     /// Waits for every queued copy and hands back every token (into
     /// `out`).
     pub fn flush(&mut self, out: &mut Vec<T>) -> Result<(), CudaError> {

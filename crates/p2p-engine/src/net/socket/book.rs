@@ -99,6 +99,12 @@ impl RecvShared {
         }
     }
 
+    /// What stream `index` has gone past (tests).
+    #[cfg(test)]
+    pub(super) fn past_of(&self, index: usize) -> Option<u64> {
+        self.past.get(index).map(|p| p.load(Ordering::Acquire))
+    }
+
     /// The earliest message a part may still come for: every stream is in
     /// and has read a header of this message or a later one. None while a
     /// stream is still to come (it may bring any message's part).
@@ -171,6 +177,40 @@ pub(super) struct Landing {
     pub(super) req: Arc<RecvReq>,
     pub(super) seq: u64,
     pub(super) nparts: usize,
+    /// Counted in its receive's `landing` while it waits in the staging
+    /// ring behind its copies ([`Landing::behind_copies`]).
+    counted: bool,
+}
+
+impl Landing {
+    pub(super) fn new(req: Arc<RecvReq>, seq: u64, nparts: usize) -> Self {
+        Landing {
+            req,
+            seq,
+            nparts,
+            counted: false,
+        }
+    }
+
+    /// The part's bytes are in copies to the device that may still run:
+    /// its receive counts as landing until this is handed back (or
+    /// dropped), so that a failure is not reported to its caller -- who
+    /// may then free the memory -- while they can still write into it.
+    pub(super) fn behind_copies(mut self) -> Self {
+        if !self.counted {
+            self.req.landing.fetch_add(1, Ordering::SeqCst);
+            self.counted = true;
+        }
+        self
+    }
+}
+
+impl Drop for Landing {
+    fn drop(&mut self) {
+        if self.counted {
+            self.req.landing.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
 }
 
 /// Counts one part of a receive as done; the last one completes it.

@@ -14,7 +14,8 @@
 //! receive with exactly the bytes sent.
 //!
 //! `TCPX_P2P_FUZZ_SECS` runs it for that many seconds instead of
-//! `TCPX_P2P_FUZZ_ITERS` cases (default 24); `TCPX_P2P_FUZZ_SEED` seeds it.
+//! `TCPX_P2P_FUZZ_ITERS` cases (default 24); `TCPX_P2P_FUZZ_SEED` seeds it;
+//! `TCPX_P2P_FUZZ_CASE` plays one case of that seed over and over.
 
 use std::io::Write;
 use std::net::TcpStream;
@@ -27,6 +28,8 @@ use super::segs::Segs;
 use super::split_parts;
 use super::tests::{accept, host, raw_peer, raw_stream, until};
 use super::wire::PartHeader;
+use crate::gpu;
+use crate::memory::MemKind;
 use crate::net::{MemRef, MrHandle, RecvComm, ReqId};
 
 #[path = "../../../tests/common/budget.rs"]
@@ -52,10 +55,54 @@ enum Break {
     Garbage,
 }
 
+/// A receive's memory: guards around `cap` bytes, zeroed; in host memory
+/// or on GPU 0.
+enum Mem {
+    Host(Vec<u8>),
+    Gpu(gpu::DeviceBuf),
+}
+
+impl Mem {
+    fn new(cap: usize, on_gpu: bool) -> Self {
+        let mut v = vec![GUARD_BYTE; cap + 2 * GUARD];
+        v[GUARD..GUARD + cap].fill(0);
+        if !on_gpu {
+            return Mem::Host(v);
+        }
+        let dev = gpu::Device::get(0).unwrap();
+        let b = gpu::DeviceBuf::new(&dev, v.len()).unwrap();
+        // SAFETY: both ranges are v.len() bytes, ours.
+        #[allow(unsafe_code)]
+        unsafe { gpu::copy_sync(b.ptr, v.as_ptr() as u64, v.len()) }.unwrap();
+        Mem::Gpu(b)
+    }
+
+    /// The first byte of the receive (past the front guard), and its kind.
+    fn at(&mut self) -> (u64, MemKind) {
+        match self {
+            Mem::Host(v) => (v.as_mut_ptr() as u64 + GUARD as u64, MemKind::Host),
+            Mem::Gpu(b) => (b.ptr + GUARD as u64, MemKind::Cuda(0)),
+        }
+    }
+
+    /// Every byte, guards included, as it is now.
+    fn bytes(&self) -> Vec<u8> {
+        match self {
+            Mem::Host(v) => v.clone(),
+            Mem::Gpu(b) => {
+                let mut v = vec![0u8; b.len];
+                // SAFETY: both ranges are b.len bytes, ours.
+                #[allow(unsafe_code)]
+                unsafe { gpu::copy_sync(v.as_mut_ptr() as u64, b.ptr, b.len) }.unwrap();
+                v
+            }
+        }
+    }
+}
+
 /// One message as the peer writes it, and the receive posted for it.
 struct Msg {
-    /// The receive's memory: guards around `cap` bytes, zeroed.
-    mem: Vec<u8>,
+    mem: Mem,
     /// The receive's segments' lengths (one, or several gathered).
     blocks: Vec<usize>,
     cap: usize,
@@ -69,20 +116,20 @@ struct Msg {
 
 impl Msg {
     fn segs(&mut self) -> Vec<MemRef> {
-        let base = self.mem.as_mut_ptr() as u64 + GUARD as u64;
+        let (base, kind) = self.mem.at();
         let mut off = 0u64;
         self.blocks
             .iter()
             .map(|&len| {
-                let m = host(base + off, len);
+                let m = MemRef {
+                    addr: base + off,
+                    len,
+                    kind,
+                };
                 off += len as u64;
                 m
             })
             .collect()
-    }
-
-    fn region(&self) -> &[u8] {
-        &self.mem[GUARD..GUARD + self.cap]
     }
 }
 
@@ -97,7 +144,7 @@ fn size(rng: &mut StdRng) -> usize {
     }
 }
 
-fn plan(rng: &mut StdRng, n: usize, broken: bool) -> Vec<Msg> {
+fn plan(rng: &mut StdRng, n: usize, broken: bool, on_gpu: bool) -> Vec<Msg> {
     (0..n)
         .map(|seq| {
             let cap = size(rng);
@@ -128,10 +175,8 @@ fn plan(rng: &mut StdRng, n: usize, broken: bool) -> Vec<Msg> {
             } else {
                 Break::None
             };
-            let mut mem = vec![GUARD_BYTE; cap + 2 * GUARD];
-            mem[GUARD..GUARD + cap].fill(0);
             Msg {
-                mem,
+                mem: Mem::new(cap, on_gpu),
                 blocks,
                 cap,
                 src,
@@ -224,11 +269,11 @@ struct Seen {
     with_no_cpu_idle: u64,
 }
 
-fn one_case(rng: &mut StdRng, seen: &mut Seen, what: &str) {
+fn one_case(rng: &mut StdRng, seen: &mut Seen, what: &str, on_gpu: bool) {
     let streams = rng.random_range(1..=4);
     let broken = rng.random_ratio(2, 3);
     let n = rng.random_range(1..=6);
-    let mut msgs = plan(rng, n, broken);
+    let mut msgs = plan(rng, n, broken, on_gpu);
     let broken = msgs
         .iter()
         .any(|m| m.brk != Break::None || m.src.len() > m.cap);
@@ -339,7 +384,7 @@ fn one_case(rng: &mut StdRng, seen: &mut Seen, what: &str) {
             };
             match end {
                 Some(end) => {
-                    ended.push((seq, end, msgs[seq].mem.clone()));
+                    ended.push((seq, end, msgs[seq].mem.bytes()));
                     reqs.swap_remove(i);
                 }
                 None => i += 1,
@@ -347,8 +392,9 @@ fn one_case(rng: &mut StdRng, seen: &mut Seen, what: &str) {
         }
         assert!(
             Instant::now() < deadline,
-            "{what}: receives {:?} did not end (broken: {broken})",
-            reqs.iter().map(|r| r.0).collect::<Vec<_>>()
+            "{what}: receives {:?} did not end (broken: {broken}); {}",
+            reqs.iter().map(|r| r.0).collect::<Vec<_>>(),
+            r.describe()
         );
         std::thread::sleep(Duration::from_micros(200));
     }
@@ -359,6 +405,8 @@ fn one_case(rng: &mut StdRng, seen: &mut Seen, what: &str) {
     std::thread::sleep(Duration::from_millis(20));
     for (seq, end, snap) in &ended {
         let m = &msgs[*seq];
+        let now = m.mem.bytes();
+        let region = &now[GUARD..GUARD + m.cap];
         let w = format!(
             "{what}: message {seq} ({:?}, {} bytes into {:?})",
             m.brk,
@@ -366,12 +414,12 @@ fn one_case(rng: &mut StdRng, seen: &mut Seen, what: &str) {
             m.blocks
         );
         assert!(
-            m.mem[..GUARD].iter().all(|&b| b == GUARD_BYTE)
-                && m.mem[GUARD + m.cap..].iter().all(|&b| b == GUARD_BYTE),
+            now[..GUARD].iter().all(|&b| b == GUARD_BYTE)
+                && now[GUARD + m.cap..].iter().all(|&b| b == GUARD_BYTE),
             "{w}: bytes written outside the receive's memory"
         );
         assert!(
-            m.mem == *snap,
+            now == *snap,
             "{w}: bytes landed after its receive ended ({end:?})"
         );
         match end {
@@ -379,12 +427,12 @@ fn one_case(rng: &mut StdRng, seen: &mut Seen, what: &str) {
                 seen.completed += 1;
                 assert!(*size <= m.cap, "{w}: completed with {size} bytes");
                 assert!(
-                    m.region()[*size..].iter().all(|&b| b == 0),
+                    region[*size..].iter().all(|&b| b == 0),
                     "{w}: bytes past the {size} its receive reports"
                 );
                 if !broken {
                     assert_eq!(*size, m.src.len(), "{w}: size");
-                    assert!(m.region()[..*size] == m.src[..], "{w}: bytes differ");
+                    assert!(region[..*size] == m.src[..], "{w}: bytes differ");
                 }
             }
             Err(e) => {
@@ -404,15 +452,40 @@ fn one_case(rng: &mut StdRng, seen: &mut Seen, what: &str) {
     seen.broken_cases += u64::from(broken);
 }
 
-#[test]
-fn a_hostile_senders_parts_land_only_inside_open_receives() {
+fn run(on_gpu: bool) {
     let mut b = budget::Budget::from_env(24, 0x5eed_9a27);
-    let mut rng = StdRng::seed_from_u64(b.seed);
+    // Each case is drawn from its own generator (the seed and its number),
+    // so one can be played again alone: TCPX_P2P_FUZZ_CASE=N plays case N
+    // for the whole budget.
+    let only: Option<u64> = std::env::var("TCPX_P2P_FUZZ_CASE")
+        .ok()
+        .and_then(|v| v.parse().ok());
     let mut seen = Seen::default();
     while b.next() {
-        let what = format!("seed {} case {}", b.seed, b.done);
-        one_case(&mut rng, &mut seen, &what);
+        let case = only.unwrap_or(b.done);
+        let mut rng = StdRng::seed_from_u64(b.seed ^ case.wrapping_mul(0x9e37_79b9_7f4a_7c15));
+        let what = format!("seed {} case {case}", b.seed);
+        one_case(&mut rng, &mut seen, &what, on_gpu);
     }
     eprintln!("{seen:?} in {:.1} s", b.secs());
-    assert!(seen.completed > 0 && seen.failed > 0, "{seen:?}");
+    assert!(
+        only.is_some() || (seen.completed > 0 && seen.failed > 0),
+        "{seen:?}"
+    );
+}
+
+#[test]
+fn a_hostile_senders_parts_land_only_inside_open_receives() {
+    run(false);
+}
+
+#[test]
+fn a_hostile_senders_parts_land_only_inside_open_gpu_receives() {
+    // The same into GPU memory: parts staged and copied to the device
+    // (skipped without a GPU).
+    if !gpu::available() {
+        eprintln!("no GPU: skipped");
+        return;
+    }
+    run(true);
 }

@@ -75,6 +75,43 @@ impl SocketRecv {
     pub(super) fn stream_count(&self) -> usize {
         self.shared.streams.load(Ordering::Acquire)
     }
+
+    /// The comm's state in words: its receives and each stream's (for a
+    /// test's failure message).
+    pub(super) fn describe(&self) -> String {
+        let mut out = format!(
+            "posted {}, closing {}, failed {:?}; due:",
+            self.shared.posted.load(Ordering::Acquire),
+            self.shared.closing.load(Ordering::Acquire),
+            self.shared.failed.lock().as_ref().map(|e| e.to_string())
+        );
+        let book = self.shared.book.lock();
+        let mut due: Vec<_> = book.due.iter().collect();
+        due.sort_by_key(|(s, _)| **s);
+        for (seq, r) in due {
+            out += &format!(
+                " [{seq}: claimed {:#b}, parts done {}, landing {}, done {}, shape {:?}]",
+                r.claimed.load(Ordering::Acquire),
+                r.parts_done.load(Ordering::Acquire),
+                r.landing.load(Ordering::Acquire),
+                r.done.load(Ordering::Acquire),
+                *r.shape.lock()
+            );
+        }
+        drop(book);
+        let mut reqs: Vec<_> = self.reqs.iter().collect();
+        reqs.sort_by_key(|(s, _)| **s);
+        out += "; not ended:";
+        for (seq, r) in reqs {
+            out += &format!(
+                " [{seq}: parts done {}, landing {}, done {}]",
+                r.parts_done.load(Ordering::Acquire),
+                r.landing.load(Ordering::Acquire),
+                r.done.load(Ordering::Acquire)
+            );
+        }
+        out + "; streams: " + &self.streams.describe()
+    }
 }
 
 impl RecvComm for SocketRecv {

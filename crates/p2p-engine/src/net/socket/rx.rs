@@ -63,7 +63,11 @@ fn rx_gpu_small(
     timing::mark(Spent::Socket);
     timing::bytes(len);
     super::trace_payload("rx", land.seq, h.off, ring.fill_buf(len));
-    ring.fill(dst.iter().map(|m| (m.addr, m.len)), len, land);
+    ring.fill(
+        dst.iter().map(|m| (m.addr, m.len)),
+        len,
+        land.behind_copies(),
+    );
     Ok(())
 }
 
@@ -284,11 +288,30 @@ impl Rx {
         }
     }
 
-    /// Completes every part waiting on a copy.
+    /// Completes every part waiting on a copy. Where the copies cannot be
+    /// waited for (the device failed), their parts are given up, so that
+    /// their receives' failure can be reported.
     fn flush(&mut self) -> Result<(), NetError> {
         let r = self.stager.flush(&mut self.done);
         complete(&self.shared, &mut self.done);
+        if r.is_err() {
+            drop(self.stager.forget());
+        }
         r
+    }
+
+    /// The task ends: the comm failed (here with `e`, or elsewhere) or is
+    /// closing. Copies queued into receives land first and their parts
+    /// count, so that no receive is reported ended while one can still
+    /// write into its memory.
+    fn end(&mut self, e: Option<NetError>) -> Step {
+        if let Some(e) = e {
+            self.fail(e);
+        }
+        if let Err(e) = self.flush() {
+            self.fail(e);
+        }
+        Step::Done
     }
 
     /// About to wait for the peer: first complete what has landed.
@@ -416,11 +439,7 @@ impl Rx {
             Duration::ZERO
         };
         let dst = req.segs.pieces(h.off as usize, len);
-        let land = Landing {
-            req,
-            seq: h.seq,
-            nparts: h.nparts as usize,
-        };
+        let land = Landing::new(req, h.seq, h.nparts as usize);
         match uniform_kind(&dst) {
             Some(MemKind::Cuda(d)) => {
                 // Staging is remade for another GPU: finish the old one first.
@@ -565,7 +584,7 @@ impl Rx {
             };
             if g.next == g.wins.len() {
                 let p = inpart.take().expect("checked above");
-                if let Some(land) = ring.park(p.land) {
+                if let Some(land) = ring.park(p.land.behind_copies()) {
                     // Its last copy has landed already (reaped after its
                     // window).
                     part_done(shared, land);
@@ -653,8 +672,7 @@ impl Rx {
     /// the socket (and the stall limit).
     fn wait_in_part(&mut self, fd: std::os::fd::RawFd) -> Step {
         if let Err(e) = self.flush() {
-            self.fail(e);
-            return Step::Done;
+            return self.end(Some(e));
         }
         self.give_back();
         match self.inpart.as_ref().and_then(|p| p.until) {
@@ -991,6 +1009,25 @@ impl RxHandle {
         rx.r.buffered() + unread(&rx.r.s)
     }
 
+    /// The stream's state in words (tests): `busy` while its task runs.
+    #[cfg(test)]
+    pub(super) fn describe(&self) -> String {
+        let Some(rx) = self.0.try_lock() else {
+            return "[busy]".into();
+        };
+        format!(
+            "[stream {}: past {:?}, pending {:?}, in part {:?}, copies landing {}, bytes here {}]",
+            rx.lane.index,
+            rx.shared.past_of(rx.lane.index),
+            rx.pending.map(|h| (h.seq, h.off, h.len, h.total)),
+            rx.inpart
+                .as_ref()
+                .map(|p| (p.land.seq, p.gpu.is_some(), p.at, p.off)),
+            rx.stager.landing(),
+            rx.r.buffered() + unread(&rx.r.s)
+        )
+    }
+
     /// Whether the task is idle keeping message `seq`'s header, all the
     /// part's bytes arrived (what [`RxHandle::land_held`] lands).
     pub(super) fn holds(&self, seq: u64) -> bool {
@@ -1027,12 +1064,9 @@ impl Task for RxTask {
             if rx.inpart.is_some() {
                 match rx.resume() {
                     Ok(Flow::InPart) => return rx.wait_in_part(fd),
-                    Ok(Flow::Closing) => return Step::Done,
+                    Ok(Flow::Closing) => return rx.end(None),
                     Ok(_) => {}
-                    Err(e) => {
-                        rx.fail(e);
-                        return Step::Done;
-                    }
+                    Err(e) => return rx.end(Some(e)),
                 }
             }
             match rx.quiet() {
@@ -1052,10 +1086,7 @@ impl Task for RxTask {
                     }
                 }
                 Ok(_) => {}
-                Err(e) => {
-                    rx.fail(e);
-                    return Step::Done;
-                }
+                Err(e) => return rx.end(Some(e)),
             }
             match rx.step(self.linger) {
                 Ok(Flow::Part) => {}
@@ -1066,11 +1097,8 @@ impl Task for RxTask {
                     rx.stager.give_back();
                     return Step::Idle;
                 }
-                Ok(Flow::Closing) => return Step::Done,
-                Err(e) => {
-                    rx.fail(e);
-                    return Step::Done;
-                }
+                Ok(Flow::Closing) => return rx.end(None),
+                Err(e) => return rx.end(Some(e)),
             }
         }
     }

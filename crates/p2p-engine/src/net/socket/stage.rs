@@ -344,6 +344,15 @@ impl<T> Stager<T> {
         self.cur.as_ref().is_some_and(|st| st.ring.has_landing())
     }
 
+    /// Gives up the tokens behind queued copies without waiting (see
+    /// [`Ring::forget`]): after a flush failed.
+    pub(super) fn forget(&mut self) -> Vec<T> {
+        self.cur
+            .as_mut()
+            .map(|st| st.ring.forget())
+            .unwrap_or_default()
+    }
+
     /// Waits for every queued copy; the tokens behind them go to `out`
     /// (see [`Ring::flush`]).
     pub(super) fn flush(&mut self, out: &mut Vec<T>) -> Result<(), NetError> {

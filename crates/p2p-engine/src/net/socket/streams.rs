@@ -358,6 +358,18 @@ impl RxStreams {
         }
     }
 
+    /// Each stream's state in words (tests).
+    #[cfg(test)]
+    pub(super) fn describe(&self) -> String {
+        let inner = self.inner.lock();
+        inner
+            .held
+            .iter()
+            .map(|h| h.describe())
+            .collect::<Vec<_>>()
+            .join(" ")
+    }
+
     /// Whether a stream holds message `seq`'s header (tests).
     #[cfg(test)]
     pub(super) fn holds(&self, seq: u64) -> bool {
