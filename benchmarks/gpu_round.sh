@@ -57,6 +57,11 @@
 #   uccl_bench UCCL's benchmark_uccl.py, import changed only, sync and
 #            async, with its default sizes and iterations and with 4 sizes
 #            x 50 iterations; needs UCCL_BENCH (the file) and 2 GPUs  (~3)
+#   unit     the Rust unit tests with their GPU cases, from a test binary
+#            built elsewhere (UNIT_TESTS: the file `cargo test -p tcpx-p2p
+#            --lib --no-run` names), then its hostile-sender test into GPU
+#            memory for FUZZ_SECS seconds (default 60) for each seed of
+#            FUZZ_SEEDS (default "1 2 3"); one build          (~1 + 1 a seed)
 #   sendrecv blocking send / recv in UCCL's benchmark loop
 #            (benchmarks/sendrecv_loop.py), 64 KiB … 256 MiB          (~2)
 #   uccl_shape the same loop in UCCL's own shape (--shape uccl: buffers
@@ -224,6 +229,14 @@ step() { # step NAME: one step for the build whose environment is set
         done
       done
       pack ;;
+    unit)
+      [ -n "${UNIT_TESTS:-}" ] || { echo "unit: UNIT_TESTS not set, skipped" >> "$S"; return; }
+      TAIL=3 run unit 200 "$UNIT_TESTS" -q
+      local seed secs=${FUZZ_SECS:-60}
+      for seed in ${FUZZ_SEEDS:-1 2 3}; do
+        TAIL=3 run "unit_fuzz_gpu_$seed" $((secs + 60)) env TCPX_P2P_FUZZ_SECS="$secs" TCPX_P2P_FUZZ_SEED="$seed" \
+          "$UNIT_TESTS" fuzz_tests::a_hostile_senders_parts_land_only_inside_open_gpu_receives --nocapture
+      done ;;
     sendrecv)
       run sendrecv 240 python3 benchmarks/sendrecv_loop.py --memory gpu --gpus "$GPUS" --sizes 64K,1M,16M,256M --rounds 5 --json "$O/${P}sendrecv_loop.json" ;;
     uccl_shape)
