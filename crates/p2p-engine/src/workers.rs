@@ -1592,6 +1592,24 @@ mod tests {
         }
     }
 
+    /// Its turns and how it ended (see [`Timed`]).
+    type TimedSeen = (Arc<AtomicU64>, Arc<Mutex<Option<(bool, Instant)>>>);
+
+    /// A [`Timed`] task waiting for a new socket until `until`; the
+    /// socket's other end (to write to), its descriptor, and what it saw.
+    fn timed(until: Instant) -> (TcpStream, Box<Timed>, RawFd, TimedSeen) {
+        let (a, b) = pair();
+        let seen: TimedSeen = (Arc::new(AtomicU64::new(0)), Arc::new(Mutex::new(None)));
+        let fd = b.as_raw_fd();
+        let t = Timed {
+            s: b,
+            until,
+            turns: seen.0.clone(),
+            ended: seen.1.clone(),
+        };
+        (a, Box::new(t), fd, seen)
+    }
+
     #[test]
     fn a_waiting_task_runs_at_its_deadline_or_when_readable_and_holds_no_worker() {
         let w = Workers::with_keep_idle("test-io", None, Duration::from_millis(50)).unwrap();
@@ -1604,32 +1622,15 @@ mod tests {
         // count of workers below (a loaded machine, or valgrind, took
         // longer than 115 ms to make them, and the first had run).
         for i in 0..20u64 {
-            let (a, b) = pair();
             let until = start + Duration::from_millis(1500 - 15 * i);
-            let turns = Arc::new(AtomicU64::new(0));
-            let ended = Arc::new(Mutex::new(None));
-            let fd = b.as_raw_fd();
-            let t = Timed {
-                s: b,
-                until,
-                turns: turns.clone(),
-                ended: ended.clone(),
-            };
-            let home = w.start_readable_until(Box::new(t), fd, until);
+            let (a, t, fd, (turns, ended)) = timed(until);
+            let home = w.start_readable_until(t, fd, until);
             silent.push((a, until, turns, ended, home));
         }
         // One that is written to long before its deadline.
-        let (mut a, b) = pair();
         let far = Instant::now() + Duration::from_secs(600);
-        let (turns, ended) = (Arc::new(AtomicU64::new(0)), Arc::new(Mutex::new(None)));
-        let fd = b.as_raw_fd();
-        let t = Timed {
-            s: b,
-            until: far,
-            turns: turns.clone(),
-            ended: ended.clone(),
-        };
-        let busy = w.start_readable_until(Box::new(t), fd, far);
+        let (mut a, t, fd, (turns, ended)) = timed(far);
+        let busy = w.start_readable_until(t, fd, far);
         assert_eq!(w.threads(), 0, "21 waiting tasks hold no worker");
         a.write_all(b"now").unwrap();
         assert!(busy.wait_done(Duration::from_secs(10)));
@@ -1657,17 +1658,9 @@ mod tests {
         // header for a stream's task): the wake alone must give it a
         // turn. It was left unseen, and the task waited for ever.
         let w = Workers::with_keep_idle("test-io", None, Duration::from_millis(50)).unwrap();
-        let (mut a, b) = pair();
         let far = Instant::now() + Duration::from_secs(600);
-        let (turns, ended) = (Arc::new(AtomicU64::new(0)), Arc::new(Mutex::new(None)));
-        let fd = b.as_raw_fd();
-        let t = Timed {
-            s: b,
-            until: far,
-            turns: turns.clone(),
-            ended: ended.clone(),
-        };
-        let home = w.start_readable_until(Box::new(t), fd, far);
+        let (mut a, t, fd, (turns, ended)) = timed(far);
+        let home = w.start_readable_until(t, fd, far);
         for i in 1..=50u64 {
             home.kick();
             // A turn after each wake, nothing to read: it waits again (at

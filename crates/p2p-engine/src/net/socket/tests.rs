@@ -714,7 +714,8 @@ fn a_receive_no_stream_can_still_bring_a_part_for_fails_instead_of_waiting() {
     // stream has read a header of a later message, a receive still
     // lacking parts can get none. Its stream, keeping the later header for
     // its receive, reads nothing more (so a peer's close went unseen): the
-    // receive failed nowhere and waited for ever.
+    // receive failed nowhere and waited for ever. (Messages of one 4 KiB
+    // part, whatever the stream count.)
     let n = 4096;
     let src = vec![9u8; n];
     // Posted first, then the header of message 1 on the only stream.
@@ -722,13 +723,8 @@ fn a_receive_no_stream_can_still_bring_a_part_for_fails_instead_of_waiting() {
     let mut s0 = raw_stream(h.addr, h.nonce, 0);
     let mut r = accept(&mut l);
     let mut dst = vec![0u8; n];
-    let q = r
-        .irecv(host(dst.as_mut_ptr() as u64, n), MrHandle(0))
-        .unwrap()
-        .unwrap();
-    s0.write_all(&part_header(1, 0, n, n, 1, host(0, n)).encode())
-        .unwrap();
-    s0.write_all(&src).unwrap();
+    let q = recv_into(&mut r, &mut dst);
+    write_part(&mut s0, 1, &src);
     drop(s0);
     let err = fails(&mut r, q, "receive 0, message 1 on every stream");
     assert!(err.contains("message 0 lacks parts"), "{err}");
@@ -738,14 +734,9 @@ fn a_receive_no_stream_can_still_bring_a_part_for_fails_instead_of_waiting() {
     let (mut l, h) = raw_peer(1);
     let mut s0 = raw_stream(h.addr, h.nonce, 0);
     let mut r = accept(&mut l);
-    s0.write_all(&part_header(1, 0, n, n, 1, host(0, n)).encode())
-        .unwrap();
-    s0.write_all(&src).unwrap();
+    write_part(&mut s0, 1, &src);
     until(|| r.holds(1), "message 1's part is held");
-    let q = r
-        .irecv(host(dst.as_mut_ptr() as u64, n), MrHandle(0))
-        .unwrap()
-        .unwrap();
+    let q = recv_into(&mut r, &mut dst);
     let err = fails(&mut r, q, "receive 0 posted after message 1's header");
     assert!(err.contains("message 0 lacks parts"), "{err}");
     // A stream still to come may bring it: with one of two streams in and
@@ -755,25 +746,15 @@ fn a_receive_no_stream_can_still_bring_a_part_for_fails_instead_of_waiting() {
     let mut s0 = raw_stream(h.addr, h.nonce, 0);
     let mut r = accept(&mut l);
     let (mut d0, mut d1) = (vec![0u8; n], vec![0u8; n]);
-    let q0 = r
-        .irecv(host(d0.as_mut_ptr() as u64, n), MrHandle(0))
-        .unwrap()
-        .unwrap();
-    s0.write_all(&part_header(1, 0, n, n, 2, host(0, n)).encode())
-        .unwrap();
-    s0.write_all(&src).unwrap();
+    let q0 = recv_into(&mut r, &mut d0);
+    write_part(&mut s0, 1, &src);
     std::thread::sleep(Duration::from_millis(50));
     assert_eq!(r.test(q0).unwrap(), None, "receive 0 waits for stream 1");
     let mut s1 = raw_stream(h.addr, h.nonce, 1);
     let src0 = vec![3u8; n];
-    s1.write_all(&part_header(0, 0, n, n, 2, host(0, n)).encode())
-        .unwrap();
-    s1.write_all(&src0).unwrap();
+    write_part(&mut s1, 0, &src0);
     assert_eq!(wait(|| r.test(q0)), n);
-    let q1 = r
-        .irecv(host(d1.as_mut_ptr() as u64, n), MrHandle(0))
-        .unwrap()
-        .unwrap();
+    let q1 = recv_into(&mut r, &mut d1);
     assert_eq!(wait(|| r.test(q1)), n);
     assert!(d0 == src0 && d1 == src, "bytes");
 }
