@@ -13,8 +13,13 @@
 //! receive reports; and a case with nothing broken completes every
 //! receive with exactly the bytes sent.
 //!
+//! Beside it, an honest sender (our own) at random: messages of random
+//! sizes on 1-8 streams, small socket buffers at times, receives posted
+//! before, between and after, CPUs idle or none on each side: every
+//! message arrives whole and in time.
+//!
 //! `TCPX_P2P_FUZZ_SECS` runs it for that many seconds instead of
-//! `TCPX_P2P_FUZZ_ITERS` cases (default 24); `TCPX_P2P_FUZZ_SEED` seeds it;
+//! `TCPX_P2P_FUZZ_ITERS` cases (default 24; honest 12); `TCPX_P2P_FUZZ_SEED` seeds it;
 //! `TCPX_P2P_FUZZ_CASE` plays one case of that seed over and over.
 
 use std::io::Write;
@@ -30,7 +35,7 @@ use super::tests::{accept, host, raw_peer, raw_stream, until};
 use super::wire::PartHeader;
 use crate::gpu;
 use crate::memory::MemKind;
-use crate::net::{MemRef, MrHandle, RecvComm, ReqId};
+use crate::net::{MemRef, MrHandle, RecvComm, ReqId, SendComm};
 
 #[path = "../../../tests/common/budget.rs"]
 mod budget;
@@ -488,4 +493,128 @@ fn a_hostile_senders_parts_land_only_inside_open_gpu_receives() {
         return;
     }
     run(true);
+}
+
+/// One honest case: our own sender's messages of random sizes on 1-8
+/// streams (small socket buffers at times, so parts spill and wait for
+/// room), sent from their own thread; receives posted before, between and
+/// after, some larger than their message; CPUs idle or none, on each side
+/// apart. Every message arrives whole, in time, its bytes exact.
+fn one_honest_case(rng: &mut StdRng, seen: &mut Seen, what: &str) {
+    let streams = rng.random_range(1..=8);
+    let c = super::SocketConfig {
+        sockbuf: if rng.random_bool(0.3) { 64 << 10 } else { 0 },
+        ..super::test_config(streams)
+    };
+    let (mut s, mut r, _l) = super::tests::own_pair_of(c);
+    let n = rng.random_range(1..=12);
+    let lens: Vec<usize> = (0..n).map(|_| size(rng)).collect();
+    let srcs: Vec<Vec<u8>> = lens
+        .iter()
+        .enumerate()
+        .map(|(k, &len)| {
+            (0..len)
+                .map(|i| (i as u64 * 7 + k as u64 * 29 + 3) as u8)
+                .collect()
+        })
+        .collect();
+    let plan: Vec<(bool, u64)> = (0..n)
+        .map(|_| (rng.random_bool(0.5), rng.random_range(0..300)))
+        .collect();
+    let what = format!("{what} ({streams} streams; messages {lens:?})");
+    let sender = {
+        let srcs = srcs.clone();
+        let what = what.clone();
+        std::thread::spawn(move || {
+            let mut reqs = Vec::new();
+            for (src, (full, pause)) in srcs.iter().zip(plan) {
+                crate::spin::answer_full_here(Some(full));
+                let q = s.isend(host(src.as_ptr() as u64, src.len()), MrHandle(0));
+                crate::spin::answer_full_here(None);
+                reqs.push((q.unwrap().expect("the socket net takes a send"), src.len()));
+                std::thread::sleep(Duration::from_micros(pause));
+            }
+            let deadline = Instant::now() + END_WITHIN;
+            for (q, len) in reqs {
+                loop {
+                    match s.test(q) {
+                        Ok(Some(got)) => {
+                            assert_eq!(got, len, "{what}: a send's size");
+                            break;
+                        }
+                        Ok(None) => {
+                            assert!(Instant::now() < deadline, "{what}: a send did not end")
+                        }
+                        Err(e) => panic!("{what}: a send failed: {e}"),
+                    }
+                    std::thread::sleep(Duration::from_micros(100));
+                }
+            }
+            s
+        })
+    };
+    let mut dsts: Vec<Vec<u8>> = lens
+        .iter()
+        .map(|&len| vec![0u8; len + rng.random_range(0..2) * rng.random_range(1..=4096)])
+        .collect();
+    let mut reqs = Vec::new();
+    for (k, d) in dsts.iter_mut().enumerate() {
+        let full = rng.random_bool(0.5);
+        seen.with_no_cpu_idle += u64::from(full);
+        crate::spin::answer_full_here(Some(full));
+        let q = r.irecv(host(d.as_mut_ptr() as u64, d.len()), MrHandle(0));
+        crate::spin::answer_full_here(None);
+        reqs.push((k, q.unwrap().expect("the socket net takes a receive")));
+        if rng.random_ratio(1, 3) {
+            std::thread::sleep(Duration::from_micros(rng.random_range(0..2000)));
+        }
+    }
+    let deadline = Instant::now() + END_WITHIN;
+    for (k, q) in reqs {
+        loop {
+            match r.test(q) {
+                Ok(Some(got)) => {
+                    assert_eq!(got, lens[k], "{what}: message {k}'s size");
+                    break;
+                }
+                Ok(None) => assert!(
+                    Instant::now() < deadline,
+                    "{what}: receive {k} did not end; {}",
+                    r.describe()
+                ),
+                Err(e) => panic!("{what}: receive {k} failed: {e}"),
+            }
+            std::thread::sleep(Duration::from_micros(100));
+        }
+        seen.completed += 1;
+        assert!(
+            dsts[k][..lens[k]] == srcs[k][..],
+            "{what}: message {k}'s bytes"
+        );
+        assert!(
+            dsts[k][lens[k]..].iter().all(|&b| b == 0),
+            "{what}: past message {k}"
+        );
+    }
+    drop(sender.join().expect("the sender"));
+    seen.cases += 1;
+}
+
+#[test]
+fn an_honest_senders_messages_all_arrive_whoever_lands_them() {
+    let mut b = budget::Budget::from_env(12, 0x0a11_0e57);
+    let only: Option<u64> = std::env::var("TCPX_P2P_FUZZ_CASE")
+        .ok()
+        .and_then(|v| v.parse().ok());
+    let mut seen = Seen::default();
+    while b.next() {
+        let case = only.unwrap_or(b.done);
+        let mut rng = StdRng::seed_from_u64(b.seed ^ case.wrapping_mul(0x9e37_79b9_7f4a_7c15));
+        one_honest_case(
+            &mut rng,
+            &mut seen,
+            &format!("honest: seed {} case {case}", b.seed),
+        );
+    }
+    eprintln!("{seen:?} in {:.1} s", b.secs());
 }

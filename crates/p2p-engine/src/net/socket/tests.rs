@@ -562,7 +562,7 @@ fn own_pair(
 }
 
 /// As [`own_pair`], both sides made with `c`.
-fn own_pair_of(
+pub(super) fn own_pair_of(
     c: SocketConfig,
 ) -> (
     super::send::SocketSend,
