@@ -457,11 +457,18 @@ fn one_case(rng: &mut StdRng, seen: &mut Seen, what: &str, on_gpu: bool) {
     seen.broken_cases += u64::from(broken);
 }
 
-fn run(on_gpu: bool) {
-    let mut b = budget::Budget::from_env(24, 0x5eed_9a27);
-    // Each case is drawn from its own generator (the seed and its number),
-    // so one can be played again alone: TCPX_P2P_FUZZ_CASE=N plays case N
-    // for the whole budget.
+/// Runs cases of `one` for the budget the environment gives (else `iters`
+/// cases seeded with `seed`), each drawn from its own generator (the seed
+/// and its number), so one can be played again alone:
+/// TCPX_P2P_FUZZ_CASE=N plays case N for the whole budget. Returns what
+/// was seen and whether one case was played.
+fn run_cases(
+    iters: u64,
+    seed: u64,
+    name: &str,
+    mut one: impl FnMut(&mut StdRng, &mut Seen, &str),
+) -> (Seen, bool) {
+    let mut b = budget::Budget::from_env(iters, seed);
     let only: Option<u64> = std::env::var("TCPX_P2P_FUZZ_CASE")
         .ok()
         .and_then(|v| v.parse().ok());
@@ -469,14 +476,21 @@ fn run(on_gpu: bool) {
     while b.next() {
         let case = only.unwrap_or(b.done);
         let mut rng = StdRng::seed_from_u64(b.seed ^ case.wrapping_mul(0x9e37_79b9_7f4a_7c15));
-        let what = format!("seed {} case {case}", b.seed);
-        one_case(&mut rng, &mut seen, &what, on_gpu);
+        one(
+            &mut rng,
+            &mut seen,
+            &format!("{name}seed {} case {case}", b.seed),
+        );
     }
     eprintln!("{seen:?} in {:.1} s", b.secs());
-    assert!(
-        only.is_some() || (seen.completed > 0 && seen.failed > 0),
-        "{seen:?}"
-    );
+    (seen, only.is_some())
+}
+
+fn run(on_gpu: bool) {
+    let (seen, one) = run_cases(24, 0x5eed_9a27, "", |rng, seen, what| {
+        one_case(rng, seen, what, on_gpu)
+    });
+    assert!(one || (seen.completed > 0 && seen.failed > 0), "{seen:?}");
 }
 
 #[test]
@@ -602,19 +616,5 @@ fn one_honest_case(rng: &mut StdRng, seen: &mut Seen, what: &str) {
 
 #[test]
 fn an_honest_senders_messages_all_arrive_whoever_lands_them() {
-    let mut b = budget::Budget::from_env(12, 0x0a11_0e57);
-    let only: Option<u64> = std::env::var("TCPX_P2P_FUZZ_CASE")
-        .ok()
-        .and_then(|v| v.parse().ok());
-    let mut seen = Seen::default();
-    while b.next() {
-        let case = only.unwrap_or(b.done);
-        let mut rng = StdRng::seed_from_u64(b.seed ^ case.wrapping_mul(0x9e37_79b9_7f4a_7c15));
-        one_honest_case(
-            &mut rng,
-            &mut seen,
-            &format!("honest: seed {} case {case}", b.seed),
-        );
-    }
-    eprintln!("{seen:?} in {:.1} s", b.secs());
+    run_cases(12, 0x0a11_0e57, "honest: ", one_honest_case);
 }

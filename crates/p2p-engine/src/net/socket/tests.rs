@@ -618,6 +618,19 @@ fn a_comm_grows_from_one_stream_to_its_count_and_delivers_every_byte() {
     assert_eq!((s.stream_count(), r.stream_count()), (4, 4));
 }
 
+/// Waits (5 s at most) for receive `q` to fail; its error.
+fn fails(r: &mut dyn RecvComm, q: ReqId, what: &str) -> String {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        match r.test(q) {
+            Err(e) => return e.to_string(),
+            Ok(Some(n)) => panic!("{what}: completed with {n} bytes"),
+            Ok(None) => assert!(Instant::now() < deadline, "{what}: waited for ever"),
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
 #[test]
 fn hostile_streams_are_refused_without_harming_the_comm() {
     let (mut l, h) = raw_peer(2);
@@ -679,33 +692,12 @@ fn a_part_sent_twice_on_two_streams_fails_the_receive() {
             .unwrap();
         s.write_all(&vec![7u8; plen]).unwrap();
     }
-    let deadline = Instant::now() + Duration::from_secs(5);
-    let err = loop {
-        match r.test(q) {
-            Err(e) => break e.to_string(),
-            Ok(Some(_)) => panic!("a part sent twice must not complete the receive"),
-            Ok(None) => assert!(Instant::now() < deadline, "the receive waited for ever"),
-        }
-        std::thread::sleep(Duration::from_millis(1));
-    };
+    let err = fails(&mut r, q, "a part sent twice");
     assert!(err.contains("twice"), "{err}");
     assert!(
         dst[plen..].iter().all(|&b| b == 0),
         "the second part's bytes untouched"
     );
-}
-
-/// Waits (5 s at most) for receive `q` to fail; its error.
-fn fails(r: &mut super::recv::SocketRecv, q: ReqId, what: &str) -> String {
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
-        match r.test(q) {
-            Err(e) => return e.to_string(),
-            Ok(Some(n)) => panic!("{what}: completed with {n} bytes"),
-            Ok(None) => assert!(Instant::now() < deadline, "{what}: waited for ever"),
-        }
-        std::thread::sleep(Duration::from_millis(1));
-    }
 }
 
 #[test]
@@ -776,15 +768,7 @@ fn a_part_off_the_senders_cut_fails_the_receive() {
     };
     s0.write_all(&hdr.encode()).unwrap();
     s0.write_all(&[7u8; 100]).unwrap();
-    let deadline = Instant::now() + Duration::from_secs(5);
-    let err = loop {
-        match r.test(q) {
-            Err(e) => break e.to_string(),
-            Ok(Some(_)) => panic!("a part off the cut must not complete"),
-            Ok(None) => assert!(Instant::now() < deadline, "the receive waited for ever"),
-        }
-        std::thread::sleep(Duration::from_millis(1));
-    };
+    let err = fails(&mut r, q, "a part off the cut");
     assert!(err.contains("not one of the parts"), "{err}");
     assert!(dst.iter().all(|&b| b == 0), "nothing written");
 }
@@ -814,15 +798,7 @@ fn oversized_message_fails_the_receive() {
         MrHandle(0),
     )
     .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
-        match r.test(q) {
-            Err(_) => break,
-            Ok(Some(_)) => panic!("an oversized message must not complete"),
-            Ok(None) => assert!(Instant::now() < deadline),
-        }
-        std::thread::sleep(Duration::from_millis(1));
-    }
+    fails(r.as_mut(), q, "an oversized message");
     assert!(dst.iter().all(|&b| b == 0), "nothing written");
 }
 
@@ -842,14 +818,7 @@ fn peer_drop_fails_pending_receive() {
         .unwrap()
         .unwrap();
     drop(s);
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while r.test(q).is_ok() {
-        assert!(
-            Instant::now() < deadline,
-            "receive should fail when the sender goes away"
-        );
-        std::thread::sleep(Duration::from_millis(1));
-    }
+    fails(r.as_mut(), q, "a receive whose sender went away");
 }
 
 #[test]
