@@ -155,10 +155,7 @@ impl Home {
                 let token = *token;
                 drop(st);
                 if let Some(pool) = self.pool.upgrade() {
-                    let parked = pool.parked.lock().take(token);
-                    if let Some((job, fd)) = parked {
-                        pool.unpark(job, fd);
-                    }
+                    pool.unpark_token(token);
                 }
             }
             State::Queued | State::Done => {}
@@ -766,15 +763,14 @@ impl Inner {
         u64::try_from(self.epoch.elapsed().as_nanos()).unwrap_or(u64::MAX)
     }
 
-    /// Parks a job until `fd` (if given) is ready as its interest says,
-    /// or `until` (if given) has come.
     /// A token for a job to park as ([`Inner::park_on`]).
     fn token(&self) -> usize {
         self.next_token.fetch_add(1, Ordering::Relaxed) % (usize::MAX - 1)
     }
 
-    /// Parks `job` (its home's state `Polling` with `token`) until `fd` is
-    /// ready or `until` has come.
+    /// Parks `job` (its home's state `Polling` with `token`) until `fd`
+    /// (if given) is ready as its interest says, or `until` (if given) has
+    /// come.
     fn park_on(
         self: &Arc<Self>,
         job: Job,
@@ -821,10 +817,7 @@ impl Inner {
             }
         };
         if run_now {
-            let parked = self.parked.lock().take(token);
-            if let Some((job, fd)) = parked {
-                self.unpark(job, fd);
-            }
+            self.unpark_token(token);
         }
     }
 }
@@ -918,10 +911,7 @@ fn poller(mut poll: Poll, pool: Weak<Inner>) {
             if ev.token() == WAKE {
                 continue;
             }
-            let parked = p.parked.lock().take(ev.token().0);
-            if let Some((job, fd)) = parked {
-                p.unpark(job, fd);
-            }
+            p.unpark_token(ev.token().0);
         }
         // Jobs whose deadline has come run, readable or not.
         let now = Instant::now();
@@ -977,6 +967,15 @@ impl Inner {
     }
 
     /// Queues a job taken off the poller (one closed meanwhile ends here).
+    /// Takes the job parked as `token` out of the set, if it is still
+    /// there, and queues it.
+    fn unpark_token(self: &Arc<Self>, token: usize) {
+        let parked = self.parked.lock().take(token);
+        if let Some((job, fd)) = parked {
+            self.unpark(job, fd);
+        }
+    }
+
     fn unpark(self: &Arc<Self>, job: Job, fd: Option<RawFd>) {
         // Deregistered before it can run (and park on it again).
         if let Some(fd) = fd {

@@ -105,36 +105,34 @@ impl RecvShared {
         self.past.get(index).map(|p| p.load(Ordering::Acquire))
     }
 
-    /// The earliest message a part may still come for: every stream is in
-    /// and has read a header of this message or a later one. None while a
-    /// stream is still to come (it may bring any message's part).
-    pub(super) fn streams_past(&self) -> Option<u64> {
+    /// Why the comm must fail, where a posted receive still lacks parts
+    /// once every stream is in and has read a header of a later message
+    /// (none can come for it: it would wait for ever). Looked at only when
+    /// the streams have all gone past message `from` (without the book's
+    /// lock otherwise). While a stream is still to come it may bring any
+    /// message's part.
+    pub(super) fn stranded(&self, from: u64) -> Option<NetError> {
         if self.streams.load(Ordering::Acquire) < self.past.len() {
             return None;
         }
-        self.past.iter().map(|p| p.load(Ordering::Acquire)).min()
-    }
-
-    /// A posted receive before `past` ([`Self::streams_past`]) that still
-    /// lacks parts: none can come for it, so it would wait for ever.
-    pub(super) fn stranded_before(&self, past: u64) -> Option<u64> {
-        self.book
+        let past = self.past.iter().map(|p| p.load(Ordering::Acquire)).min()?;
+        if past <= from {
+            return None;
+        }
+        let seq = self
+            .book
             .lock()
             .due
             .keys()
             .copied()
             .filter(|&seq| seq < past)
-            .min()
-    }
-
-    /// The error of a receive no part can come for any more.
-    pub(super) fn stranded(seq: u64, past: u64) -> NetError {
-        NetError::Protocol {
+            .min()?;
+        Some(NetError::Protocol {
             net: super::NET,
             reason: format!(
                 "message {seq} lacks parts that no stream can bring: every stream has gone on to message {past} or later (the sender broke its order, or skipped them)"
             ),
-        }
+        })
     }
 
     /// Fails the comm with its first failure, which every receive not yet

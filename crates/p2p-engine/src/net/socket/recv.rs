@@ -133,11 +133,8 @@ impl RecvComm for SocketRecv {
         self.streams.posted(seq);
         // Every stream gone past this message already: none of its parts
         // can come (the comm fails; `test` reports it).
-        if let Some(past) = self.shared.streams_past().filter(|&p| p > seq) {
-            if let Some(stranded) = self.shared.stranded_before(past) {
-                self.shared
-                    .fail(super::book::RecvShared::stranded(stranded, past));
-            }
+        if let Some(e) = self.shared.stranded(seq) {
+            self.shared.fail(e);
         }
         self.reqs.insert(seq, req);
         Ok(Some(ReqId(seq)))

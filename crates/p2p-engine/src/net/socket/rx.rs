@@ -295,7 +295,7 @@ impl Rx {
         let r = self.stager.flush(&mut self.done);
         complete(&self.shared, &mut self.done);
         if r.is_err() {
-            drop(self.stager.forget());
+            self.stager.forget();
         }
         r
     }
@@ -672,7 +672,9 @@ impl Rx {
     /// the socket (and the stall limit).
     fn wait_in_part(&mut self, fd: std::os::fd::RawFd) -> Step {
         if let Err(e) = self.flush() {
-            return self.end(Some(e));
+            // (Its copies given up: nothing is left to wait for.)
+            self.fail(e);
+            return Step::Done;
         }
         self.give_back();
         match self.inpart.as_ref().and_then(|p| p.until) {
@@ -762,12 +764,10 @@ impl Rx {
     /// unseen by streams that read nothing).
     fn await_post(&mut self, h: PartHeader) -> Result<(), NetError> {
         self.pending = Some(h);
-        if let Some(past) = self.shared.streams_past() {
-            if let Some(seq) = self.shared.stranded_before(past) {
-                return Err(RecvShared::stranded(seq, past));
-            }
+        match self.shared.stranded(0) {
+            Some(e) => Err(e),
+            None => Ok(()),
         }
-        Ok(())
     }
 
     /// The header kept of message `seq`'s part, if that part is small and

@@ -346,11 +346,10 @@ impl<T> Stager<T> {
 
     /// Gives up the tokens behind queued copies without waiting (see
     /// [`Ring::forget`]): after a flush failed.
-    pub(super) fn forget(&mut self) -> Vec<T> {
-        self.cur
-            .as_mut()
-            .map(|st| st.ring.forget())
-            .unwrap_or_default()
+    pub(super) fn forget(&mut self) {
+        if let Some(st) = self.cur.as_mut() {
+            drop(st.ring.forget());
+        }
     }
 
     /// Waits for every queued copy; the tokens behind them go to `out`
